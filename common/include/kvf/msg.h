@@ -1,0 +1,99 @@
+/* Control-plane messaging: protobuf-c envelopes over nanomsg sockets.
+ *
+ * Every process binds one NN_PULL inbox; to talk to a process, connect an
+ * NN_PUSH outbox to its inbox URL ("tcp://127.0.0.1:5555", "ipc:///path").
+ *
+ * Wire frame: "KVF\x01" magic, CRC32C of the payload (u32 little endian),
+ * then the packed kvf.Envelope. The checksum catches truncation and bit
+ * flips before protobuf sees the bytes; the Envelope's version must equal
+ * KVF_PROTO_VERSION. Everything received is untrusted: size-limited,
+ * checked, decoded with error checks; the body's fields are then validated
+ * by whoever handles the message. */
+#ifndef KVF_MSG_H
+#define KVF_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvf/status.h"
+#include "kvferry.pb-c.h"
+
+#define KVF_PROTO_VERSION 1u
+#define KVF_MSG_FRAME_HEADER 8u
+/* Default largest accepted frame; a prefill request of 1M tokens fits. */
+#define KVF_MSG_MAX_DEFAULT (16u << 20)
+
+typedef Kvf__Envelope kvf_envelope_t;
+
+/* Sets version, sender (not copied: must outlive the envelope's use) and
+ * the send time. The body is set by the caller. */
+void kvf_envelope_init(kvf_envelope_t *env, const char *sender);
+
+/* Frames env into a malloc'd buffer owned by the caller (*frame_p, set
+ * only on success). */
+kvf_status_t kvf_envelope_encode(const kvf_envelope_t *env, uint8_t **frame_p, size_t *len_p);
+
+/* Checks and decodes one frame of len bytes. Frames longer than max_len
+ * are refused (KVF_ERR_TOO_BIG) before any decoding; bad magic, checksum
+ * or protobuf (KVF_ERR_FORMAT), another version (KVF_ERR_VERSION), or no
+ * known body (KVF_ERR_FORMAT) are errors. On success *env_p is owned by
+ * the caller: release it with kvf_envelope_free(). */
+kvf_status_t kvf_envelope_decode(const uint8_t *frame, size_t len, size_t max_len,
+                                 kvf_envelope_t **env_p);
+
+/* Releases an envelope returned by kvf_envelope_decode / kvf_inbox_recv.
+ * NULL is allowed. */
+void kvf_envelope_free(kvf_envelope_t *env);
+
+/* The body's name ("register", "kv_alloc", ...), for logs. */
+const char *kvf_envelope_body_name(const kvf_envelope_t *env);
+
+/* ---- inbox (NN_PULL, bound) ---------------------------------------------- */
+
+typedef struct kvf_inbox kvf_inbox_t;
+
+/* Binds an inbox at url. max_len limits accepted frames (0: default). */
+kvf_status_t kvf_inbox_create(const char *url, size_t max_len, kvf_inbox_t **inbox_p);
+void kvf_inbox_destroy(kvf_inbox_t *inbox);
+
+/* A file descriptor that polls readable while a message is waiting; owned
+ * by the inbox. */
+int kvf_inbox_fd(const kvf_inbox_t *inbox);
+const char *kvf_inbox_url(const kvf_inbox_t *inbox);
+
+/* Receives one envelope, waiting up to timeout_ms (0: do not wait, -1:
+ * forever). KVF_ERR_AGAIN/KVF_ERR_TIMEOUT when nothing came. A frame that
+ * fails decoding is dropped, counted and returned as its error, so the
+ * caller keeps serving. */
+kvf_status_t kvf_inbox_recv(kvf_inbox_t *inbox, int timeout_ms, kvf_envelope_t **env_p);
+
+/* Frames dropped because they did not decode. */
+uint64_t kvf_inbox_dropped(const kvf_inbox_t *inbox);
+
+/* ---- outbox (NN_PUSH, connected) ----------------------------------------- */
+
+typedef struct kvf_outbox kvf_outbox_t;
+
+/* Connects to url; connection happens in the background and survives the
+ * peer restarting. */
+kvf_status_t kvf_outbox_create(const char *url, kvf_outbox_t **outbox_p);
+void kvf_outbox_destroy(kvf_outbox_t *outbox);
+const char *kvf_outbox_url(const kvf_outbox_t *outbox);
+
+/* Encodes and sends env, waiting up to timeout_ms for the peer to take it
+ * (KVF_ERR_TIMEOUT if it does not). */
+kvf_status_t kvf_outbox_send(kvf_outbox_t *outbox, const kvf_envelope_t *env, int timeout_ms);
+
+/* Sends an already encoded frame (same rules). */
+kvf_status_t kvf_outbox_send_frame(kvf_outbox_t *outbox, const uint8_t *frame, size_t len,
+                                   int timeout_ms);
+
+/* ---- helpers ------------------------------------------------------------- */
+
+/* Converts a nanomsg errno value to a status. */
+kvf_status_t kvf_status_from_nn(int err);
+
+/* Finds a TCP port on 127.0.0.1 that is free right now. */
+kvf_status_t kvf_net_free_port(int *port_p);
+
+#endif

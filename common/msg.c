@@ -1,0 +1,338 @@
+#include "kvf/msg.h"
+#include "kvf/clock.h"
+#include "kvf/crc32c.h"
+#include "kvf/log.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <nanomsg/nn.h>
+#include <nanomsg/pipeline.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static const uint8_t frame_magic[4] = {'K', 'V', 'F', 1};
+
+kvf_status_t kvf_status_from_nn(int err)
+{
+    switch (err) {
+    case ETIMEDOUT: return KVF_ERR_TIMEOUT;
+    case EAGAIN: return KVF_ERR_AGAIN;
+    case ETERM: case EBADF: return KVF_ERR_CLOSED;
+    case EINVAL: case EPROTONOSUPPORT: case ENAMETOOLONG: case ENODEV: return KVF_ERR_INVAL;
+    case EADDRINUSE: case EADDRNOTAVAIL: return KVF_ERR_IO;
+    default: return kvf_status_from_errno(err);
+    }
+}
+
+void kvf_envelope_init(kvf_envelope_t *env, const char *sender)
+{
+    kvf__envelope__init(env);
+    env->version = KVF_PROTO_VERSION;
+    env->sender = (char *)(sender ? sender : "");
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    env->sent_unix_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+kvf_status_t kvf_envelope_encode(const kvf_envelope_t *env, uint8_t **frame_p, size_t *len_p)
+{
+    size_t payload = kvf__envelope__get_packed_size(env);
+    uint8_t *frame = malloc(KVF_MSG_FRAME_HEADER + payload);
+    if (!frame)
+        return KVF_ERR_NOMEM;
+    size_t packed = kvf__envelope__pack(env, frame + KVF_MSG_FRAME_HEADER);
+    KVF_ASSERT(packed == payload);
+    uint32_t crc = kvf_crc32c(0, frame + KVF_MSG_FRAME_HEADER, payload);
+    memcpy(frame, frame_magic, 4);
+    for (int i = 0; i < 4; i++)
+        frame[4 + i] = (uint8_t)(crc >> (8 * i));
+    *frame_p = frame;
+    *len_p = KVF_MSG_FRAME_HEADER + payload;
+    return KVF_OK;
+}
+
+kvf_status_t kvf_envelope_decode(const uint8_t *frame, size_t len, size_t max_len,
+                                 kvf_envelope_t **env_p)
+{
+    if (max_len == 0)
+        max_len = KVF_MSG_MAX_DEFAULT;
+    if (len > max_len)
+        return KVF_ERR_TOO_BIG;
+    if (len < KVF_MSG_FRAME_HEADER || memcmp(frame, frame_magic, 4) != 0)
+        return KVF_ERR_FORMAT;
+    uint32_t want = (uint32_t)frame[4] | (uint32_t)frame[5] << 8 | (uint32_t)frame[6] << 16 |
+                    (uint32_t)frame[7] << 24;
+    const uint8_t *payload = frame + KVF_MSG_FRAME_HEADER;
+    size_t payload_len = len - KVF_MSG_FRAME_HEADER;
+    if (kvf_crc32c(0, payload, payload_len) != want)
+        return KVF_ERR_FORMAT;
+    kvf_envelope_t *env = kvf__envelope__unpack(NULL, payload_len, payload);
+    if (!env)
+        return KVF_ERR_FORMAT;
+    if (env->version != KVF_PROTO_VERSION) {
+        kvf__envelope__free_unpacked(env, NULL);
+        return KVF_ERR_VERSION;
+    }
+    if (env->body_case == KVF__ENVELOPE__BODY__NOT_SET || env->register_ == NULL) {
+        /* register_ aliases every member of the body union. */
+        kvf__envelope__free_unpacked(env, NULL);
+        return KVF_ERR_FORMAT;
+    }
+    *env_p = env;
+    return KVF_OK;
+}
+
+void kvf_envelope_free(kvf_envelope_t *env)
+{
+    if (env)
+        kvf__envelope__free_unpacked(env, NULL);
+}
+
+const char *kvf_envelope_body_name(const kvf_envelope_t *env)
+{
+    switch (env->body_case) {
+    case KVF__ENVELOPE__BODY_REGISTER: return "register";
+    case KVF__ENVELOPE__BODY_HEARTBEAT: return "heartbeat";
+    case KVF__ENVELOPE__BODY_DEREGISTER: return "deregister";
+    case KVF__ENVELOPE__BODY_PREFILL_REQUEST: return "prefill_request";
+    case KVF__ENVELOPE__BODY_KV_ALLOC: return "kv_alloc";
+    case KVF__ENVELOPE__BODY_KV_ALLOC_REPLY: return "kv_alloc_reply";
+    case KVF__ENVELOPE__BODY_KV_READY: return "kv_ready";
+    case KVF__ENVELOPE__BODY_PREFILL_DONE: return "prefill_done";
+    case KVF__ENVELOPE__BODY_TOKEN_CHUNK: return "token_chunk";
+    case KVF__ENVELOPE__BODY_TOKEN_BATCH: return "token_batch";
+    case KVF__ENVELOPE__BODY_CANCEL: return "cancel";
+    case KVF__ENVELOPE__BODY_ERROR: return "error";
+    case KVF__ENVELOPE__BODY_STATS_REQUEST: return "stats_request";
+    case KVF__ENVELOPE__BODY_STATS_REPLY: return "stats_reply";
+    case KVF__ENVELOPE__BODY_GENERATE_REQUEST: return "generate_request";
+    case KVF__ENVELOPE__BODY_GENERATE_CHUNK: return "generate_chunk";
+    case KVF__ENVELOPE__BODY__NOT_SET: break;
+    default: break;
+    }
+    return "none";
+}
+
+/* ---- sockets --------------------------------------------------------------- */
+
+struct kvf_inbox {
+    int sock;
+    int fd;
+    size_t max_len;
+    uint64_t dropped;
+    char url[256];
+};
+
+struct kvf_outbox {
+    int sock;
+    char url[256];
+};
+
+static kvf_status_t set_timeout(int sock, int option, int timeout_ms)
+{
+    int t = timeout_ms < 0 ? -1 : timeout_ms;
+    if (nn_setsockopt(sock, NN_SOL_SOCKET, option, &t, sizeof(t)) < 0)
+        return kvf_status_from_nn(nn_errno());
+    return KVF_OK;
+}
+
+kvf_status_t kvf_inbox_create(const char *url, size_t max_len, kvf_inbox_t **inbox_p)
+{
+    if (!url || strlen(url) >= sizeof(((kvf_inbox_t *)0)->url))
+        return KVF_ERR_INVAL;
+    kvf_inbox_t *inbox = calloc(1, sizeof(*inbox));
+    if (!inbox)
+        return KVF_ERR_NOMEM;
+    kvf_status_t st;
+    inbox->max_len = max_len ? max_len : KVF_MSG_MAX_DEFAULT;
+    snprintf(inbox->url, sizeof(inbox->url), "%s", url);
+    inbox->sock = nn_socket(AF_SP, NN_PULL);
+    if (inbox->sock < 0) {
+        st = kvf_status_from_nn(nn_errno());
+        kvf_log_error("inbox %s: nn_socket: %s", url, nn_strerror(nn_errno()));
+        goto fail_socket;
+    }
+    /* nanomsg drops larger messages itself, before they are buffered. */
+    int max_size = (int)(inbox->max_len > 0x7fffffff ? 0x7fffffff : inbox->max_len);
+    nn_setsockopt(inbox->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max_size, sizeof(max_size));
+    if (nn_bind(inbox->sock, url) < 0) {
+        st = kvf_status_from_nn(nn_errno());
+        kvf_log_error("inbox %s: bind failed: %s", url, nn_strerror(nn_errno()));
+        goto fail_bind;
+    }
+    size_t fd_len = sizeof(inbox->fd);
+    if (nn_getsockopt(inbox->sock, NN_SOL_SOCKET, NN_RCVFD, &inbox->fd, &fd_len) < 0) {
+        st = kvf_status_from_nn(nn_errno());
+        kvf_log_error("inbox %s: NN_RCVFD: %s", url, nn_strerror(nn_errno()));
+        goto fail_bind;
+    }
+    *inbox_p = inbox;
+    return KVF_OK;
+fail_bind:
+    nn_close(inbox->sock);
+fail_socket:
+    free(inbox);
+    return st;
+}
+
+void kvf_inbox_destroy(kvf_inbox_t *inbox)
+{
+    if (!inbox)
+        return;
+    nn_close(inbox->sock);
+    free(inbox);
+}
+
+int kvf_inbox_fd(const kvf_inbox_t *inbox)
+{
+    return inbox->fd;
+}
+
+const char *kvf_inbox_url(const kvf_inbox_t *inbox)
+{
+    return inbox->url;
+}
+
+uint64_t kvf_inbox_dropped(const kvf_inbox_t *inbox)
+{
+    return inbox->dropped;
+}
+
+kvf_status_t kvf_inbox_recv(kvf_inbox_t *inbox, int timeout_ms, kvf_envelope_t **env_p)
+{
+    int flags = 0;
+    if (timeout_ms == 0) {
+        flags = NN_DONTWAIT;
+    } else {
+        kvf_status_t st = set_timeout(inbox->sock, NN_RCVTIMEO, timeout_ms);
+        if (st != KVF_OK)
+            return st;
+    }
+    void *msg = NULL;
+    int n = nn_recv(inbox->sock, &msg, NN_MSG, flags);
+    if (n < 0) {
+        int err = nn_errno();
+        if (err == EAGAIN)
+            return timeout_ms == 0 ? KVF_ERR_AGAIN : KVF_ERR_TIMEOUT;
+        if (err == ETIMEDOUT)
+            return KVF_ERR_TIMEOUT;
+        if (err != EINTR)
+            kvf_log_error("inbox %s: recv failed: %s", inbox->url, nn_strerror(err));
+        return err == EINTR ? KVF_ERR_AGAIN : kvf_status_from_nn(err);
+    }
+    kvf_status_t st = kvf_envelope_decode(msg, (size_t)n, inbox->max_len, env_p);
+    nn_freemsg(msg);
+    if (st != KVF_OK) {
+        inbox->dropped++;
+        kvf_log_warn("inbox %s: dropped a %d-byte message: %s", inbox->url, n,
+                     kvf_status_str(st));
+    }
+    return st;
+}
+
+kvf_status_t kvf_outbox_create(const char *url, kvf_outbox_t **outbox_p)
+{
+    if (!url || strlen(url) >= sizeof(((kvf_outbox_t *)0)->url))
+        return KVF_ERR_INVAL;
+    kvf_outbox_t *outbox = calloc(1, sizeof(*outbox));
+    if (!outbox)
+        return KVF_ERR_NOMEM;
+    kvf_status_t st;
+    snprintf(outbox->url, sizeof(outbox->url), "%s", url);
+    outbox->sock = nn_socket(AF_SP, NN_PUSH);
+    if (outbox->sock < 0) {
+        st = kvf_status_from_nn(nn_errno());
+        kvf_log_error("outbox %s: nn_socket: %s", url, nn_strerror(nn_errno()));
+        goto fail_socket;
+    }
+    /* Reconnect quickly after a peer restarts; cap the back-off at 1 s. */
+    int ivl = 50, ivl_max = 1000, linger = 1000;
+    nn_setsockopt(outbox->sock, NN_SOL_SOCKET, NN_RECONNECT_IVL, &ivl, sizeof(ivl));
+    nn_setsockopt(outbox->sock, NN_SOL_SOCKET, NN_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max));
+    nn_setsockopt(outbox->sock, NN_SOL_SOCKET, NN_LINGER, &linger, sizeof(linger));
+    if (nn_connect(outbox->sock, url) < 0) {
+        st = kvf_status_from_nn(nn_errno());
+        kvf_log_error("outbox %s: connect failed: %s", url, nn_strerror(nn_errno()));
+        goto fail_connect;
+    }
+    *outbox_p = outbox;
+    return KVF_OK;
+fail_connect:
+    nn_close(outbox->sock);
+fail_socket:
+    free(outbox);
+    return st;
+}
+
+void kvf_outbox_destroy(kvf_outbox_t *outbox)
+{
+    if (!outbox)
+        return;
+    nn_close(outbox->sock);
+    free(outbox);
+}
+
+const char *kvf_outbox_url(const kvf_outbox_t *outbox)
+{
+    return outbox->url;
+}
+
+kvf_status_t kvf_outbox_send_frame(kvf_outbox_t *outbox, const uint8_t *frame, size_t len,
+                                   int timeout_ms)
+{
+    int flags = 0;
+    if (timeout_ms == 0) {
+        flags = NN_DONTWAIT;
+    } else {
+        kvf_status_t st = set_timeout(outbox->sock, NN_SNDTIMEO, timeout_ms);
+        if (st != KVF_OK)
+            return st;
+    }
+    for (;;) {
+        int n = nn_send(outbox->sock, frame, len, flags);
+        if (n >= 0)
+            return KVF_OK;
+        int err = nn_errno();
+        if (err == EINTR)
+            continue;
+        if (err == EAGAIN || err == ETIMEDOUT)
+            return KVF_ERR_TIMEOUT;
+        kvf_log_error("outbox %s: send failed: %s", outbox->url, nn_strerror(err));
+        return kvf_status_from_nn(err);
+    }
+}
+
+kvf_status_t kvf_outbox_send(kvf_outbox_t *outbox, const kvf_envelope_t *env, int timeout_ms)
+{
+    uint8_t *frame;
+    size_t len;
+    kvf_status_t st = kvf_envelope_encode(env, &frame, &len);
+    if (st != KVF_OK)
+        return st;
+    st = kvf_outbox_send_frame(outbox, frame, len, timeout_ms);
+    free(frame);
+    return st;
+}
+
+kvf_status_t kvf_net_free_port(int *port_p)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return kvf_status_from_errno(errno);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = 0};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t alen = sizeof(addr);
+    kvf_status_t st = KVF_OK;
+    if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+        getsockname(fd, (struct sockaddr *)&addr, &alen) < 0)
+        st = kvf_status_from_errno(errno);
+    close(fd);
+    if (st == KVF_OK)
+        *port_p = ntohs(addr.sin_port);
+    return st;
+}

@@ -1,0 +1,13 @@
+/* Subcommands of the kvf multitool. Each lives in tools/cmd_<name>.c and
+ * is listed in kvf_commands[] (tools/kvf.c). A command receives argv with
+ * argv[0] = "kvf <name>" and returns the process exit code. */
+#ifndef KVF_TOOLS_COMMANDS_H
+#define KVF_TOOLS_COMMANDS_H
+
+typedef struct {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv);
+} kvf_command_t;
+
+#endif

@@ -1,0 +1,49 @@
+/* kvf: the command-line multitool. Dispatches to a subcommand. */
+#include "commands.h"
+#include "kvf/flags.h"
+#include "kvf/log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const kvf_command_t kvf_commands[] = {
+    {NULL, NULL, NULL},
+};
+
+static void print_usage(void)
+{
+    printf("usage: kvf COMMAND [options]\n\n"
+           "kvferry's command-line tool. Run 'kvf COMMAND --help' for a command's options.\n\n"
+           "commands:\n");
+    for (const kvf_command_t *c = kvf_commands; c->name; c++)
+        printf("  %-12s %s\n", c->name, c->summary);
+    printf("\n  --help       print this help and exit\n"
+           "  --version    print the version and GPUs and exit\n");
+}
+
+int main(int argc, char **argv)
+{
+    kvf_log_init("kvf", NULL);
+    if (argc < 2) {
+        print_usage();
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        print_usage();
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        kvf_flags_print_version("kvf");
+        return 0;
+    }
+    for (const kvf_command_t *c = kvf_commands; c->name; c++) {
+        if (!strcmp(argv[1], c->name)) {
+            char prog[64];
+            snprintf(prog, sizeof(prog), "kvf %s", c->name);
+            argv[1] = prog;
+            return c->run(argc - 1, argv + 1);
+        }
+    }
+    fprintf(stderr, "kvf: unknown command '%s' (see kvf --help)\n", argv[1]);
+    return 2;
+}
