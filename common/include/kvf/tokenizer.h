@@ -1,0 +1,107 @@
+/* Tokenizer: byte-level BPE from a Hugging Face tokenizer.json, the scheme
+ * of GPT-2, Llama 3 and Qwen2.
+ *
+ * Encoding: added/special tokens are cut out of the text first (longest
+ * match), each remaining segment is split by the pre-tokenizer regexes
+ * (PCRE2 with Unicode properties), every piece is mapped to its bytes'
+ * ByteLevel symbols and merged by rank. BOS follows tokenizer_config.json
+ * (`add_bos_token`), or the post_processor's template when the config does
+ * not say. Decoding maps symbols back to bytes; special tokens decode to
+ * their text; invalid UTF-8 becomes U+FFFD, as Hugging Face does.
+ *
+ * Thread rules: a loaded tokenizer is immutable; any number of threads may
+ * encode and decode with it at once. A kvf_detok_t belongs to one thread. */
+#ifndef KVF_TOKENIZER_H
+#define KVF_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvf/status.h"
+
+typedef struct kvf_tokenizer kvf_tokenizer_t;
+
+/* Loads <model_dir>/tokenizer.json and, when present,
+ * <model_dir>/tokenizer_config.json. Unsupported features (a non-BPE model,
+ * an unknown pre-tokenizer) are KVF_ERR_UNSUPPORTED, malformed files
+ * KVF_ERR_FORMAT, both logged with the file name. On success *tok_p is
+ * owned by the caller, who frees it with kvf_tokenizer_destroy(). */
+kvf_status_t kvf_tokenizer_load(const char *model_dir, kvf_tokenizer_t **tok_p);
+
+/* Frees the tokenizer; NULL is a no-op. */
+void kvf_tokenizer_destroy(kvf_tokenizer_t *tok);
+
+/* Encodes len bytes of text (any bytes: bytes that are not valid UTF-8 are
+ * encoded one byte symbol each). With add_bos and a tokenizer that asks for
+ * BOS (kvf_tokenizer_adds_bos), BOS is the first id; EOS is never added.
+ * On success *ids_p is malloc'd and owned by the caller (free()); it is
+ * non-NULL even when *n_p is 0. */
+kvf_status_t kvf_tokenizer_encode(const kvf_tokenizer_t *tok, const char *text, size_t len,
+                                  bool add_bos, uint32_t **ids_p, size_t *n_p);
+
+/* Decodes ids to UTF-8 text: special tokens as their text, invalid byte
+ * sequences as U+FFFD. An id the tokenizer does not know (beyond its
+ * vocabulary, e.g. a model whose embedding is larger, or a gap) decodes to
+ * nothing. On success *text_p is malloc'd, NUL-terminated and owned by the
+ * caller (free()); *len_p (optional, may be NULL) excludes the NUL. */
+kvf_status_t kvf_tokenizer_decode(const kvf_tokenizer_t *tok, const uint32_t *ids, size_t n,
+                                  char **text_p, size_t *len_p);
+
+/* One more than the largest id of the vocabulary and the added tokens. */
+size_t kvf_tokenizer_vocab_size(const kvf_tokenizer_t *tok);
+
+/* True when id names a token (vocabulary entry or added token). */
+bool kvf_tokenizer_has_id(const kvf_tokenizer_t *tok, uint32_t id);
+
+/* BOS / EOS ids from tokenizer_config.json (or the post_processor for BOS);
+ * -1 when the tokenizer has none. */
+int64_t kvf_tokenizer_bos_id(const kvf_tokenizer_t *tok);
+int64_t kvf_tokenizer_eos_id(const kvf_tokenizer_t *tok);
+
+/* Whether encode(add_bos = true) prepends BOS. */
+bool kvf_tokenizer_adds_bos(const kvf_tokenizer_t *tok);
+
+/* The token's string as written in tokenizer.json ("Ġthe",
+ * "<|end_of_text|>"), NUL-terminated, owned by the tokenizer; NULL for an
+ * unknown id. */
+const char *kvf_tokenizer_token_text(const kvf_tokenizer_t *tok, uint32_t id);
+
+/* The raw bytes a token stands for (may be a partial UTF-8 sequence),
+ * owned by the tokenizer; NULL and *len_p = 0 for an unknown id. */
+const uint8_t *kvf_tokenizer_token_bytes(const kvf_tokenizer_t *tok, uint32_t id, size_t *len_p);
+
+/* The id of a token string as written in tokenizer.json (vocabulary or
+ * added token); KVF_ERR_NOT_FOUND if there is none. */
+kvf_status_t kvf_tokenizer_token_id(const kvf_tokenizer_t *tok, const char *text,
+                                    uint32_t *id_p);
+
+/* Incremental decoder for streaming: text is released only in whole UTF-8
+ * characters; an incomplete tail waits for the next token. The
+ * concatenation of every push and the final flush equals
+ * kvf_tokenizer_decode() of the same ids. Caller owns the struct
+ * (init/fini); the fields are private. */
+typedef struct {
+    const kvf_tokenizer_t *tok;
+    uint8_t pending[4]; /* a valid but incomplete UTF-8 prefix */
+    size_t n_pending;
+    char *out;          /* the text handed out by the last call */
+    size_t out_cap;
+} kvf_detok_t;
+
+/* Starts a stream; tok must outlive the decoder. */
+void kvf_detok_init(kvf_detok_t *detok, const kvf_tokenizer_t *tok);
+
+/* Adds one token. *text_p / *len_p receive the text now complete (maybe
+ * none: *len_p = 0); the text is owned by the decoder, NUL-terminated, and
+ * valid until the next call on it. */
+kvf_status_t kvf_detok_push(kvf_detok_t *detok, uint32_t id, const char **text_p, size_t *len_p);
+
+/* Ends the stream: a pending incomplete character becomes U+FFFD. Same
+ * ownership as kvf_detok_push(). The decoder may then start a new stream. */
+kvf_status_t kvf_detok_flush(kvf_detok_t *detok, const char **text_p, size_t *len_p);
+
+/* Frees the decoder's buffer (not the struct). */
+void kvf_detok_fini(kvf_detok_t *detok);
+
+#endif
