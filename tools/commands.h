@@ -10,4 +10,8 @@ typedef struct {
     int (*run)(int argc, char **argv);
 } kvf_command_t;
 
+int kvf_cmd_tokenize(int argc, char **argv);
+int kvf_cmd_mkmodel(int argc, char **argv);
+int kvf_cmd_kvcalc(int argc, char **argv);
+
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 
 static const kvf_command_t kvf_commands[] = {
+    {"tokenize", "text to token ids and back", kvf_cmd_tokenize},
     {NULL, NULL, NULL},
 };
 
