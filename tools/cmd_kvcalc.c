@@ -1,0 +1,177 @@
+/* kvf kvcalc: KV cache size per token, per request and per batch.
+ *
+ * bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per
+ * element, as DESIGN.md's KV cache section defines it. With --model the
+ * geometry comes from config.json (the engine's loader) and the weights'
+ * bytes from the safetensors headers, for comparison. */
+#include "commands.h"
+#include "kvf/flags.h"
+#include "kvf/model.h"
+#include "kvf/safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static int kv_dtype_bytes(const char *name)
+{
+    static const struct {
+        const char *name;
+        int bytes;
+    } table[] = {{"f32", 4}, {"f16", 2}, {"bf16", 2}, {"fp8", 1}, {"int8", 1}};
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+        if (!strcmp(name, table[i].name))
+            return table[i].bytes;
+    return 0;
+}
+
+/* Bytes of the weights on disk: the sum over model.safetensors's tensors,
+ * or the total_size a sharded checkpoint's index states. */
+static kvf_status_t weight_bytes(const char *dir, uint64_t *bytes_p)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    if (access(path, F_OK) == 0) {
+        kvf_safetensors_t *st;
+        kvf_status_t status = kvf_safetensors_open(path, &st);
+        if (status != KVF_OK)
+            return status;
+        uint64_t sum = 0;
+        for (size_t i = 0; i < kvf_safetensors_count(st); i++)
+            sum += kvf_safetensors_tensor(st, i)->nbytes;
+        kvf_safetensors_close(st);
+        *bytes_p = sum;
+        return KVF_OK;
+    }
+    snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return KVF_ERR_NOT_FOUND;
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            cap = cap ? cap * 2 : 65536;
+            char *grown = realloc(text, cap + 1);
+            if (!grown) {
+                free(text);
+                fclose(f);
+                return KVF_ERR_NOMEM;
+            }
+            text = grown;
+        }
+        size_t got = fread(text + len, 1, cap - len, f);
+        if (got == 0)
+            break;
+        len += got;
+    }
+    fclose(f);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
+    const cJSON *total = cJSON_GetObjectItemCaseSensitive(meta, "total_size");
+    kvf_status_t status = KVF_ERR_FORMAT;
+    if (cJSON_IsNumber(total) && total->valuedouble >= 0) {
+        *bytes_p = (uint64_t)total->valuedouble;
+        status = KVF_OK;
+    }
+    cJSON_Delete(root);
+    return status;
+}
+
+static void print_bytes(const char *what, uint64_t bytes)
+{
+    printf("%-22s %" PRIu64 " bytes (%.6f GiB)\n", what, bytes, (double)bytes / GIB);
+}
+
+int kvf_cmd_kvcalc(int argc, char **argv)
+{
+    const char *model_dir = NULL, *kv_dtype = "f32";
+    int layers = 0, kv_heads = 0, head_dim = 0, context = 0, batch = 1;
+    const kvf_flag_t flags[] = {
+        {"model", KVF_FLAG_STRING, &model_dir, "DIR", "take the geometry from DIR/config.json",
+         NULL},
+        {"layers", KVF_FLAG_INT, &layers, "L", "decoder layers (without --model)", NULL},
+        {"kv-heads", KVF_FLAG_INT, &kv_heads, "H", "key/value heads (without --model)", NULL},
+        {"head-dim", KVF_FLAG_INT, &head_dim, "D", "head dimension (without --model)", NULL},
+        {"context", KVF_FLAG_INT, &context, "N", "tokens per request (prompt + output)", NULL},
+        {"batch", KVF_FLAG_INT, &batch, "B", "concurrent requests", NULL},
+        {"kv-dtype", KVF_FLAG_STRING, &kv_dtype, "f32|f16|bf16|fp8|int8", "KV element type",
+         NULL},
+    };
+    kvf_flagset_t set = {
+        .prog = argv[0],
+        .usage = "(--model DIR | --layers L --kv-heads H --head-dim D) --context N [--batch B] "
+                 "[--kv-dtype T]",
+        .summary = "Prints the KV cache bytes per token, per request and for the batch: "
+                   "2 x layers x kv_heads x head_dim x bytes x tokens. With --model, also the "
+                   "weight bytes for comparison.",
+        .flags = flags,
+        .n_flags = KVF_NFLAGS(flags),
+    };
+    int rc = kvf_flags_parse(&set, argc, argv);
+    if (rc == KVF_FLAGS_EXIT)
+        return 0;
+    if (rc < 0)
+        return 2;
+    int elem = kv_dtype_bytes(kv_dtype);
+    if (!elem) {
+        fprintf(stderr, "%s: --kv-dtype must be f32, f16, bf16, fp8 or int8, not '%s'\n", argv[0],
+                kv_dtype);
+        return 2;
+    }
+    if (context <= 0 || batch <= 0) {
+        fprintf(stderr, "%s: needs --context N > 0 (and --batch B > 0)\n", argv[0]);
+        return 2;
+    }
+    kvf_model_config_t cfg;
+    if (model_dir) {
+        if (layers || kv_heads || head_dim) {
+            fprintf(stderr, "%s: give --model or --layers/--kv-heads/--head-dim, not both\n",
+                    argv[0]);
+            return 2;
+        }
+        kvf_status_t st = kvf_model_config_load(model_dir, &cfg);
+        if (st != KVF_OK) {
+            fprintf(stderr, "%s: cannot read %s/config.json: %s\n", argv[0], model_dir,
+                    kvf_status_str(st));
+            return 1;
+        }
+        layers = cfg.n_layers;
+        kv_heads = cfg.n_kv_heads;
+        head_dim = cfg.head_dim;
+    } else if (layers <= 0 || kv_heads <= 0 || head_dim <= 0) {
+        fprintf(stderr, "%s: needs --model DIR or positive --layers, --kv-heads and --head-dim\n",
+                argv[0]);
+        return 2;
+    }
+    uint64_t per_token = 2ull * (uint64_t)layers * (uint64_t)kv_heads * (uint64_t)head_dim *
+                         (uint64_t)elem;
+    uint64_t per_request = per_token * (uint64_t)context;
+    uint64_t per_batch = per_request * (uint64_t)batch;
+    if (model_dir)
+        printf("%-22s %s (%s)\n", "model", model_dir, cfg.arch_name);
+    printf("%-22s layers %d, kv_heads %d, head_dim %d, kv dtype %s (%d bytes)\n", "geometry",
+           layers, kv_heads, head_dim, kv_dtype, elem);
+    printf("%-22s context %d tokens, batch %d\n", "load", context, batch);
+    print_bytes("kv_bytes_per_token", per_token);
+    print_bytes("kv_bytes_per_request", per_request);
+    print_bytes("kv_bytes_batch", per_batch);
+    if (model_dir) {
+        uint64_t weights;
+        kvf_status_t st = weight_bytes(model_dir, &weights);
+        if (st != KVF_OK) {
+            fprintf(stderr, "%s: cannot size the weights of %s: %s\n", argv[0], model_dir,
+                    kvf_status_str(st));
+            return 1;
+        }
+        print_bytes("weight_bytes", weights);
+        printf("%-22s %.4f\n", "kv_batch_per_weight", (double)per_batch / (double)weights);
+    }
+    return 0;
+}

@@ -1,0 +1,452 @@
+/* kvf mkmodel: writes a random-weight Hugging Face model directory.
+ *
+ * Weights, config.json and generation_config.json come from the engine's
+ * kvf_model_write_random(); this file adds the tokenizer. The tokenizer is
+ * the project's byte-level BPE (tools/data/byte_bpe_512, compiled in),
+ * fitted to --vocab:
+ *
+ *   vocab == 512   unchanged: ids 0..255 bytes, 256..509 merges,
+ *                  510 <|begin_of_text|> (BOS), 511 <|end_of_text|> (EOS).
+ *   vocab  > 512   ids 0..511 unchanged; ids 512..vocab-1 are extra merges
+ *                  appended after the shipped ones (lowest priority), each
+ *                  joining two existing tokens into a new string, so every id
+ *                  is a real vocabulary entry that encodes and decodes.
+ *   258 <= vocab < 512
+ *                  the first vocab-2 ids are kept (bytes, then the merges
+ *                  whose result is kept), BOS = vocab-2, EOS = vocab-1.
+ *
+ * So BOS and EOS always sit at valid ids below vocab, and every id below
+ * vocab decodes to non-empty text. */
+#include "commands.h"
+#include "kvf/dtype.h"
+#include "kvf/flags.h"
+#include "kvf/log.h"
+#include "kvf/model.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+extern const unsigned char kvf_mkmodel_tokenizer_json[];
+extern const size_t kvf_mkmodel_tokenizer_json_len;
+
+#define MIN_VOCAB  258 /* 256 byte symbols + BOS + EOS */
+#define MAX_VOCAB  (1 << 22)
+#define BOS_TEXT   "<|begin_of_text|>"
+#define EOS_TEXT   "<|end_of_text|>"
+
+/* ---- a set of token strings, for picking new merges -------------------- */
+
+typedef struct {
+    const char **slots; /* borrowed strings; NULL = empty */
+    size_t mask;
+} string_set_t;
+
+static size_t string_hash(const char *s)
+{
+    size_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* Adds s (borrowed: must outlive the set); false if it was there. */
+static bool string_set_add(string_set_t *set, const char *s)
+{
+    size_t i = string_hash(s) & set->mask;
+    while (set->slots[i]) {
+        if (!strcmp(set->slots[i], s))
+            return false;
+        i = (i + 1) & set->mask;
+    }
+    set->slots[i] = s;
+    return true;
+}
+
+static bool string_set_has(const string_set_t *set, const char *s)
+{
+    size_t i = string_hash(s) & set->mask;
+    while (set->slots[i]) {
+        if (!strcmp(set->slots[i], s))
+            return true;
+        i = (i + 1) & set->mask;
+    }
+    return false;
+}
+
+/* ---- tokenizer.json ---------------------------------------------------- */
+
+/* Token string of every vocabulary id below n (NULL where absent); the
+ * strings are owned by vocab. *by_id_p is malloc'd, owned by the caller. */
+static kvf_status_t strings_by_id(const cJSON *vocab, size_t n, const char ***by_id_p)
+{
+    const char **by_id = calloc(n, sizeof(*by_id));
+    if (!by_id)
+        return KVF_ERR_NOMEM;
+    for (const cJSON *v = vocab->child; v; v = v->next)
+        if (cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < (double)n)
+            by_id[(size_t)v->valuedouble] = v->string;
+    *by_id_p = by_id;
+    return KVF_OK;
+}
+
+static int vocab_id(const cJSON *vocab, const char *text, size_t len)
+{
+    for (const cJSON *v = vocab->child; v; v = v->next)
+        if (strlen(v->string) == len && !memcmp(v->string, text, len))
+            return v->valueint;
+    return -1;
+}
+
+/* Keeps ids below keep: drops the other vocabulary entries and every merge
+ * that uses or makes one. */
+static void truncate_vocab(cJSON *vocab, cJSON *merges, int keep)
+{
+    cJSON *v = vocab->child;
+    while (v) {
+        cJSON *next = v->next;
+        if (v->valueint >= keep)
+            cJSON_Delete(cJSON_DetachItemViaPointer(vocab, v));
+        v = next;
+    }
+    cJSON *m = merges->child;
+    while (m) {
+        cJSON *next = m->next;
+        const char *s = m->valuestring;
+        const char *sp = strchr(s, ' ');
+        char joined[256];
+        size_t left = sp ? (size_t)(sp - s) : 0, right = sp ? strlen(sp + 1) : 0;
+        bool drop = !sp || left + right >= sizeof(joined);
+        if (!drop) {
+            memcpy(joined, s, left);
+            memcpy(joined + left, sp + 1, right);
+            drop = vocab_id(vocab, s, left) < 0 || vocab_id(vocab, sp + 1, right) < 0 ||
+                   vocab_id(vocab, joined, left + right) < 0;
+        }
+        if (drop)
+            cJSON_Delete(cJSON_DetachItemViaPointer(merges, m));
+        m = next;
+    }
+}
+
+/* Appends n_new merges of two existing tokens each, ids first_id onward. */
+static kvf_status_t extend_vocab(cJSON *vocab, cJSON *merges, int base, int first_id, int n_new)
+{
+    kvf_status_t st = KVF_ERR_NOMEM;
+    size_t n_all = (size_t)base + (size_t)n_new;
+    const char **by_id = NULL;
+    char **owned = calloc((size_t)n_new + 1, sizeof(*owned));
+    string_set_t set = {0};
+    size_t size = 16;
+    while (size < n_all * 2)
+        size <<= 1;
+    set.mask = size - 1;
+    set.slots = calloc(size, sizeof(*set.slots));
+    /* the order tokens are combined in: the shipped merges (word pieces)
+     * first, then the byte symbols, then the new tokens themselves */
+    const char **order = calloc(n_all, sizeof(*order));
+    if (!owned || !set.slots || !order || strings_by_id(vocab, (size_t)base, &by_id) != KVF_OK)
+        goto fail_extend;
+    size_t n_order = 0;
+    for (int id = 256; id < base; id++)
+        if (by_id[id])
+            order[n_order++] = by_id[id];
+    for (int id = 0; id < 256 && id < base; id++)
+        if (by_id[id])
+            order[n_order++] = by_id[id];
+    size_t n_base = n_order;
+    for (size_t i = 0; i < n_base; i++)
+        string_set_add(&set, order[i]);
+    int made = 0;
+    char merge_text[1024];
+    for (size_t a = 0; a < n_order && made < n_new; a++) {
+        for (size_t b = 0; b < n_base && made < n_new; b++) {
+            size_t la = strlen(order[a]), lb = strlen(order[b]);
+            if (la + lb + 2 > sizeof(merge_text))
+                continue;
+            memcpy(merge_text, order[a], la);
+            memcpy(merge_text + la, order[b], lb + 1);
+            if (string_set_has(&set, merge_text))
+                continue;
+            char *joined = strdup(merge_text);
+            if (!joined)
+                goto fail_extend;
+            owned[made] = joined;
+            string_set_add(&set, joined);
+            order[n_order++] = joined;
+            snprintf(merge_text, sizeof(merge_text), "%s %s", order[a], order[b]);
+            if (!cJSON_AddNumberToObject(vocab, joined, first_id + made) ||
+                !cJSON_AddItemToArray(merges, cJSON_CreateString(merge_text)))
+                goto fail_extend;
+            made++;
+        }
+    }
+    st = made == n_new ? KVF_OK : KVF_ERR_INTERNAL;
+fail_extend:
+    for (int i = 0; owned && i < n_new; i++)
+        free(owned[i]);
+    free(owned);
+    free(order);
+    free(by_id);
+    free(set.slots);
+    return st;
+}
+
+/* Builds tokenizer.json for vocab ids; *root_p is owned by the caller
+ * (cJSON_Delete). */
+static kvf_status_t build_tokenizer(int vocab_size, cJSON **root_p, int *bos_p, int *eos_p)
+{
+    cJSON *root = cJSON_ParseWithLength((const char *)kvf_mkmodel_tokenizer_json,
+                                        kvf_mkmodel_tokenizer_json_len);
+    cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges) || !cJSON_IsArray(added)) {
+        kvf_log_error("mkmodel: the built-in tokenizer does not parse");
+        cJSON_Delete(root);
+        return KVF_ERR_INTERNAL;
+    }
+    int base = cJSON_GetArraySize(vocab); /* 510: bytes and merges */
+    int bos, eos;
+    kvf_status_t st = KVF_OK;
+    if (vocab_size < base + 2) {
+        truncate_vocab(vocab, merges, vocab_size - 2);
+        bos = vocab_size - 2;
+        eos = vocab_size - 1;
+    } else {
+        bos = base;
+        eos = base + 1;
+        st = extend_vocab(vocab, merges, base, base + 2, vocab_size - base - 2);
+    }
+    if (st != KVF_OK) {
+        cJSON_Delete(root);
+        return st;
+    }
+    for (cJSON *a = added->child; a; a = a->next) {
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(a, "content");
+        cJSON *id = cJSON_GetObjectItemCaseSensitive(a, "id");
+        if (cJSON_IsString(content) && cJSON_IsNumber(id))
+            cJSON_SetNumberValue(id, !strcmp(content->valuestring, BOS_TEXT) ? bos : eos);
+    }
+    /* the post_processor template names BOS by id too */
+    cJSON *post = cJSON_GetObjectItemCaseSensitive(root, "post_processor");
+    cJSON *special = cJSON_GetObjectItemCaseSensitive(post, "special_tokens");
+    cJSON *entry = cJSON_GetObjectItemCaseSensitive(special, BOS_TEXT);
+    cJSON *ids = cJSON_GetObjectItemCaseSensitive(entry, "ids");
+    if (cJSON_IsArray(ids) && cJSON_IsNumber(ids->child))
+        cJSON_SetNumberValue(ids->child, bos);
+    *root_p = root;
+    *bos_p = bos;
+    *eos_p = eos;
+    return KVF_OK;
+}
+
+static kvf_status_t write_json(const char *dir, const char *name, const cJSON *root)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    char *text = cJSON_Print(root);
+    if (!text)
+        return KVF_ERR_NOMEM;
+    kvf_status_t st = KVF_OK;
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0 || fputc('\n', f) == EOF) {
+        kvf_log_error("%s: cannot write: %s", path, strerror(errno));
+        st = KVF_ERR_IO;
+    }
+    if (f && fclose(f) != 0 && st == KVF_OK) {
+        kvf_log_error("%s: cannot write: %s", path, strerror(errno));
+        st = KVF_ERR_IO;
+    }
+    free(text);
+    return st;
+}
+
+static kvf_status_t write_tokenizer_config(const char *dir, int bos, int eos, int max_pos)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddBoolToObject(root, "add_bos_token", true);
+    cJSON_AddBoolToObject(root, "add_eos_token", false);
+    cJSON_AddStringToObject(root, "bos_token", BOS_TEXT);
+    cJSON_AddStringToObject(root, "eos_token", EOS_TEXT);
+    cJSON_AddBoolToObject(root, "clean_up_tokenization_spaces", false);
+    cJSON_AddNumberToObject(root, "model_max_length", max_pos);
+    cJSON_AddStringToObject(root, "tokenizer_class", "PreTrainedTokenizerFast");
+    cJSON *decoder = cJSON_AddObjectToObject(root, "added_tokens_decoder");
+    for (int i = 0; i < 2; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "%d", i ? eos : bos);
+        cJSON *t = cJSON_AddObjectToObject(decoder, key);
+        cJSON_AddStringToObject(t, "content", i ? EOS_TEXT : BOS_TEXT);
+        cJSON_AddBoolToObject(t, "single_word", false);
+        cJSON_AddBoolToObject(t, "lstrip", false);
+        cJSON_AddBoolToObject(t, "rstrip", false);
+        cJSON_AddBoolToObject(t, "normalized", false);
+        cJSON_AddBoolToObject(t, "special", true);
+    }
+    kvf_status_t st = write_json(dir, "tokenizer_config.json", root);
+    cJSON_Delete(root);
+    return st;
+}
+
+/* mkdir -p */
+static kvf_status_t make_dirs(const char *dir)
+{
+    char path[4096];
+    if (snprintf(path, sizeof(path), "%s", dir) >= (int)sizeof(path))
+        return KVF_ERR_INVAL;
+    for (char *p = path + 1;; p++) {
+        bool end = *p == '\0';
+        if (*p == '/' || end) {
+            *p = '\0';
+            if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+                kvf_log_error("%s: cannot create: %s", path, strerror(errno));
+                return kvf_status_from_errno(errno);
+            }
+            if (end)
+                break;
+            *p = '/';
+        }
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        kvf_log_error("%s: not a directory", dir);
+        return KVF_ERR_INVAL;
+    }
+    return KVF_OK;
+}
+
+int kvf_cmd_mkmodel(int argc, char **argv)
+{
+    const char *arch = "llama", *dtype_name = "f32";
+    bool qwen2 = false, tie = false, theta_seen = false, eps_seen = false;
+    int layers = 4, hidden = 256, heads = 4, kv_heads = 2, inter = 688, vocab = 512;
+    int max_pos = 4096, head_dim = 0;
+    double rope_theta = 10000.0, rms_eps = 1e-5;
+    uint64_t seed = 0;
+    const kvf_flag_t flags[] = {
+        {"arch", KVF_FLAG_STRING, &arch, "llama|qwen2", "architecture", NULL},
+        {"qwen2", KVF_FLAG_BOOL, &qwen2, NULL, "same as --arch qwen2", NULL},
+        {"layers", KVF_FLAG_INT, &layers, "N", "decoder layers", NULL},
+        {"hidden", KVF_FLAG_INT, &hidden, "N", "hidden size", NULL},
+        {"heads", KVF_FLAG_INT, &heads, "N", "attention heads", NULL},
+        {"kv-heads", KVF_FLAG_INT, &kv_heads, "N", "key/value heads (GQA; = heads for MHA)", NULL},
+        {"head-dim", KVF_FLAG_INT, &head_dim, "N", "head dimension (0: hidden / heads)", NULL},
+        {"inter", KVF_FLAG_INT, &inter, "N", "MLP intermediate size", NULL},
+        {"vocab", KVF_FLAG_INT, &vocab, "N", "vocabulary size (at least 258)", NULL},
+        {"max-pos", KVF_FLAG_INT, &max_pos, "N", "max_position_embeddings", NULL},
+        {"dtype", KVF_FLAG_STRING, &dtype_name, "f32|bf16|f16", "weight type", NULL},
+        {"tie", KVF_FLAG_BOOL, &tie, NULL, "tie lm_head to the embedding", NULL},
+        {"rope-theta", KVF_FLAG_DOUBLE, &rope_theta, "T",
+         "RoPE base (qwen2 default: 1000000)", &theta_seen},
+        {"rms-eps", KVF_FLAG_DOUBLE, &rms_eps, "E", "RMSNorm epsilon (qwen2 default: 1e-6)",
+         &eps_seen},
+        {"seed", KVF_FLAG_UINT64, &seed, "S", "random seed (same seed, same weights)", NULL},
+    };
+    const char *positional[1] = {NULL};
+    kvf_flagset_t set = {
+        .prog = argv[0],
+        .usage = "OUTDIR [options]",
+        .summary = "Writes a random-weight Hugging Face model directory (config.json, "
+                   "model.safetensors, tokenizer.json, tokenizer_config.json, "
+                   "generation_config.json) for tests, demos and benchmarks. The tokenizer is "
+                   "the project's byte-level BPE, extended with extra merges or truncated to "
+                   "--vocab; BOS and EOS are ids 510 and 511, or vocab-2 and vocab-1 when "
+                   "vocab < 512.",
+        .flags = flags,
+        .n_flags = KVF_NFLAGS(flags),
+        .positional = positional,
+        .max_positional = 1,
+    };
+    int rc = kvf_flags_parse(&set, argc, argv);
+    if (rc == KVF_FLAGS_EXIT)
+        return 0;
+    if (rc < 0)
+        return 2;
+    const char *dir = positional[0];
+    if (!dir) {
+        fprintf(stderr, "%s: needs OUTDIR (see --help)\n", argv[0]);
+        return 2;
+    }
+    if (qwen2)
+        arch = "qwen2";
+    bool is_qwen2 = !strcmp(arch, "qwen2");
+    if (!is_qwen2 && strcmp(arch, "llama")) {
+        fprintf(stderr, "%s: --arch must be llama or qwen2, not '%s'\n", argv[0], arch);
+        return 2;
+    }
+    kvf_dtype_t dtype;
+    if (kvf_dtype_parse(dtype_name, &dtype) != KVF_OK) {
+        fprintf(stderr, "%s: --dtype must be f32, bf16 or f16, not '%s'\n", argv[0], dtype_name);
+        return 2;
+    }
+    if (vocab < MIN_VOCAB || vocab > MAX_VOCAB) {
+        fprintf(stderr, "%s: --vocab must be between %d (256 bytes + BOS + EOS) and %d, not %d\n",
+                argv[0], MIN_VOCAB, MAX_VOCAB, vocab);
+        return 2;
+    }
+    if (heads <= 0 || (head_dim == 0 && hidden % heads != 0)) {
+        fprintf(stderr, "%s: --hidden %d is not a multiple of --heads %d (or give --head-dim)\n",
+                argv[0], hidden, heads);
+        return 2;
+    }
+    kvf_model_config_t cfg = {
+        .arch = is_qwen2 ? KVF_ARCH_QWEN2 : KVF_ARCH_LLAMA,
+        .n_layers = layers,
+        .hidden = hidden,
+        .n_heads = heads,
+        .n_kv_heads = kv_heads,
+        .head_dim = head_dim ? head_dim : hidden / heads,
+        .inter = inter,
+        .vocab = vocab,
+        .max_pos = max_pos,
+        .rope_theta = is_qwen2 && !theta_seen ? 1000000.0 : rope_theta,
+        .rms_eps = is_qwen2 && !eps_seen ? 1e-6 : rms_eps,
+        .tie_embeddings = tie,
+        .qkv_bias = is_qwen2,
+        .dtype = dtype,
+        .n_eos = 1,
+    };
+    snprintf(cfg.arch_name, sizeof(cfg.arch_name), "%s",
+             is_qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
+    if (kvf_model_config_validate(&cfg, "mkmodel") != KVF_OK)
+        return 2;
+
+    cJSON *tokenizer;
+    int bos, eos;
+    kvf_status_t st = build_tokenizer(vocab, &tokenizer, &bos, &eos);
+    if (st != KVF_OK) {
+        fprintf(stderr, "%s: cannot build the tokenizer: %s\n", argv[0], kvf_status_str(st));
+        return 1;
+    }
+    cfg.bos_id = bos;
+    cfg.eos_ids[0] = eos;
+    st = make_dirs(dir);
+    if (st == KVF_OK)
+        st = write_json(dir, "tokenizer.json", tokenizer);
+    cJSON_Delete(tokenizer);
+    if (st == KVF_OK)
+        st = write_tokenizer_config(dir, bos, eos, max_pos);
+    if (st == KVF_OK)
+        st = kvf_model_write_random(dir, &cfg, dtype, seed);
+    if (st != KVF_OK) {
+        fprintf(stderr, "%s: cannot write %s: %s\n", argv[0], dir, kvf_status_str(st));
+        return 1;
+    }
+    uint64_t q_dim = (uint64_t)cfg.n_heads * (uint64_t)cfg.head_dim;
+    uint64_t kv_dim = (uint64_t)cfg.n_kv_heads * (uint64_t)cfg.head_dim;
+    uint64_t h = (uint64_t)hidden;
+    uint64_t per_layer = 2 * h + q_dim * h + 2 * kv_dim * h + h * q_dim + 3 * (uint64_t)inter * h +
+                         (cfg.qkv_bias ? q_dim + 2 * kv_dim : 0);
+    uint64_t params = (uint64_t)vocab * h * (tie ? 1 : 2) + (uint64_t)layers * per_layer + h;
+    printf("%s: %s, %d layers, hidden %d, %d heads / %d kv heads (head_dim %d), inter %d, "
+           "vocab %d (bos %d, eos %d), %s, %.1fM parameters, %.1f MB of weights\n",
+           dir, cfg.arch_name, layers, hidden, heads, kv_heads, cfg.head_dim, inter, vocab, bos,
+           eos, kvf_dtype_name(dtype), (double)params / 1e6,
+           (double)(params * kvf_dtype_size(dtype)) / 1e6);
+    return 0;
+}
