@@ -1,0 +1,273 @@
+/* KV block transfer between processes: a prefill node writes (RMA put) the
+ * K/V slices of a request straight into a decode node's registered pool.
+ *
+ * One API over several backends (UCX by default; NCCL for GPU pairs when
+ * built with KVF_HAVE_NCCL). Every handle is single-threaded: the node's
+ * event loop owns it and drives it with kvf_xfer_progress().
+ *
+ * Sender (prefill node P)                 Receiver (decode node D)
+ * -----------------------                 ------------------------
+ * kvf_xfer_create(pool)                   kvf_xfer_create(pool)
+ *                                         kvf_xfer_export() -> descriptor bytes,
+ *                                           sent in Register to the router
+ * kvf_xfer_connect(D's descriptor)          (validated: length, magic, version,
+ *   (once per decode node, cached)           checksum, pool size, geometry)
+ *   -> KvAlloc{req_id, epoch} ------->     blocks allocated,
+ *                                         kvf_xfer_reserve(req_id, epoch,
+ *                                           ranges, lease_ms)
+ *   <- KvAllocReply{blocks, lease_ms} --
+ * per layer: kvf_xfer_post(slices)
+ *   ... the last one with KVF_XFER_LAST   kvf_xfer_poll() -> LANDED events;
+ * kvf_xfer_test()/wait() per batch          LANDED with last = all bytes are in
+ *   -> KvReady ---------------------->      the pool and verified
+ *
+ * Completion: after a batch's puts, the sender flushes its endpoint (all of
+ * the endpoint's puts are then complete in the receiver's memory) and sends
+ * a completion message (active message) carrying request id, epoch, flags,
+ * byte count and, when checksums are on, each written range with its
+ * CRC32C. The receiver checks it against a live reservation: unknown or
+ * stale (request id, epoch), ranges outside the reservation, byte counts
+ * above it, or a CRC that does not match its own pool are REJECTED and
+ * counted, never reported as landed.
+ *
+ * Fencing. RMA writes are invisible to the receiver's CPU, so the receiver
+ * cannot tell by itself when the last write of a request has landed. Its
+ * blocks become reusable (a RELEASED event) only at a point where no write
+ * of the request can still arrive:
+ *  1. a completion with KVF_XFER_LAST or KVF_XFER_ABORT for (req_id, epoch)
+ *     arrived: the sender sends it after its endpoint flush completed, and
+ *     promises to post nothing more for that request (all of a request's
+ *     batches go through one peer handle, so the flush covers them all); or
+ *  2. the lease has ended plus the grace period: the sender never posts a
+ *     batch after its lease end (not_after_ns, computed on the sender's
+ *     clock from the moment it SENT the allocation request, so it ends no
+ *     later than the receiver's lease), and a batch still outstanding at
+ *     its deadline is failed and its endpoint closed by force, which stops
+ *     further writes; the grace (default 1 s) covers data already in
+ *     flight in the network at that moment.
+ * kvf_xfer_cancel() therefore reports RELEASED at once when the request had
+ * fully landed (or the sender aborted it), and otherwise when one of the
+ * two points is reached. A completion for a cancelled reservation is
+ * rejected (KVF_ERR_STALE) but still used as a fence point.
+ *
+ * A peer that dies or stops answering completes each of its batches with
+ * an error within the handle's timeout (default 5 s), never a hang. */
+#ifndef KVF_XFER_H
+#define KVF_XFER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvf/status.h"
+
+typedef struct kvf_xfer kvf_xfer_t;             /* a local pool registered with a backend */
+typedef struct kvf_xfer_peer kvf_xfer_peer_t;   /* a connection to one remote pool */
+typedef struct kvf_xfer_batch kvf_xfer_batch_t; /* one posted list of puts */
+
+typedef enum {
+    KVF_XFER_UCX = 0,  /* UCX RMA put; UCX_TLS selects shm, tcp, rdma, ... */
+    KVF_XFER_NCCL = 1, /* NCCL send/recv between two GPUs (KVF_HAVE_NCCL builds) */
+} kvf_xfer_backend_t;
+
+typedef enum {
+    KVF_XFER_MEM_HOST = 0, /* pool in host memory */
+    KVF_XFER_MEM_CUDA = 1, /* pool in GPU memory (needs a CUDA-aware backend) */
+} kvf_xfer_mem_t;
+
+/* Element types, numbered as kvf.KvDtype in proto/kvferry.proto. */
+typedef enum {
+    KVF_XFER_DTYPE_F32 = 0,
+    KVF_XFER_DTYPE_F16 = 1,
+    KVF_XFER_DTYPE_BF16 = 2,
+    KVF_XFER_DTYPE_FP8 = 3,
+    KVF_XFER_DTYPE_INT8 = 4,
+} kvf_xfer_dtype_t;
+
+/* The KV pool's shape; both ends must agree on every field. */
+typedef struct {
+    uint32_t block_size; /* tokens per block */
+    uint32_t n_layers;
+    uint32_t n_kv_heads;
+    uint32_t head_dim;
+    uint32_t dtype;  /* kvf_xfer_dtype_t */
+    uint32_t layout; /* 1 = [block][layer][K,V][kv_head][slot][head_dim] */
+} kvf_xfer_geometry_t;
+
+typedef struct {
+    kvf_xfer_backend_t backend;
+    kvf_xfer_mem_t mem_type;
+    /* The pool: pool_bytes at pool (borrowed: must outlive the handle).
+     * pool == NULL lets the backend allocate it (UCX then allocates memory
+     * the peer can map directly, the fastest path over shared memory); see
+     * kvf_xfer_pool(). pool_bytes must be a whole number of blocks. */
+    void *pool;
+    uint64_t pool_bytes;
+    kvf_xfer_geometry_t geometry;
+    uint32_t timeout_ms; /* per-batch deadline; 0 = 5000 */
+    uint32_t grace_ms;   /* receiver: fence margin after a lease ends; 0 = 1000 */
+    bool checksum;       /* send (sender) / require (receiver) a CRC32C per range */
+} kvf_xfer_config_t;
+
+/* One put: len bytes from local pool offset local_off to remote pool
+ * offset remote_off. */
+typedef struct {
+    uint64_t local_off;
+    uint64_t remote_off;
+    uint64_t len;
+} kvf_xfer_slice_t;
+
+/* A byte range of the local pool (a reservation's blocks). */
+typedef struct {
+    uint64_t off;
+    uint64_t len;
+} kvf_xfer_range_t;
+
+/* kvf_xfer_batch_spec_t.flags */
+#define KVF_XFER_LAST  0x1u /* the request's final batch: no more after it */
+#define KVF_XFER_ABORT 0x2u /* the sender gives the request up (no slices) */
+
+typedef struct {
+    uint64_t req_id;
+    uint64_t epoch;
+    const kvf_xfer_slice_t *slices; /* borrowed for the call only */
+    size_t n_slices;                /* 0 allowed (e.g. with KVF_XFER_ABORT) */
+    uint32_t flags;
+    uint64_t not_after_ns; /* the lease end on kvf_clock_ns(); 0 = no lease */
+} kvf_xfer_batch_spec_t;
+
+typedef enum {
+    KVF_XFER_EV_LANDED = 1,   /* a batch landed in a live reservation (verified) */
+    KVF_XFER_EV_ABORTED = 2,  /* the sender aborted a live reservation's request */
+    KVF_XFER_EV_EXPIRED = 3,  /* a lease ended before its last batch landed */
+    KVF_XFER_EV_REJECTED = 4, /* a completion failed the checks (status says why) */
+    KVF_XFER_EV_RELEASED = 5, /* a cancelled reservation's blocks are reusable */
+} kvf_xfer_event_kind_t;
+
+typedef struct {
+    kvf_xfer_event_kind_t kind;
+    uint64_t req_id;
+    uint64_t epoch;
+    uint64_t bytes;      /* LANDED: bytes of the batch */
+    bool last;           /* LANDED: it carried KVF_XFER_LAST */
+    kvf_status_t status; /* REJECTED: STALE, INVAL (ranges), MISMATCH (crc), FORMAT */
+} kvf_xfer_event_t;
+
+typedef struct {
+    uint64_t batches_posted, batches_ok, batches_failed;
+    uint64_t bytes_posted;     /* after validation, before coalescing */
+    uint64_t puts_issued;      /* after coalescing */
+    uint64_t completions_landed, completions_rejected, crc_failures;
+    uint64_t reservations_live; /* reserved, not yet released */
+} kvf_xfer_stats_t;
+
+/* ---- handle -------------------------------------------------------------- */
+
+/* Opens a backend over the pool described by cfg (copied). Errors:
+ * INVAL (bad config), UNSUPPORTED (backend or memory type not in this
+ * build), TRANSPORT (the backend failed). *xfer_p is owned by the caller
+ * and released with kvf_xfer_destroy(). */
+kvf_status_t kvf_xfer_create(const kvf_xfer_config_t *cfg, kvf_xfer_t **xfer_p);
+
+/* Disconnects every peer (outstanding batches fail with CLOSED), frees
+ * the handle and, if the backend allocated the pool, the pool. NULL ok. */
+void kvf_xfer_destroy(kvf_xfer_t *xfer);
+
+/* The pool's base address (the caller's, or the one the backend
+ * allocated); owned by the handle. */
+void *kvf_xfer_pool(const kvf_xfer_t *xfer);
+
+/* Writes this pool's descriptor into a malloc'd buffer owned by the
+ * caller (*desc_p, *len_p set only on success). Opaque, versioned bytes:
+ * they go into the node's Register message. */
+kvf_status_t kvf_xfer_export(kvf_xfer_t *xfer, uint8_t **desc_p, size_t *len_p);
+
+/* Checks a peer's descriptor without connecting: FORMAT (length, magic,
+ * checksum, body), VERSION, MISMATCH (geometry, backend), INVAL (pool
+ * size). Logs the first problem found. desc is untrusted input. */
+kvf_status_t kvf_xfer_check_desc(const kvf_xfer_t *xfer, const uint8_t *desc, size_t len);
+
+/* Validates desc (as kvf_xfer_check_desc) and connects to that pool.
+ * desc is borrowed for the call. *peer_p belongs to xfer and is released
+ * with kvf_xfer_disconnect() (or by kvf_xfer_destroy()). */
+kvf_status_t kvf_xfer_connect(kvf_xfer_t *xfer, const uint8_t *desc, size_t len,
+                              kvf_xfer_peer_t **peer_p);
+
+/* Closes the connection (by force: outstanding batches fail with CLOSED
+ * but stay valid until released). NULL ok. */
+void kvf_xfer_disconnect(kvf_xfer_peer_t *peer);
+
+/* The peer's state: OK, or the error that failed it (PEER, TIMEOUT,
+ * CLOSED). A failed peer accepts no new batch; reconnect from the
+ * descriptor. */
+kvf_status_t kvf_xfer_peer_status(const kvf_xfer_peer_t *peer);
+
+/* ---- sender -------------------------------------------------------------- */
+
+/* Posts the puts of spec to the peer; slices are validated against both
+ * pools (INVAL, nothing sent), adjacent ones coalesced, then put, flushed
+ * and followed by the completion message. Errors: PEER/CLOSED (the peer
+ * failed), TIMEOUT (now is past spec->not_after_ns: the lease ended).
+ * *batch_p is owned by the caller: kvf_xfer_batch_release() it once done
+ * with it (a batch released early is still driven to its end). */
+kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *spec,
+                           kvf_xfer_batch_t **batch_p);
+
+/* OK when the batch completed (puts flushed and completion message
+ * sent), AGAIN while in progress, or the error that ended it (TIMEOUT,
+ * PEER, CLOSED, TRANSPORT). Does not progress: see kvf_xfer_progress. */
+kvf_status_t kvf_xfer_test(const kvf_xfer_batch_t *batch);
+
+/* Progresses the handle until the batch ends or timeout_ms passes
+ * (-1: until the batch's own deadline, which always comes). Returns as
+ * kvf_xfer_test, or TIMEOUT when timeout_ms passed first (the batch goes
+ * on). */
+kvf_status_t kvf_xfer_wait(kvf_xfer_batch_t *batch, int timeout_ms);
+
+/* Releases the caller's hold on the batch. NULL ok. */
+void kvf_xfer_batch_release(kvf_xfer_batch_t *batch);
+
+/* ---- receiver ------------------------------------------------------------ */
+
+/* Declares that (req_id, epoch) may write the given ranges of this pool
+ * until lease_ms from now (0: no lease; then only a LAST/ABORT completion
+ * fences a cancel). ranges is copied. Errors: INVAL (a range outside the
+ * pool, or req_id already reserved), NOMEM. */
+kvf_status_t kvf_xfer_reserve(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch,
+                              const kvf_xfer_range_t *ranges, size_t n_ranges, uint32_t lease_ms);
+
+/* Ends a reservation (sequence finished, cancelled, failed): from now on
+ * nothing from (req_id, epoch) is accepted, and a RELEASED event says
+ * when its blocks may be reused (at once if it had fully landed or was
+ * aborted). NOT_FOUND if there is no such reservation. */
+kvf_status_t kvf_xfer_cancel(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch);
+
+/* Takes the oldest pending event into *ev_p; AGAIN when there is none. */
+kvf_status_t kvf_xfer_poll(kvf_xfer_t *xfer, kvf_xfer_event_t *ev_p);
+
+/* ---- event loop ---------------------------------------------------------- */
+
+/* Drives the backend (sends, completions, incoming messages) and the
+ * deadlines (batch timeouts, leases). Never blocks. Returns how many
+ * things happened (0: idle). */
+unsigned kvf_xfer_progress(kvf_xfer_t *xfer);
+
+/* A file descriptor that polls readable when the handle has work; -1 if
+ * the backend has none (then call kvf_xfer_progress on a timer). Owned
+ * by the handle. */
+int kvf_xfer_fd(const kvf_xfer_t *xfer);
+
+/* Arms the fd before the loop sleeps on it. AGAIN: events are pending,
+ * call kvf_xfer_progress instead of sleeping. */
+kvf_status_t kvf_xfer_arm(kvf_xfer_t *xfer);
+
+/* Milliseconds until the next internal deadline (batch timeout, lease or
+ * fence), -1 if none: the longest the loop may sleep on the fd. */
+int kvf_xfer_timeout_ms(const kvf_xfer_t *xfer);
+
+void kvf_xfer_stats(const kvf_xfer_t *xfer, kvf_xfer_stats_t *stats_p);
+
+/* Bytes of one block of geometry g (0 if g is invalid). */
+uint64_t kvf_xfer_block_bytes(const kvf_xfer_geometry_t *g);
+
+#endif

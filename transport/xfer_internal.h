@@ -1,0 +1,143 @@
+/* Private to transport/: the handle structures and the backend ops table
+ * behind kvf/xfer.h. xfer.c owns everything backend-neutral (config and
+ * descriptor checks, slice validation and coalescing, batch lifetime and
+ * deadlines, the completion message, reservations and fencing); a backend
+ * (ucx.c, nccl.c) moves bytes and messages. */
+#ifndef KVF_XFER_INTERNAL_H
+#define KVF_XFER_INTERNAL_H
+
+#include "kvf/xfer.h"
+
+/* Descriptor: fixed header, backend body, CRC32C of everything before it.
+ * All integers little endian. */
+#define KVF_XFER_DESC_MAGIC   0x5846564bu /* "KVFX" */
+#define KVF_XFER_DESC_VERSION 1u
+#define KVF_XFER_DESC_HEADER  64u
+#define KVF_XFER_DESC_MAX     (64u << 10)
+
+/* Completion message ("FIN"): header then n_ranges range records. */
+#define KVF_XFER_FIN_MAGIC    0x4346564bu /* "KVFC" */
+#define KVF_XFER_FIN_VERSION  1u
+#define KVF_XFER_FIN_HEADER   40u
+#define KVF_XFER_FIN_RANGE    24u /* u64 off, u64 len, u32 crc, u32 zero */
+#define KVF_XFER_FIN_HAS_CRC  0x100u
+/* Largest batch after coalescing; bounds the completion message. */
+#define KVF_XFER_MAX_RANGES   65536u
+
+#define KVF_XFER_DEFAULT_TIMEOUT_MS 5000u
+#define KVF_XFER_DEFAULT_GRACE_MS   1000u
+#define KVF_XFER_DEFAULT_LEASE_MS   60000u
+
+typedef struct kvf_xfer_ops kvf_xfer_ops_t;
+
+typedef enum {
+    KVF_RESV_LIVE = 0, /* accepting completions */
+    KVF_RESV_DONE,     /* last batch landed or sender aborted: no write can come */
+    KVF_RESV_EXPIRED,  /* lease ended first; waits for kvf_xfer_cancel */
+    KVF_RESV_FENCED,   /* cancelled; waits for a fence point */
+} kvf_resv_state_t;
+
+typedef struct {
+    uint64_t req_id, epoch;
+    kvf_xfer_range_t *ranges; /* owned */
+    size_t n_ranges;
+    uint64_t total_bytes, landed_bytes;
+    uint64_t lease_end_ns;
+    kvf_resv_state_t state;
+} kvf_resv_t;
+
+struct kvf_xfer_batch {
+    kvf_xfer_peer_t *peer;
+    kvf_xfer_batch_t *next, *prev; /* in peer->batches */
+    uint64_t req_id, epoch;
+    uint64_t deadline_ns;
+    kvf_status_t status; /* AGAIN while running */
+    bool released;       /* the caller let go */
+    unsigned backend_busy; /* backend requests that still point at this batch */
+    kvf_xfer_slice_t *ranges; /* coalesced puts, owned */
+    size_t n_ranges;
+    uint8_t *fin; /* the completion message, owned */
+    size_t fin_len;
+    void *be; /* backend state */
+};
+
+struct kvf_xfer_peer {
+    kvf_xfer_t *xfer;
+    kvf_xfer_peer_t *next, *prev; /* in xfer->peers */
+    kvf_xfer_batch_t *batches;    /* not yet freed */
+    uint64_t remote_base;         /* the remote pool's address */
+    uint64_t remote_bytes;
+    bool checksum;     /* this connection sends CRCs */
+    bool disconnected; /* the caller let go */
+    kvf_status_t status;
+    void *be;
+};
+
+struct kvf_xfer {
+    const kvf_xfer_ops_t *ops;
+    kvf_xfer_config_t cfg;
+    uint8_t *pool; /* cfg.pool, or the backend's */
+    kvf_xfer_peer_t *peers;
+    /* receiver */
+    kvf_resv_t *resv;
+    size_t n_resv, cap_resv;
+    kvf_xfer_event_t *events; /* ring */
+    size_t ev_head, ev_count, ev_cap;
+    uint64_t next_timer_ns; /* earliest lease/fence/batch deadline; 0 = recompute */
+    kvf_xfer_stats_t stats;
+    bool warned_rndv;
+    void *be;
+};
+
+/* A backend. Every slot is required unless marked optional. */
+struct kvf_xfer_ops {
+    const char *name;
+    /* Sets up xfer->be; allocates the pool into xfer->pool when it is NULL. */
+    kvf_status_t (*open)(kvf_xfer_t *xfer);
+    /* Frees xfer->be. Peers whose shutdown did not complete may remain:
+     * close ends their requests (callbacks may run); xfer.c frees them
+     * after it with peer_free. */
+    void (*close)(kvf_xfer_t *xfer);
+    /* The descriptor body into a malloc'd buffer owned by the caller. */
+    kvf_status_t (*export_body)(kvf_xfer_t *xfer, uint8_t **body_p, size_t *len_p);
+    /* Connects peer (remote_base, remote_bytes set) from a body already
+     * bounds-checked by xfer.c (its internal lengths still untrusted). */
+    kvf_status_t (*connect)(kvf_xfer_peer_t *peer, const uint8_t *body, size_t len);
+    /* Tears the connection down by force; outstanding requests end with
+     * errors during later progress (each drops backend_busy). May be
+     * called more than once. */
+    void (*shutdown)(kvf_xfer_peer_t *peer);
+    /* True when peer->be can be freed (shutdown completed). */
+    bool (*shutdown_done)(kvf_xfer_peer_t *peer);
+    /* Frees peer->be's memory only (it may run after close). */
+    void (*peer_free)(kvf_xfer_peer_t *peer);
+    /* Starts the batch (ranges and fin ready); ends it through
+     * kvf_xfer__batch_end. */
+    kvf_status_t (*post)(kvf_xfer_batch_t *batch);
+    void (*batch_free)(kvf_xfer_batch_t *batch); /* (optional) */
+    unsigned (*progress)(kvf_xfer_t *xfer);
+    int (*fd)(const kvf_xfer_t *xfer);      /* (optional): -1 */
+    kvf_status_t (*arm)(kvf_xfer_t *xfer);  /* (optional): OK */
+};
+
+extern const kvf_xfer_ops_t kvf_xfer_ucx_ops;
+#ifdef KVF_HAVE_NCCL
+extern const kvf_xfer_ops_t kvf_xfer_nccl_ops;
+#endif
+
+/* Backends call these. */
+
+/* Ends a running batch with status (OK or an error); no-op if ended. */
+void kvf_xfer__batch_end(kvf_xfer_batch_t *batch, kvf_status_t status);
+
+/* Fails the peer (dead, timed out): every running batch ends with status
+ * and the backend shuts the connection down. */
+void kvf_xfer__peer_fail(kvf_xfer_peer_t *peer, kvf_status_t status);
+
+/* Frees batches (and peers) nobody needs any more. */
+void kvf_xfer__reap(kvf_xfer_t *xfer);
+
+/* Handles a completion message of len untrusted bytes. */
+void kvf_xfer__on_fin(kvf_xfer_t *xfer, const void *msg, size_t len);
+
+#endif
