@@ -10,21 +10,21 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "kvf/tokenizer.h"
 
+#include "kvf/file.h"
 #include "kvf/log.h"
 #include "kvf/utf8.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <limits.h>
 #include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_IDS         (1u << 24) /* ids above this are rejected as malformed */
-#define MAX_FILE_BYTES  (512u << 20)
-#define NO_ID           UINT32_MAX
-#define BYTE_LEVEL_CPS  0x144 /* code points used by the byte <-> symbol mapping */
+#define MAX_IDS        (1u << 24) /* ids above this are rejected as malformed */
+#define MAX_FILE_BYTES (512u << 20)
+#define NO_ID          UINT32_MAX
+#define BYTE_LEVEL_CPS 0x144 /* code points used by the byte <-> symbol mapping */
 
 /* The GPT-2 pre-tokenizer, used by ByteLevel with use_regex. */
 static const char GPT2_PATTERN[] =
@@ -72,10 +72,10 @@ struct kvf_tokenizer {
     merge_slot_t *merge_slots;
     uint32_t merge_mask;
 
-    uint32_t byte_id[256];                /* ByteLevel symbol id of each byte, NO_ID if absent */
-    uint8_t byte_spelling[256][3];        /* UTF-8 of each byte's symbol */
+    uint32_t byte_id[256];         /* ByteLevel symbol id of each byte, NO_ID if absent */
+    uint8_t byte_spelling[256][3]; /* UTF-8 of each byte's symbol */
     uint8_t byte_spelling_len[256];
-    int16_t cp_to_byte[BYTE_LEVEL_CPS];   /* -1: not a byte symbol */
+    int16_t cp_to_byte[BYTE_LEVEL_CPS]; /* -1: not a byte symbol */
 
     split_step_t *steps;
     size_t n_steps;
@@ -156,55 +156,6 @@ static const merge_slot_t *merge_find(const kvf_tokenizer_t *tok, uint32_t left,
 }
 
 /* ---- loading -------------------------------------------------------------- */
-
-static kvf_status_t read_file(const char *path, char **buf_p, size_t *len_p)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int err = errno;
-        if (err != ENOENT)
-            kvf_log_error("%s: cannot open: %s", path, strerror(err));
-        return err == ENOENT ? KVF_ERR_NOT_FOUND : kvf_status_from_errno(err);
-    }
-    kvf_status_t st = KVF_OK;
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (cap - len < 65536) {
-            cap = cap ? cap * 2 : 1 << 20;
-            if (cap > MAX_FILE_BYTES + 65536) {
-                kvf_log_error("%s: larger than %u bytes", path, MAX_FILE_BYTES);
-                st = KVF_ERR_TOO_BIG;
-                goto fail_read;
-            }
-            char *grown = realloc(buf, cap + 1);
-            if (!grown) {
-                st = KVF_ERR_NOMEM;
-                goto fail_read;
-            }
-            buf = grown;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) {
-            if (ferror(f)) {
-                kvf_log_error("%s: read failed", path);
-                st = KVF_ERR_IO;
-                goto fail_read;
-            }
-            break;
-        }
-    }
-    fclose(f);
-    buf[len] = '\0';
-    *buf_p = buf;
-    *len_p = len;
-    return KVF_OK;
-fail_read:
-    free(buf);
-    fclose(f);
-    return st;
-}
 
 /* Appends len bytes to the arena; *off_p is their offset. */
 static kvf_status_t arena_add(kvf_tokenizer_t *tok, const void *data, size_t len, uint32_t *off_p)
@@ -310,8 +261,8 @@ static kvf_status_t load_vocab(kvf_tokenizer_t *tok, const char *path, const cJS
     for (const cJSON *a = added ? added->child : NULL; a; a = a->next) {
         uint32_t id;
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(a, "content");
-        if (!json_id(cJSON_GetObjectItemCaseSensitive(a, "id"), &id) ||
-            !cJSON_IsString(content) || !content->valuestring[0]) {
+        if (!json_id(cJSON_GetObjectItemCaseSensitive(a, "id"), &id) || !cJSON_IsString(content) ||
+            !content->valuestring[0]) {
             kvf_log_error("%s: malformed entry in added_tokens", path);
             return KVF_ERR_FORMAT;
         }
@@ -383,8 +334,8 @@ static kvf_status_t load_added(kvf_tokenizer_t *tok, const cJSON *added)
     return KVF_OK;
 }
 
-static kvf_status_t merge_insert(kvf_tokenizer_t *tok, uint32_t left, uint32_t right,
-                                 uint32_t rank, uint32_t merged)
+static kvf_status_t merge_insert(kvf_tokenizer_t *tok, uint32_t left, uint32_t right, uint32_t rank,
+                                 uint32_t merged)
 {
     uint64_t key = (uint64_t)left << 32 | right;
     uint32_t i = (uint32_t)hash_u64(key) & tok->merge_mask;
@@ -417,8 +368,7 @@ static kvf_status_t load_merges(kvf_tokenizer_t *tok, const char *path, const cJ
             /* "left right": ByteLevel spellings never contain a plain space */
             const char *sp = strchr(m->valuestring, ' ');
             if (!sp || strchr(sp + 1, ' ')) {
-                kvf_log_error("%s: merge %u '%s' is not 'left right'", path, rank,
-                              m->valuestring);
+                kvf_log_error("%s: merge %u '%s' is not 'left right'", path, rank, m->valuestring);
                 st = KVF_ERR_FORMAT;
                 goto fail_merge;
             }
@@ -426,8 +376,8 @@ static kvf_status_t load_merges(kvf_tokenizer_t *tok, const char *path, const cJ
             left_len = (size_t)(sp - left);
             right = sp + 1;
             right_len = strlen(right);
-        } else if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 &&
-                   cJSON_IsString(m->child) && cJSON_IsString(m->child->next)) {
+        } else if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 && cJSON_IsString(m->child) &&
+                   cJSON_IsString(m->child->next)) {
             left = m->child->valuestring;
             left_len = strlen(left);
             right = m->child->next->valuestring;
@@ -528,8 +478,8 @@ static kvf_status_t add_step(kvf_tokenizer_t *tok, const char *path, const char 
     int err;
     PCRE2_SIZE err_off;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, opts, &err,
-                                   &err_off, NULL);
+    pcre2_code *re =
+        pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, opts, &err, &err_off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof(msg));
@@ -664,7 +614,7 @@ static kvf_status_t load_config(kvf_tokenizer_t *tok, const char *dir, const cJS
     tok->bos_id = tmpl;
     tok->adds_bos = tmpl >= 0;
     tok->eos_id = -1;
-    kvf_status_t st = read_file(path, &text, &len);
+    kvf_status_t st = kvf_file_read(path, MAX_FILE_BYTES, &text, &len);
     if (st == KVF_ERR_NOT_FOUND)
         return KVF_OK;
     if (st != KVF_OK)
@@ -694,8 +644,7 @@ static kvf_status_t load_config(kvf_tokenizer_t *tok, const char *dir, const cJS
     return KVF_OK;
 }
 
-static kvf_status_t parse_tokenizer_json(kvf_tokenizer_t *tok, const char *path,
-                                         const cJSON *root)
+static kvf_status_t parse_tokenizer_json(kvf_tokenizer_t *tok, const char *path, const cJSON *root)
 {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
@@ -755,7 +704,7 @@ kvf_status_t kvf_tokenizer_load(const char *model_dir, kvf_tokenizer_t **tok_p)
         return KVF_ERR_INVAL;
     char *text;
     size_t len;
-    kvf_status_t st = read_file(path, &text, &len);
+    kvf_status_t st = kvf_file_read(path, MAX_FILE_BYTES, &text, &len);
     if (st == KVF_ERR_NOT_FOUND)
         kvf_log_error("%s: not found", path);
     if (st != KVF_OK)
@@ -814,11 +763,11 @@ typedef struct {
     const kvf_tokenizer_t *tok;
     uint32_t *ids; /* output */
     size_t n_ids, ids_cap;
-    uint32_t *sym;     /* BPE symbols of the current piece */
+    uint32_t *sym; /* BPE symbols of the current piece */
     int32_t *prev, *next;
-    uint64_t *heap;    /* rank << 32 | left symbol index */
+    uint64_t *heap; /* rank << 32 | left symbol index */
     size_t sym_cap, heap_cap;
-    char *spelled;     /* the piece in ByteLevel spelling (ignore_merges) */
+    char *spelled; /* the piece in ByteLevel spelling (ignore_merges) */
     size_t spelled_cap;
     uint8_t *prefixed; /* a segment with the prefix space */
     size_t prefixed_cap;
@@ -908,7 +857,8 @@ static kvf_status_t bpe_piece(encoder_t *enc, const uint8_t *piece, size_t len)
             return st;
         size_t n = 0;
         for (size_t i = 0; i < len; i++) {
-            memcpy(enc->spelled + n, tok->byte_spelling[piece[i]], tok->byte_spelling_len[piece[i]]);
+            memcpy(enc->spelled + n, tok->byte_spelling[piece[i]],
+                   tok->byte_spelling_len[piece[i]]);
             n += tok->byte_spelling_len[piece[i]];
         }
         uint32_t id = vocab_find(tok, enc->spelled, n);
@@ -1065,8 +1015,8 @@ static bool is_space(uint8_t c)
 }
 
 /* The longest added token starting at text[pos], or NULL. */
-static const added_token_t *match_added(const kvf_tokenizer_t *tok, const uint8_t *text,
-                                        size_t len, size_t pos)
+static const added_token_t *match_added(const kvf_tokenizer_t *tok, const uint8_t *text, size_t len,
+                                        size_t pos)
 {
     const added_token_t *best = NULL;
     for (size_t i = 0; i < tok->n_added; i++) {

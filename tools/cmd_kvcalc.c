@@ -5,6 +5,7 @@
  * geometry comes from config.json (the engine's loader) and the weights'
  * bytes from the safetensors headers, for comparison. */
 #include "commands.h"
+#include "kvf/file.h"
 #include "kvf/flags.h"
 #include "kvf/model.h"
 #include "kvf/safetensors.h"
@@ -49,33 +50,16 @@ static kvf_status_t weight_bytes(const char *dir, uint64_t *bytes_p)
         return KVF_OK;
     }
     snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return KVF_ERR_NOT_FOUND;
-    char *text = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? cap * 2 : 65536;
-            char *grown = realloc(text, cap + 1);
-            if (!grown) {
-                free(text);
-                fclose(f);
-                return KVF_ERR_NOMEM;
-            }
-            text = grown;
-        }
-        size_t got = fread(text + len, 1, cap - len, f);
-        if (got == 0)
-            break;
-        len += got;
-    }
-    fclose(f);
+    char *text;
+    size_t len;
+    kvf_status_t status = kvf_file_read(path, 64u << 20, &text, &len);
+    if (status != KVF_OK)
+        return status;
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
     const cJSON *total = cJSON_GetObjectItemCaseSensitive(meta, "total_size");
-    kvf_status_t status = KVF_ERR_FORMAT;
+    status = KVF_ERR_FORMAT;
     if (cJSON_IsNumber(total) && total->valuedouble >= 0) {
         *bytes_p = (uint64_t)total->valuedouble;
         status = KVF_OK;
@@ -101,8 +85,7 @@ int kvf_cmd_kvcalc(int argc, char **argv)
         {"head-dim", KVF_FLAG_INT, &head_dim, "D", "head dimension (without --model)", NULL},
         {"context", KVF_FLAG_INT, &context, "N", "tokens per request (prompt + output)", NULL},
         {"batch", KVF_FLAG_INT, &batch, "B", "concurrent requests", NULL},
-        {"kv-dtype", KVF_FLAG_STRING, &kv_dtype, "f32|f16|bf16|fp8|int8", "KV element type",
-         NULL},
+        {"kv-dtype", KVF_FLAG_STRING, &kv_dtype, "f32|f16|bf16|fp8|int8", "KV element type", NULL},
     };
     kvf_flagset_t set = {
         .prog = argv[0],
@@ -150,8 +133,8 @@ int kvf_cmd_kvcalc(int argc, char **argv)
                 argv[0]);
         return 2;
     }
-    uint64_t per_token = 2ull * (uint64_t)layers * (uint64_t)kv_heads * (uint64_t)head_dim *
-                         (uint64_t)elem;
+    uint64_t per_token =
+        2ull * (uint64_t)layers * (uint64_t)kv_heads * (uint64_t)head_dim * (uint64_t)elem;
     uint64_t per_request = per_token * (uint64_t)context;
     uint64_t per_batch = per_request * (uint64_t)batch;
     if (model_dir)

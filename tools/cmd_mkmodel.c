@@ -33,10 +33,10 @@
 extern const unsigned char kvf_mkmodel_tokenizer_json[];
 extern const size_t kvf_mkmodel_tokenizer_json_len;
 
-#define MIN_VOCAB  258 /* 256 byte symbols + BOS + EOS */
-#define MAX_VOCAB  (1 << 22)
-#define BOS_TEXT   "<|begin_of_text|>"
-#define EOS_TEXT   "<|end_of_text|>"
+#define MIN_VOCAB 258 /* 256 byte symbols + BOS + EOS */
+#define MAX_VOCAB (1 << 22)
+#define BOS_TEXT  "<|begin_of_text|>"
+#define EOS_TEXT  "<|end_of_text|>"
 
 /* ---- a set of token strings, for picking new merges -------------------- */
 
@@ -341,8 +341,8 @@ int kvf_cmd_mkmodel(int argc, char **argv)
         {"max-pos", KVF_FLAG_INT, &max_pos, "N", "max_position_embeddings", NULL},
         {"dtype", KVF_FLAG_STRING, &dtype_name, "f32|bf16|f16", "weight type", NULL},
         {"tie", KVF_FLAG_BOOL, &tie, NULL, "tie lm_head to the embedding", NULL},
-        {"rope-theta", KVF_FLAG_DOUBLE, &rope_theta, "T",
-         "RoPE base (qwen2 default: 1000000)", &theta_seen},
+        {"rope-theta", KVF_FLAG_DOUBLE, &rope_theta, "T", "RoPE base (qwen2 default: 1000000)",
+         &theta_seen},
         {"rms-eps", KVF_FLAG_DOUBLE, &rms_eps, "E", "RMSNorm epsilon (qwen2 default: 1e-6)",
          &eps_seen},
         {"seed", KVF_FLAG_UINT64, &seed, "S", "random seed (same seed, same weights)", NULL},

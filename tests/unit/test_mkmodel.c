@@ -239,26 +239,23 @@ static void test_llama_gqa_untied(void **state)
     assert_shape(h, "model.embed_tokens.weight", 700, 64);
     assert_shape(h, "lm_head.weight", 700, 64);
     assert_shape(h, "model.norm.weight", 64, 0);
+    /* GQA: 4 heads of 16, 2 kv heads */
+    static const struct {
+        const char *name;
+        int64_t rows, cols;
+    } layer_shapes[] = {
+        {"self_attn.q_proj.weight", 64, 64},        {"self_attn.k_proj.weight", 32, 64},
+        {"self_attn.v_proj.weight", 32, 64},        {"self_attn.o_proj.weight", 64, 64},
+        {"mlp.gate_proj.weight", 96, 64},           {"mlp.up_proj.weight", 96, 64},
+        {"mlp.down_proj.weight", 64, 96},           {"input_layernorm.weight", 64, 0},
+        {"post_attention_layernorm.weight", 64, 0},
+    };
     for (int l = 0; l < 2; l++) {
         char name[128];
-        snprintf(name, sizeof(name), "model.layers.%d.self_attn.q_proj.weight", l);
-        assert_shape(h, name, 64, 64);
-        snprintf(name, sizeof(name), "model.layers.%d.self_attn.k_proj.weight", l);
-        assert_shape(h, name, 32, 64);
-        snprintf(name, sizeof(name), "model.layers.%d.self_attn.v_proj.weight", l);
-        assert_shape(h, name, 32, 64);
-        snprintf(name, sizeof(name), "model.layers.%d.self_attn.o_proj.weight", l);
-        assert_shape(h, name, 64, 64);
-        snprintf(name, sizeof(name), "model.layers.%d.mlp.gate_proj.weight", l);
-        assert_shape(h, name, 96, 64);
-        snprintf(name, sizeof(name), "model.layers.%d.mlp.up_proj.weight", l);
-        assert_shape(h, name, 96, 64);
-        snprintf(name, sizeof(name), "model.layers.%d.mlp.down_proj.weight", l);
-        assert_shape(h, name, 64, 96);
-        snprintf(name, sizeof(name), "model.layers.%d.input_layernorm.weight", l);
-        assert_shape(h, name, 64, 0);
-        snprintf(name, sizeof(name), "model.layers.%d.post_attention_layernorm.weight", l);
-        assert_shape(h, name, 64, 0);
+        for (size_t i = 0; i < sizeof(layer_shapes) / sizeof(layer_shapes[0]); i++) {
+            snprintf(name, sizeof(name), "model.layers.%d.%s", l, layer_shapes[i].name);
+            assert_shape(h, name, layer_shapes[i].rows, layer_shapes[i].cols);
+        }
         snprintf(name, sizeof(name), "model.layers.%d.self_attn.q_proj.bias", l);
         assert_null(cJSON_GetObjectItem(h, name));
     }
@@ -344,8 +341,10 @@ static void test_small_vocab_and_errors(void **state)
     (void)state;
     char *dir = make_dir();
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), KVF " mkmodel %s --layers 1 --hidden 32 --heads 2 --kv-heads 1 "
-                               "--inter 64 --vocab 300 --tie", dir);
+    snprintf(cmd, sizeof(cmd),
+             KVF " mkmodel %s --layers 1 --hidden 32 --heads 2 --kv-heads 1 "
+                 "--inter 64 --vocab 300 --tie",
+             dir);
     assert_int_equal(run(cmd, NULL), 0);
     check_tokenizer(dir, 300, 298, 299);
     cJSON *h = check_safetensors(dir, "F32", 4);
@@ -413,6 +412,21 @@ static void test_kvcalc(void **state)
     free(file);
     assert_int_equal(kvcalc_value(out, "weight_bytes"), size - 8 - header_len);
     free(out);
+    /* a sharded checkpoint: the index's total_size */
+    char *dir = strdup("/tmp/kvf-kvcalc-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "cp " KVF_TEST_DATA "/golden/tiny-llama-f32/config.json %s/ && "
+             "echo '{\"metadata\": {\"total_size\": 123456789}, \"weight_map\": {}}' "
+             "> %s/model.safetensors.index.json && " KVF " kvcalc --model %s --context 4",
+             dir, dir, dir);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_int_equal(kvcalc_value(out, "weight_bytes"), 123456789);
+    assert_int_equal(kvcalc_value(out, "kv_bytes_per_token"), 2ull * 2 * 2 * 16 * 4);
+    free(out);
+    remove_dir(dir);
+    free(dir);
     assert_int_equal(run(KVF " kvcalc --layers 2 --context 10 2>/dev/null", NULL), 2);
     assert_int_equal(run(KVF " kvcalc --layers 2 --kv-heads 1 --head-dim 8 --context 10 "
                              "--kv-dtype f64 2>/dev/null",

@@ -20,8 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define GOLDEN   KVF_TEST_DATA "/golden"
-#define TOK_DIR  GOLDEN "/tiny-llama-f32"
+#define GOLDEN  KVF_TEST_DATA "/golden"
+#define TOK_DIR GOLDEN "/tiny-llama-f32"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SLOWDOWN 8.0
@@ -255,8 +255,7 @@ static void test_streaming(void **state)
         const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
         uint32_t *ids;
         size_t n;
-        assert_int_equal(kvf_tokenizer_encode(fx->tok, text, strlen(text), true, &ids, &n),
-                         KVF_OK);
+        assert_int_equal(kvf_tokenizer_encode(fx->tok, text, strlen(text), true, &ids, &n), KVF_OK);
         check_stream(fx->tok, ids, n);
         free(ids);
         ids = byte_ids(fx->tok, text, &n);
@@ -465,9 +464,8 @@ static void test_llama3_style(void **state)
     for (size_t i = 0; i < 4; i++) {
         uint32_t *pids;
         size_t pn;
-        assert_int_equal(kvf_tokenizer_encode(fx->tok, pieces[i], strlen(pieces[i]), false,
-                                              &pids, &pn),
-                         KVF_OK);
+        assert_int_equal(
+            kvf_tokenizer_encode(fx->tok, pieces[i], strlen(pieces[i]), false, &pids, &pn), KVF_OK);
         assert_true(at + pn <= n);
         assert_memory_equal(ids + at, pids, pn * sizeof(*pids));
         at += pn;
@@ -531,11 +529,11 @@ static void test_bad_files(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_special_ids),    cmocka_unit_test(test_golden_cases),
-        cmocka_unit_test(test_golden_prompts), cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_special_ids),         cmocka_unit_test(test_golden_cases),
+        cmocka_unit_test(test_golden_prompts),      cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_special_inside_text), cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_hostile_input),  cmocka_unit_test(test_long_text_speed),
-        cmocka_unit_test(test_llama3_style),   cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_hostile_input),       cmocka_unit_test(test_long_text_speed),
+        cmocka_unit_test(test_llama3_style),        cmocka_unit_test(test_bad_files),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

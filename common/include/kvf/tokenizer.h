@@ -73,8 +73,7 @@ const uint8_t *kvf_tokenizer_token_bytes(const kvf_tokenizer_t *tok, uint32_t id
 
 /* The id of a token string as written in tokenizer.json (vocabulary or
  * added token); KVF_ERR_NOT_FOUND if there is none. */
-kvf_status_t kvf_tokenizer_token_id(const kvf_tokenizer_t *tok, const char *text,
-                                    uint32_t *id_p);
+kvf_status_t kvf_tokenizer_token_id(const kvf_tokenizer_t *tok, const char *text, uint32_t *id_p);
 
 /* Incremental decoder for streaming: text is released only in whole UTF-8
  * characters; an incomplete tail waits for the next token. The
@@ -85,7 +84,7 @@ typedef struct {
     const kvf_tokenizer_t *tok;
     uint8_t pending[4]; /* a valid but incomplete UTF-8 prefix */
     size_t n_pending;
-    char *out;          /* the text handed out by the last call */
+    char *out; /* the text handed out by the last call */
     size_t out_cap;
 } kvf_detok_t;
 
