@@ -14,6 +14,7 @@
 #include "kvf/utf8.h"
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -492,6 +493,89 @@ static void test_llama3_style(void **state)
     rmdir(dir);
 }
 
+typedef struct {
+    const kvf_tokenizer_t *tok;
+    const char *text;
+    const uint32_t *want;
+    size_t n_want;
+    int mismatches;
+} encode_job_t;
+
+static void *encode_repeatedly(void *arg)
+{
+    encode_job_t *job = arg;
+    for (int i = 0; i < 200; i++) {
+        uint32_t *ids;
+        size_t n;
+        if (kvf_tokenizer_encode(job->tok, job->text, strlen(job->text), true, &ids, &n) !=
+                KVF_OK ||
+            n != job->n_want || memcmp(ids, job->want, n * sizeof(*ids)) != 0)
+            job->mismatches++;
+        free(ids);
+    }
+    return NULL;
+}
+
+/* The header promises concurrent encodes on one tokenizer. */
+static void test_concurrent_encode(void **state)
+{
+    fixture_t *fx = *state;
+    const char *text = "Hello, world! It's 9:30 am \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x99\x82   x\n";
+    uint32_t *want;
+    size_t n_want;
+    assert_int_equal(kvf_tokenizer_encode(fx->tok, text, strlen(text), true, &want, &n_want),
+                     KVF_OK);
+    pthread_t threads[4];
+    encode_job_t jobs[4];
+    for (int t = 0; t < 4; t++) {
+        jobs[t] = (encode_job_t){fx->tok, text, want, n_want, 0};
+        assert_int_equal(pthread_create(&threads[t], NULL, encode_repeatedly, &jobs[t]), 0);
+    }
+    for (int t = 0; t < 4; t++) {
+        pthread_join(threads[t], NULL);
+        assert_int_equal(jobs[t].mismatches, 0);
+    }
+    free(want);
+}
+
+/* ignore_merges (a piece that is a whole vocabulary entry is taken as is)
+ * and an added token with lstrip/rstrip (it absorbs the spaces around). */
+static void test_added_token_options(void **state)
+{
+    (void)state;
+    cJSON *root = load_json(TOK_DIR "/tokenizer.json");
+    cJSON *model = cJSON_GetObjectItem(root, "model");
+    cJSON_AddNumberToObject(cJSON_GetObjectItem(model, "vocab"), "xyz", 512);
+    cJSON_ReplaceItemInObject(model, "ignore_merges", cJSON_CreateTrue());
+    cJSON *mask = cJSON_Parse("{\"id\":513,\"content\":\"<mask>\",\"lstrip\":true,"
+                              "\"rstrip\":true,\"special\":true}");
+    cJSON_AddItemToArray(cJSON_GetObjectItem(root, "added_tokens"), mask);
+    char dir[] = "/tmp/kvf-tok-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    char *json = cJSON_PrintUnformatted(root);
+    spit(path, json);
+    free(json);
+    cJSON_Delete(root);
+    kvf_tokenizer_t *tok;
+    assert_int_equal(kvf_tokenizer_load(dir, &tok), KVF_OK);
+    assert_true(kvf_tokenizer_adds_bos(tok)); /* no config: the template decides */
+    assert_int_equal(kvf_tokenizer_vocab_size(tok), 514);
+    uint32_t *ids;
+    size_t n;
+    const char *text = "xyz  <mask> xyz";
+    assert_int_equal(kvf_tokenizer_encode(tok, text, strlen(text), false, &ids, &n), KVF_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[0], 512); /* "xyz" whole, not x y z */
+    assert_int_equal(ids[1], 513);
+    assert_int_equal(ids[2], 512);
+    free(ids);
+    kvf_tokenizer_destroy(tok);
+    unlink(path);
+    rmdir(dir);
+}
+
 static void test_bad_files(void **state)
 {
     (void)state;
@@ -533,7 +617,8 @@ int main(void)
         cmocka_unit_test(test_golden_prompts),      cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_special_inside_text), cmocka_unit_test(test_empty),
         cmocka_unit_test(test_hostile_input),       cmocka_unit_test(test_long_text_speed),
-        cmocka_unit_test(test_llama3_style),        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_llama3_style),        cmocka_unit_test(test_added_token_options),
+        cmocka_unit_test(test_concurrent_encode),   cmocka_unit_test(test_bad_files),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
