@@ -416,65 +416,12 @@ fail_merge:
     return st;
 }
 
-/* Onig, which Hugging Face's regexes run on, counts U+0085 as \s; PCRE2's
- * Unicode \s does not. Rewrites \s (and \S outside classes) to the explicit
- * set so both agree. *out_p is malloc'd and owned by the caller. */
-static kvf_status_t rewrite_pattern(const char *src, char **out_p)
-{
-    static const char SPACE_SET[] = "\\t-\\r\\x{85}\\p{Z}";
-    size_t len = strlen(src);
-    char *out = malloc(len * (sizeof(SPACE_SET) + 3) + 1);
-    if (!out)
-        return KVF_ERR_NOMEM;
-    size_t n = 0;
-    bool in_class = false;
-    for (size_t i = 0; i < len; i++) {
-        char c = src[i];
-        if (c == '\\' && i + 1 < len) {
-            char e = src[i + 1];
-            i++;
-            if (e == 's' || (e == 'S' && !in_class)) {
-                if (!in_class)
-                    out[n++] = '[';
-                if (e == 'S')
-                    out[n++] = '^';
-                memcpy(out + n, SPACE_SET, sizeof(SPACE_SET) - 1);
-                n += sizeof(SPACE_SET) - 1;
-                if (!in_class)
-                    out[n++] = ']';
-            } else {
-                out[n++] = c;
-                out[n++] = e;
-            }
-            continue;
-        }
-        out[n++] = c;
-        if (!in_class && c == '[') {
-            in_class = true;
-            /* a ']' right after '[' or '[^' is a literal */
-            if (src[i + 1] == '^')
-                out[n++] = src[++i];
-            if (src[i + 1] == ']')
-                out[n++] = src[++i];
-        } else if (in_class && c == ']') {
-            in_class = false;
-        }
-    }
-    out[n] = '\0';
-    *out_p = out;
-    return KVF_OK;
-}
-
 static kvf_status_t add_step(kvf_tokenizer_t *tok, const char *path, const char *pattern,
                              bool literal, split_behavior_t behavior)
 {
-    char *rewritten = NULL;
-    if (!literal) {
-        kvf_status_t st = rewrite_pattern(pattern, &rewritten);
-        if (st != KVF_OK)
-            return st;
-        pattern = rewritten;
-    }
+    /* With PCRE2_UCP, \s is Unicode white space (U+0085 and the Z
+     * separators included) and \p{L}, \p{N} are the Unicode categories, as
+     * in the Onig regexes the files were written for. */
     int err;
     PCRE2_SIZE err_off;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
@@ -485,10 +432,8 @@ static kvf_status_t add_step(kvf_tokenizer_t *tok, const char *path, const char 
         pcre2_get_error_message(err, msg, sizeof(msg));
         kvf_log_error("%s: pre-tokenizer regex does not compile at offset %zu: %s", path,
                       (size_t)err_off, (const char *)msg);
-        free(rewritten);
         return KVF_ERR_FORMAT;
     }
-    free(rewritten);
     /* JIT when this build of PCRE2 has it; the interpreter otherwise. */
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
     split_step_t *grown = realloc(tok->steps, (tok->n_steps + 1) * sizeof(*grown));
