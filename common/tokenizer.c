@@ -203,38 +203,36 @@ static kvf_status_t set_token(kvf_tokenizer_t *tok, uint32_t id, const char *tex
     kvf_status_t st = arena_add(tok, text, len, &e.text_off);
     if (st != KVF_OK)
         return st;
-    {
-        uint8_t *bytes = malloc(len + 1);
-        if (!bytes)
-            return KVF_ERR_NOMEM;
-        size_t n = 0;
-        const uint8_t *s = (const uint8_t *)text;
-        for (size_t i = 0; i < len;) {
-            uint32_t cp;
-            int k = kvf_utf8_next(s + i, len - i, &cp);
-            if (k > 0 && cp < BYTE_LEVEL_CPS && tok->cp_to_byte[cp] >= 0) {
-                bytes[n++] = (uint8_t)tok->cp_to_byte[cp];
-                i += (size_t)k;
-            } else {
-                size_t step = k > 0 ? (size_t)k : k < 0 ? (size_t)-k : len - i;
-                memcpy(bytes + n, s + i, step);
-                n += step;
-                i += step;
-            }
+    uint8_t *bytes = malloc(len + 1);
+    if (!bytes)
+        return KVF_ERR_NOMEM;
+    size_t n = 0;
+    const uint8_t *s = (const uint8_t *)text;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        int k = kvf_utf8_next(s + i, len - i, &cp);
+        if (k > 0 && cp < BYTE_LEVEL_CPS && tok->cp_to_byte[cp] >= 0) {
+            bytes[n++] = (uint8_t)tok->cp_to_byte[cp];
+            i += (size_t)k;
+        } else {
+            size_t step = k > 0 ? (size_t)k : k < 0 ? (size_t)-k : len - i;
+            memcpy(bytes + n, s + i, step);
+            n += step;
+            i += step;
         }
-        st = arena_add(tok, bytes, n, &e.bytes_off);
-        free(bytes);
-        if (st != KVF_OK)
-            return st;
-        e.bytes_len = (uint32_t)n;
     }
+    st = arena_add(tok, bytes, n, &e.bytes_off);
+    free(bytes);
+    if (st != KVF_OK)
+        return st;
+    e.bytes_len = (uint32_t)n;
     tok->tokens[id] = e;
     return KVF_OK;
 }
 
 static bool json_id(const cJSON *item, uint32_t *id_p)
 {
-    if (!cJSON_IsNumber(item) || item->valuedouble < 0 || item->valuedouble >= MAX_IDS ||
+    if (!cJSON_IsNumber(item) || !(item->valuedouble >= 0 && item->valuedouble < MAX_IDS) ||
         item->valuedouble != (double)(uint32_t)item->valuedouble)
         return false;
     *id_p = (uint32_t)item->valuedouble;
@@ -711,8 +709,8 @@ typedef struct {
     uint32_t *sym; /* BPE symbols of the current piece */
     int32_t *prev, *next;
     uint64_t *heap; /* rank << 32 | left symbol index */
-    size_t sym_cap, heap_cap;
-    char *spelled; /* the piece in ByteLevel spelling (ignore_merges) */
+    size_t sym_cap; /* of sym, prev and next; the heap holds 2 * sym_cap */
+    char *spelled;  /* the piece in ByteLevel spelling (ignore_merges) */
     size_t spelled_cap;
     uint8_t *prefixed; /* a segment with the prefix space */
     size_t prefixed_cap;
@@ -721,27 +719,29 @@ typedef struct {
     pcre2_jit_stack *jit_stack;
 } encoder_t;
 
-static kvf_status_t grow(void **buf, size_t *cap, size_t need, size_t elem)
+/* Capacity for need elements of elem bytes, doubling from *cap. Returns
+ * the (maybe moved) buffer, or NULL with buf still valid and still the
+ * caller's. */
+static void *grow(void *buf, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap)
-        return KVF_OK;
+        return buf;
     size_t cap2 = *cap ? *cap : 64;
     while (cap2 < need)
         cap2 *= 2;
-    void *grown = realloc(*buf, cap2 * elem);
-    if (!grown)
-        return KVF_ERR_NOMEM;
-    *buf = grown;
-    *cap = cap2;
-    return KVF_OK;
+    void *grown = realloc(buf, cap2 * elem);
+    if (grown)
+        *cap = cap2;
+    return grown;
 }
 
 static kvf_status_t emit(encoder_t *enc, uint32_t id)
 {
     if (enc->n_ids == enc->ids_cap) {
-        kvf_status_t st = grow((void **)&enc->ids, &enc->ids_cap, enc->n_ids + 1, sizeof(uint32_t));
-        if (st != KVF_OK)
-            return st;
+        uint32_t *ids = grow(enc->ids, &enc->ids_cap, enc->n_ids + 1, sizeof(*ids));
+        if (!ids)
+            return KVF_ERR_NOMEM;
+        enc->ids = ids;
     }
     enc->ids[enc->n_ids++] = id;
     return KVF_OK;
@@ -791,15 +791,41 @@ static void push_pair(encoder_t *enc, size_t *n_heap, int32_t left)
         heap_push(enc->heap, n_heap, (uint64_t)m->rank << 32 | (uint32_t)left);
 }
 
+/* Room for n symbols: sym, prev and next hold n, the heap 2n (n - 1 pairs
+ * at first, then each merge pops one entry and pushes at most two). */
+static kvf_status_t reserve_symbols(encoder_t *enc, size_t n)
+{
+    size_t cap = enc->sym_cap ? enc->sym_cap : 64;
+    while (cap < n)
+        cap *= 2;
+    uint32_t *sym = realloc(enc->sym, cap * sizeof(*sym));
+    if (sym)
+        enc->sym = sym;
+    int32_t *prev = sym ? realloc(enc->prev, cap * sizeof(*prev)) : NULL;
+    if (prev)
+        enc->prev = prev;
+    int32_t *next = prev ? realloc(enc->next, cap * sizeof(*next)) : NULL;
+    if (next)
+        enc->next = next;
+    uint64_t *heap = next ? realloc(enc->heap, 2 * cap * sizeof(*heap)) : NULL;
+    if (!heap)
+        return KVF_ERR_NOMEM;
+    enc->heap = heap;
+    enc->sym_cap = cap;
+    return KVF_OK;
+}
+
 /* BPE over one pre-tokenized piece of raw bytes. */
 static kvf_status_t bpe_piece(encoder_t *enc, const uint8_t *piece, size_t len)
 {
     const kvf_tokenizer_t *tok = enc->tok;
     kvf_status_t st;
     if (tok->ignore_merges) {
-        st = grow((void **)&enc->spelled, &enc->spelled_cap, len * 2 + 1, 1);
-        if (st != KVF_OK)
-            return st;
+        /* a byte's symbol is at most 2 bytes of UTF-8 (below U+0144) */
+        char *spelled = grow(enc->spelled, &enc->spelled_cap, len * 2 + 1, 1);
+        if (!spelled)
+            return KVF_ERR_NOMEM;
+        enc->spelled = spelled;
         size_t n = 0;
         for (size_t i = 0; i < len; i++) {
             memcpy(enc->spelled + n, tok->byte_spelling[piece[i]],
@@ -810,21 +836,7 @@ static kvf_status_t bpe_piece(encoder_t *enc, const uint8_t *piece, size_t len)
         if (id != NO_ID)
             return emit(enc, id);
     }
-    if ((st = grow((void **)&enc->sym, &enc->sym_cap, len, sizeof(uint32_t))) != KVF_OK)
-        return st;
-    size_t cap = enc->sym_cap;
-    /* prev/next/heap follow sym's capacity */
-    int32_t *prev = realloc(enc->prev, cap * sizeof(int32_t));
-    if (!prev)
-        return KVF_ERR_NOMEM;
-    enc->prev = prev;
-    int32_t *next = realloc(enc->next, cap * sizeof(int32_t));
-    if (!next)
-        return KVF_ERR_NOMEM;
-    enc->next = next;
-    /* the heap never holds more than 2n entries: n - 1 pairs at first, then
-     * each merge pops one and pushes at most two */
-    if ((st = grow((void **)&enc->heap, &enc->heap_cap, 2 * cap, sizeof(uint64_t))) != KVF_OK)
+    if (len > enc->sym_cap && (st = reserve_symbols(enc, len)) != KVF_OK)
         return st;
     size_t n = 0;
     for (size_t i = 0; i < len; i++) {
@@ -932,8 +944,10 @@ static kvf_status_t encode_segment(encoder_t *enc, const uint8_t *s, size_t len)
         return KVF_OK;
     kvf_status_t st;
     if (enc->tok->add_prefix_space && s[0] != ' ') {
-        if ((st = grow((void **)&enc->prefixed, &enc->prefixed_cap, len + 1, 1)) != KVF_OK)
-            return st;
+        uint8_t *prefixed = grow(enc->prefixed, &enc->prefixed_cap, len + 1, 1);
+        if (!prefixed)
+            return KVF_ERR_NOMEM;
+        enc->prefixed = prefixed;
         enc->prefixed[0] = ' ';
         memcpy(enc->prefixed + 1, s, len);
         s = enc->prefixed;
@@ -980,15 +994,21 @@ kvf_status_t kvf_tokenizer_encode(const kvf_tokenizer_t *tok, const char *text, 
         return KVF_ERR_INVAL;
     if (len >= INT32_MAX)
         return KVF_ERR_TOO_BIG;
+    if (!text)
+        text = "";
     encoder_t enc = {.tok = tok};
-    kvf_status_t st = grow((void **)&enc.ids, &enc.ids_cap, len / 3 + 16, sizeof(uint32_t));
-    if (st != KVF_OK)
-        return st;
-    for (size_t i = 0; i < tok->n_steps && !enc.md; i++)
-        enc.md = pcre2_match_data_create(16, NULL);
-    if (tok->n_steps && !enc.md) {
-        st = KVF_ERR_NOMEM;
-        goto fail_encode;
+    kvf_status_t st = KVF_OK;
+    enc.ids = grow(NULL, &enc.ids_cap, len / 3 + 16, sizeof(*enc.ids));
+    if (!enc.ids)
+        return KVF_ERR_NOMEM;
+    if (tok->n_steps) {
+        /* only the whole match is read: one pair of offsets would do, a few
+         * more cost nothing */
+        enc.md = pcre2_match_data_create(4, NULL);
+        if (!enc.md) {
+            st = KVF_ERR_NOMEM;
+            goto fail_encode;
+        }
     }
     if (add_bos && tok->adds_bos && (st = emit(&enc, (uint32_t)tok->bos_id)) != KVF_OK)
         goto fail_encode;
