@@ -13,5 +13,6 @@ typedef struct {
 int kvf_cmd_tokenize(int argc, char **argv);
 int kvf_cmd_mkmodel(int argc, char **argv);
 int kvf_cmd_kvcalc(int argc, char **argv);
+int kvf_cmd_bench(int argc, char **argv);
 
 #endif

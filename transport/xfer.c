@@ -604,7 +604,7 @@ kvf_status_t kvf_xfer_wait(kvf_xfer_batch_t *batch, int timeout_ms)
     kvf_xfer_t *x = batch->peer->xfer;
     uint64_t until = timeout_ms < 0 ? UINT64_MAX
                                     : kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
-    unsigned idle = 0;
+    uint64_t active = kvf_clock_ns(); /* last time progress did something */
     for (;;) {
         unsigned n = kvf_xfer_progress(x);
         if (batch->status != KVF_ERR_AGAIN)
@@ -612,10 +612,12 @@ kvf_status_t kvf_xfer_wait(kvf_xfer_batch_t *batch, int timeout_ms)
         uint64_t now = kvf_clock_ns();
         if (now >= until)
             return KVF_ERR_TIMEOUT;
-        idle = n ? 0 : idle + 1;
-        /* Spin first (completions over shared memory take microseconds),
-         * then sleep on the fd, waking for the next deadline. */
-        if (idle < 2048)
+        if (n)
+            active = now;
+        /* Spin first (over shared memory a batch takes microseconds, and a
+         * wake-up through the fd costs tens), then sleep on the fd, waking
+         * for the next deadline. */
+        if (now - active < 200000)
             continue;
         int fd = kvf_xfer_fd(x);
         if (fd < 0 || kvf_xfer_arm(x) != KVF_OK)
@@ -628,7 +630,7 @@ kvf_status_t kvf_xfer_wait(kvf_xfer_batch_t *batch, int timeout_ms)
             ms = 10;
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         (void)poll(&pfd, 1, ms);
-        idle = 0;
+        active = kvf_clock_ns();
     }
 }
 

@@ -1,0 +1,572 @@
+/* kvf bench transfer: ships batches of KV slices between two processes with
+ * the transfer API and compares the bandwidth with ucx_perftest's
+ * ucp_put_bw at the same slice size and transport, measured in the same run
+ * (DESIGN.md, "Measuring performance").
+ *
+ * Method. This process is the sender; it re-executes itself with --serve as
+ * the receiver. A batch is `batch` puts of `slice` bytes, then the flush and
+ * the completion message; batches run one after another (post, wait).
+ *  - GB/s (the ratio's basis) uses the memory ucx_perftest uses: every put
+ *    of a batch goes from the same local to the same remote slot, as
+ *    perftest puts its one buffer again and again, so the ratio measures
+ *    what the transfer layer adds (flush, completion, bookkeeping).
+ *  - "spread GB/s" puts every slice of a batch in its own slot (local
+ *    offsets ascending, remote ones descending: nothing coalesces), so
+ *    large batches leave the caches as real KV transfers do.
+ * Both sides are timed by medians: ours over batches, perftest's over its
+ * samples (its 50th percentile overhead), because on a shared 2-core machine
+ * other tenants preempt either process for whole scheduler ticks and a mean
+ * would measure them. The fixed cost per batch is the intercept a of a
+ * least-squares fit of seconds per batch = a + bytes / B over every cell,
+ * each weighted by 1/time^2 so that small and large batches count alike in
+ * relative terms. */
+#include "bench_transfer.h"
+
+#include "kvf/clock.h"
+#include "kvf/crc32c.h"
+#include "kvf/flags.h"
+#include "kvf/log.h"
+#include "kvf/msg.h"
+#include "kvf/xfer.h"
+
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define BENCH_POOL (256ull << 20)
+
+static const kvf_xfer_geometry_t bench_geom = {.block_size = 16, .n_layers = 1, .n_kv_heads = 1,
+                                               .head_dim = 64, .dtype = KVF_XFER_DTYPE_F32,
+                                               .layout = 1};
+
+/* ---- the receiver ------------------------------------------------------ */
+
+static int serve(bool checksum)
+{
+    kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX, .pool_bytes = BENCH_POOL,
+                             .geometry = bench_geom, .checksum = checksum};
+    kvf_xfer_t *x;
+    if (kvf_xfer_create(&cfg, &x) != KVF_OK)
+        return 1;
+    kvf_xfer_range_t all = {0, BENCH_POOL};
+    uint8_t *desc;
+    size_t len;
+    if (kvf_xfer_reserve(x, 1, 1, &all, 1, 24u * 3600u * 1000u) != KVF_OK ||
+        kvf_xfer_export(x, &desc, &len) != KVF_OK) {
+        kvf_xfer_destroy(x);
+        return 1;
+    }
+    printf("desc ");
+    for (size_t i = 0; i < len; i++)
+        printf("%02x", desc[i]);
+    printf("\n");
+    fflush(stdout);
+    free(desc);
+    uint64_t rejected = 0;
+    /* Spin while traffic flows (TCP puts need this side's progress, and a
+     * wake-up through the fd costs tens of microseconds), sleep on the
+     * worker's fd after 5 ms of quiet. */
+    uint64_t active = kvf_clock_ns();
+    const char *spin_env = getenv("KVF_BENCH_SPIN_US");
+    uint64_t spin_ns = (spin_env ? strtoull(spin_env, NULL, 10) : 5000) * 1000;
+    bool busy = false;
+    for (unsigned spin = 0;; spin++) {
+        busy |= kvf_xfer_progress(x) > 0;
+        kvf_xfer_event_t ev;
+        while (kvf_xfer_poll(x, &ev) == KVF_OK)
+            rejected += ev.kind == KVF_XFER_EV_REJECTED;
+        if (spin % 64)
+            continue;
+        uint64_t now = kvf_clock_ns();
+        if (busy)
+            active = now;
+        busy = false;
+        int wait_ms = 0;
+        if (now - active > spin_ns && kvf_xfer_arm(x) == KVF_OK)
+            wait_ms = 100;
+        struct pollfd pfd[2] = {{.fd = 0, .events = POLLIN}, {.fd = kvf_xfer_fd(x), .events = POLLIN}};
+        int pr = poll(pfd, 2, wait_ms);
+        if (pr > 0 && pfd[0].revents)
+            break; /* "quit", or the sender's end closed */
+        if (pr > 0)
+            active = kvf_clock_ns();
+    }
+    kvf_xfer_destroy(x);
+    if (rejected)
+        fprintf(stderr, "kvf bench transfer: receiver rejected %" PRIu64 " completions\n",
+                rejected);
+    return rejected ? 1 : 0;
+}
+
+typedef struct {
+    pid_t pid;
+    int to;
+    FILE *from;
+    uint8_t *desc;
+    size_t desc_len;
+} receiver_t;
+
+static int receiver_start(receiver_t *r, bool checksum)
+{
+    int to[2], from[2];
+    if (pipe(to) || pipe(from))
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(to[0], 0);
+        dup2(from[1], 1);
+        close(to[1]);
+        close(from[0]);
+        char *argv[] = {"kvf", "bench", "transfer", "--serve",
+                        checksum ? "--checksum" : NULL, NULL};
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    close(to[0]);
+    close(from[1]);
+    r->pid = pid;
+    r->to = to[1];
+    r->from = fdopen(from[0], "r");
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n = getline(&line, &cap, r->from);
+    if (n < 6 || strncmp(line, "desc ", 5)) {
+        free(line);
+        return -1;
+    }
+    size_t hex = (size_t)n - 6;
+    r->desc_len = hex / 2;
+    r->desc = malloc(r->desc_len);
+    for (size_t i = 0; i < r->desc_len; i++) {
+        unsigned v;
+        sscanf(line + 5 + 2 * i, "%2x", &v);
+        r->desc[i] = (uint8_t)v;
+    }
+    free(line);
+    return 0;
+}
+
+static int receiver_stop(receiver_t *r)
+{
+    (void)!write(r->to, "quit\n", 5);
+    close(r->to);
+    int status = 0;
+    uint64_t until = kvf_clock_ns() + 10000000000ull;
+    while (waitpid(r->pid, &status, WNOHANG) == 0) {
+        if (kvf_clock_ns() > until) {
+            kill(r->pid, SIGKILL);
+            waitpid(r->pid, &status, 0);
+            break;
+        }
+        kvf_clock_sleep_ms(5);
+    }
+    fclose(r->from);
+    free(r->desc);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+/* ---- ucx_perftest ---------------------------------------------------- */
+
+/* ucp_put_bw at size bytes between two ucx_perftest processes on
+ * 127.0.0.1 (server in the background on a free port, then the client);
+ * GB/s (1e9 bytes), or 0 when it could not run. */
+static double perftest_gbps(uint64_t size, bool quick)
+{
+    uint64_t target = quick ? (128ull << 20) : (1ull << 30);
+    uint64_t iters = target / size;
+    if (iters < 200)
+        iters = 200;
+    if (iters > 200000)
+        iters = 200000;
+    char s_size[32], s_iters[32], s_warm[32], s_port[16];
+    snprintf(s_size, sizeof(s_size), "%" PRIu64, size);
+    snprintf(s_iters, sizeof(s_iters), "%" PRIu64, iters);
+    snprintf(s_warm, sizeof(s_warm), "%" PRIu64, iters / 10 + 10);
+    for (int attempt = 0; attempt < 5; attempt++) {
+        int port;
+        if (kvf_net_free_port(&port) != KVF_OK)
+            return 0;
+        snprintf(s_port, sizeof(s_port), "%d", port);
+        pid_t server = fork();
+        if (server < 0)
+            return 0;
+        if (server == 0) {
+            int null = open("/dev/null", O_WRONLY);
+            dup2(null, 1);
+            dup2(null, 2);
+            char *argv[] = {"ucx_perftest", "-p", s_port, NULL};
+            execvp("ucx_perftest", argv);
+            _exit(127);
+        }
+        kvf_clock_sleep_ms(150 + 100 * (unsigned)attempt);
+        int out[2];
+        if (pipe(out))
+            return 0;
+        pid_t client = fork();
+        if (client == 0) {
+            dup2(out[1], 1);
+            close(out[0]);
+            int null = open("/dev/null", O_WRONLY);
+            dup2(null, 2);
+            char *argv[] = {"ucx_perftest", "-p", s_port, "-t", "ucp_put_bw", "-s", s_size,
+                            "-n", s_iters, "-w", s_warm, "127.0.0.1", NULL};
+            execvp("ucx_perftest", argv);
+            _exit(127);
+        }
+        close(out[1]);
+        FILE *f = fdopen(out[0], "r");
+        char line[512];
+        double mbps = 0;
+        while (f && fgets(line, sizeof(line), f)) {
+            double v[7];
+            /* iterations, overhead 50%ile / average / overall (us), then
+             * bandwidth average / overall in MB/s with MB = 2^20 */
+            if (sscanf(line, " Final: %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3],
+                       &v[4], &v[5], &v[6]) == 7)
+                mbps = v[5] * 1048576.0 / 1e6;
+        }
+        if (f)
+            fclose(f);
+        int status;
+        if (client > 0)
+            waitpid(client, &status, 0);
+        kill(server, SIGKILL);
+        waitpid(server, &status, 0);
+        if (mbps > 0)
+            return mbps / 1e3;
+    }
+    return 0;
+}
+
+/* ---- the sender ------------------------------------------------------ */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Mean seconds per batch of n slices of slice bytes (see the method
+ * above), the median in *median_p; samples holds room for max_iters
+ * times. */
+static double measure(kvf_xfer_peer_t *peer, uint64_t slice, int n, bool spread, double budget_s,
+                      kvf_xfer_slice_t *slices, double *samples, int max_iters, double *median_p,
+                      int *iters_p)
+{
+    uint64_t slots = BENCH_POOL / slice;
+    for (int i = 0; i < n; i++) {
+        uint64_t k = spread ? (uint64_t)i % slots : 0;
+        slices[i] = (kvf_xfer_slice_t){k * slice, (slots - 1 - k) * slice, slice};
+    }
+    kvf_xfer_batch_spec_t spec = {.req_id = 1, .epoch = 1, .slices = slices,
+                                  .n_slices = (size_t)n};
+    uint64_t t_start = 0;
+    int iters = 0;
+    for (int it = -2;; it++) { /* two warm-up batches */
+        uint64_t t0 = kvf_clock_ns();
+        if (it == 0)
+            t_start = t0;
+        kvf_xfer_batch_t *b;
+        kvf_status_t st = kvf_xfer_post(peer, &spec, &b);
+        if (st == KVF_OK) {
+            st = kvf_xfer_wait(b, -1);
+            kvf_xfer_batch_release(b);
+        }
+        if (st != KVF_OK) {
+            fprintf(stderr, "kvf bench transfer: batch failed: %s\n", kvf_status_str(st));
+            return -1;
+        }
+        uint64_t t1 = kvf_clock_ns();
+        if (it < 0)
+            continue;
+        samples[iters++] = (double)(t1 - t0) / 1e9;
+        if ((iters >= 5 && (double)(t1 - t_start) / 1e9 >= budget_s) || iters >= max_iters)
+            break;
+    }
+    double total = 0;
+    for (int i = 0; i < iters; i++)
+        total += samples[i];
+    qsort(samples, (size_t)iters, sizeof(*samples), cmp_double);
+    *median_p = iters % 2 ? samples[iters / 2]
+                          : 0.5 * (samples[iters / 2 - 1] + samples[iters / 2]);
+    *iters_p = iters;
+    return total / iters;
+}
+
+typedef struct {
+    const char *tls;
+    uint64_t slice;
+    int batch;
+    double sec, gbps, perf_gbps, spread_gbps;
+} row_t;
+
+#define MAX_ITERS 200000
+
+/* Weighted least squares of sec = a + bytes / B; a in seconds, B in B/s. */
+static void fit(const row_t *rows, int n, double *a_p, double *bw_p)
+{
+    double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (int i = 0; i < n; i++) {
+        double x = (double)rows[i].slice * rows[i].batch, y = rows[i].sec;
+        double w = 1.0 / (y * y);
+        sw += w;
+        sx += w * x;
+        sy += w * y;
+        sxx += w * x * x;
+        sxy += w * x * y;
+    }
+    double b = (sw * sxy - sx * sy) / (sw * sxx - sx * sx);
+    *a_p = (sy - b * sx) / sw;
+    *bw_p = b > 0 ? 1.0 / b : 0;
+}
+
+static void print_size(char *buf, size_t len, uint64_t bytes)
+{
+    if (bytes >= (1u << 20))
+        snprintf(buf, len, "%" PRIu64 "M", bytes >> 20);
+    else
+        snprintf(buf, len, "%" PRIu64 "K", bytes >> 10);
+}
+
+typedef struct {
+    double fixed_us, fit_gbps, min_ratio_64k, crc_gbps, crc_batch_gbps, crc_nocrc_gbps;
+    int ok;
+} tls_result_t;
+
+static int run_tls(const char *tls_name, bool quick, row_t **rows_p, int *n_rows_p,
+                   tls_result_t *res)
+{
+    bool shm = !strcmp(tls_name, "shm");
+    /* KVF_BENCH_UCX_TLS narrows the transports (e.g. "posix,self"). */
+    const char *over = getenv("KVF_BENCH_UCX_TLS");
+    setenv("UCX_TLS", over ? over : shm ? "sm,self" : "tcp,self", 1);
+    setenv("UCX_NET_DEVICES", "lo", 1); /* TCP on the loopback only */
+
+    static const uint64_t slices_full[] = {4096, 16384, 65536, 262144, 1048576, 4194304};
+    static const int batches_full[] = {1, 4, 16, 64, 256, 1024};
+    static const uint64_t slices_quick[] = {4096, 65536, 1048576};
+    static const int batches_quick[] = {1, 16, 256};
+    const uint64_t *sl = quick ? slices_quick : slices_full;
+    const int *bt = quick ? batches_quick : batches_full;
+    int ns = quick ? 3 : 6, nb = quick ? 3 : 6;
+    double budget = quick ? 0.03 : 0.15;
+
+    printf("\n== %s (UCX_TLS=%s) ==\n", tls_name, getenv("UCX_TLS"));
+    receiver_t r;
+    if (receiver_start(&r, false) != 0) {
+        fprintf(stderr, "kvf bench transfer: the receiver did not start\n");
+        return -1;
+    }
+    kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX, .pool_bytes = BENCH_POOL,
+                             .geometry = bench_geom};
+    kvf_xfer_t *x = NULL;
+    kvf_xfer_peer_t *peer = NULL;
+    kvf_xfer_slice_t *slices = malloc(1024 * sizeof(*slices));
+    double *samples = malloc(MAX_ITERS * sizeof(*samples));
+    if (kvf_xfer_create(&cfg, &x) != KVF_OK ||
+        kvf_xfer_connect(x, r.desc, r.desc_len, &peer) != KVF_OK) {
+        kvf_xfer_destroy(x);
+        receiver_stop(&r);
+        free(slices);
+        free(samples);
+        return -1;
+    }
+    memset(kvf_xfer_pool(x), 0x6b, BENCH_POOL);
+    printf("%8s %6s %10s %10s %8s %10s %7s %12s\n", "slice", "batch", "us/batch", "median us",
+           "GB/s", "perftest", "ratio", "spread GB/s");
+    row_t *rows = *rows_p;
+    int nr = *n_rows_p, first = nr;
+    res->min_ratio_64k = INFINITY;
+    for (int i = 0; i < ns; i++) {
+        /* perftest right before our rows of the same size: both see the
+         * machine in the same state. Our receiver sleeps meanwhile. */
+        double perf = perftest_gbps(sl[i], quick);
+        for (int j = 0; j < nb; j++) {
+            int iters = 0;
+            double med, med_spread;
+            double sec = measure(peer, sl[i], bt[j], false, budget, slices, samples, MAX_ITERS,
+                                 &med, &iters);
+            double spread = sec < 0 ? -1
+                                    : measure(peer, sl[i], bt[j], true, budget, slices, samples,
+                                              MAX_ITERS, &med_spread, &iters);
+            if (sec < 0 || spread < 0)
+                goto out;
+            row_t *row = &rows[nr++];
+            double bytes = (double)sl[i] * bt[j];
+            *row = (row_t){.tls = shm ? "shm" : "tcp", .slice = sl[i], .batch = bt[j],
+                           .sec = med, .gbps = bytes / sec / 1e9, .perf_gbps = perf,
+                           .spread_gbps = bytes / spread / 1e9};
+            double ratio = perf > 0 ? row->gbps / perf : NAN;
+            if (sl[i] >= 65536 && ratio < res->min_ratio_64k)
+                res->min_ratio_64k = ratio;
+            char sz[16];
+            print_size(sz, sizeof(sz), sl[i]);
+            printf("%8s %6d %10.1f %10.1f %8.2f %10.2f %6.0f%% %12.2f\n", sz, bt[j], sec * 1e6,
+                   med * 1e6, row->gbps, perf, ratio * 100, row->spread_gbps);
+            fflush(stdout);
+        }
+    }
+    double a, bw;
+    fit(rows + first, nr - first, &a, &bw);
+    res->fixed_us = a * 1e6;
+    res->fit_gbps = bw / 1e9;
+    printf("fit (medians): time per batch = %.2f us + bytes / %.2f GB/s\n", res->fixed_us,
+           res->fit_gbps);
+    res->ok = 1;
+out:
+    kvf_xfer_destroy(x);
+    if (receiver_stop(&r) != 0)
+        fprintf(stderr, "kvf bench transfer: the receiver reported a problem\n");
+    *n_rows_p = nr;
+    free(slices);
+    if (!res->ok) {
+        free(samples);
+        return -1;
+    }
+
+    /* Checksum cost: the same batch (16 x 256 KiB) with CRC32C on; the
+     * sender computes it before the completion message, the receiver checks
+     * it on arrival (off the sender's clock; its rate is the local CRC
+     * rate printed beside). */
+    if (receiver_start(&r, true) != 0)
+        return -1;
+    cfg.checksum = true;
+    slices = malloc(16 * sizeof(*slices));
+    if (kvf_xfer_create(&cfg, &x) == KVF_OK &&
+        kvf_xfer_connect(x, r.desc, r.desc_len, &peer) == KVF_OK) {
+        int iters;
+        double med;
+        double sec = measure(peer, 262144, 16, false, budget, slices, samples, MAX_ITERS, &med,
+                             &iters);
+        res->crc_batch_gbps = sec > 0 ? 16.0 * 262144 / sec / 1e9 : 0;
+        for (int k = 0; k < nr; k++)
+            if (rows[k].slice == 262144 && rows[k].batch == 16 &&
+                !strcmp(rows[k].tls, shm ? "shm" : "tcp"))
+                res->crc_nocrc_gbps = rows[k].gbps;
+        uint8_t *pool = kvf_xfer_pool(x);
+        uint64_t t0 = kvf_clock_ns();
+        volatile uint32_t sink = 0; /* keeps the loop from being optimised away */
+        for (int k = 0; k < 8; k++)
+            sink ^= kvf_crc32c(0, pool, 64u << 20);
+        (void)sink;
+        res->crc_gbps = 8.0 * (64u << 20) / (double)(kvf_clock_ns() - t0);
+        printf("checksum on (16 x 256K): %.2f GB/s", res->crc_batch_gbps);
+        if (res->crc_nocrc_gbps > 0)
+            printf(" vs %.2f GB/s off", res->crc_nocrc_gbps);
+        printf("; crc32c alone %.2f GB/s\n", res->crc_gbps);
+    }
+    kvf_xfer_destroy(x);
+    receiver_stop(&r);
+    free(slices);
+    free(samples);
+    return 0;
+}
+
+int kvf_bench_transfer(int argc, char **argv)
+{
+    const char *tls = NULL, *json = NULL;
+    bool quick = false, serve_role = false, checksum = false;
+    const kvf_flag_t flags[] = {
+        {"tls", KVF_FLAG_STRING, &tls, "shm|tcp", "transport (default: both)", NULL},
+        {"json", KVF_FLAG_STRING, &json, "FILE", "also write the results as JSON", NULL},
+        {"quick", KVF_FLAG_BOOL, &quick, NULL, "a small grid with short runs (smoke test)", NULL},
+        {"serve", KVF_FLAG_BOOL, &serve_role, NULL, "(internal) run as the receiving process",
+         NULL},
+        {"checksum", KVF_FLAG_BOOL, &checksum, NULL, "(with --serve) require CRC32C", NULL},
+    };
+    kvf_flagset_t set = {
+        .prog = argv[0],
+        .usage = "[--tls shm|tcp] [--json FILE] [--quick]",
+        .summary = "Ships batches of 4 KiB..4 MiB slices (1..1024 per batch) to a second process "
+                   "with the transfer API and prints GB/s, the ratio to ucx_perftest ucp_put_bw at "
+                   "the same size and transport (measured in the same run), and the fixed cost "
+                   "per batch from a fit of time = a + bytes/B.",
+        .flags = flags,
+        .n_flags = KVF_NFLAGS(flags),
+    };
+    int rc = kvf_flags_parse(&set, argc, argv);
+    if (rc == KVF_FLAGS_EXIT)
+        return 0;
+    if (rc < 0)
+        return 2;
+    if (serve_role)
+        return serve(checksum);
+    const char *list[2];
+    int nt = 0;
+    if (!tls || !strcmp(tls, "shm"))
+        list[nt++] = "shm";
+    if (!tls || !strcmp(tls, "tcp"))
+        list[nt++] = "tcp";
+    if (!nt) {
+        fprintf(stderr, "%s: --tls must be shm or tcp, not '%s'\n", argv[0], tls);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    row_t *rows = calloc(2 * 36, sizeof(*rows));
+    int n_rows = 0;
+    tls_result_t res[2] = {{0}};
+    int fails = 0;
+    for (int t = 0; t < nt; t++)
+        if (run_tls(list[t], quick, &rows, &n_rows, &res[t]) != 0)
+            fails++;
+
+    printf("\nsummary:\n");
+    for (int t = 0; t < nt; t++)
+        if (res[t].ok)
+            printf("  %s: fixed cost %.2f us/batch, fitted %.2f GB/s, lowest ratio for slices >= "
+                   "64 KiB %.0f%%\n",
+                   list[t], res[t].fixed_us, res[t].fit_gbps, res[t].min_ratio_64k * 100);
+    if (json) {
+        cJSON *root = cJSON_CreateObject();
+        cJSON *arr = cJSON_AddArrayToObject(root, "rows");
+        for (int i = 0; i < n_rows; i++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "tls", rows[i].tls);
+            cJSON_AddNumberToObject(o, "slice_bytes", (double)rows[i].slice);
+            cJSON_AddNumberToObject(o, "batch", rows[i].batch);
+            cJSON_AddNumberToObject(o, "gbps", rows[i].gbps);
+            cJSON_AddNumberToObject(o, "perftest_gbps", rows[i].perf_gbps);
+            cJSON_AddNumberToObject(o, "spread_gbps", rows[i].spread_gbps);
+            if (rows[i].perf_gbps > 0)
+                cJSON_AddNumberToObject(o, "ratio", rows[i].gbps / rows[i].perf_gbps);
+            else
+                cJSON_AddNullToObject(o, "ratio");
+            cJSON_AddItemToArray(arr, o);
+        }
+        cJSON *fc = cJSON_AddObjectToObject(root, "fixed_cost_us");
+        cJSON *fb = cJSON_AddObjectToObject(root, "fit_gbps");
+        cJSON *ck = cJSON_AddObjectToObject(root, "checksum_gbps");
+        for (int t = 0; t < nt; t++) {
+            if (!res[t].ok)
+                continue;
+            cJSON_AddNumberToObject(fc, list[t], res[t].fixed_us);
+            cJSON_AddNumberToObject(fb, list[t], res[t].fit_gbps);
+            cJSON *c = cJSON_AddObjectToObject(ck, list[t]);
+            cJSON_AddNumberToObject(c, "batch_16x256k_on", res[t].crc_batch_gbps);
+            cJSON_AddNumberToObject(c, "batch_16x256k_off", res[t].crc_nocrc_gbps);
+            cJSON_AddNumberToObject(c, "crc32c_alone", res[t].crc_gbps);
+        }
+        char *text = cJSON_Print(root);
+        FILE *f = fopen(json, "w");
+        if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0) {
+            fprintf(stderr, "%s: cannot write %s\n", argv[0], json);
+            fails++;
+        }
+        if (f)
+            fclose(f);
+        free(text);
+        cJSON_Delete(root);
+    }
+    free(rows);
+    return fails ? 1 : 0;
+}

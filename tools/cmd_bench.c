@@ -1,0 +1,38 @@
+/* kvf bench: benchmarks, each measuring its own ceiling in the same run
+ * (DESIGN.md, "Measuring performance"). The code of each lives in bench/;
+ * this file only dispatches `kvf bench NAME` to it. */
+#include "bench_transfer.h"
+#include "commands.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const kvf_command_t bench_commands[] = {
+    {"transfer", "KV block transfer vs ucx_perftest (shm, tcp)", kvf_bench_transfer},
+    {NULL, NULL, NULL},
+};
+
+static void print_usage(const char *prog)
+{
+    printf("usage: %s NAME [options]\n\nbenchmarks:\n", prog);
+    for (const kvf_command_t *c = bench_commands; c->name; c++)
+        printf("  %-12s %s\n", c->name, c->summary);
+}
+
+int kvf_cmd_bench(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        print_usage(argv[0]);
+        return argc < 2 ? 2 : 0;
+    }
+    for (const kvf_command_t *c = bench_commands; c->name; c++) {
+        if (!strcmp(argv[1], c->name)) {
+            char prog[64];
+            snprintf(prog, sizeof(prog), "%s %s", argv[0], c->name);
+            argv[1] = prog;
+            return c->run(argc - 1, argv + 1);
+        }
+    }
+    fprintf(stderr, "%s: unknown benchmark '%s' (see %s --help)\n", argv[0], argv[1], argv[0]);
+    return 2;
+}
