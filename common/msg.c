@@ -251,10 +251,9 @@ kvf_status_t kvf_outbox_create(const char *url, kvf_outbox_t **outbox_p)
         goto fail_socket;
     }
     /* Reconnect quickly after a peer restarts; cap the back-off at 1 s. */
-    int ivl = 50, ivl_max = 1000, linger = 1000;
+    int ivl = 50, ivl_max = 1000;
     nn_setsockopt(outbox->sock, NN_SOL_SOCKET, NN_RECONNECT_IVL, &ivl, sizeof(ivl));
     nn_setsockopt(outbox->sock, NN_SOL_SOCKET, NN_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max));
-    nn_setsockopt(outbox->sock, NN_SOL_SOCKET, NN_LINGER, &linger, sizeof(linger));
     if (nn_connect(outbox->sock, url) < 0) {
         st = kvf_status_from_nn(nn_errno());
         kvf_log_error("outbox %s: connect failed: %s", url, nn_strerror(nn_errno()));

@@ -77,6 +77,10 @@ typedef struct kvf_outbox kvf_outbox_t;
 /* Connects to url; connection happens in the background and survives the
  * peer restarting. */
 kvf_status_t kvf_outbox_create(const char *url, kvf_outbox_t **outbox_p);
+
+/* Closes the socket. Messages still queued may be dropped (nanomsg has no
+ * linger): a caller that must deliver a last message waits for the peer's
+ * answer before closing. NULL is allowed. */
 void kvf_outbox_destroy(kvf_outbox_t *outbox);
 const char *kvf_outbox_url(const kvf_outbox_t *outbox);
 

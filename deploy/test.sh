@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds kvferry and runs every test; then builds it
+# again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the unit
+# tests there. Exits non-zero on any failure. CI runs exactly this.
+#
+#   ./deploy/test.sh              everything
+#   KVF_TEST_SKIP_ASAN=1 ./deploy/test.sh   skip the sanitizer pass (local use)
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=$(nproc 2>/dev/null || echo 2)
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "dependencies"
+./deploy/install-deps.sh
+
+step "build (release, build/)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVF_SANITIZE=OFF
+cmake --build build -j "$jobs"
+
+step "tests (build/)"
+ctest --test-dir build --output-on-failure --timeout 900
+
+if [[ "${KVF_TEST_SKIP_ASAN:-0}" != 1 ]]; then
+    # CUDA code is compiled and checked by the first build; the sanitizers
+    # instrument host code only, so this pass builds without it.
+    step "build (AddressSanitizer + UndefinedBehaviorSanitizer, build-asan/)"
+    cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVF_SANITIZE=ON -DKVF_CUDA=OFF
+    cmake --build build-asan -j "$jobs"
+
+    step "unit tests under sanitizers (build-asan/)"
+    export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+    export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+    ctest --test-dir build-asan --output-on-failure --timeout 900 -L unit
+fi
+
+step "all tests passed"
