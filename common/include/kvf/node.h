@@ -1,0 +1,87 @@
+/* The runtime a prefill or decode node shares: its inbox, outboxes to the
+ * router and peers (one per URL, cached), registration with the router and
+ * heartbeats. The node's own event loop owns the kvf_node_t and calls it;
+ * nothing here starts a thread.
+ *
+ * Registration: kvf_node_tick() sends Register every second until the
+ * router answers with RegisterReply. A refusal (model or geometry mismatch)
+ * is final: kvf_node_tick() then returns the refusal's status and the node
+ * should exit. Once registered, a heartbeat goes out every heartbeat_ms.
+ * A router that restarts answers a heartbeat from a node it does not know
+ * with Error{NOT_FOUND}; kvf_node_handle() turns that into a new Register,
+ * so nodes come back by themselves. */
+#ifndef KVF_NODE_H
+#define KVF_NODE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvf/msg.h"
+#include "kvf/status.h"
+
+typedef struct kvf_node kvf_node_t;
+
+typedef struct {
+    Kvf__Role role;                /* KVF__ROLE__ROLE_PREFILL or _DECODE */
+    const char *node_id;           /* copied; NULL: "<role>-<pid>-<random>" */
+    const char *router_url;        /* the router's inbox (copied) */
+    const char *listen_url;        /* this node's inbox (copied) */
+    const char *model_fingerprint; /* copied */
+    Kvf__KvGeometry geometry;      /* copied (plain values) */
+    uint32_t capacity_blocks;
+    const uint8_t *xfer_desc;      /* transfer descriptor, copied; may be NULL */
+    size_t xfer_desc_len;
+    uint32_t max_running;
+    uint32_t max_context;
+    bool prefill_local;
+    unsigned heartbeat_ms;         /* 0: 500 */
+    /* Fills the load reported with each heartbeat; called from tick. */
+    void (*fill_load)(void *arg, Kvf__Load *load);
+    void *load_arg;
+} kvf_node_config_t;
+
+/* Binds the inbox and connects to the router. On success *node_p is owned
+ * by the caller: kvf_node_destroy(). */
+kvf_status_t kvf_node_create(const kvf_node_config_t *cfg, kvf_node_t **node_p);
+
+/* Closes every socket and frees the node. NULL is a no-op. */
+void kvf_node_destroy(kvf_node_t *node);
+
+const char *kvf_node_id(const kvf_node_t *node);
+kvf_inbox_t *kvf_node_inbox(kvf_node_t *node);
+bool kvf_node_registered(const kvf_node_t *node);
+
+/* Sends Register or a heartbeat when one is due. Cheap when nothing is
+ * due: call it every loop iteration and between layers of long computes.
+ * Returns KVF_OK, or the router's final refusal. */
+kvf_status_t kvf_node_tick(kvf_node_t *node);
+
+/* Milliseconds until kvf_node_tick() has something to do. */
+int kvf_node_timeout_ms(const kvf_node_t *node);
+
+/* Offers a received envelope to the runtime. Returns true when it was the
+ * runtime's (RegisterReply, or the router's "unknown node" error) and has
+ * been handled; the caller still frees env. */
+bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env);
+
+/* Sends env to the inbox at url through a cached outbox, waiting up to
+ * timeout_ms for the socket to take it. The envelope's sender is set to
+ * the node id. */
+kvf_status_t kvf_node_send(kvf_node_t *node, const char *url, kvf_envelope_t *env,
+                           int timeout_ms);
+
+/* Same, to the router. */
+kvf_status_t kvf_node_send_router(kvf_node_t *node, kvf_envelope_t *env, int timeout_ms);
+
+/* Marks the node draining (reported in heartbeats: the router sends it no
+ * new work). */
+void kvf_node_set_draining(kvf_node_t *node, bool draining);
+
+/* Tells the router this node leaves. */
+kvf_status_t kvf_node_deregister(kvf_node_t *node, const char *reason);
+
+/* Drops the cached outbox to url (e.g. a peer that died). */
+void kvf_node_forget_peer(kvf_node_t *node, const char *url);
+
+#endif

@@ -1,0 +1,321 @@
+#include "kvf/node.h"
+#include "kvf/clock.h"
+#include "kvf/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NODE_MAX_PEERS 64
+#define NODE_REGISTER_RETRY_MS 1000
+
+typedef struct {
+    char *url;
+    kvf_outbox_t *outbox;
+    uint64_t last_used_ns;
+} node_peer_t;
+
+struct kvf_node {
+    kvf_node_config_t cfg; /* strings point at the copies below */
+    char *node_id;
+    char *router_url;
+    char *listen_url;
+    char *fingerprint;
+    uint8_t *xfer_desc;
+    kvf_inbox_t *inbox;
+    kvf_outbox_t *router;
+    node_peer_t peers[NODE_MAX_PEERS];
+    bool registered;
+    bool draining;
+    kvf_status_t refused; /* KVF_OK unless the router refused us */
+    uint64_t next_register_ns;
+    uint64_t next_heartbeat_ns;
+    uint64_t heartbeat_seq;
+};
+
+static const char *role_name(Kvf__Role role)
+{
+    switch (role) {
+    case KVF__ROLE__ROLE_PREFILL: return "prefill";
+    case KVF__ROLE__ROLE_DECODE: return "decode";
+    case KVF__ROLE__ROLE_ROUTER: return "router";
+    default: return "node";
+    }
+}
+
+kvf_status_t kvf_node_create(const kvf_node_config_t *cfg, kvf_node_t **node_p)
+{
+    if (!cfg->router_url || !cfg->listen_url)
+        return KVF_ERR_INVAL;
+    kvf_node_t *node = calloc(1, sizeof(*node));
+    if (!node)
+        return KVF_ERR_NOMEM;
+    kvf_status_t st = KVF_ERR_NOMEM;
+    node->cfg = *cfg;
+    if (cfg->node_id) {
+        node->node_id = strdup(cfg->node_id);
+    } else {
+        char id[64];
+        snprintf(id, sizeof(id), "%s-%d-%04x", role_name(cfg->role), (int)getpid(),
+                 (unsigned)(kvf_clock_ns() & 0xffff));
+        node->node_id = strdup(id);
+    }
+    node->router_url = strdup(cfg->router_url);
+    node->listen_url = strdup(cfg->listen_url);
+    node->fingerprint = strdup(cfg->model_fingerprint ? cfg->model_fingerprint : "");
+    if (!node->node_id || !node->router_url || !node->listen_url || !node->fingerprint)
+        goto fail_copy;
+    if (cfg->xfer_desc_len) {
+        node->xfer_desc = malloc(cfg->xfer_desc_len);
+        if (!node->xfer_desc)
+            goto fail_copy;
+        memcpy(node->xfer_desc, cfg->xfer_desc, cfg->xfer_desc_len);
+    }
+    node->cfg.node_id = node->node_id;
+    node->cfg.router_url = node->router_url;
+    node->cfg.listen_url = node->listen_url;
+    node->cfg.model_fingerprint = node->fingerprint;
+    node->cfg.xfer_desc = node->xfer_desc;
+    if (!node->cfg.heartbeat_ms)
+        node->cfg.heartbeat_ms = 500;
+    st = kvf_inbox_create(node->listen_url, 0, &node->inbox);
+    if (st != KVF_OK)
+        goto fail_copy;
+    st = kvf_outbox_create(node->router_url, &node->router);
+    if (st != KVF_OK)
+        goto fail_router;
+    *node_p = node;
+    return KVF_OK;
+fail_router:
+    kvf_inbox_destroy(node->inbox);
+fail_copy:
+    free(node->xfer_desc);
+    free(node->fingerprint);
+    free(node->listen_url);
+    free(node->router_url);
+    free(node->node_id);
+    free(node);
+    return st;
+}
+
+void kvf_node_destroy(kvf_node_t *node)
+{
+    if (!node)
+        return;
+    for (int i = 0; i < NODE_MAX_PEERS; i++) {
+        kvf_outbox_destroy(node->peers[i].outbox);
+        free(node->peers[i].url);
+    }
+    kvf_outbox_destroy(node->router);
+    kvf_inbox_destroy(node->inbox);
+    free(node->xfer_desc);
+    free(node->fingerprint);
+    free(node->listen_url);
+    free(node->router_url);
+    free(node->node_id);
+    free(node);
+}
+
+const char *kvf_node_id(const kvf_node_t *node)
+{
+    return node->node_id;
+}
+
+kvf_inbox_t *kvf_node_inbox(kvf_node_t *node)
+{
+    return node->inbox;
+}
+
+bool kvf_node_registered(const kvf_node_t *node)
+{
+    return node->registered;
+}
+
+void kvf_node_set_draining(kvf_node_t *node, bool draining)
+{
+    node->draining = draining;
+    node->next_heartbeat_ns = 0; /* tell the router now */
+}
+
+kvf_status_t kvf_node_send_router(kvf_node_t *node, kvf_envelope_t *env, int timeout_ms)
+{
+    env->sender = node->node_id;
+    return kvf_outbox_send(node->router, env, timeout_ms);
+}
+
+static kvf_status_t send_register(kvf_node_t *node)
+{
+    Kvf__Register reg = KVF__REGISTER__INIT;
+    Kvf__KvGeometry geo = node->cfg.geometry;
+    reg.node_id = node->node_id;
+    reg.role = node->cfg.role;
+    reg.inbox_url = node->listen_url;
+    reg.model_fingerprint = node->fingerprint;
+    reg.geometry = &geo;
+    reg.capacity_blocks = node->cfg.capacity_blocks;
+    reg.xfer_desc.data = node->xfer_desc;
+    reg.xfer_desc.len = node->cfg.xfer_desc_len;
+    reg.max_running = node->cfg.max_running;
+    reg.prefill_local = node->cfg.prefill_local;
+    reg.max_context = node->cfg.max_context;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, node->node_id);
+    env.body_case = KVF__ENVELOPE__BODY_REGISTER;
+    env.register_ = &reg;
+    /* Never block the loop on a router that is not there yet. */
+    return kvf_node_send_router(node, &env, 0);
+}
+
+static kvf_status_t send_heartbeat(kvf_node_t *node)
+{
+    Kvf__Heartbeat hb = KVF__HEARTBEAT__INIT;
+    Kvf__Load load = KVF__LOAD__INIT;
+    if (node->cfg.fill_load)
+        node->cfg.fill_load(node->cfg.load_arg, &load);
+    hb.node_id = node->node_id;
+    hb.seq = node->heartbeat_seq++;
+    hb.load = &load;
+    hb.inbox_url = node->listen_url;
+    hb.state = node->draining ? "draining" : "live";
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, node->node_id);
+    env.body_case = KVF__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    return kvf_node_send_router(node, &env, 0);
+}
+
+kvf_status_t kvf_node_tick(kvf_node_t *node)
+{
+    if (node->refused != KVF_OK)
+        return node->refused;
+    uint64_t now = kvf_clock_ns();
+    if (!node->registered) {
+        if (now >= node->next_register_ns) {
+            kvf_status_t st = send_register(node);
+            if (st != KVF_OK && st != KVF_ERR_TIMEOUT)
+                kvf_log_warn("register with %s: %s", node->router_url, kvf_status_str(st));
+            node->next_register_ns = now + NODE_REGISTER_RETRY_MS * 1000000ull;
+        }
+        return KVF_OK;
+    }
+    if (now >= node->next_heartbeat_ns) {
+        /* A heartbeat that cannot be sent now is simply skipped: the next
+         * one carries fresher load anyway. */
+        send_heartbeat(node);
+        node->next_heartbeat_ns = now + node->cfg.heartbeat_ms * 1000000ull;
+    }
+    return KVF_OK;
+}
+
+int kvf_node_timeout_ms(const kvf_node_t *node)
+{
+    if (node->refused != KVF_OK)
+        return 0;
+    return kvf_clock_ms_until(node->registered ? node->next_heartbeat_ns
+                                               : node->next_register_ns);
+}
+
+bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env)
+{
+    if (env->body_case == KVF__ENVELOPE__BODY_REGISTER_REPLY) {
+        const Kvf__RegisterReply *r = env->register_reply;
+        if (strcmp(r->node_id, node->node_id) != 0) {
+            kvf_log_warn("register reply for another node '%s' dropped", r->node_id);
+            return true;
+        }
+        if (r->status != KVF_OK) {
+            node->refused = r->status < 0 && r->status >= KVF_ERR_INTERNAL
+                                ? (kvf_status_t)r->status
+                                : KVF_ERR_PEER;
+            kvf_log_error("router refused registration: %s (%s)", r->error,
+                          kvf_status_str(node->refused));
+            return true;
+        }
+        if (!node->registered)
+            kvf_log_info("registered with router %s", node->router_url);
+        node->registered = true;
+        if (r->heartbeat_ms >= 50 && r->heartbeat_ms <= 60000)
+            node->cfg.heartbeat_ms = r->heartbeat_ms;
+        node->next_heartbeat_ns = 0;
+        return true;
+    }
+    if (env->body_case == KVF__ENVELOPE__BODY_ERROR && env->error->req_id == 0 &&
+        env->error->status == KVF_ERR_NOT_FOUND) {
+        /* The router does not know us (it restarted): register again. */
+        if (node->registered)
+            kvf_log_warn("router forgot this node (%s): registering again", env->error->message);
+        node->registered = false;
+        node->next_register_ns = 0;
+        return true;
+    }
+    return false;
+}
+
+static node_peer_t *peer_outbox(kvf_node_t *node, const char *url)
+{
+    node_peer_t *slot = NULL, *oldest = &node->peers[0];
+    for (int i = 0; i < NODE_MAX_PEERS; i++) {
+        node_peer_t *p = &node->peers[i];
+        if (p->url && !strcmp(p->url, url))
+            return p;
+        if (!p->url && !slot)
+            slot = p;
+        if (p->last_used_ns < oldest->last_used_ns)
+            oldest = p;
+    }
+    if (!slot) {
+        /* Full: recycle the least recently used connection. */
+        slot = oldest;
+        kvf_outbox_destroy(slot->outbox);
+        free(slot->url);
+        memset(slot, 0, sizeof(*slot));
+    }
+    char *copy = strdup(url);
+    if (!copy)
+        return NULL;
+    if (kvf_outbox_create(url, &slot->outbox) != KVF_OK) {
+        free(copy);
+        return NULL;
+    }
+    slot->url = copy;
+    return slot;
+}
+
+kvf_status_t kvf_node_send(kvf_node_t *node, const char *url, kvf_envelope_t *env,
+                           int timeout_ms)
+{
+    if (!strcmp(url, node->router_url))
+        return kvf_node_send_router(node, env, timeout_ms);
+    node_peer_t *p = peer_outbox(node, url);
+    if (!p)
+        return KVF_ERR_INVAL;
+    p->last_used_ns = kvf_clock_ns();
+    env->sender = node->node_id;
+    return kvf_outbox_send(p->outbox, env, timeout_ms);
+}
+
+void kvf_node_forget_peer(kvf_node_t *node, const char *url)
+{
+    for (int i = 0; i < NODE_MAX_PEERS; i++) {
+        node_peer_t *p = &node->peers[i];
+        if (p->url && !strcmp(p->url, url)) {
+            kvf_outbox_destroy(p->outbox);
+            free(p->url);
+            memset(p, 0, sizeof(*p));
+        }
+    }
+}
+
+kvf_status_t kvf_node_deregister(kvf_node_t *node, const char *reason)
+{
+    Kvf__Deregister d = KVF__DEREGISTER__INIT;
+    d.node_id = node->node_id;
+    d.reason = (char *)(reason ? reason : "");
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, node->node_id);
+    env.body_case = KVF__ENVELOPE__BODY_DEREGISTER;
+    env.deregister = &d;
+    node->registered = false;
+    return kvf_node_send_router(node, &env, 1000);
+}
