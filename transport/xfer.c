@@ -129,6 +129,10 @@ kvf_status_t kvf_xfer_create(const kvf_xfer_config_t *cfg, kvf_xfer_t **xfer_p)
                       (unsigned long long)cfg->pool_bytes, (unsigned long long)block_bytes);
         return KVF_ERR_INVAL;
     }
+    if (cfg->checksum && cfg->mem_type != KVF_XFER_MEM_HOST) {
+        kvf_log_error("xfer: checksums need a pool in host memory");
+        return KVF_ERR_UNSUPPORTED;
+    }
     const kvf_xfer_ops_t *ops = backend_ops(cfg->backend);
     if (!ops) {
         kvf_log_error("xfer: backend %d is not in this build", (int)cfg->backend);
@@ -247,13 +251,11 @@ void kvf_xfer_destroy(kvf_xfer_t *xfer)
 
 /* ---- descriptor ---------------------------------------------------------- */
 
-kvf_status_t kvf_xfer_export(kvf_xfer_t *xfer, uint8_t **desc_p, size_t *len_p)
+/* Frames body (taken: freed here) as a descriptor of this pool. */
+static kvf_status_t desc_build(kvf_xfer_t *xfer, uint8_t *body, size_t body_len, uint8_t **desc_p,
+                               size_t *len_p)
 {
-    uint8_t *body = NULL;
-    size_t body_len = 0;
-    kvf_status_t st = xfer->ops->export_body(xfer, &body, &body_len);
-    if (st != KVF_OK)
-        return st;
+    kvf_status_t st;
     if (body_len > KVF_XFER_DESC_MAX) {
         kvf_log_error("xfer: descriptor body of %zu bytes is too big", body_len);
         st = KVF_ERR_TOO_BIG;
@@ -280,7 +282,8 @@ kvf_status_t kvf_xfer_export(kvf_xfer_t *xfer, uint8_t **desc_p, size_t *len_p)
     put_u32(d + 48, g->dtype);
     put_u32(d + 52, g->layout);
     put_u32(d + 56, (xfer->cfg.checksum ? 1u : 0u) | ((uint32_t)xfer->cfg.mem_type << 8));
-    memcpy(d + KVF_XFER_DESC_HEADER, body, body_len);
+    if (body_len)
+        memcpy(d + KVF_XFER_DESC_HEADER, body, body_len);
     put_u32(d + KVF_XFER_DESC_HEADER + body_len,
             kvf_crc32c(0, d, KVF_XFER_DESC_HEADER + body_len));
     free(body);
@@ -291,6 +294,29 @@ kvf_status_t kvf_xfer_export(kvf_xfer_t *xfer, uint8_t **desc_p, size_t *len_p)
 fail_size:
     free(body);
     return st;
+}
+
+kvf_status_t kvf_xfer_export(kvf_xfer_t *xfer, uint8_t **desc_p, size_t *len_p)
+{
+    uint8_t *body = NULL;
+    size_t body_len = 0;
+    kvf_status_t st = xfer->ops->export_body(xfer, &body, &body_len);
+    if (st != KVF_OK)
+        return st;
+    return desc_build(xfer, body, body_len, desc_p, len_p);
+}
+
+kvf_status_t kvf_xfer_peer_token(kvf_xfer_peer_t *peer, uint8_t **token_p, size_t *len_p)
+{
+    kvf_xfer_t *x = peer->xfer;
+    if (!x->ops->token_body || peer->accepted)
+        return KVF_ERR_UNSUPPORTED;
+    uint8_t *body = NULL;
+    size_t body_len = 0;
+    kvf_status_t st = x->ops->token_body(peer, &body, &body_len);
+    if (st != KVF_OK)
+        return st;
+    return desc_build(x, body, body_len, token_p, len_p);
 }
 
 typedef struct {
@@ -372,9 +398,13 @@ kvf_status_t kvf_xfer_check_desc(const kvf_xfer_t *xfer, const uint8_t *desc, si
     return desc_parse(xfer, desc, len, &v);
 }
 
-kvf_status_t kvf_xfer_connect(kvf_xfer_t *xfer, const uint8_t *desc, size_t len,
+/* The two ways to a peer: connect (from the receiver's descriptor) and
+ * accept (from a sender's token, two-sided backends). */
+static kvf_status_t peer_open(kvf_xfer_t *xfer, const uint8_t *desc, size_t len, bool accept,
                               kvf_xfer_peer_t **peer_p)
 {
+    if (accept && !xfer->ops->accept)
+        return KVF_ERR_UNSUPPORTED;
     desc_view_t v;
     kvf_status_t st = desc_parse(xfer, desc, len, &v);
     if (st != KVF_OK)
@@ -385,9 +415,12 @@ kvf_status_t kvf_xfer_connect(kvf_xfer_t *xfer, const uint8_t *desc, size_t len,
     p->xfer = xfer;
     p->remote_base = v.pool_base;
     p->remote_bytes = v.pool_bytes;
-    p->checksum = xfer->cfg.checksum || v.checksum;
+    /* CRCs are computed by the CPU: host pools only. */
+    p->checksum = (xfer->cfg.checksum || v.checksum) && xfer->cfg.mem_type == KVF_XFER_MEM_HOST;
+    p->accepted = accept;
     p->status = KVF_OK;
-    st = xfer->ops->connect(p, v.body, v.body_len);
+    st = accept ? xfer->ops->accept(p, v.body, v.body_len)
+                : xfer->ops->connect(p, v.body, v.body_len);
     if (st != KVF_OK)
         goto fail_connect;
     p->next = xfer->peers;
@@ -400,6 +433,18 @@ kvf_status_t kvf_xfer_connect(kvf_xfer_t *xfer, const uint8_t *desc, size_t len,
 fail_connect:
     free(p);
     return st;
+}
+
+kvf_status_t kvf_xfer_connect(kvf_xfer_t *xfer, const uint8_t *desc, size_t len,
+                              kvf_xfer_peer_t **peer_p)
+{
+    return peer_open(xfer, desc, len, false, peer_p);
+}
+
+kvf_status_t kvf_xfer_accept(kvf_xfer_t *xfer, const uint8_t *token, size_t len,
+                             kvf_xfer_peer_t **peer_p)
+{
+    return peer_open(xfer, token, len, true, peer_p);
 }
 
 void kvf_xfer__batch_end(kvf_xfer_batch_t *b, kvf_status_t status)
@@ -533,8 +578,10 @@ kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *s
     kvf_xfer_t *x = peer->xfer;
     if (peer->status != KVF_OK)
         return peer->status;
-    if (spec->flags & ~(KVF_XFER_LAST | KVF_XFER_ABORT))
+    if (spec->flags & ~(KVF_XFER_LAST | KVF_XFER_ABORT) || peer->accepted)
         return KVF_ERR_INVAL;
+    if (x->ops->ready && !x->ops->ready(peer))
+        return KVF_ERR_AGAIN;
     uint64_t now = kvf_clock_ns();
     if (spec->not_after_ns && now >= spec->not_after_ns) {
         kvf_log_warn("xfer: request %llu epoch %llu: lease ended, batch not posted",
@@ -803,6 +850,8 @@ static kvf_status_t fin_verify(kvf_xfer_t *x, const kvf_resv_t *r, const uint8_t
     bool crc = flags & KVF_XFER_FIN_HAS_CRC;
     if (x->cfg.checksum && !crc && nr)
         return KVF_ERR_FORMAT;
+    if (crc && x->cfg.mem_type != KVF_XFER_MEM_HOST)
+        return KVF_ERR_UNSUPPORTED; /* the CPU cannot read a device pool */
     uint64_t sum = 0;
     for (uint32_t i = 0; i < nr; i++) {
         const uint8_t *rec = m + KVF_XFER_FIN_HEADER + (size_t)i * KVF_XFER_FIN_RANGE;

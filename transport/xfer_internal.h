@@ -68,6 +68,7 @@ struct kvf_xfer_peer {
     uint64_t remote_base;         /* the remote pool's address */
     uint64_t remote_bytes;
     bool checksum;     /* this connection sends CRCs */
+    bool accepted;     /* made by kvf_xfer_accept (the receiving half) */
     bool disconnected; /* the caller let go */
     kvf_status_t status;
     void *be;
@@ -111,6 +112,15 @@ struct kvf_xfer_ops {
     bool (*shutdown_done)(kvf_xfer_peer_t *peer);
     /* Frees peer->be's memory only (it may run after close). */
     void (*peer_free)(kvf_xfer_peer_t *peer);
+    /* (optional) Whether the peer can take a batch now (a two-sided
+     * connection may still be forming); false makes kvf_xfer_post return
+     * AGAIN. */
+    bool (*ready)(kvf_xfer_peer_t *peer);
+    /* (optional) Two-sided backends: the body of the token the receiver
+     * accepts (malloc'd, owned by the caller), and the receiver's half of
+     * connecting from a token's body (bounds-checked by xfer.c). */
+    kvf_status_t (*token_body)(kvf_xfer_peer_t *peer, uint8_t **body_p, size_t *len_p);
+    kvf_status_t (*accept)(kvf_xfer_peer_t *peer, const uint8_t *body, size_t len);
     /* Starts the batch (ranges and fin ready); ends it through
      * kvf_xfer__batch_end. */
     kvf_status_t (*post)(kvf_xfer_batch_t *batch);

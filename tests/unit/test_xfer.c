@@ -11,6 +11,7 @@
 
 #include "kvf/clock.h"
 #include "kvf/crc32c.h"
+#include "kvf/gpu.h"
 #include "kvf/log.h"
 #include "kvf/xfer.h"
 
@@ -24,6 +25,10 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#ifdef KVF_HAVE_NCCL
+#include <cuda_runtime.h>
+#endif
 
 #if defined(__SANITIZE_ADDRESS__)
 #define KVF_TEST_ASAN 1
@@ -671,6 +676,98 @@ static void test_fencing(void **state)
     free(p);
 }
 
+/* NCCL pair: one process drives both ranks, each handle on its own GPU
+ * (NCCL refuses two ranks of a communicator on one GPU). Random blocks go
+ * from GPU 0's pool into a reservation on GPU 1's, compared byte for byte;
+ * a stale batch's data must not touch GPU 1's pool. */
+static void test_nccl_pair(void **state)
+{
+    (void)state;
+#ifndef KVF_HAVE_NCCL
+    kvf_log_info("test: skipped: this build has no NCCL backend");
+    skip();
+#else
+    if (kvf_gpu_count() < 2) {
+        kvf_log_info("test: skipped: the NCCL pair test needs 2 GPUs, this machine has %d",
+                     kvf_gpu_count());
+        skip();
+    }
+    kvf_xfer_config_t cfg = {.backend = KVF_XFER_NCCL, .mem_type = KVF_XFER_MEM_CUDA,
+                             .pool_bytes = POOL, .geometry = geom, .timeout_ms = 20000};
+    kvf_xfer_t *tx, *rx;
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(kvf_xfer_create(&cfg, &tx), KVF_OK);
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    assert_int_equal(kvf_xfer_create(&cfg, &rx), KVF_OK);
+    uint8_t *desc, *token;
+    size_t desc_len, token_len;
+    assert_int_equal(kvf_xfer_export(rx, &desc, &desc_len), KVF_OK);
+    kvf_xfer_peer_t *to_rx, *from_tx;
+    assert_int_equal(kvf_xfer_connect(tx, desc, desc_len, &to_rx), KVF_OK);
+    assert_int_equal(kvf_xfer_peer_token(to_rx, &token, &token_len), KVF_OK);
+    assert_int_equal(kvf_xfer_accept(rx, token, token_len, &from_tx), KVF_OK);
+
+    uint8_t *host = malloc(POOL), *back = malloc(POOL);
+    fill_pattern(host, POOL, 5);
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(cudaMemcpy(kvf_xfer_pool(tx), host, POOL, cudaMemcpyHostToDevice),
+                     cudaSuccess);
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    assert_int_equal(cudaMemset(kvf_xfer_pool(rx), 0, POOL), cudaSuccess);
+    uint64_t bb = kvf_xfer_block_bytes(&geom);
+    kvf_xfer_range_t r = {10 * bb, 8 * bb};
+    assert_int_equal(kvf_xfer_reserve(rx, 3, 1, &r, 1, 60000), KVF_OK);
+
+    kvf_xfer_slice_t s[8];
+    for (int i = 0; i < 8; i++) /* blocks 40..47 -> 10..17, reversed pairs */
+        s[i] = (kvf_xfer_slice_t){(uint64_t)(47 - i) * bb, (uint64_t)(10 + i) * bb, bb};
+    kvf_xfer_slice_t stale = {0, 20 * bb, bb}; /* outside the reservation */
+    kvf_xfer_batch_spec_t bad = {.req_id = 9, .epoch = 1, .slices = &stale, .n_slices = 1};
+    kvf_xfer_batch_spec_t good = {.req_id = 3, .epoch = 1, .slices = s, .n_slices = 8,
+                                  .flags = KVF_XFER_LAST};
+    kvf_xfer_batch_t *b1 = NULL, *b2 = NULL;
+    uint64_t until = kvf_clock_ns() + 60000000000ull;
+    int landed = 0, rejected = 0;
+    while ((!b2 || kvf_xfer_test(b2) == KVF_ERR_AGAIN || !landed || !rejected) &&
+           kvf_clock_ns() < until) {
+        kvf_xfer_progress(tx);
+        kvf_xfer_progress(rx);
+        if (!b1 && kvf_xfer_post(to_rx, &bad, &b1) != KVF_ERR_AGAIN)
+            assert_non_null(b1);
+        if (b1 && !b2)
+            assert_int_equal(kvf_xfer_post(to_rx, &good, &b2), KVF_OK);
+        kvf_xfer_event_t ev;
+        while (kvf_xfer_poll(rx, &ev) == KVF_OK) {
+            landed += ev.kind == KVF_XFER_EV_LANDED && ev.req_id == 3 && ev.last;
+            rejected += ev.kind == KVF_XFER_EV_REJECTED && ev.status == KVF_ERR_STALE;
+        }
+    }
+    assert_int_equal(landed, 1);
+    assert_int_equal(rejected, 1);
+    assert_int_equal(kvf_xfer_test(b1), KVF_OK);
+    assert_int_equal(kvf_xfer_test(b2), KVF_OK);
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    assert_int_equal(cudaMemcpy(back, kvf_xfer_pool(rx), POOL, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    for (uint64_t blk = 0; blk < POOL / bb; blk++) {
+        bool in = blk >= 10 && blk < 18;
+        for (uint64_t i = 0; i < bb; i++) {
+            uint8_t want = in ? host[(47 - (blk - 10)) * bb + i] : 0;
+            if (back[blk * bb + i] != want)
+                fail_msg("nccl: block %" PRIu64 " byte %" PRIu64 " differs", blk, i);
+        }
+    }
+    kvf_xfer_batch_release(b1);
+    kvf_xfer_batch_release(b2);
+    kvf_xfer_destroy(tx);
+    kvf_xfer_destroy(rx);
+    free(desc);
+    free(token);
+    free(host);
+    free(back);
+#endif
+}
+
 int main(void)
 {
     kvf_log_init("test_xfer", NULL);
@@ -681,7 +778,7 @@ int main(void)
         cmocka_unit_test(test_shm_random_blocks),  cmocka_unit_test(test_tcp_random_blocks),
         cmocka_unit_test(test_descriptor_checks),  cmocka_unit_test(test_fencing),
         cmocka_unit_test(test_many_small_batches), cmocka_unit_test(test_shm_peer_killed),
-        cmocka_unit_test(test_tcp_peer_killed),
+        cmocka_unit_test(test_tcp_peer_killed),   cmocka_unit_test(test_nccl_pair),
     };
     if (getenv("KVF_TEST_FILTER")) /* e.g. KVF_TEST_FILTER=test_tcp_* */
         cmocka_set_test_filter(getenv("KVF_TEST_FILTER"));

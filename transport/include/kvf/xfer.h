@@ -106,7 +106,8 @@ typedef struct {
     kvf_xfer_geometry_t geometry;
     uint32_t timeout_ms; /* per-batch deadline; 0 = 5000 */
     uint32_t grace_ms;   /* receiver: fence margin after a lease ends; 0 = 1000 */
-    bool checksum;       /* send (sender) / require (receiver) a CRC32C per range */
+    bool checksum;       /* send (sender) / require (receiver) a CRC32C per range;
+                          * host pools only */
 } kvf_xfer_config_t;
 
 /* One put: len bytes from local pool offset local_off to remote pool
@@ -193,6 +194,17 @@ kvf_status_t kvf_xfer_check_desc(const kvf_xfer_t *xfer, const uint8_t *desc, si
 kvf_status_t kvf_xfer_connect(kvf_xfer_t *xfer, const uint8_t *desc, size_t len,
                               kvf_xfer_peer_t **peer_p);
 
+/* Two-sided backends (NCCL) need the receiver's half too: after
+ * kvf_xfer_connect the sender takes a token (opaque, versioned bytes in a
+ * malloc'd buffer owned by the caller, e.g. carried in KvAlloc) and the
+ * receiver passes it to kvf_xfer_accept; batches can be posted once both
+ * halves met (kvf_xfer_post returns AGAIN until then). The token is
+ * validated like a descriptor. UCX needs neither: UNSUPPORTED. *peer_p
+ * belongs to xfer, as with kvf_xfer_connect. */
+kvf_status_t kvf_xfer_peer_token(kvf_xfer_peer_t *peer, uint8_t **token_p, size_t *len_p);
+kvf_status_t kvf_xfer_accept(kvf_xfer_t *xfer, const uint8_t *token, size_t len,
+                             kvf_xfer_peer_t **peer_p);
+
 /* Closes the connection (by force: outstanding batches fail with CLOSED
  * but stay valid until released). NULL ok. */
 void kvf_xfer_disconnect(kvf_xfer_peer_t *peer);
@@ -207,7 +219,9 @@ kvf_status_t kvf_xfer_peer_status(const kvf_xfer_peer_t *peer);
 /* Posts the puts of spec to the peer; slices are validated against both
  * pools (INVAL, nothing sent), adjacent ones coalesced, then put, flushed
  * and followed by the completion message. Errors: PEER/CLOSED (the peer
- * failed), TIMEOUT (now is past spec->not_after_ns: the lease ended).
+ * failed), TIMEOUT (now is past spec->not_after_ns: the lease ended),
+ * AGAIN (a two-sided connection is not ready yet, or its queue is full:
+ * progress and retry), INVAL (also: an accepted peer only receives).
  * *batch_p is owned by the caller: kvf_xfer_batch_release() it once done
  * with it (a batch released early is still driven to its end). */
 kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *spec,
