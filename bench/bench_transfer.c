@@ -43,16 +43,21 @@
 
 #define BENCH_POOL (256ull << 20)
 
-static const kvf_xfer_geometry_t bench_geom = {.block_size = 16, .n_layers = 1, .n_kv_heads = 1,
-                                               .head_dim = 64, .dtype = KVF_XFER_DTYPE_F32,
+static const kvf_xfer_geometry_t bench_geom = {.block_size = 16,
+                                               .n_layers = 1,
+                                               .n_kv_heads = 1,
+                                               .head_dim = 64,
+                                               .dtype = KVF_XFER_DTYPE_F32,
                                                .layout = 1};
 
 /* ---- the receiver ------------------------------------------------------ */
 
 static int serve(bool checksum)
 {
-    kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX, .pool_bytes = BENCH_POOL,
-                             .geometry = bench_geom, .checksum = checksum};
+    kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX,
+                             .pool_bytes = BENCH_POOL,
+                             .geometry = bench_geom,
+                             .checksum = checksum};
     kvf_xfer_t *x;
     if (kvf_xfer_create(&cfg, &x) != KVF_OK)
         return 1;
@@ -92,7 +97,8 @@ static int serve(bool checksum)
         int wait_ms = 0;
         if (now - active > spin_ns && kvf_xfer_arm(x) == KVF_OK)
             wait_ms = 100;
-        struct pollfd pfd[2] = {{.fd = 0, .events = POLLIN}, {.fd = kvf_xfer_fd(x), .events = POLLIN}};
+        struct pollfd pfd[2] = {{.fd = 0, .events = POLLIN},
+                                {.fd = kvf_xfer_fd(x), .events = POLLIN}};
         int pr = poll(pfd, 2, wait_ms);
         if (pr > 0 && pfd[0].revents)
             break; /* "quit", or the sender's end closed */
@@ -127,8 +133,8 @@ static int receiver_start(receiver_t *r, bool checksum)
         dup2(from[1], 1);
         close(to[1]);
         close(from[0]);
-        char *argv[] = {"kvf", "bench", "transfer", "--serve",
-                        checksum ? "--checksum" : NULL, NULL};
+        char *argv[] = {"kvf", "bench", "transfer", "--serve", checksum ? "--checksum" : NULL,
+                        NULL};
         execv("/proc/self/exe", argv);
         _exit(127);
     }
@@ -218,8 +224,8 @@ static double perftest_gbps(uint64_t size, bool quick)
             close(out[0]);
             int null = open("/dev/null", O_WRONLY);
             dup2(null, 2);
-            char *argv[] = {"ucx_perftest", "-p", s_port, "-t", "ucp_put_bw", "-s", s_size,
-                            "-n", s_iters, "-w", s_warm, "127.0.0.1", NULL};
+            char *argv[] = {"ucx_perftest", "-p",    s_port, "-t",   "ucp_put_bw", "-s", s_size,
+                            "-n",           s_iters, "-w",   s_warm, "127.0.0.1",  NULL};
             execvp("ucx_perftest", argv);
             _exit(127);
         }
@@ -268,8 +274,7 @@ static double measure(kvf_xfer_peer_t *peer, uint64_t slice, int n, bool spread,
         uint64_t k = spread ? (uint64_t)i % slots : 0;
         slices[i] = (kvf_xfer_slice_t){k * slice, (slots - 1 - k) * slice, slice};
     }
-    kvf_xfer_batch_spec_t spec = {.req_id = 1, .epoch = 1, .slices = slices,
-                                  .n_slices = (size_t)n};
+    kvf_xfer_batch_spec_t spec = {.req_id = 1, .epoch = 1, .slices = slices, .n_slices = (size_t)n};
     uint64_t t_start = 0;
     int iters = 0;
     for (int it = -2;; it++) { /* two warm-up batches */
@@ -297,8 +302,8 @@ static double measure(kvf_xfer_peer_t *peer, uint64_t slice, int n, bool spread,
     for (int i = 0; i < iters; i++)
         total += samples[i];
     qsort(samples, (size_t)iters, sizeof(*samples), cmp_double);
-    *median_p = iters % 2 ? samples[iters / 2]
-                          : 0.5 * (samples[iters / 2 - 1] + samples[iters / 2]);
+    *median_p =
+        iters % 2 ? samples[iters / 2] : 0.5 * (samples[iters / 2 - 1] + samples[iters / 2]);
     *iters_p = iters;
     return total / iters;
 }
@@ -367,8 +372,8 @@ static int run_tls(const char *tls_name, bool quick, row_t **rows_p, int *n_rows
         fprintf(stderr, "kvf bench transfer: the receiver did not start\n");
         return -1;
     }
-    kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX, .pool_bytes = BENCH_POOL,
-                             .geometry = bench_geom};
+    kvf_xfer_config_t cfg = {
+        .backend = KVF_XFER_UCX, .pool_bytes = BENCH_POOL, .geometry = bench_geom};
     kvf_xfer_t *x = NULL;
     kvf_xfer_peer_t *peer = NULL;
     kvf_xfer_slice_t *slices = malloc(1024 * sizeof(*slices));
@@ -403,8 +408,12 @@ static int run_tls(const char *tls_name, bool quick, row_t **rows_p, int *n_rows
                 goto out;
             row_t *row = &rows[nr++];
             double bytes = (double)sl[i] * bt[j];
-            *row = (row_t){.tls = shm ? "shm" : "tcp", .slice = sl[i], .batch = bt[j],
-                           .sec = med, .gbps = bytes / sec / 1e9, .perf_gbps = perf,
+            *row = (row_t){.tls = shm ? "shm" : "tcp",
+                           .slice = sl[i],
+                           .batch = bt[j],
+                           .sec = med,
+                           .gbps = bytes / sec / 1e9,
+                           .perf_gbps = perf,
                            .spread_gbps = bytes / spread / 1e9};
             double ratio = perf > 0 ? row->gbps / perf : NAN;
             if (sl[i] >= 65536 && ratio < res->min_ratio_64k)
@@ -446,8 +455,8 @@ out:
         kvf_xfer_connect(x, r.desc, r.desc_len, &peer) == KVF_OK) {
         int iters;
         double med;
-        double sec = measure(peer, 262144, 16, false, budget, slices, samples, MAX_ITERS, &med,
-                             &iters);
+        double sec =
+            measure(peer, 262144, 16, false, budget, slices, samples, MAX_ITERS, &med, &iters);
         res->crc_batch_gbps = sec > 0 ? 16.0 * 262144 / sec / 1e9 : 0;
         for (int k = 0; k < nr; k++)
             if (rows[k].slice == 262144 && rows[k].batch == 16 &&

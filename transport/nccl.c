@@ -81,23 +81,33 @@ typedef struct {
 static kvf_status_t status_from_nccl(ncclResult_t r)
 {
     switch (r) {
-    case ncclSuccess: return KVF_OK;
-    case ncclInProgress: return KVF_ERR_AGAIN;
+    case ncclSuccess:
+        return KVF_OK;
+    case ncclInProgress:
+        return KVF_ERR_AGAIN;
     case ncclInvalidArgument:
-    case ncclInvalidUsage: return KVF_ERR_INVAL;
-    case ncclRemoteError: return KVF_ERR_PEER;
-    case ncclSystemError: return KVF_ERR_IO;
-    default: return KVF_ERR_TRANSPORT;
+    case ncclInvalidUsage:
+        return KVF_ERR_INVAL;
+    case ncclRemoteError:
+        return KVF_ERR_PEER;
+    case ncclSystemError:
+        return KVF_ERR_IO;
+    default:
+        return KVF_ERR_TRANSPORT;
     }
 }
 
 static kvf_status_t status_from_cuda(cudaError_t e)
 {
     switch (e) {
-    case cudaSuccess: return KVF_OK;
-    case cudaErrorNotReady: return KVF_ERR_AGAIN;
-    case cudaErrorMemoryAllocation: return KVF_ERR_NOMEM;
-    default: return KVF_ERR_DEVICE;
+    case cudaSuccess:
+        return KVF_OK;
+    case cudaErrorNotReady:
+        return KVF_ERR_AGAIN;
+    case cudaErrorMemoryAllocation:
+        return KVF_ERR_NOMEM;
+    default:
+        return KVF_ERR_DEVICE;
     }
 }
 
@@ -211,9 +221,9 @@ static kvf_status_t peer_init(kvf_xfer_peer_t *p, int rank)
             st = cuda_check(cudaMalloc((void **)&np->hdr_dev[i], NCCL_HDR_BYTES),
                             "header allocation");
         if (st == KVF_OK)
-            st = cuda_check(cudaMallocHost((void **)&np->hdr_host,
-                                           (size_t)NCCL_SLOTS * NCCL_HDR_BYTES),
-                            "pinned header allocation");
+            st = cuda_check(
+                cudaMallocHost((void **)&np->hdr_host, (size_t)NCCL_SLOTS * NCCL_HDR_BYTES),
+                "pinned header allocation");
     } else {
         st = cuda_check(cudaMalloc((void **)&np->hdr_dev[0], NCCL_HDR_BYTES), "header allocation");
         if (st == KVF_OK)
@@ -338,8 +348,8 @@ static kvf_status_t nccl_post(kvf_xfer_batch_t *b)
     kvf_xfer_peer_t *p = b->peer;
     nccl_peer_t *np = p->be;
     if (b->n_ranges > NCCL_HDR_RANGES || b->fin_len > NCCL_HDR_BYTES) {
-        kvf_log_error("xfer/nccl: batch of %zu ranges is above this backend's %u",
-                      b->n_ranges, NCCL_HDR_RANGES);
+        kvf_log_error("xfer/nccl: batch of %zu ranges is above this backend's %u", b->n_ranges,
+                      NCCL_HDR_RANGES);
         return KVF_ERR_TOO_BIG;
     }
     unsigned slot = 0;
@@ -348,8 +358,8 @@ static kvf_status_t nccl_post(kvf_xfer_batch_t *b)
     nccl_batch_t *nb = calloc(1, sizeof(*nb));
     if (!nb)
         return KVF_ERR_NOMEM;
-    kvf_status_t st = cuda_check(cudaEventCreateWithFlags(&nb->done, cudaEventDisableTiming),
-                                 "event creation");
+    kvf_status_t st =
+        cuda_check(cudaEventCreateWithFlags(&nb->done, cudaEventDisableTiming), "event creation");
     if (st != KVF_OK) {
         free(nb);
         return st;
@@ -360,13 +370,13 @@ static kvf_status_t nccl_post(kvf_xfer_batch_t *b)
     uint8_t *host = np->hdr_host + (size_t)slot * NCCL_HDR_BYTES;
     memset(host, 0, NCCL_HDR_BYTES);
     memcpy(host, b->fin, b->fin_len);
-    st = cuda_check(cudaMemcpyAsync(np->hdr_dev[slot], host, NCCL_HDR_BYTES,
-                                    cudaMemcpyHostToDevice, np->stream),
+    st = cuda_check(cudaMemcpyAsync(np->hdr_dev[slot], host, NCCL_HDR_BYTES, cudaMemcpyHostToDevice,
+                                    np->stream),
                     "header copy");
     if (st == KVF_OK)
-        st = nccl_check(ncclSend(np->hdr_dev[slot], NCCL_HDR_BYTES, ncclUint8, 1, np->comm,
-                                 np->stream),
-                        "header send");
+        st = nccl_check(
+            ncclSend(np->hdr_dev[slot], NCCL_HDR_BYTES, ncclUint8, 1, np->comm, np->stream),
+            "header send");
     if (st != KVF_OK && st != KVF_ERR_AGAIN)
         goto fail;
     /* The ranges in one group: the receiver posts its matching receives
@@ -410,9 +420,9 @@ static void nccl_batch_free(kvf_xfer_batch_t *b)
 static kvf_status_t rx_post_header(kvf_xfer_peer_t *p)
 {
     nccl_peer_t *np = p->be;
-    kvf_status_t st = nccl_check(ncclRecv(np->hdr_dev[0], NCCL_HDR_BYTES, ncclUint8, 0, np->comm,
-                                          np->stream),
-                                 "header receive");
+    kvf_status_t st =
+        nccl_check(ncclRecv(np->hdr_dev[0], NCCL_HDR_BYTES, ncclUint8, 0, np->comm, np->stream),
+                   "header receive");
     if (st != KVF_OK && st != KVF_ERR_AGAIN)
         return st;
     st = cuda_check(cudaEventRecord(np->rx_event, np->stream), "event record");
@@ -454,9 +464,9 @@ static kvf_status_t rx_post_data(kvf_xfer_peer_t *p)
 {
     kvf_xfer_t *x = p->xfer;
     nccl_peer_t *np = p->be;
-    kvf_status_t st = cuda_check(cudaMemcpy(np->hdr_host, np->hdr_dev[0], NCCL_HDR_BYTES,
-                                            cudaMemcpyDeviceToHost),
-                                 "header copy");
+    kvf_status_t st =
+        cuda_check(cudaMemcpy(np->hdr_host, np->hdr_dev[0], NCCL_HDR_BYTES, cudaMemcpyDeviceToHost),
+                   "header copy");
     if (st != KVF_OK)
         return st;
     const uint8_t *h = np->hdr_host;

@@ -45,27 +45,36 @@ typedef struct {
 static kvf_status_t status_from_ucs(ucs_status_t s)
 {
     switch (s) {
-    case UCS_OK: return KVF_OK;
+    case UCS_OK:
+        return KVF_OK;
     case UCS_INPROGRESS:
-    case UCS_ERR_NO_RESOURCE: return KVF_ERR_AGAIN;
-    case UCS_ERR_NO_MEMORY: return KVF_ERR_NOMEM;
-    case UCS_ERR_INVALID_PARAM: return KVF_ERR_INVAL;
-    case UCS_ERR_UNSUPPORTED: return KVF_ERR_UNSUPPORTED;
-    case UCS_ERR_TIMED_OUT: return KVF_ERR_TIMEOUT;
-    case UCS_ERR_CANCELED: return KVF_ERR_CANCELLED;
+    case UCS_ERR_NO_RESOURCE:
+        return KVF_ERR_AGAIN;
+    case UCS_ERR_NO_MEMORY:
+        return KVF_ERR_NOMEM;
+    case UCS_ERR_INVALID_PARAM:
+        return KVF_ERR_INVAL;
+    case UCS_ERR_UNSUPPORTED:
+        return KVF_ERR_UNSUPPORTED;
+    case UCS_ERR_TIMED_OUT:
+        return KVF_ERR_TIMEOUT;
+    case UCS_ERR_CANCELED:
+        return KVF_ERR_CANCELLED;
     case UCS_ERR_CONNECTION_RESET:
     case UCS_ERR_ENDPOINT_TIMEOUT:
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_REJECTED:
-    case UCS_ERR_NOT_CONNECTED: return KVF_ERR_PEER;
-    default: return KVF_ERR_TRANSPORT;
+    case UCS_ERR_NOT_CONNECTED:
+        return KVF_ERR_PEER;
+    default:
+        return KVF_ERR_TRANSPORT;
     }
 }
 
 /* ---- receiving completion messages ------------------------------------- */
 
 static ucs_status_t am_fin_cb(void *arg, const void *header, size_t header_length, void *data,
-                             size_t length, const ucp_am_recv_param_t *param)
+                              size_t length, const ucp_am_recv_param_t *param)
 {
     kvf_xfer_t *x = arg;
     (void)header;
@@ -90,7 +99,8 @@ static kvf_status_t ucx_open(kvf_xfer_t *x)
     if (!u)
         return KVF_ERR_NOMEM;
     u->efd = -1;
-    u->mem_type = x->cfg.mem_type == KVF_XFER_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+    u->mem_type =
+        x->cfg.mem_type == KVF_XFER_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
     kvf_status_t st;
     ucp_config_t *config;
     ucs_status_t s = ucp_config_read(NULL, NULL, &config);
@@ -100,8 +110,8 @@ static kvf_status_t ucx_open(kvf_xfer_t *x)
         goto fail_config;
     }
     ucp_params_t params = {
-        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
-                      UCP_PARAM_FIELD_NAME,
+        .field_mask =
+            UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
         .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
         .mt_workers_shared = 0,
         .name = "kvferry",
@@ -176,8 +186,7 @@ static kvf_status_t ucx_open(kvf_xfer_t *x)
     };
     s = ucp_worker_set_am_recv_handler(u->worker, &am);
     if (s != UCS_OK) {
-        kvf_log_error("xfer/ucx: setting the completion handler failed: %s",
-                      ucs_status_string(s));
+        kvf_log_error("xfer/ucx: setting the completion handler failed: %s", ucs_status_string(s));
         st = status_from_ucs(s);
         goto fail_efd;
     }
@@ -314,7 +323,7 @@ static kvf_status_t ucx_connect(kvf_xfer_peer_t *p, const uint8_t *body, size_t 
     p->be = up;
     return KVF_OK;
 
-fail_rkey: {
+fail_rkey : {
     ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
     void *req = ucp_ep_close_nbx(up->ep, &cp);
@@ -387,8 +396,8 @@ static void fin_send(kvf_xfer_batch_t *b)
 {
     ucx_peer_t *up = b->peer->be;
     ucp_request_param_t param = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_FLAGS,
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
         .cb.send = fin_sent_cb,
         .user_data = b,
         .flags = UCP_AM_SEND_FLAG_EAGER,

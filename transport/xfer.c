@@ -58,12 +58,16 @@ static uint64_t get_u64(const uint8_t *p)
 static uint64_t dtype_bytes(uint32_t dtype)
 {
     switch (dtype) {
-    case KVF_XFER_DTYPE_F32: return 4;
+    case KVF_XFER_DTYPE_F32:
+        return 4;
     case KVF_XFER_DTYPE_F16:
-    case KVF_XFER_DTYPE_BF16: return 2;
+    case KVF_XFER_DTYPE_BF16:
+        return 2;
     case KVF_XFER_DTYPE_FP8:
-    case KVF_XFER_DTYPE_INT8: return 1;
-    default: return 0;
+    case KVF_XFER_DTYPE_INT8:
+        return 1;
+    default:
+        return 0;
     }
 }
 
@@ -109,11 +113,14 @@ static const char *geometry_diff(const kvf_xfer_geometry_t *a, const kvf_xfer_ge
 static const kvf_xfer_ops_t *backend_ops(kvf_xfer_backend_t backend)
 {
     switch (backend) {
-    case KVF_XFER_UCX: return &kvf_xfer_ucx_ops;
+    case KVF_XFER_UCX:
+        return &kvf_xfer_ucx_ops;
 #ifdef KVF_HAVE_NCCL
-    case KVF_XFER_NCCL: return &kvf_xfer_nccl_ops;
+    case KVF_XFER_NCCL:
+        return &kvf_xfer_nccl_ops;
 #endif
-    default: return NULL;
+    default:
+        return NULL;
     }
 }
 
@@ -284,8 +291,7 @@ static kvf_status_t desc_build(kvf_xfer_t *xfer, uint8_t *body, size_t body_len,
     put_u32(d + 56, (xfer->cfg.checksum ? 1u : 0u) | ((uint32_t)xfer->cfg.mem_type << 8));
     if (body_len)
         memcpy(d + KVF_XFER_DESC_HEADER, body, body_len);
-    put_u32(d + KVF_XFER_DESC_HEADER + body_len,
-            kvf_crc32c(0, d, KVF_XFER_DESC_HEADER + body_len));
+    put_u32(d + KVF_XFER_DESC_HEADER + body_len, kvf_crc32c(0, d, KVF_XFER_DESC_HEADER + body_len));
     free(body);
     *desc_p = d;
     *len_p = len;
@@ -529,8 +535,7 @@ static kvf_status_t slices_coalesce(const kvf_xfer_peer_t *p, const kvf_xfer_sli
             out[m++] = *c;
     }
     if (m > KVF_XFER_MAX_RANGES) {
-        kvf_log_error("xfer: batch of %zu ranges is above the limit of %u", m,
-                      KVF_XFER_MAX_RANGES);
+        kvf_log_error("xfer: batch of %zu ranges is above the limit of %u", m, KVF_XFER_MAX_RANGES);
         free(out);
         return KVF_ERR_TOO_BIG;
     }
@@ -599,8 +604,8 @@ kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *s
     if (spec->not_after_ns && spec->not_after_ns < b->deadline_ns)
         b->deadline_ns = spec->not_after_ns;
     uint64_t bytes = 0;
-    kvf_status_t st = slices_coalesce(peer, spec->slices, spec->n_slices, &b->ranges,
-                                      &b->n_ranges, &bytes);
+    kvf_status_t st =
+        slices_coalesce(peer, spec->slices, spec->n_slices, &b->ranges, &b->n_ranges, &bytes);
     if (st != KVF_OK)
         goto fail_slices;
     st = fin_build(b, spec->flags, bytes);
@@ -649,8 +654,8 @@ void kvf_xfer_batch_release(kvf_xfer_batch_t *batch)
 kvf_status_t kvf_xfer_wait(kvf_xfer_batch_t *batch, int timeout_ms)
 {
     kvf_xfer_t *x = batch->peer->xfer;
-    uint64_t until = timeout_ms < 0 ? UINT64_MAX
-                                    : kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t until =
+        timeout_ms < 0 ? UINT64_MAX : kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
     uint64_t active = kvf_clock_ns(); /* last time progress did something */
     for (;;) {
         unsigned n = kvf_xfer_progress(x);
@@ -683,8 +688,8 @@ kvf_status_t kvf_xfer_wait(kvf_xfer_batch_t *batch, int timeout_ms)
 
 /* ---- receiver ------------------------------------------------------------ */
 
-static void event_push(kvf_xfer_t *x, kvf_xfer_event_kind_t kind, uint64_t req_id,
-                       uint64_t epoch, uint64_t bytes, bool last, kvf_status_t status)
+static void event_push(kvf_xfer_t *x, kvf_xfer_event_kind_t kind, uint64_t req_id, uint64_t epoch,
+                       uint64_t bytes, bool last, kvf_status_t status)
 {
     if (x->ev_count == x->ev_cap) {
         size_t cap = x->ev_cap ? 2 * x->ev_cap : 64;
@@ -844,8 +849,8 @@ static void fin_reject(kvf_xfer_t *x, uint64_t req_id, uint64_t epoch, kvf_statu
 }
 
 /* Checks a landed batch's ranges (and checksums) against reservation r. */
-static kvf_status_t fin_verify(kvf_xfer_t *x, const kvf_resv_t *r, const uint8_t *m,
-                               uint32_t flags, uint32_t nr, uint64_t bytes)
+static kvf_status_t fin_verify(kvf_xfer_t *x, const kvf_resv_t *r, const uint8_t *m, uint32_t flags,
+                               uint32_t nr, uint64_t bytes)
 {
     bool crc = flags & KVF_XFER_FIN_HAS_CRC;
     if (x->cfg.checksum && !crc && nr)

@@ -16,13 +16,13 @@
 #define KVF_XFER_DESC_MAX     (64u << 10)
 
 /* Completion message ("FIN"): header then n_ranges range records. */
-#define KVF_XFER_FIN_MAGIC    0x4346564bu /* "KVFC" */
-#define KVF_XFER_FIN_VERSION  1u
-#define KVF_XFER_FIN_HEADER   40u
-#define KVF_XFER_FIN_RANGE    24u /* u64 off, u64 len, u32 crc, u32 zero */
-#define KVF_XFER_FIN_HAS_CRC  0x100u
+#define KVF_XFER_FIN_MAGIC   0x4346564bu /* "KVFC" */
+#define KVF_XFER_FIN_VERSION 1u
+#define KVF_XFER_FIN_HEADER  40u
+#define KVF_XFER_FIN_RANGE   24u /* u64 off, u64 len, u32 crc, u32 zero */
+#define KVF_XFER_FIN_HAS_CRC 0x100u
 /* Largest batch after coalescing; bounds the completion message. */
-#define KVF_XFER_MAX_RANGES   65536u
+#define KVF_XFER_MAX_RANGES 65536u
 
 #define KVF_XFER_DEFAULT_TIMEOUT_MS 5000u
 #define KVF_XFER_DEFAULT_GRACE_MS   1000u
@@ -51,9 +51,9 @@ struct kvf_xfer_batch {
     kvf_xfer_batch_t *next, *prev; /* in peer->batches */
     uint64_t req_id, epoch;
     uint64_t deadline_ns;
-    kvf_status_t status; /* AGAIN while running */
-    bool released;       /* the caller let go */
-    unsigned backend_busy; /* backend requests that still point at this batch */
+    kvf_status_t status;      /* AGAIN while running */
+    bool released;            /* the caller let go */
+    unsigned backend_busy;    /* backend requests that still point at this batch */
     kvf_xfer_slice_t *ranges; /* coalesced puts, owned */
     size_t n_ranges;
     uint8_t *fin; /* the completion message, owned */
@@ -126,8 +126,8 @@ struct kvf_xfer_ops {
     kvf_status_t (*post)(kvf_xfer_batch_t *batch);
     void (*batch_free)(kvf_xfer_batch_t *batch); /* (optional) */
     unsigned (*progress)(kvf_xfer_t *xfer);
-    int (*fd)(const kvf_xfer_t *xfer);      /* (optional): -1 */
-    kvf_status_t (*arm)(kvf_xfer_t *xfer);  /* (optional): OK */
+    int (*fd)(const kvf_xfer_t *xfer);     /* (optional): -1 */
+    kvf_status_t (*arm)(kvf_xfer_t *xfer); /* (optional): OK */
 };
 
 extern const kvf_xfer_ops_t kvf_xfer_ucx_ops;

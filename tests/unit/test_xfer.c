@@ -38,12 +38,15 @@
 #endif
 #endif
 
-#define PEER_BIN  KVF_BIN_DIR "/kvf_xfer_peer"
-#define REPLY_MS  20000
-#define POOL      (4u << 20)
+#define PEER_BIN KVF_BIN_DIR "/kvf_xfer_peer"
+#define REPLY_MS 20000
+#define POOL     (4u << 20)
 
-static const kvf_xfer_geometry_t geom = {.block_size = 16, .n_layers = 2, .n_kv_heads = 2,
-                                         .head_dim = 64, .dtype = KVF_XFER_DTYPE_F32,
+static const kvf_xfer_geometry_t geom = {.block_size = 16,
+                                         .n_layers = 2,
+                                         .n_kv_heads = 2,
+                                         .head_dim = 64,
+                                         .dtype = KVF_XFER_DTYPE_F32,
                                          .layout = 1};
 
 /* ---- the peer process ---------------------------------------------------- */
@@ -133,11 +136,11 @@ static peer_stats_t peer_stats(peer_t *p)
     peer_cmd(p, reply, sizeof(reply), "stats");
     peer_stats_t s;
     int n = sscanf(reply,
-                   "stats landed=%" SCNu64 " bytes=%" SCNu64 " last=%" SCNu64
-                   " rejected=%" SCNu64 " stale=%" SCNu64 " mismatch=%" SCNu64
-                   " released=%" SCNu64 " expired=%" SCNu64 " aborted=%" SCNu64,
-                   &s.landed, &s.bytes, &s.last, &s.rejected, &s.stale, &s.mismatch,
-                   &s.released, &s.expired, &s.aborted);
+                   "stats landed=%" SCNu64 " bytes=%" SCNu64 " last=%" SCNu64 " rejected=%" SCNu64
+                   " stale=%" SCNu64 " mismatch=%" SCNu64 " released=%" SCNu64 " expired=%" SCNu64
+                   " aborted=%" SCNu64,
+                   &s.landed, &s.bytes, &s.last, &s.rejected, &s.stale, &s.mismatch, &s.released,
+                   &s.expired, &s.aborted);
     if (n != 9)
         fail_msg("peer: bad stats reply '%s'", reply);
     return s;
@@ -249,8 +252,8 @@ static kvf_xfer_t *sender_create(uint8_t *pool, uint32_t timeout_ms, bool checks
 static kvf_status_t post_wait(kvf_xfer_peer_t *peer, uint64_t req, uint64_t epoch,
                               const kvf_xfer_slice_t *s, size_t n, uint32_t flags)
 {
-    kvf_xfer_batch_spec_t spec = {.req_id = req, .epoch = epoch, .slices = s, .n_slices = n,
-                                  .flags = flags};
+    kvf_xfer_batch_spec_t spec = {
+        .req_id = req, .epoch = epoch, .slices = s, .n_slices = n, .flags = flags};
     kvf_xfer_batch_t *b;
     kvf_status_t st = kvf_xfer_post(peer, &spec, &b);
     if (st != KVF_OK)
@@ -569,8 +572,7 @@ static void test_many_small_batches(void **state)
             prss0 = rss_kib(p->pid);
             fds0 = count_fds();
         }
-        kvf_xfer_slice_t s = {(uint64_t)(i % 1024) * 4096, (uint64_t)((i * 7) % 1024) * 4096,
-                              4096};
+        kvf_xfer_slice_t s = {(uint64_t)(i % 1024) * 4096, (uint64_t)((i * 7) % 1024) * 4096, 4096};
         assert_int_equal(post_wait(peer, 1, 1, &s, 1, 0), KVF_OK);
     }
     peer_stats_t ps = peer_wait_landed(p, TOTAL, 20000);
@@ -692,8 +694,11 @@ static void test_nccl_pair(void **state)
                      kvf_gpu_count());
         skip();
     }
-    kvf_xfer_config_t cfg = {.backend = KVF_XFER_NCCL, .mem_type = KVF_XFER_MEM_CUDA,
-                             .pool_bytes = POOL, .geometry = geom, .timeout_ms = 20000};
+    kvf_xfer_config_t cfg = {.backend = KVF_XFER_NCCL,
+                             .mem_type = KVF_XFER_MEM_CUDA,
+                             .pool_bytes = POOL,
+                             .geometry = geom,
+                             .timeout_ms = 20000};
     kvf_xfer_t *tx, *rx;
     assert_int_equal(cudaSetDevice(0), cudaSuccess);
     assert_int_equal(kvf_xfer_create(&cfg, &tx), KVF_OK);
@@ -723,8 +728,8 @@ static void test_nccl_pair(void **state)
         s[i] = (kvf_xfer_slice_t){(uint64_t)(47 - i) * bb, (uint64_t)(10 + i) * bb, bb};
     kvf_xfer_slice_t stale = {0, 20 * bb, bb}; /* outside the reservation */
     kvf_xfer_batch_spec_t bad = {.req_id = 9, .epoch = 1, .slices = &stale, .n_slices = 1};
-    kvf_xfer_batch_spec_t good = {.req_id = 3, .epoch = 1, .slices = s, .n_slices = 8,
-                                  .flags = KVF_XFER_LAST};
+    kvf_xfer_batch_spec_t good = {
+        .req_id = 3, .epoch = 1, .slices = s, .n_slices = 8, .flags = KVF_XFER_LAST};
     kvf_xfer_batch_t *b1 = NULL, *b2 = NULL;
     uint64_t until = kvf_clock_ns() + 60000000000ull;
     int landed = 0, rejected = 0;
@@ -778,7 +783,7 @@ int main(void)
         cmocka_unit_test(test_shm_random_blocks),  cmocka_unit_test(test_tcp_random_blocks),
         cmocka_unit_test(test_descriptor_checks),  cmocka_unit_test(test_fencing),
         cmocka_unit_test(test_many_small_batches), cmocka_unit_test(test_shm_peer_killed),
-        cmocka_unit_test(test_tcp_peer_killed),   cmocka_unit_test(test_nccl_pair),
+        cmocka_unit_test(test_tcp_peer_killed),    cmocka_unit_test(test_nccl_pair),
     };
     if (getenv("KVF_TEST_FILTER")) /* e.g. KVF_TEST_FILTER=test_tcp_* */
         cmocka_set_test_filter(getenv("KVF_TEST_FILTER"));

@@ -44,9 +44,15 @@ static void drain_events(kvf_xfer_t *x, counters_t *c)
             c->rejected_stale += ev.status == KVF_ERR_STALE;
             c->rejected_mismatch += ev.status == KVF_ERR_MISMATCH;
             break;
-        case KVF_XFER_EV_RELEASED: c->released++; break;
-        case KVF_XFER_EV_EXPIRED: c->expired++; break;
-        case KVF_XFER_EV_ABORTED: c->aborted++; break;
+        case KVF_XFER_EV_RELEASED:
+            c->released++;
+            break;
+        case KVF_XFER_EV_EXPIRED:
+            c->expired++;
+            break;
+        case KVF_XFER_EV_ABORTED:
+            c->aborted++;
+            break;
         }
     }
 }
@@ -113,8 +119,12 @@ int main(int argc, char **argv)
     kvf_xfer_config_t cfg = {
         .backend = KVF_XFER_UCX,
         .pool_bytes = 4u << 20,
-        .geometry = {.block_size = 16, .n_layers = 2, .n_kv_heads = 2, .head_dim = 64,
-                     .dtype = KVF_XFER_DTYPE_F32, .layout = 1},
+        .geometry = {.block_size = 16,
+                     .n_layers = 2,
+                     .n_kv_heads = 2,
+                     .head_dim = 64,
+                     .dtype = KVF_XFER_DTYPE_F32,
+                     .layout = 1},
     };
     bool alloc = false;
     for (int i = 1; i < argc; i++) {
@@ -178,7 +188,8 @@ int main(int argc, char **argv)
             if (wait_ms < 0 || wait_ms > 100)
                 wait_ms = 100;
         }
-        struct pollfd pfd[2] = {{.fd = 0, .events = POLLIN}, {.fd = kvf_xfer_fd(x), .events = POLLIN}};
+        struct pollfd pfd[2] = {{.fd = 0, .events = POLLIN},
+                                {.fd = kvf_xfer_fd(x), .events = POLLIN}};
         if (poll(pfd, 2, wait_ms) <= 0 || !(pfd[0].revents & (POLLIN | POLLHUP)))
             continue;
         idle = 0;

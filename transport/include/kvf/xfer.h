@@ -156,8 +156,8 @@ typedef struct {
 
 typedef struct {
     uint64_t batches_posted, batches_ok, batches_failed;
-    uint64_t bytes_posted;     /* after validation, before coalescing */
-    uint64_t puts_issued;      /* after coalescing */
+    uint64_t bytes_posted; /* after validation, before coalescing */
+    uint64_t puts_issued;  /* after coalescing */
     uint64_t completions_landed, completions_rejected, crc_failures;
     uint64_t reservations_live; /* reserved, not yet released */
 } kvf_xfer_stats_t;
