@@ -431,19 +431,6 @@ static kvf_status_t rx_post_header(kvf_xfer_peer_t *p)
     return st;
 }
 
-static uint64_t rd_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint32_t rd_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* Whether (req_id, epoch) has a live reservation covering [off, off+len). */
 static bool rx_owned(kvf_xfer_t *x, uint64_t req_id, uint64_t epoch, uint64_t off, uint64_t len)
 {
@@ -470,16 +457,16 @@ static kvf_status_t rx_post_data(kvf_xfer_peer_t *p)
     if (st != KVF_OK)
         return st;
     const uint8_t *h = np->hdr_host;
-    uint32_t nr = rd_u32(h + 32);
-    if (rd_u32(h) != KVF_XFER_FIN_MAGIC || nr > NCCL_HDR_RANGES) {
+    uint32_t nr = xfer_get_u32(h + 32);
+    if (xfer_get_u32(h) != KVF_XFER_FIN_MAGIC || nr > NCCL_HDR_RANGES) {
         kvf_log_error("xfer/nccl: malformed batch header from peer");
         return KVF_ERR_PEER;
     }
-    uint64_t req_id = rd_u64(h + 8), epoch = rd_u64(h + 16);
+    uint64_t req_id = xfer_get_u64(h + 8), epoch = xfer_get_u64(h + 16);
     size_t largest = 0;
     for (uint32_t i = 0; i < nr; i++) {
         const uint8_t *rec = h + KVF_XFER_FIN_HEADER + (size_t)i * KVF_XFER_FIN_RANGE;
-        uint64_t off = rd_u64(rec), len = rd_u64(rec + 8);
+        uint64_t off = xfer_get_u64(rec), len = xfer_get_u64(rec + 8);
         if (!len || off > x->cfg.pool_bytes || len > x->cfg.pool_bytes - off) {
             /* The sizes must be received to keep the stream in step, and a
              * range this wrong means the peer cannot be trusted: cut it. */
@@ -503,7 +490,7 @@ static kvf_status_t rx_post_data(kvf_xfer_peer_t *p)
     st = nccl_check(ncclGroupStart(), "group start");
     for (uint32_t i = 0; i < nr && (st == KVF_OK || st == KVF_ERR_AGAIN); i++) {
         const uint8_t *rec = h + KVF_XFER_FIN_HEADER + (size_t)i * KVF_XFER_FIN_RANGE;
-        uint64_t off = rd_u64(rec), len = rd_u64(rec + 8);
+        uint64_t off = xfer_get_u64(rec), len = xfer_get_u64(rec + 8);
         /* Data for a request that owns no such blocks lands in scratch. */
         uint8_t *dst = rx_owned(x, req_id, epoch, off, len) ? x->pool + off : np->scratch;
         st = nccl_check(ncclRecv(dst, len, ncclUint8, 0, np->comm, np->stream), "receive");

@@ -242,11 +242,8 @@ static kvf_status_t ucx_export_body(kvf_xfer_t *x, uint8_t **body_p, size_t *len
     uint8_t *b = malloc(len);
     if (!b)
         return KVF_ERR_NOMEM;
-    uint32_t al = (uint32_t)u->address_len, rl = (uint32_t)u->rkey_len;
-    for (int i = 0; i < 4; i++) {
-        b[i] = (uint8_t)(al >> (8 * i));
-        b[4 + i] = (uint8_t)(rl >> (8 * i));
-    }
+    xfer_put_u32(b, (uint32_t)u->address_len);
+    xfer_put_u32(b + 4, (uint32_t)u->rkey_len);
     memcpy(b + 8, u->address, u->address_len);
     memcpy(b + 8 + u->address_len, u->rkey_buf, u->rkey_len);
     *body_p = b;
@@ -271,11 +268,7 @@ static kvf_status_t ucx_connect(kvf_xfer_peer_t *p, const uint8_t *body, size_t 
         kvf_log_error("xfer/ucx: descriptor body of %zu bytes is truncated", len);
         return KVF_ERR_FORMAT;
     }
-    uint32_t al = 0, rl = 0;
-    for (int i = 3; i >= 0; i--) {
-        al = (al << 8) | body[i];
-        rl = (rl << 8) | body[4 + i];
-    }
+    uint32_t al = xfer_get_u32(body), rl = xfer_get_u32(body + 4);
     if (!al || !rl || (uint64_t)al + rl + 8 != len) {
         kvf_log_error("xfer/ucx: descriptor body lengths (address %u, rkey %u) do not add up to "
                       "%zu bytes",

@@ -12,47 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- little-endian fields ------------------------------------------------ */
-
-static void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 /* ---- geometry ------------------------------------------------------------ */
 
 static uint64_t dtype_bytes(uint32_t dtype)
@@ -275,23 +234,24 @@ static kvf_status_t desc_build(kvf_xfer_t *xfer, uint8_t *body, size_t body_len,
         goto fail_size;
     }
     const kvf_xfer_geometry_t *g = &xfer->cfg.geometry;
-    put_u32(d + 0, KVF_XFER_DESC_MAGIC);
-    put_u16(d + 4, KVF_XFER_DESC_VERSION);
-    put_u16(d + 6, (uint16_t)xfer->cfg.backend);
-    put_u32(d + 8, KVF_XFER_DESC_HEADER);
-    put_u32(d + 12, (uint32_t)body_len);
-    put_u64(d + 16, (uint64_t)(uintptr_t)xfer->pool);
-    put_u64(d + 24, xfer->cfg.pool_bytes);
-    put_u32(d + 32, g->block_size);
-    put_u32(d + 36, g->n_layers);
-    put_u32(d + 40, g->n_kv_heads);
-    put_u32(d + 44, g->head_dim);
-    put_u32(d + 48, g->dtype);
-    put_u32(d + 52, g->layout);
-    put_u32(d + 56, (xfer->cfg.checksum ? 1u : 0u) | ((uint32_t)xfer->cfg.mem_type << 8));
+    xfer_put_u32(d + 0, KVF_XFER_DESC_MAGIC);
+    xfer_put_u16(d + 4, KVF_XFER_DESC_VERSION);
+    xfer_put_u16(d + 6, (uint16_t)xfer->cfg.backend);
+    xfer_put_u32(d + 8, KVF_XFER_DESC_HEADER);
+    xfer_put_u32(d + 12, (uint32_t)body_len);
+    xfer_put_u64(d + 16, (uint64_t)(uintptr_t)xfer->pool);
+    xfer_put_u64(d + 24, xfer->cfg.pool_bytes);
+    xfer_put_u32(d + 32, g->block_size);
+    xfer_put_u32(d + 36, g->n_layers);
+    xfer_put_u32(d + 40, g->n_kv_heads);
+    xfer_put_u32(d + 44, g->head_dim);
+    xfer_put_u32(d + 48, g->dtype);
+    xfer_put_u32(d + 52, g->layout);
+    xfer_put_u32(d + 56, (xfer->cfg.checksum ? 1u : 0u) | ((uint32_t)xfer->cfg.mem_type << 8));
     if (body_len)
         memcpy(d + KVF_XFER_DESC_HEADER, body, body_len);
-    put_u32(d + KVF_XFER_DESC_HEADER + body_len, kvf_crc32c(0, d, KVF_XFER_DESC_HEADER + body_len));
+    xfer_put_u32(d + KVF_XFER_DESC_HEADER + body_len,
+                 kvf_crc32c(0, d, KVF_XFER_DESC_HEADER + body_len));
     free(body);
     *desc_p = d;
     *len_p = len;
@@ -341,41 +301,41 @@ static kvf_status_t desc_parse(const kvf_xfer_t *x, const uint8_t *d, size_t len
         kvf_log_error("xfer: descriptor of %zu bytes is truncated", len);
         return KVF_ERR_FORMAT;
     }
-    if (get_u32(d) != KVF_XFER_DESC_MAGIC) {
-        kvf_log_error("xfer: descriptor has a bad magic 0x%08x", get_u32(d));
+    if (xfer_get_u32(d) != KVF_XFER_DESC_MAGIC) {
+        kvf_log_error("xfer: descriptor has a bad magic 0x%08x", xfer_get_u32(d));
         return KVF_ERR_FORMAT;
     }
-    if (get_u16(d + 4) != KVF_XFER_DESC_VERSION) {
-        kvf_log_error("xfer: descriptor version %u, this build speaks %u", get_u16(d + 4),
+    if (xfer_get_u16(d + 4) != KVF_XFER_DESC_VERSION) {
+        kvf_log_error("xfer: descriptor version %u, this build speaks %u", xfer_get_u16(d + 4),
                       KVF_XFER_DESC_VERSION);
         return KVF_ERR_VERSION;
     }
-    if (len < KVF_XFER_DESC_HEADER + 4 || get_u32(d + 8) != KVF_XFER_DESC_HEADER) {
+    if (len < KVF_XFER_DESC_HEADER + 4 || xfer_get_u32(d + 8) != KVF_XFER_DESC_HEADER) {
         kvf_log_error("xfer: descriptor header is truncated or malformed (%zu bytes)", len);
         return KVF_ERR_FORMAT;
     }
-    uint32_t body_len = get_u32(d + 12);
+    uint32_t body_len = xfer_get_u32(d + 12);
     if (body_len > KVF_XFER_DESC_MAX || len != KVF_XFER_DESC_HEADER + (size_t)body_len + 4) {
         kvf_log_error("xfer: descriptor length %zu does not match its body length %u", len,
                       body_len);
         return KVF_ERR_FORMAT;
     }
-    if (kvf_crc32c(0, d, len - 4) != get_u32(d + len - 4)) {
+    if (kvf_crc32c(0, d, len - 4) != xfer_get_u32(d + len - 4)) {
         kvf_log_error("xfer: descriptor checksum mismatch (corrupted)");
         return KVF_ERR_FORMAT;
     }
-    if (get_u16(d + 6) != (uint16_t)x->cfg.backend) {
-        kvf_log_error("xfer: peer uses transport backend %u, this node %u", get_u16(d + 6),
+    if (xfer_get_u16(d + 6) != (uint16_t)x->cfg.backend) {
+        kvf_log_error("xfer: peer uses transport backend %u, this node %u", xfer_get_u16(d + 6),
                       (unsigned)x->cfg.backend);
         return KVF_ERR_MISMATCH;
     }
     kvf_xfer_geometry_t g = {
-        .block_size = get_u32(d + 32),
-        .n_layers = get_u32(d + 36),
-        .n_kv_heads = get_u32(d + 40),
-        .head_dim = get_u32(d + 44),
-        .dtype = get_u32(d + 48),
-        .layout = get_u32(d + 52),
+        .block_size = xfer_get_u32(d + 32),
+        .n_layers = xfer_get_u32(d + 36),
+        .n_kv_heads = xfer_get_u32(d + 40),
+        .head_dim = xfer_get_u32(d + 44),
+        .dtype = xfer_get_u32(d + 48),
+        .layout = xfer_get_u32(d + 52),
     };
     uint32_t mine, theirs;
     const char *field = geometry_diff(&x->cfg.geometry, &g, &mine, &theirs);
@@ -383,7 +343,7 @@ static kvf_status_t desc_parse(const kvf_xfer_t *x, const uint8_t *d, size_t len
         kvf_log_error("xfer: kv geometry mismatch: peer %s %u, local %u", field, theirs, mine);
         return KVF_ERR_MISMATCH;
     }
-    uint64_t base = get_u64(d + 16), bytes = get_u64(d + 24);
+    uint64_t base = xfer_get_u64(d + 16), bytes = xfer_get_u64(d + 24);
     uint64_t block_bytes = kvf_xfer_block_bytes(&g);
     if (!bytes || bytes % block_bytes || base > UINT64_MAX - bytes) {
         kvf_log_error("xfer: peer pool of %llu bytes is not a whole number of %llu-byte blocks",
@@ -392,7 +352,7 @@ static kvf_status_t desc_parse(const kvf_xfer_t *x, const uint8_t *d, size_t len
     }
     view_p->pool_base = base;
     view_p->pool_bytes = bytes;
-    view_p->checksum = get_u32(d + 56) & 1u;
+    view_p->checksum = xfer_get_u32(d + 56) & 1u;
     view_p->body = d + KVF_XFER_DESC_HEADER;
     view_p->body_len = body_len;
     return KVF_OK;
@@ -556,21 +516,21 @@ static kvf_status_t fin_build(kvf_xfer_batch_t *b, uint32_t flags, uint64_t byte
     uint8_t *m = calloc(1, len);
     if (!m)
         return KVF_ERR_NOMEM;
-    put_u32(m + 0, KVF_XFER_FIN_MAGIC);
-    put_u16(m + 4, KVF_XFER_FIN_VERSION);
-    put_u16(m + 6, (uint16_t)(flags | (crc ? KVF_XFER_FIN_HAS_CRC : 0)));
-    put_u64(m + 8, b->req_id);
-    put_u64(m + 16, b->epoch);
-    put_u64(m + 24, bytes);
-    put_u32(m + 32, (uint32_t)nr);
+    xfer_put_u32(m + 0, KVF_XFER_FIN_MAGIC);
+    xfer_put_u16(m + 4, KVF_XFER_FIN_VERSION);
+    xfer_put_u16(m + 6, (uint16_t)(flags | (crc ? KVF_XFER_FIN_HAS_CRC : 0)));
+    xfer_put_u64(m + 8, b->req_id);
+    xfer_put_u64(m + 16, b->epoch);
+    xfer_put_u64(m + 24, bytes);
+    xfer_put_u32(m + 32, (uint32_t)nr);
     const uint8_t *pool = b->peer->xfer->pool;
     for (size_t i = 0; i < nr; i++) {
         uint8_t *r = m + KVF_XFER_FIN_HEADER + i * KVF_XFER_FIN_RANGE;
         const kvf_xfer_slice_t *s = &b->ranges[i];
-        put_u64(r, s->remote_off);
-        put_u64(r + 8, s->len);
+        xfer_put_u64(r, s->remote_off);
+        xfer_put_u64(r + 8, s->len);
         if (crc)
-            put_u32(r + 16, kvf_crc32c(0, pool + s->local_off, s->len));
+            xfer_put_u32(r + 16, kvf_crc32c(0, pool + s->local_off, s->len));
     }
     b->fin = m;
     b->fin_len = len;
@@ -860,7 +820,7 @@ static kvf_status_t fin_verify(kvf_xfer_t *x, const kvf_resv_t *r, const uint8_t
     uint64_t sum = 0;
     for (uint32_t i = 0; i < nr; i++) {
         const uint8_t *rec = m + KVF_XFER_FIN_HEADER + (size_t)i * KVF_XFER_FIN_RANGE;
-        uint64_t off = get_u64(rec), len = get_u64(rec + 8);
+        uint64_t off = xfer_get_u64(rec), len = xfer_get_u64(rec + 8);
         if (!len || !resv_covers(r, off, len))
             return KVF_ERR_INVAL;
         sum += len;
@@ -871,8 +831,8 @@ static kvf_status_t fin_verify(kvf_xfer_t *x, const kvf_resv_t *r, const uint8_t
      * reservation owns. */
     for (uint32_t i = 0; crc && i < nr; i++) {
         const uint8_t *rec = m + KVF_XFER_FIN_HEADER + (size_t)i * KVF_XFER_FIN_RANGE;
-        uint64_t off = get_u64(rec), len = get_u64(rec + 8);
-        if (kvf_crc32c(0, x->pool + off, len) != get_u32(rec + 16)) {
+        uint64_t off = xfer_get_u64(rec), len = xfer_get_u64(rec + 8);
+        if (kvf_crc32c(0, x->pool + off, len) != xfer_get_u32(rec + 16)) {
             x->stats.crc_failures++;
             return KVF_ERR_MISMATCH;
         }
@@ -883,15 +843,16 @@ static kvf_status_t fin_verify(kvf_xfer_t *x, const kvf_resv_t *r, const uint8_t
 void kvf_xfer__on_fin(kvf_xfer_t *x, const void *msg, size_t len)
 {
     const uint8_t *m = msg;
-    if (len < KVF_XFER_FIN_HEADER || get_u32(m) != KVF_XFER_FIN_MAGIC ||
-        get_u16(m + 4) != KVF_XFER_FIN_VERSION) {
+    if (len < KVF_XFER_FIN_HEADER || xfer_get_u32(m) != KVF_XFER_FIN_MAGIC ||
+        xfer_get_u16(m + 4) != KVF_XFER_FIN_VERSION) {
         kvf_log_warn("xfer: malformed completion message (%zu bytes) dropped", len);
         fin_reject(x, 0, 0, KVF_ERR_FORMAT);
         return;
     }
-    uint32_t flags = get_u16(m + 6);
-    uint64_t req_id = get_u64(m + 8), epoch = get_u64(m + 16), bytes = get_u64(m + 24);
-    uint32_t nr = get_u32(m + 32);
+    uint32_t flags = xfer_get_u16(m + 6);
+    uint64_t req_id = xfer_get_u64(m + 8), epoch = xfer_get_u64(m + 16),
+             bytes = xfer_get_u64(m + 24);
+    uint32_t nr = xfer_get_u32(m + 32);
     if ((flags & ~(KVF_XFER_LAST | KVF_XFER_ABORT | KVF_XFER_FIN_HAS_CRC)) ||
         nr > KVF_XFER_MAX_RANGES || len != KVF_XFER_FIN_HEADER + (size_t)nr * KVF_XFER_FIN_RANGE) {
         kvf_log_warn("xfer: request %llu: malformed completion message dropped",
