@@ -319,6 +319,93 @@ kvf_status_t kvf_outbox_send(kvf_outbox_t *outbox, const kvf_envelope_t *env, in
     return st;
 }
 
+typedef struct {
+    char *url;
+    kvf_outbox_t *outbox;
+    uint64_t last_used_ns;
+} outbox_slot_t;
+
+struct kvf_outboxes {
+    size_t max;
+    outbox_slot_t *slots; /* (max) */
+};
+
+kvf_status_t kvf_outboxes_create(size_t max, kvf_outboxes_t **cache_p)
+{
+    kvf_outboxes_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        return KVF_ERR_NOMEM;
+    c->max = max ? max : 64;
+    c->slots = calloc(c->max, sizeof(*c->slots));
+    if (!c->slots) {
+        free(c);
+        return KVF_ERR_NOMEM;
+    }
+    *cache_p = c;
+    return KVF_OK;
+}
+
+static void slot_close(outbox_slot_t *s)
+{
+    kvf_outbox_destroy(s->outbox);
+    free(s->url);
+    memset(s, 0, sizeof(*s));
+}
+
+void kvf_outboxes_destroy(kvf_outboxes_t *cache)
+{
+    if (!cache)
+        return;
+    for (size_t i = 0; i < cache->max; i++)
+        slot_close(&cache->slots[i]);
+    free(cache->slots);
+    free(cache);
+}
+
+static outbox_slot_t *slot_for(kvf_outboxes_t *cache, const char *url)
+{
+    outbox_slot_t *free_slot = NULL, *oldest = &cache->slots[0];
+    for (size_t i = 0; i < cache->max; i++) {
+        outbox_slot_t *s = &cache->slots[i];
+        if (s->url && !strcmp(s->url, url))
+            return s;
+        if (!s->url && !free_slot)
+            free_slot = s;
+        if (s->last_used_ns < oldest->last_used_ns)
+            oldest = s;
+    }
+    if (!free_slot) {
+        free_slot = oldest;
+        slot_close(free_slot);
+    }
+    char *copy = strdup(url);
+    if (!copy)
+        return NULL;
+    if (kvf_outbox_create(url, &free_slot->outbox) != KVF_OK) {
+        free(copy);
+        return NULL;
+    }
+    free_slot->url = copy;
+    return free_slot;
+}
+
+kvf_status_t kvf_outboxes_send(kvf_outboxes_t *cache, const char *url, const kvf_envelope_t *env,
+                               int timeout_ms)
+{
+    outbox_slot_t *s = slot_for(cache, url);
+    if (!s)
+        return KVF_ERR_INVAL;
+    s->last_used_ns = kvf_clock_ns();
+    return kvf_outbox_send(s->outbox, env, timeout_ms);
+}
+
+void kvf_outboxes_forget(kvf_outboxes_t *cache, const char *url)
+{
+    for (size_t i = 0; i < cache->max; i++)
+        if (cache->slots[i].url && !strcmp(cache->slots[i].url, url))
+            slot_close(&cache->slots[i]);
+}
+
 kvf_status_t kvf_net_free_port(int *port_p)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -7,14 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define NODE_MAX_PEERS 64
 #define NODE_REGISTER_RETRY_MS 1000
-
-typedef struct {
-    char *url;
-    kvf_outbox_t *outbox;
-    uint64_t last_used_ns;
-} node_peer_t;
 
 struct kvf_node {
     kvf_node_config_t cfg; /* strings point at the copies below */
@@ -25,7 +18,7 @@ struct kvf_node {
     uint8_t *xfer_desc;
     kvf_inbox_t *inbox;
     kvf_outbox_t *router;
-    node_peer_t peers[NODE_MAX_PEERS];
+    kvf_outboxes_t *peers;
     bool registered;
     bool draining;
     kvf_status_t refused; /* KVF_OK unless the router refused us */
@@ -85,8 +78,13 @@ kvf_status_t kvf_node_create(const kvf_node_config_t *cfg, kvf_node_t **node_p)
     st = kvf_outbox_create(node->router_url, &node->router);
     if (st != KVF_OK)
         goto fail_router;
+    st = kvf_outboxes_create(0, &node->peers);
+    if (st != KVF_OK)
+        goto fail_peers;
     *node_p = node;
     return KVF_OK;
+fail_peers:
+    kvf_outbox_destroy(node->router);
 fail_router:
     kvf_inbox_destroy(node->inbox);
 fail_copy:
@@ -103,10 +101,7 @@ void kvf_node_destroy(kvf_node_t *node)
 {
     if (!node)
         return;
-    for (int i = 0; i < NODE_MAX_PEERS; i++) {
-        kvf_outbox_destroy(node->peers[i].outbox);
-        free(node->peers[i].url);
-    }
+    kvf_outboxes_destroy(node->peers);
     kvf_outbox_destroy(node->router);
     kvf_inbox_destroy(node->inbox);
     free(node->xfer_desc);
@@ -252,59 +247,18 @@ bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env)
     return false;
 }
 
-static node_peer_t *peer_outbox(kvf_node_t *node, const char *url)
-{
-    node_peer_t *slot = NULL, *oldest = &node->peers[0];
-    for (int i = 0; i < NODE_MAX_PEERS; i++) {
-        node_peer_t *p = &node->peers[i];
-        if (p->url && !strcmp(p->url, url))
-            return p;
-        if (!p->url && !slot)
-            slot = p;
-        if (p->last_used_ns < oldest->last_used_ns)
-            oldest = p;
-    }
-    if (!slot) {
-        /* Full: recycle the least recently used connection. */
-        slot = oldest;
-        kvf_outbox_destroy(slot->outbox);
-        free(slot->url);
-        memset(slot, 0, sizeof(*slot));
-    }
-    char *copy = strdup(url);
-    if (!copy)
-        return NULL;
-    if (kvf_outbox_create(url, &slot->outbox) != KVF_OK) {
-        free(copy);
-        return NULL;
-    }
-    slot->url = copy;
-    return slot;
-}
-
 kvf_status_t kvf_node_send(kvf_node_t *node, const char *url, kvf_envelope_t *env,
                            int timeout_ms)
 {
     if (!strcmp(url, node->router_url))
         return kvf_node_send_router(node, env, timeout_ms);
-    node_peer_t *p = peer_outbox(node, url);
-    if (!p)
-        return KVF_ERR_INVAL;
-    p->last_used_ns = kvf_clock_ns();
     env->sender = node->node_id;
-    return kvf_outbox_send(p->outbox, env, timeout_ms);
+    return kvf_outboxes_send(node->peers, url, env, timeout_ms);
 }
 
 void kvf_node_forget_peer(kvf_node_t *node, const char *url)
 {
-    for (int i = 0; i < NODE_MAX_PEERS; i++) {
-        node_peer_t *p = &node->peers[i];
-        if (p->url && !strcmp(p->url, url)) {
-            kvf_outbox_destroy(p->outbox);
-            free(p->url);
-            memset(p, 0, sizeof(*p));
-        }
-    }
+    kvf_outboxes_forget(node->peers, url);
 }
 
 kvf_status_t kvf_node_deregister(kvf_node_t *node, const char *reason)

@@ -1,26 +1,54 @@
 /* kvf-router: the client-facing process of a kvferry cluster. */
+#include <signal.h>
+#include <string.h>
+
 #include "kvf/flags.h"
 #include "kvf/log.h"
+#include "router.h"
 
-#include <stdio.h>
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
 
 int main(int argc, char **argv)
 {
     const char *listen_url = "tcp://127.0.0.1:5555";
     const char *client_url = "tcp://127.0.0.1:5556";
     const char *model_dir = NULL;
+    int heartbeat_ms = 500, max_queue = 256, queue_timeout_ms = 30000;
+    int request_timeout_ms = 600000, max_attempts = 5, default_max_tokens = 256;
     kvf_flag_t flags[] = {
         {"listen", KVF_FLAG_STRING, &listen_url, "URL", "inbox the nodes send to", NULL},
         {"client", KVF_FLAG_STRING, &client_url, "URL", "native client socket", NULL},
-        {"model", KVF_FLAG_STRING, &model_dir, "DIR", "model directory (tokenizer, config)",
+        {"model", KVF_FLAG_STRING, &model_dir, "DIR",
+         "model directory (tokenizer and configs only; required)", NULL},
+        {"heartbeat-ms", KVF_FLAG_INT, &heartbeat_ms, "MS",
+         "node heartbeat period; 3 missed = dead", NULL},
+        {"max-queue", KVF_FLAG_INT, &max_queue, "N",
+         "requests waiting for a decode node before 'overloaded'", NULL},
+        {"queue-timeout-ms", KVF_FLAG_INT, &queue_timeout_ms, "MS", "longest wait in the queue",
          NULL},
+        {"request-timeout-ms", KVF_FLAG_INT, &request_timeout_ms, "MS",
+         "longest life of a request", NULL},
+        {"max-attempts", KVF_FLAG_INT, &max_attempts, "N",
+         "dispatches of one request before it fails", NULL},
+        {"default-max-tokens", KVF_FLAG_INT, &default_max_tokens, "N",
+         "max tokens of a request that names none", NULL},
     };
     kvf_flagset_t set = {
         .prog = "kvf-router",
-        .usage = "--listen URL --client URL --model DIR",
-        .summary = "Router of a kvferry cluster: keeps the node registry, schedules requests "
-                   "onto prefill and decode\nnodes and streams tokens to clients. This version "
-                   "parses and checks its flags only; it does not\nserve yet.",
+        .usage = "--model DIR [--listen URL] [--client URL] [options]",
+        .summary =
+            "Router of a kvferry cluster. Keeps the registry of prefill and decode nodes (they\n"
+            "register at --listen and heartbeat), takes generate requests from native clients\n"
+            "at --client (kvf generate --router URL), tokenizes them, picks a decode node by free\n"
+            "KV blocks and a prefill node by queued prompt tokens, streams the tokens back, and\n"
+            "re-dispatches a request whose node died. URLs are nanomsg URLs (tcp://127.0.0.1:5555,\n"
+            "ipc:///path).",
         .flags = flags,
         .n_flags = KVF_NFLAGS(flags),
         .env = true,
@@ -29,6 +57,40 @@ int main(int argc, char **argv)
     if (rc != KVF_FLAGS_RUN)
         return rc == KVF_FLAGS_EXIT ? 0 : 2;
     kvf_log_init("router", NULL);
-    kvf_log_error("kvf-router does not serve in this version (see --help)");
-    return 1;
+    if (!model_dir) {
+        kvf_log_error("--model DIR is required (see --help)");
+        return 2;
+    }
+    if (heartbeat_ms < 50 || max_queue < 0 || queue_timeout_ms < 1 || request_timeout_ms < 1 ||
+        max_attempts < 1 || default_max_tokens < 1) {
+        kvf_log_error("a numeric option is out of range (see --help)");
+        return 2;
+    }
+    kvf_router_config_t cfg = {
+        .listen_url = listen_url,
+        .client_url = client_url,
+        .model_dir = model_dir,
+        .heartbeat_ms = (unsigned)heartbeat_ms,
+        .dead_after_missed = 3,
+        .max_queue = (unsigned)max_queue,
+        .queue_timeout_ms = (unsigned)queue_timeout_ms,
+        .request_timeout_ms = (unsigned)request_timeout_ms,
+        .max_attempts = (unsigned)max_attempts,
+        .default_max_tokens = (unsigned)default_max_tokens,
+    };
+    kvf_router_t *router;
+    kvf_status_t st = kvf_router_create(&cfg, &router);
+    if (st != KVF_OK) {
+        kvf_log_error("cannot start: %s", kvf_status_str(st));
+        return 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    st = kvf_router_run(router, &stop_flag);
+    kvf_router_destroy(router);
+    return st == KVF_OK ? 0 : 1;
 }

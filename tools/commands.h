@@ -14,5 +14,6 @@ int kvf_cmd_tokenize(int argc, char **argv);
 int kvf_cmd_mkmodel(int argc, char **argv);
 int kvf_cmd_kvcalc(int argc, char **argv);
 int kvf_cmd_bench(int argc, char **argv);
+int kvf_cmd_stats(int argc, char **argv);
 
 #endif

@@ -92,6 +92,23 @@ kvf_status_t kvf_outbox_send(kvf_outbox_t *outbox, const kvf_envelope_t *env, in
 kvf_status_t kvf_outbox_send_frame(kvf_outbox_t *outbox, const uint8_t *frame, size_t len,
                                    int timeout_ms);
 
+/* ---- outbox cache ---------------------------------------------------------- */
+
+/* Outboxes kept open per destination URL, so a process talks to many peers
+ * without reconnecting for every message. When full, the least recently
+ * used one is closed. Single-threaded: the owner's event loop uses it. */
+typedef struct kvf_outboxes kvf_outboxes_t;
+
+/* max: how many connections to keep (0: 64). *cache_p owned by the caller. */
+kvf_status_t kvf_outboxes_create(size_t max, kvf_outboxes_t **cache_p);
+/* Closes every outbox. NULL is a no-op. */
+void kvf_outboxes_destroy(kvf_outboxes_t *cache);
+/* Sends env to the inbox at url, connecting first if needed. */
+kvf_status_t kvf_outboxes_send(kvf_outboxes_t *cache, const char *url, const kvf_envelope_t *env,
+                               int timeout_ms);
+/* Closes the outbox to url, if any (a peer that died or left). */
+void kvf_outboxes_forget(kvf_outboxes_t *cache, const char *url);
+
 /* ---- helpers ------------------------------------------------------------- */
 
 /* Converts a nanomsg errno value to a status. */

@@ -1,0 +1,66 @@
+/* The router's native client socket and its client side.
+ *
+ * Plain REQ/REP allows one reply per request; a generation streams many.
+ * So the router holds a raw REP socket and a client a raw REQ socket: the
+ * router keeps the backtrace header each request came with and sends any
+ * number of GenerateChunk replies with it; the client's raw REQ delivers
+ * them all, so one client socket carries many concurrent streams. With
+ * nanomsg 1.1 the SP_HDR control message holds a size_t length, then the
+ * header bytes (router side: pipe id + request id, 8 bytes; client side: a
+ * 4-byte request id with the top bit set). Frames are kvf envelopes
+ * (kvf/msg.h), checked like every other message. */
+#ifndef KVF_CLIENTSOCK_H
+#define KVF_CLIENTSOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvf/msg.h"
+#include "kvf/status.h"
+
+#define KVF_CLIENT_HDR_MAX 32
+
+/* Where a client request came from: what the router answers to. */
+typedef struct {
+    uint8_t bytes[KVF_CLIENT_HDR_MAX];
+    size_t len;
+} kvf_client_hdr_t;
+
+/* ---- router side --------------------------------------------------------- */
+
+typedef struct kvf_client_server kvf_client_server_t;
+
+/* Binds the raw REP socket at url. *server_p owned by the caller. */
+kvf_status_t kvf_client_server_create(const char *url, kvf_client_server_t **server_p);
+void kvf_client_server_destroy(kvf_client_server_t *server);
+/* Polls readable while a request waits; owned by the server. */
+int kvf_client_server_fd(const kvf_client_server_t *server);
+
+/* Receives one request without waiting (KVF_ERR_AGAIN when none). On
+ * success *env_p is the caller's (kvf_envelope_free) and *hdr_p says whom
+ * to answer. A malformed frame is dropped and its error returned. */
+kvf_status_t kvf_client_server_recv(kvf_client_server_t *server, kvf_envelope_t **env_p,
+                                    kvf_client_hdr_t *hdr_p);
+
+/* Sends env to the client that sent hdr; never blocks (KVF_ERR_AGAIN if
+ * the client's queue is full). */
+kvf_status_t kvf_client_server_send(kvf_client_server_t *server, const kvf_client_hdr_t *hdr,
+                                    const kvf_envelope_t *env);
+
+/* ---- client side --------------------------------------------------------- */
+
+typedef struct kvf_client kvf_client_t;
+
+/* Connects a raw REQ socket to the router's client URL. */
+kvf_status_t kvf_client_create(const char *url, kvf_client_t **client_p);
+void kvf_client_destroy(kvf_client_t *client);
+
+/* Sends env as a new request (waiting up to timeout_ms for the router to
+ * be reachable). */
+kvf_status_t kvf_client_send(kvf_client_t *client, const kvf_envelope_t *env, int timeout_ms);
+
+/* Receives the next reply, waiting up to timeout_ms (KVF_ERR_TIMEOUT).
+ * *env_p is the caller's. */
+kvf_status_t kvf_client_recv(kvf_client_t *client, int timeout_ms, kvf_envelope_t **env_p);
+
+#endif

@@ -1,0 +1,1196 @@
+#include "router.h"
+
+#include <math.h>
+#include <poll.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvf/clientsock.h"
+#include "kvf/clock.h"
+#include "kvf/log.h"
+#include "kvf/model.h"
+#include "kvf/msg.h"
+#include "kvf/tokenizer.h"
+
+#define ROUTER_MAX_NODES 256
+#define ROUTER_REQ_BUCKETS 1024
+#define ROUTER_MAX_EXCLUDED 8
+#define ROUTER_MAX_STOP 8
+#define ROUTER_ID_LEN 64
+#define ROUTER_URL_LEN 256
+#define ROUTER_SEND_TIMEOUT_MS 200
+
+typedef enum {
+    NODE_LIVE = 0,
+    NODE_DRAINING = 1,
+    NODE_DEAD = 2,
+} node_state_t;
+
+static const char *const node_state_names[] = {"live", "draining", "dead"};
+
+/* One registered node. */
+typedef struct {
+    bool used;
+    char id[ROUTER_ID_LEN];
+    Kvf__Role role;
+    char inbox[ROUTER_URL_LEN];
+    uint32_t block_size;
+    uint32_t capacity_blocks;
+    uint8_t *xfer_desc; /* (xfer_desc_len) owned */
+    size_t xfer_desc_len;
+    uint32_t max_running;
+    uint32_t max_context;
+    bool prefill_local;
+    node_state_t state;
+    /* From the last heartbeat. */
+    uint32_t blocks_free, blocks_used, blocks_total, running, queued_requests;
+    uint64_t queued_tokens;
+    /* Work handed out since that heartbeat (not in its numbers yet). */
+    uint32_t pending_blocks, pending_running;
+    uint64_t pending_tokens;
+    uint64_t last_seen_ns;
+    uint64_t registered_ns;
+} rnode_t;
+
+typedef enum {
+    REQ_QUEUED = 0,
+    REQ_PREFILL = 1,
+    REQ_DECODE = 2,
+} req_state_t;
+
+typedef struct req req_t;
+struct req {
+    uint64_t id;
+    uint64_t epoch;
+    req_state_t state;
+    /* Who asked. */
+    kvf_client_hdr_t hdr;
+    uint64_t client_req_id;
+    /* What. */
+    uint32_t *prompt; /* (n_prompt) */
+    uint32_t n_prompt;
+    uint32_t *gen; /* (n_gen) tokens streamed so far, cap_gen allocated */
+    uint32_t n_gen, cap_gen;
+    float temperature, top_p;
+    uint32_t top_k;
+    uint64_t seed;
+    bool has_seed;
+    uint32_t max_tokens;
+    bool ignore_eos;
+    char *stop[ROUTER_MAX_STOP];
+    size_t n_stop;
+    uint64_t rng_state;  /* sampler state after the last streamed token */
+    uint32_t gen_at_dispatch; /* n_gen when the current epoch was sent */
+    /* Where. */
+    int prefill_node; /* index in nodes, -1 */
+    int decode_node;
+    int excluded[ROUTER_MAX_EXCLUDED]; /* decode nodes that refused this attempt */
+    int n_excluded;
+    unsigned attempts;
+    /* Text for the client and stop strings. */
+    kvf_detok_t detok;
+    char *text; /* (text_len) everything streamed as text so far */
+    size_t text_len, text_cap;
+    size_t text_sent;
+    uint32_t chunk_seq;
+    /* Timing. */
+    uint64_t t_arrival_ns, t_queued_ns, t_first_ns, deadline_ns;
+    uint64_t prefill_compute_us, handoff_us, kv_bytes;
+    req_t *hash_next;
+    req_t *queue_next;
+    req_t *all_prev, *all_next;
+};
+
+struct kvf_router {
+    kvf_router_config_t cfg;
+    kvf_model_config_t model;
+    kvf_tokenizer_t *tok;
+    kvf_inbox_t *inbox;
+    kvf_client_server_t *clients;
+    kvf_outboxes_t *outboxes;
+    rnode_t nodes[ROUTER_MAX_NODES];
+    /* Cluster-wide KV agreement, set by the first node to register. */
+    char fingerprint[64];
+    Kvf__KvGeometry geometry;
+    bool have_geometry;
+    req_t *buckets[ROUTER_REQ_BUCKETS];
+    req_t *all; /* every live request */
+    req_t *queue_head, *queue_tail;
+    unsigned queue_len;
+    uint64_t next_req_id;
+    /* Counters. */
+    uint64_t n_requests, n_running, n_failed, n_cancelled, n_completed, n_stale, n_malformed;
+};
+
+/* ---- small helpers --------------------------------------------------------- */
+
+static rnode_t *node_at(kvf_router_t *r, int idx)
+{
+    return idx >= 0 && idx < ROUTER_MAX_NODES && r->nodes[idx].used ? &r->nodes[idx] : NULL;
+}
+
+static int node_find(kvf_router_t *r, const char *id)
+{
+    for (int i = 0; i < ROUTER_MAX_NODES; i++)
+        if (r->nodes[i].used && !strcmp(r->nodes[i].id, id))
+            return i;
+    return -1;
+}
+
+static const char *role_str(Kvf__Role role)
+{
+    return role == KVF__ROLE__ROLE_PREFILL ? "prefill"
+           : role == KVF__ROLE__ROLE_DECODE ? "decode"
+                                            : "other";
+}
+
+static void send_to(kvf_router_t *r, const char *url, kvf_envelope_t *env)
+{
+    env->sender = "router";
+    kvf_status_t st = kvf_outboxes_send(r->outboxes, url, env, ROUTER_SEND_TIMEOUT_MS);
+    if (st != KVF_OK)
+        kvf_log_warn("send %s to %s: %s", kvf_envelope_body_name(env), url, kvf_status_str(st));
+}
+
+static req_t *req_find(kvf_router_t *r, uint64_t id)
+{
+    for (req_t *q = r->buckets[id % ROUTER_REQ_BUCKETS]; q; q = q->hash_next)
+        if (q->id == id)
+            return q;
+    return NULL;
+}
+
+static uint32_t blocks_for(uint32_t tokens, uint32_t block_size)
+{
+    return block_size ? (tokens + block_size - 1) / block_size : tokens;
+}
+
+/* ---- client replies ------------------------------------------------------- */
+
+static void client_send(kvf_router_t *r, req_t *q, Kvf__GenerateChunk *chunk)
+{
+    chunk->client_req_id = q->client_req_id;
+    chunk->seq = q->chunk_seq++;
+    chunk->prompt_tokens = q->n_prompt;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_GENERATE_CHUNK;
+    env.generate_chunk = chunk;
+    kvf_status_t st = kvf_client_server_send(r->clients, &q->hdr, &env);
+    if (st != KVF_OK)
+        kvf_log_warn("request %llu: reply to client: %s", (unsigned long long)q->id,
+                     kvf_status_str(st));
+}
+
+/* Answers a request that never entered the table. */
+static void client_reject(kvf_router_t *r, const kvf_client_hdr_t *hdr, uint64_t client_req_id,
+                          kvf_status_t status, const char *message)
+{
+    Kvf__GenerateChunk chunk = KVF__GENERATE_CHUNK__INIT;
+    chunk.client_req_id = client_req_id;
+    chunk.finish_reason = KVF__FINISH_REASON__FINISH_ERROR;
+    chunk.status = status;
+    chunk.error = (char *)message;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_GENERATE_CHUNK;
+    env.generate_chunk = &chunk;
+    kvf_client_server_send(r->clients, hdr, &env);
+    r->n_failed++;
+}
+
+/* ---- request table ---------------------------------------------------------- */
+
+static void queue_remove(kvf_router_t *r, req_t *q)
+{
+    req_t **pp = &r->queue_head, *prev = NULL;
+    while (*pp && *pp != q) {
+        prev = *pp;
+        pp = &(*pp)->queue_next;
+    }
+    if (!*pp)
+        return;
+    *pp = q->queue_next;
+    if (r->queue_tail == q)
+        r->queue_tail = prev;
+    q->queue_next = NULL;
+    r->queue_len--;
+}
+
+static void queue_push(kvf_router_t *r, req_t *q)
+{
+    q->state = REQ_QUEUED;
+    q->queue_next = NULL;
+    if (r->queue_tail)
+        r->queue_tail->queue_next = q;
+    else
+        r->queue_head = q;
+    r->queue_tail = q;
+    r->queue_len++;
+}
+
+static void req_free(kvf_router_t *r, req_t *q)
+{
+    if (q->state == REQ_QUEUED)
+        queue_remove(r, q);
+    req_t **pp = &r->buckets[q->id % ROUTER_REQ_BUCKETS];
+    while (*pp && *pp != q)
+        pp = &(*pp)->hash_next;
+    if (*pp)
+        *pp = q->hash_next;
+    if (q->all_prev)
+        q->all_prev->all_next = q->all_next;
+    else
+        r->all = q->all_next;
+    if (q->all_next)
+        q->all_next->all_prev = q->all_prev;
+    kvf_detok_fini(&q->detok);
+    for (size_t i = 0; i < q->n_stop; i++)
+        free(q->stop[i]);
+    free(q->prompt);
+    free(q->gen);
+    free(q->text);
+    free(q);
+    r->n_running--;
+}
+
+/* Tells the nodes working on q's current epoch to drop it. */
+static void req_cancel_nodes(kvf_router_t *r, req_t *q, const char *reason)
+{
+    Kvf__Cancel c = KVF__CANCEL__INIT;
+    c.req_id = q->id;
+    c.epoch = q->epoch;
+    c.reason = (char *)reason;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_CANCEL;
+    env.cancel = &c;
+    rnode_t *p = node_at(r, q->prefill_node), *d = node_at(r, q->decode_node);
+    if (p && p->state != NODE_DEAD)
+        send_to(r, p->inbox, &env);
+    if (d && d->state != NODE_DEAD && d != p)
+        send_to(r, d->inbox, &env);
+}
+
+/* Ends q towards the client and removes it. */
+static void req_finish(kvf_router_t *r, req_t *q, Kvf__FinishReason reason, kvf_status_t status,
+                       const char *error)
+{
+    Kvf__GenerateChunk chunk = KVF__GENERATE_CHUNK__INIT;
+    const char *tail = NULL;
+    size_t tail_len = 0;
+    if (reason != KVF__FINISH_REASON__FINISH_ERROR &&
+        reason != KVF__FINISH_REASON__FINISH_CANCELLED)
+        kvf_detok_flush(&q->detok, &tail, &tail_len);
+    char *text = NULL;
+    if (tail_len) {
+        text = strndup(tail, tail_len);
+    }
+    chunk.text = text ? text : "";
+    chunk.finish_reason = reason;
+    chunk.status = status;
+    chunk.error = (char *)(error ? error : "");
+    chunk.ttft_us = q->t_first_ns ? (q->t_first_ns - q->t_arrival_ns) / 1000 : 0;
+    chunk.prefill_compute_us = q->prefill_compute_us;
+    chunk.handoff_us = q->handoff_us;
+    chunk.kv_bytes = q->kv_bytes;
+    client_send(r, q, &chunk);
+    free(text);
+    if (reason == KVF__FINISH_REASON__FINISH_ERROR)
+        r->n_failed++;
+    else if (reason == KVF__FINISH_REASON__FINISH_CANCELLED)
+        r->n_cancelled++;
+    else
+        r->n_completed++;
+    kvf_log_debug("request %llu finished (%d) after %u tokens", (unsigned long long)q->id,
+                  (int)reason, q->n_gen);
+    req_free(r, q);
+}
+
+/* ---- scheduling ------------------------------------------------------------- */
+
+static bool excluded(const req_t *q, int idx)
+{
+    for (int i = 0; i < q->n_excluded; i++)
+        if (q->excluded[i] == idx)
+            return true;
+    return false;
+}
+
+/* The decode node with the most room left after q, or -1. */
+static int pick_decode(kvf_router_t *r, const req_t *q, uint32_t tokens)
+{
+    int best = -1;
+    int64_t best_room = 0;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        rnode_t *n = &r->nodes[i];
+        if (!n->used || n->role != KVF__ROLE__ROLE_DECODE || n->state != NODE_LIVE ||
+            excluded(q, i))
+            continue;
+        if (n->max_context && tokens > n->max_context)
+            continue;
+        int64_t need = blocks_for(tokens, n->block_size);
+        int64_t room = (int64_t)n->blocks_free - n->pending_blocks - need;
+        if (room < 0)
+            continue;
+        if (n->max_running && n->running + n->pending_running >= n->max_running)
+            continue;
+        /* Free room first; among equals the one running fewer sequences. */
+        room = room * 1024 - (n->running + n->pending_running);
+        if (best < 0 || room > best_room) {
+            best = i;
+            best_room = room;
+        }
+    }
+    return best;
+}
+
+/* The prefill node with the fewest queued prompt tokens; a prefill-local
+ * decode node d itself when there is no prefill node. */
+static int pick_prefill(kvf_router_t *r, int d)
+{
+    int best = -1;
+    uint64_t best_load = 0;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        rnode_t *n = &r->nodes[i];
+        if (!n->used || n->role != KVF__ROLE__ROLE_PREFILL || n->state != NODE_LIVE)
+            continue;
+        uint64_t load = n->queued_tokens + n->pending_tokens;
+        if (best < 0 || load < best_load) {
+            best = i;
+            best_load = load;
+        }
+    }
+    if (best < 0 && d >= 0 && r->nodes[d].prefill_local)
+        best = d;
+    return best;
+}
+
+/* Sends q's current epoch to prefill node p and decode node d. */
+static void dispatch(kvf_router_t *r, req_t *q, int p, int d)
+{
+    rnode_t *pn = &r->nodes[p], *dn = &r->nodes[d];
+    q->epoch++;
+    q->attempts++;
+    q->prefill_node = p;
+    q->decode_node = d;
+    q->state = REQ_PREFILL;
+    q->gen_at_dispatch = q->n_gen;
+    uint32_t n_tokens = q->n_prompt + q->n_gen;
+    uint32_t remaining = q->max_tokens - q->n_gen;
+    dn->pending_blocks += blocks_for(n_tokens + remaining, dn->block_size);
+    dn->pending_running++;
+    pn->pending_tokens += n_tokens;
+
+    uint32_t *ids = malloc((size_t)n_tokens * sizeof(*ids));
+    if (!ids) {
+        req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NOMEM, "out of memory");
+        return;
+    }
+    memcpy(ids, q->prompt, (size_t)q->n_prompt * sizeof(*ids));
+    memcpy(ids + q->n_prompt, q->gen, (size_t)q->n_gen * sizeof(*ids));
+    Kvf__Sampling s = KVF__SAMPLING__INIT;
+    s.temperature = q->temperature;
+    s.top_p = q->top_p;
+    s.top_k = q->top_k;
+    s.seed = q->seed;
+    s.has_seed = q->has_seed;
+    s.max_tokens = remaining;
+    s.ignore_eos = q->ignore_eos;
+    Kvf__PrefillRequest pr = KVF__PREFILL_REQUEST__INIT;
+    pr.req_id = q->id;
+    pr.epoch = q->epoch;
+    pr.token_ids = ids;
+    pr.n_token_ids = n_tokens;
+    pr.sampling = &s;
+    pr.decode_node_id = dn->id;
+    pr.decode_inbox = dn->inbox;
+    pr.decode_xfer_desc.data = dn->xfer_desc;
+    pr.decode_xfer_desc.len = dn->xfer_desc_len;
+    pr.n_generated = q->n_gen;
+    pr.rng_state = q->rng_state;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_PREFILL_REQUEST;
+    env.prefill_request = &pr;
+    kvf_log_debug("request %llu epoch %llu: prefill %s, decode %s, %u tokens",
+                  (unsigned long long)q->id, (unsigned long long)q->epoch, pn->id, dn->id,
+                  n_tokens);
+    send_to(r, pn->inbox, &env);
+    free(ids);
+}
+
+/* Places q: dispatches it when a decode and a prefill node can take it,
+ * queues it otherwise (or fails it when the queue is full). */
+static void schedule(kvf_router_t *r, req_t *q)
+{
+    if (q->attempts >= r->cfg.max_attempts) {
+        req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_PEER,
+                   "request failed on every attempt");
+        return;
+    }
+    uint32_t tokens = q->n_prompt + q->max_tokens;
+    int d = pick_decode(r, q, tokens);
+    int p = d >= 0 ? pick_prefill(r, d) : -1;
+    if (d >= 0 && p >= 0) {
+        dispatch(r, q, p, d);
+        return;
+    }
+    if (r->queue_len >= r->cfg.max_queue) {
+        req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NO_SPACE,
+                   "overloaded: no decode node has room and the wait queue is full");
+        return;
+    }
+    q->t_queued_ns = kvf_clock_ns();
+    queue_push(r, q);
+}
+
+/* Dispatches queued requests, oldest first, while nodes have room. */
+static void drain_queue(kvf_router_t *r)
+{
+    while (r->queue_head) {
+        req_t *q = r->queue_head;
+        uint32_t tokens = q->n_prompt + q->max_tokens;
+        q->n_excluded = 0;
+        int d = pick_decode(r, q, tokens);
+        int p = d >= 0 ? pick_prefill(r, d) : -1;
+        if (d < 0 || p < 0)
+            return;
+        queue_remove(r, q);
+        dispatch(r, q, p, d);
+    }
+}
+
+/* Sends q again (new epoch) after its nodes failed it; the tokens already
+ * streamed stay and the next prefill continues after them. */
+static void redispatch(kvf_router_t *r, req_t *q, const char *why)
+{
+    kvf_log_info("request %llu epoch %llu: %s; dispatching again", (unsigned long long)q->id,
+                 (unsigned long long)q->epoch, why);
+    req_cancel_nodes(r, q, why);
+    q->prefill_node = -1;
+    q->decode_node = -1;
+    schedule(r, q);
+}
+
+/* ---- streaming tokens --------------------------------------------------------- */
+
+static kvf_status_t text_append(req_t *q, const char *s, size_t n)
+{
+    if (q->text_len + n + 1 > q->text_cap) {
+        size_t cap = q->text_cap ? q->text_cap * 2 : 256;
+        while (cap < q->text_len + n + 1)
+            cap *= 2;
+        char *t = realloc(q->text, cap);
+        if (!t)
+            return KVF_ERR_NOMEM;
+        q->text = t;
+        q->text_cap = cap;
+    }
+    memcpy(q->text + q->text_len, s, n);
+    q->text_len += n;
+    q->text[q->text_len] = '\0';
+    return KVF_OK;
+}
+
+/* Earliest stop-string match in q->text at or after from; -1 if none. */
+static long stop_match(const req_t *q, size_t from)
+{
+    long best = -1;
+    for (size_t i = 0; i < q->n_stop; i++) {
+        size_t sl = strlen(q->stop[i]);
+        size_t start = from >= sl ? from - sl + 1 : 0;
+        const char *hit = q->text_len >= sl ? memmem(q->text + start, q->text_len - start,
+                                                     q->stop[i], sl)
+                                            : NULL;
+        if (hit && (best < 0 || hit - q->text < best))
+            best = hit - q->text;
+    }
+    return best;
+}
+
+/* Appends tokens at positions [first, first + n) of q's generation (tokens
+ * it already has are skipped), streams them to the client and checks the
+ * stop conditions. Returns true when q was finished (and freed). */
+static bool stream_tokens(kvf_router_t *r, req_t *q, uint32_t first, const uint32_t *tokens,
+                          size_t n, Kvf__FinishReason node_finish)
+{
+    if (first > q->n_gen) {
+        /* A gap: a message of this epoch got lost. Try again from what the
+         * client has. */
+        redispatch(r, q, "token stream has a gap");
+        return false;
+    }
+    Kvf__FinishReason finish = KVF__FINISH_REASON__FINISH_NONE;
+    uint32_t new_ids[256];
+    size_t n_new = 0;
+    size_t text_before = q->text_len;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t pos = first + (uint32_t)i;
+        if (pos < q->n_gen)
+            continue; /* already streamed (a resent chunk) */
+        uint32_t t = tokens[i];
+        if (!q->ignore_eos && kvf_model_is_eos(&r->model, t)) {
+            finish = KVF__FINISH_REASON__FINISH_STOP;
+            break;
+        }
+        if (q->n_gen == q->cap_gen) {
+            uint32_t cap = q->cap_gen ? q->cap_gen * 2 : 64;
+            uint32_t *g = realloc(q->gen, (size_t)cap * sizeof(*g));
+            if (!g) {
+                req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NOMEM,
+                           "out of memory");
+                return true;
+            }
+            q->gen = g;
+            q->cap_gen = cap;
+        }
+        q->gen[q->n_gen++] = t;
+        if (n_new < 256)
+            new_ids[n_new++] = t;
+        const char *piece;
+        size_t piece_len;
+        if (kvf_detok_push(&q->detok, t, &piece, &piece_len) == KVF_OK && piece_len)
+            text_append(q, piece, piece_len);
+        if (q->n_gen >= q->max_tokens) {
+            finish = KVF__FINISH_REASON__FINISH_LENGTH;
+            break;
+        }
+    }
+    if (q->n_stop) {
+        long at = stop_match(q, text_before);
+        if (at >= 0) {
+            q->text_len = (size_t)at; /* the stop string itself is not output */
+            finish = KVF__FINISH_REASON__FINISH_STOP;
+        }
+    }
+    if (finish == KVF__FINISH_REASON__FINISH_NONE &&
+        node_finish != KVF__FINISH_REASON__FINISH_NONE)
+        finish = node_finish;
+    if (n_new || q->text_len > q->text_sent) {
+        Kvf__GenerateChunk chunk = KVF__GENERATE_CHUNK__INIT;
+        chunk.tokens = new_ids;
+        chunk.n_tokens = n_new;
+        char *text = strndup(q->text ? q->text + q->text_sent : "",
+                             q->text_len > q->text_sent ? q->text_len - q->text_sent : 0);
+        chunk.text = text ? text : "";
+        if (q->n_gen == n_new && q->t_first_ns)
+            chunk.ttft_us = (q->t_first_ns - q->t_arrival_ns) / 1000;
+        q->text_sent = q->text_len > q->text_sent ? q->text_len : q->text_sent;
+        client_send(r, q, &chunk);
+        free(text);
+    }
+    if (finish != KVF__FINISH_REASON__FINISH_NONE) {
+        if (node_finish == KVF__FINISH_REASON__FINISH_NONE)
+            req_cancel_nodes(r, q, "finished");
+        if (finish == KVF__FINISH_REASON__FINISH_STOP && q->n_stop)
+            q->text_sent = q->text_len; /* nothing after the stop string */
+        req_finish(r, q, finish, KVF_OK, NULL);
+        return true;
+    }
+    return false;
+}
+
+/* ---- node messages ---------------------------------------------------------- */
+
+static void reply_register(kvf_router_t *r, const char *url, const char *node_id,
+                           kvf_status_t status, const char *error)
+{
+    Kvf__RegisterReply rr = KVF__REGISTER_REPLY__INIT;
+    rr.node_id = (char *)node_id;
+    rr.status = status;
+    rr.error = (char *)(error ? error : "");
+    rr.heartbeat_ms = r->cfg.heartbeat_ms;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;
+    env.register_reply = &rr;
+    send_to(r, url, &env);
+}
+
+/* Re-dispatches every request that used node idx (it died or left). */
+static void node_lost(kvf_router_t *r, int idx, const char *why)
+{
+    rnode_t *n = &r->nodes[idx];
+    kvf_log_warn("node %s (%s) %s", n->id, role_str(n->role), why);
+    kvf_outboxes_forget(r->outboxes, n->inbox);
+    req_t *next;
+    for (req_t *q = r->all; q; q = next) {
+        next = q->all_next;
+        if (q->state == REQ_QUEUED || (q->prefill_node != idx && q->decode_node != idx))
+            continue;
+        if (q->prefill_node == idx && q->decode_node != idx && q->state == REQ_DECODE)
+            continue; /* its prefill was done: the decode node carries on */
+        redispatch(r, q, why);
+    }
+}
+
+static void on_register(kvf_router_t *r, const Kvf__Register *reg)
+{
+    if (!reg->inbox_url || !*reg->inbox_url || strlen(reg->inbox_url) >= ROUTER_URL_LEN) {
+        kvf_log_warn("register without a usable inbox dropped");
+        r->n_malformed++;
+        return;
+    }
+    const char *why = NULL;
+    char msg[256];
+    const Kvf__KvGeometry *g = reg->geometry;
+    if (!*reg->node_id || strlen(reg->node_id) >= ROUTER_ID_LEN)
+        why = "node id missing or too long";
+    else if (reg->role != KVF__ROLE__ROLE_PREFILL && reg->role != KVF__ROLE__ROLE_DECODE)
+        why = "role must be prefill or decode";
+    else if (!g || g->block_size == 0 || g->block_size > 256)
+        why = "KV geometry missing or block size outside 1..256";
+    else if ((int)g->n_layers != r->model.n_layers || (int)g->n_kv_heads != r->model.n_kv_heads ||
+             (int)g->head_dim != r->model.head_dim) {
+        snprintf(msg, sizeof(msg),
+                 "KV geometry %u layers x %u kv heads x %u head dim does not match the model "
+                 "(%d x %d x %d)",
+                 g->n_layers, g->n_kv_heads, g->head_dim, r->model.n_layers,
+                 r->model.n_kv_heads, r->model.head_dim);
+        why = msg;
+    } else if (r->have_geometry && (g->block_size != r->geometry.block_size ||
+                                    g->dtype != r->geometry.dtype ||
+                                    g->layout != r->geometry.layout)) {
+        snprintf(msg, sizeof(msg),
+                 "KV block size %u / dtype %d / layout %u differ from the cluster's (%u / %d / "
+                 "%u)",
+                 g->block_size, (int)g->dtype, g->layout, r->geometry.block_size,
+                 (int)r->geometry.dtype, r->geometry.layout);
+        why = msg;
+    } else if (r->fingerprint[0] && strcmp(r->fingerprint, reg->model_fingerprint) != 0) {
+        snprintf(msg, sizeof(msg), "model fingerprint %.32s differs from the cluster's %s",
+                 reg->model_fingerprint, r->fingerprint);
+        why = msg;
+    } else if (reg->role == KVF__ROLE__ROLE_DECODE && reg->xfer_desc.len == 0) {
+        why = "decode node without a transfer descriptor";
+    }
+    if (why) {
+        kvf_log_warn("refused node %s at %s: %s", reg->node_id, reg->inbox_url, why);
+        reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_MISMATCH, why);
+        return;
+    }
+    int idx = node_find(r, reg->node_id);
+    if (idx >= 0 && r->nodes[idx].state != NODE_DEAD &&
+        r->nodes[idx].registered_ns + 1000000000ull * 2 > kvf_clock_ns() &&
+        !strcmp(r->nodes[idx].inbox, reg->inbox_url)) {
+        /* A repeated Register (our reply crossed its retry): answer again. */
+        reply_register(r, reg->inbox_url, reg->node_id, KVF_OK, NULL);
+        return;
+    }
+    if (idx >= 0) {
+        /* The same id again: the node restarted; what it held is gone. */
+        node_lost(r, idx, "registered again (restarted)");
+        free(r->nodes[idx].xfer_desc);
+        memset(&r->nodes[idx], 0, sizeof(r->nodes[idx]));
+    } else {
+        for (int i = 0; i < ROUTER_MAX_NODES && idx < 0; i++)
+            if (!r->nodes[i].used)
+                idx = i;
+        if (idx < 0) {
+            reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_NO_SPACE,
+                           "the router's node table is full");
+            return;
+        }
+    }
+    rnode_t *n = &r->nodes[idx];
+    n->xfer_desc = reg->xfer_desc.len ? malloc(reg->xfer_desc.len) : NULL;
+    if (reg->xfer_desc.len && !n->xfer_desc)
+        return;
+    memcpy(n->xfer_desc, reg->xfer_desc.data, reg->xfer_desc.len);
+    n->xfer_desc_len = reg->xfer_desc.len;
+    n->used = true;
+    snprintf(n->id, sizeof(n->id), "%s", reg->node_id);
+    snprintf(n->inbox, sizeof(n->inbox), "%s", reg->inbox_url);
+    n->role = reg->role;
+    n->block_size = g->block_size;
+    n->capacity_blocks = reg->capacity_blocks;
+    n->max_running = reg->max_running;
+    n->max_context = reg->max_context;
+    n->prefill_local = reg->prefill_local;
+    n->state = NODE_LIVE;
+    n->blocks_free = n->blocks_total = reg->capacity_blocks;
+    n->last_seen_ns = n->registered_ns = kvf_clock_ns();
+    if (!r->have_geometry) {
+        r->geometry = *g;
+        r->geometry.base.descriptor = &kvf__kv_geometry__descriptor;
+        r->have_geometry = true;
+    }
+    if (!r->fingerprint[0])
+        snprintf(r->fingerprint, sizeof(r->fingerprint), "%s", reg->model_fingerprint);
+    kvf_log_info("node %s registered: %s%s at %s, %u blocks of %u tokens", n->id,
+                 role_str(n->role), n->prefill_local ? " (+prefill)" : "", n->inbox,
+                 n->capacity_blocks, n->block_size);
+    reply_register(r, n->inbox, n->id, KVF_OK, NULL);
+    drain_queue(r);
+}
+
+static void on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
+{
+    int idx = node_find(r, hb->node_id);
+    if (idx < 0 || r->nodes[idx].state == NODE_DEAD) {
+        if (*hb->inbox_url && strlen(hb->inbox_url) < ROUTER_URL_LEN) {
+            Kvf__Error e = KVF__ERROR__INIT;
+            e.status = KVF_ERR_NOT_FOUND;
+            e.message = "unknown node: register again";
+            kvf_envelope_t env;
+            kvf_envelope_init(&env, "router");
+            env.body_case = KVF__ENVELOPE__BODY_ERROR;
+            env.error = &e;
+            send_to(r, hb->inbox_url, &env);
+        }
+        return;
+    }
+    rnode_t *n = &r->nodes[idx];
+    n->last_seen_ns = kvf_clock_ns();
+    if (hb->load) {
+        n->blocks_free = hb->load->blocks_free;
+        n->blocks_used = hb->load->blocks_used;
+        n->blocks_total = hb->load->blocks_total;
+        n->running = hb->load->running;
+        n->queued_requests = hb->load->queued_requests;
+        n->queued_tokens = hb->load->queued_tokens;
+    }
+    n->pending_blocks = n->pending_running = 0;
+    n->pending_tokens = 0;
+    node_state_t st = strcmp(hb->state, "draining") == 0 ? NODE_DRAINING : NODE_LIVE;
+    if (st != n->state)
+        kvf_log_info("node %s is %s", n->id, node_state_names[st]);
+    n->state = st;
+    drain_queue(r);
+}
+
+static void on_deregister(kvf_router_t *r, const Kvf__Deregister *d)
+{
+    int idx = node_find(r, d->node_id);
+    if (idx < 0)
+        return;
+    node_lost(r, idx, "deregistered");
+    kvf_log_info("node %s left: %s", r->nodes[idx].id, d->reason);
+    free(r->nodes[idx].xfer_desc);
+    memset(&r->nodes[idx], 0, sizeof(r->nodes[idx]));
+}
+
+/* The request q names, if (req_id, epoch) is its current attempt. */
+static req_t *req_current(kvf_router_t *r, uint64_t id, uint64_t epoch, const char *what)
+{
+    req_t *q = req_find(r, id);
+    if (!q || q->epoch != epoch || q->state == REQ_QUEUED) {
+        r->n_stale++;
+        kvf_log_debug("%s for request %llu epoch %llu: stale, dropped", what,
+                      (unsigned long long)id, (unsigned long long)epoch);
+        return NULL;
+    }
+    return q;
+}
+
+static void on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
+{
+    req_t *q = req_current(r, pd->req_id, pd->epoch, "prefill done");
+    if (!q)
+        return;
+    q->prefill_compute_us += pd->prefill_compute_us;
+    q->handoff_us += pd->handoff_us;
+    q->kv_bytes += pd->kv_bytes;
+    if (q->state == REQ_PREFILL)
+        q->state = REQ_DECODE;
+    if (!q->t_first_ns)
+        q->t_first_ns = kvf_clock_ns();
+    stream_tokens(r, q, q->gen_at_dispatch, &pd->first_token, 1,
+                  KVF__FINISH_REASON__FINISH_NONE);
+}
+
+static void on_token_chunk(kvf_router_t *r, const Kvf__TokenChunk *c)
+{
+    req_t *q = req_current(r, c->req_id, c->epoch, "tokens");
+    if (!q)
+        return;
+    if (c->n_tokens > c->n_generated) {
+        r->n_malformed++;
+        return;
+    }
+    if (q->state == REQ_PREFILL)
+        q->state = REQ_DECODE;
+    if (!q->t_first_ns && c->n_tokens)
+        q->t_first_ns = kvf_clock_ns();
+    q->rng_state = c->rng_state;
+    /* n_generated counts every token of the request, earlier epochs'
+     * included, so each token lands at its position exactly once. */
+    uint32_t first = c->n_generated - (uint32_t)c->n_tokens;
+    stream_tokens(r, q, first, c->tokens, c->n_tokens, c->finish_reason);
+}
+
+static void on_error(kvf_router_t *r, const Kvf__Error *e, const char *sender)
+{
+    req_t *q = req_current(r, e->req_id, e->epoch, "error");
+    if (!q)
+        return;
+    kvf_log_info("request %llu epoch %llu: %s reports %s: %s", (unsigned long long)q->id,
+                 (unsigned long long)q->epoch, sender, kvf_status_str((kvf_status_t)e->status),
+                 e->message);
+    if (e->status == KVF_ERR_NO_SPACE) {
+        /* The decode node refused: try another one, or wait. */
+        if (q->n_excluded < ROUTER_MAX_EXCLUDED)
+            q->excluded[q->n_excluded++] = q->decode_node;
+        q->prefill_node = q->decode_node = -1;
+        q->attempts--; /* a refusal is not a failure */
+        schedule(r, q);
+        return;
+    }
+    if (e->status == KVF_ERR_INVAL || e->status == KVF_ERR_TOO_BIG ||
+        e->status == KVF_ERR_UNSUPPORTED) {
+        req_cancel_nodes(r, q, "invalid");
+        req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, (kvf_status_t)e->status,
+                   *e->message ? e->message : "request refused by a node");
+        return;
+    }
+    redispatch(r, q, "a node failed it");
+}
+
+static void handle_node_message(kvf_router_t *r, kvf_envelope_t *env)
+{
+    switch (env->body_case) {
+    case KVF__ENVELOPE__BODY_REGISTER: on_register(r, env->register_); break;
+    case KVF__ENVELOPE__BODY_HEARTBEAT: on_heartbeat(r, env->heartbeat); break;
+    case KVF__ENVELOPE__BODY_DEREGISTER: on_deregister(r, env->deregister); break;
+    case KVF__ENVELOPE__BODY_PREFILL_DONE: on_prefill_done(r, env->prefill_done); break;
+    case KVF__ENVELOPE__BODY_TOKEN_CHUNK: on_token_chunk(r, env->token_chunk); break;
+    case KVF__ENVELOPE__BODY_TOKEN_BATCH:
+        for (size_t i = 0; i < env->token_batch->n_chunks; i++)
+            on_token_chunk(r, env->token_batch->chunks[i]);
+        break;
+    case KVF__ENVELOPE__BODY_ERROR: on_error(r, env->error, env->sender); break;
+    default:
+        r->n_malformed++;
+        kvf_log_warn("unexpected %s from %s dropped", kvf_envelope_body_name(env), env->sender);
+    }
+}
+
+/* ---- client messages ------------------------------------------------------------ */
+
+static kvf_status_t validate_generate(kvf_router_t *r, const Kvf__GenerateRequest *g,
+                                      char *why, size_t why_len)
+{
+    const Kvf__Sampling *s = g->sampling;
+    if (s) {
+        if (!isfinite(s->temperature) || s->temperature < 0 || s->temperature > 100) {
+            snprintf(why, why_len, "temperature %g is outside 0..100", s->temperature);
+            return KVF_ERR_INVAL;
+        }
+        if (!isfinite(s->top_p) || s->top_p < 0 || s->top_p > 1) {
+            snprintf(why, why_len, "top_p %g is outside 0..1", s->top_p);
+            return KVF_ERR_INVAL;
+        }
+        if (s->n_stop > ROUTER_MAX_STOP) {
+            snprintf(why, why_len, "at most %d stop strings", ROUTER_MAX_STOP);
+            return KVF_ERR_INVAL;
+        }
+        for (size_t i = 0; i < s->n_stop; i++)
+            if (!s->stop[i][0]) {
+                snprintf(why, why_len, "empty stop string");
+                return KVF_ERR_INVAL;
+            }
+    }
+    for (size_t i = 0; i < g->n_prompt_ids; i++) {
+        if (g->prompt_ids[i] >= (uint32_t)r->model.vocab) {
+            snprintf(why, why_len, "prompt id %u is outside the vocabulary (%d)",
+                     g->prompt_ids[i], r->model.vocab);
+            return KVF_ERR_INVAL;
+        }
+    }
+    return KVF_OK;
+}
+
+static void on_generate(kvf_router_t *r, const Kvf__GenerateRequest *g,
+                        const kvf_client_hdr_t *hdr)
+{
+    char why[256];
+    kvf_status_t st = validate_generate(r, g, why, sizeof(why));
+    if (st != KVF_OK) {
+        client_reject(r, hdr, g->client_req_id, st, why);
+        return;
+    }
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    if (g->n_prompt_ids) {
+        ids = malloc(g->n_prompt_ids * sizeof(*ids));
+        if (!ids) {
+            client_reject(r, hdr, g->client_req_id, KVF_ERR_NOMEM, "out of memory");
+            return;
+        }
+        memcpy(ids, g->prompt_ids, g->n_prompt_ids * sizeof(*ids));
+        n = g->n_prompt_ids;
+    } else if (kvf_tokenizer_encode(r->tok, g->prompt, strlen(g->prompt), true, &ids, &n) !=
+               KVF_OK) {
+        client_reject(r, hdr, g->client_req_id, KVF_ERR_INVAL, "prompt does not tokenize");
+        return;
+    }
+    if (n == 0) {
+        free(ids);
+        client_reject(r, hdr, g->client_req_id, KVF_ERR_INVAL, "empty prompt");
+        return;
+    }
+    if (n >= (size_t)r->model.max_pos) {
+        snprintf(why, sizeof(why), "prompt of %zu tokens does not fit the context of %d", n,
+                 r->model.max_pos);
+        free(ids);
+        client_reject(r, hdr, g->client_req_id, KVF_ERR_TOO_BIG, why);
+        return;
+    }
+    req_t *q = calloc(1, sizeof(*q));
+    if (!q) {
+        free(ids);
+        client_reject(r, hdr, g->client_req_id, KVF_ERR_NOMEM, "out of memory");
+        return;
+    }
+    q->id = r->next_req_id++;
+    q->hdr = *hdr;
+    q->client_req_id = g->client_req_id;
+    q->prompt = ids;
+    q->n_prompt = (uint32_t)n;
+    q->prefill_node = q->decode_node = -1;
+    const Kvf__Sampling *s = g->sampling;
+    uint32_t room = (uint32_t)r->model.max_pos - q->n_prompt;
+    q->max_tokens = s && s->max_tokens ? s->max_tokens : r->cfg.default_max_tokens;
+    if (q->max_tokens > room)
+        q->max_tokens = room;
+    if (s) {
+        q->temperature = s->temperature;
+        q->top_p = s->top_p;
+        q->top_k = s->top_k;
+        q->seed = s->seed;
+        q->has_seed = s->has_seed;
+        q->ignore_eos = s->ignore_eos;
+        for (size_t i = 0; i < s->n_stop; i++) {
+            q->stop[i] = strdup(s->stop[i]);
+            if (q->stop[i])
+                q->n_stop++;
+        }
+    }
+    kvf_detok_init(&q->detok, r->tok);
+    q->t_arrival_ns = kvf_clock_ns();
+    q->deadline_ns = q->t_arrival_ns + (uint64_t)r->cfg.request_timeout_ms * 1000000ull;
+    q->hash_next = r->buckets[q->id % ROUTER_REQ_BUCKETS];
+    r->buckets[q->id % ROUTER_REQ_BUCKETS] = q;
+    q->all_next = r->all;
+    if (r->all)
+        r->all->all_prev = q;
+    r->all = q;
+    r->n_requests++;
+    r->n_running++;
+    kvf_log_debug("request %llu: %u prompt tokens, max %u new", (unsigned long long)q->id,
+                  q->n_prompt, q->max_tokens);
+    schedule(r, q);
+}
+
+static void on_client_cancel(kvf_router_t *r, const Kvf__Cancel *c, const kvf_client_hdr_t *hdr)
+{
+    /* A client names its own request id; it is unique per connection (the
+     * pipe id, the header's first 4 bytes). */
+    for (req_t *q = r->all; q; q = q->all_next) {
+        if (q->client_req_id == c->req_id && q->hdr.len >= 4 && hdr->len >= 4 &&
+            !memcmp(q->hdr.bytes, hdr->bytes, 4)) {
+            req_cancel_nodes(r, q, "cancelled by the client");
+            req_finish(r, q, KVF__FINISH_REASON__FINISH_CANCELLED, KVF_ERR_CANCELLED,
+                       "cancelled");
+            return;
+        }
+    }
+}
+
+static void on_stats(kvf_router_t *r, const Kvf__StatsRequest *sr, const kvf_client_hdr_t *hdr)
+{
+    Kvf__NodeStats ns[ROUTER_MAX_NODES], *nsp[ROUTER_MAX_NODES];
+    Kvf__Load loads[ROUTER_MAX_NODES];
+    size_t n = 0;
+    uint64_t now = kvf_clock_ns();
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        rnode_t *node = &r->nodes[i];
+        if (!node->used)
+            continue;
+        kvf__node_stats__init(&ns[n]);
+        kvf__load__init(&loads[n]);
+        loads[n].blocks_free = node->blocks_free;
+        loads[n].blocks_used = node->blocks_used;
+        loads[n].blocks_total = node->blocks_total;
+        loads[n].running = node->running;
+        loads[n].queued_requests = node->queued_requests;
+        loads[n].queued_tokens = node->queued_tokens;
+        ns[n].node_id = node->id;
+        ns[n].role = node->role;
+        ns[n].state = (char *)node_state_names[node->state];
+        ns[n].load = &loads[n];
+        ns[n].inbox_url = node->inbox;
+        ns[n].age_ms = (now - node->registered_ns) / 1000000u;
+        nsp[n] = &ns[n];
+        n++;
+    }
+    Kvf__StatsReply rep = KVF__STATS_REPLY__INIT;
+    rep.req_id = sr->req_id;
+    rep.nodes = nsp;
+    rep.n_nodes = n;
+    rep.requests_total = r->n_requests;
+    rep.requests_running = r->n_running - r->queue_len;
+    rep.requests_queued = r->queue_len;
+    rep.requests_failed = r->n_failed;
+    rep.requests_cancelled = r->n_cancelled;
+    rep.stale_dropped = r->n_stale;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_STATS_REPLY;
+    env.stats_reply = &rep;
+    kvf_client_server_send(r->clients, hdr, &env);
+}
+
+static void handle_client_message(kvf_router_t *r, kvf_envelope_t *env,
+                                  const kvf_client_hdr_t *hdr)
+{
+    switch (env->body_case) {
+    case KVF__ENVELOPE__BODY_GENERATE_REQUEST: on_generate(r, env->generate_request, hdr); break;
+    case KVF__ENVELOPE__BODY_CANCEL: on_client_cancel(r, env->cancel, hdr); break;
+    case KVF__ENVELOPE__BODY_STATS_REQUEST: on_stats(r, env->stats_request, hdr); break;
+    default:
+        r->n_malformed++;
+        kvf_log_warn("unexpected %s on the client socket dropped", kvf_envelope_body_name(env));
+    }
+}
+
+/* ---- timers ------------------------------------------------------------------- */
+
+static void check_timers(kvf_router_t *r)
+{
+    uint64_t now = kvf_clock_ns();
+    uint64_t dead_ns =
+        (uint64_t)r->cfg.heartbeat_ms * r->cfg.dead_after_missed * 1000000ull;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        rnode_t *n = &r->nodes[i];
+        if (n->used && n->state != NODE_DEAD && now - n->last_seen_ns > dead_ns) {
+            n->state = NODE_DEAD;
+            node_lost(r, i, "missed its heartbeats: dead");
+        }
+    }
+    req_t *next;
+    for (req_t *q = r->all; q; q = next) {
+        next = q->all_next;
+        if (now > q->deadline_ns) {
+            req_cancel_nodes(r, q, "timed out");
+            req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_TIMEOUT,
+                       "request timed out");
+        } else if (q->state == REQ_QUEUED &&
+                   now - q->t_queued_ns > (uint64_t)r->cfg.queue_timeout_ms * 1000000ull) {
+            req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NO_SPACE,
+                       "overloaded: no decode node could take the request in time");
+        }
+    }
+}
+
+/* ---- lifecycle ----------------------------------------------------------------- */
+
+kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **router_p)
+{
+    kvf_router_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        return KVF_ERR_NOMEM;
+    r->cfg = *cfg;
+    if (!r->cfg.heartbeat_ms)
+        r->cfg.heartbeat_ms = 500;
+    if (!r->cfg.dead_after_missed)
+        r->cfg.dead_after_missed = 3;
+    if (!r->cfg.max_attempts)
+        r->cfg.max_attempts = 5;
+    if (!r->cfg.default_max_tokens)
+        r->cfg.default_max_tokens = 256;
+    r->next_req_id = 1;
+    kvf_status_t st = kvf_model_config_load(cfg->model_dir, &r->model);
+    if (st != KVF_OK)
+        goto fail_model;
+    st = kvf_tokenizer_load(cfg->model_dir, &r->tok);
+    if (st != KVF_OK)
+        goto fail_model;
+    st = kvf_inbox_create(cfg->listen_url, 0, &r->inbox);
+    if (st != KVF_OK)
+        goto fail_inbox;
+    st = kvf_client_server_create(cfg->client_url, &r->clients);
+    if (st != KVF_OK)
+        goto fail_clients;
+    st = kvf_outboxes_create(ROUTER_MAX_NODES, &r->outboxes);
+    if (st != KVF_OK)
+        goto fail_outboxes;
+    *router_p = r;
+    return KVF_OK;
+fail_outboxes:
+    kvf_client_server_destroy(r->clients);
+fail_clients:
+    kvf_inbox_destroy(r->inbox);
+fail_inbox:
+    kvf_tokenizer_destroy(r->tok);
+fail_model:
+    free(r);
+    return st;
+}
+
+void kvf_router_destroy(kvf_router_t *r)
+{
+    if (!r)
+        return;
+    while (r->all)
+        req_free(r, r->all);
+    for (int i = 0; i < ROUTER_MAX_NODES; i++)
+        free(r->nodes[i].xfer_desc);
+    kvf_outboxes_destroy(r->outboxes);
+    kvf_client_server_destroy(r->clients);
+    kvf_inbox_destroy(r->inbox);
+    kvf_tokenizer_destroy(r->tok);
+    free(r);
+}
+
+kvf_status_t kvf_router_run(kvf_router_t *r, volatile sig_atomic_t *stop)
+{
+    kvf_log_info("serving: nodes at %s, clients at %s", r->cfg.listen_url, r->cfg.client_url);
+    uint64_t next_timer = 0;
+    while (!*stop) {
+        struct pollfd fds[2] = {
+            {.fd = kvf_inbox_fd(r->inbox), .events = POLLIN},
+            {.fd = kvf_client_server_fd(r->clients), .events = POLLIN},
+        };
+        int rc = poll(fds, 2, 50);
+        (void)rc;
+        for (int burst = 0; burst < 256; burst++) {
+            kvf_envelope_t *env = NULL;
+            kvf_status_t st = kvf_inbox_recv(r->inbox, 0, &env);
+            if (st == KVF_ERR_AGAIN)
+                break;
+            if (st != KVF_OK) {
+                r->n_malformed++;
+                continue;
+            }
+            handle_node_message(r, env);
+            kvf_envelope_free(env);
+        }
+        for (int burst = 0; burst < 256; burst++) {
+            kvf_envelope_t *env = NULL;
+            kvf_client_hdr_t hdr;
+            kvf_status_t st = kvf_client_server_recv(r->clients, &env, &hdr);
+            if (st == KVF_ERR_AGAIN)
+                break;
+            if (st != KVF_OK) {
+                r->n_malformed++;
+                continue;
+            }
+            handle_client_message(r, env, &hdr);
+            kvf_envelope_free(env);
+        }
+        uint64_t now = kvf_clock_ns();
+        if (now >= next_timer) {
+            check_timers(r);
+            next_timer = now + 100000000ull;
+        }
+    }
+    kvf_log_info("stopping: %llu requests served, %llu failed, %llu cancelled, %llu stale "
+                 "messages dropped",
+                 (unsigned long long)r->n_completed, (unsigned long long)r->n_failed,
+                 (unsigned long long)r->n_cancelled, (unsigned long long)r->n_stale);
+    return KVF_OK;
+}

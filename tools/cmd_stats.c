@@ -1,0 +1,133 @@
+/* kvf stats --router URL [--json]: the cluster as the router sees it. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+#include "kvf/clientsock.h"
+#include "kvf/clock.h"
+#include "kvf/flags.h"
+
+static const char *role_name(Kvf__Role r)
+{
+    return r == KVF__ROLE__ROLE_PREFILL ? "prefill" : r == KVF__ROLE__ROLE_DECODE ? "decode" : "?";
+}
+
+static void print_json_string(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            printf("\\u%04x", *s);
+        else
+            putchar(*s);
+    }
+    putchar('"');
+}
+
+int kvf_cmd_stats(int argc, char **argv)
+{
+    const char *router = NULL;
+    bool json = false;
+    int timeout_ms = 5000;
+    kvf_flag_t flags[] = {
+        {"router", KVF_FLAG_STRING, &router, "URL", "the router's client URL (required)", NULL},
+        {"json", KVF_FLAG_BOOL, &json, NULL, "print one JSON object", NULL},
+        {"timeout-ms", KVF_FLAG_INT, &timeout_ms, "MS", "how long to wait for the router", NULL},
+    };
+    kvf_flagset_t set = {
+        .prog = argv[0],
+        .usage = "--router URL [--json]",
+        .summary = "Prints the cluster's nodes (id, role, state, load, KV blocks used and total) "
+                   "and request\ncounts, as the router sees them.",
+        .flags = flags,
+        .n_flags = KVF_NFLAGS(flags),
+    };
+    int rc = kvf_flags_parse(&set, argc, argv);
+    if (rc != KVF_FLAGS_RUN)
+        return rc == KVF_FLAGS_EXIT ? 0 : 2;
+    if (!router) {
+        fprintf(stderr, "%s: --router URL is required\n", argv[0]);
+        return 2;
+    }
+    kvf_client_t *client;
+    if (kvf_client_create(router, &client) != KVF_OK) {
+        fprintf(stderr, "%s: cannot connect to %s\n", argv[0], router);
+        return 1;
+    }
+    Kvf__StatsRequest sr = KVF__STATS_REQUEST__INIT;
+    sr.req_id = kvf_clock_ns();
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "kvf-stats");
+    env.body_case = KVF__ENVELOPE__BODY_STATS_REQUEST;
+    env.stats_request = &sr;
+    rc = 1;
+    if (kvf_client_send(client, &env, timeout_ms) != KVF_OK) {
+        fprintf(stderr, "%s: router at %s does not answer\n", argv[0], router);
+        goto out;
+    }
+    uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
+    kvf_envelope_t *in = NULL;
+    while (kvf_clock_ns() < deadline) {
+        kvf_status_t st = kvf_client_recv(client, kvf_clock_ms_until(deadline), &in);
+        if (st != KVF_OK)
+            continue;
+        if (in->body_case == KVF__ENVELOPE__BODY_STATS_REPLY &&
+            in->stats_reply->req_id == sr.req_id)
+            break;
+        kvf_envelope_free(in);
+        in = NULL;
+    }
+    if (!in) {
+        fprintf(stderr, "%s: no stats from %s\n", argv[0], router);
+        goto out;
+    }
+    const Kvf__StatsReply *s = in->stats_reply;
+    if (json) {
+        printf("{\"nodes\": [");
+        for (size_t i = 0; i < s->n_nodes; i++) {
+            const Kvf__NodeStats *n = s->nodes[i];
+            const Kvf__Load *l = n->load;
+            printf("%s{\"id\": ", i ? ", " : "");
+            print_json_string(n->node_id);
+            printf(", \"role\": \"%s\", \"state\": ", role_name(n->role));
+            print_json_string(n->state);
+            printf(", \"inbox\": ");
+            print_json_string(n->inbox_url);
+            printf(", \"blocks_used\": %u, \"blocks_total\": %u, \"blocks_free\": %u, "
+                   "\"running\": %u, \"queued_requests\": %u, \"queued_tokens\": %llu, "
+                   "\"age_ms\": %llu}",
+                   l ? l->blocks_used : 0, l ? l->blocks_total : 0, l ? l->blocks_free : 0,
+                   l ? l->running : 0, l ? l->queued_requests : 0,
+                   (unsigned long long)(l ? l->queued_tokens : 0),
+                   (unsigned long long)n->age_ms);
+        }
+        printf("], \"requests\": {\"total\": %llu, \"running\": %llu, \"queued\": %llu, "
+               "\"failed\": %llu, \"cancelled\": %llu}, \"stale_dropped\": %llu}\n",
+               (unsigned long long)s->requests_total, (unsigned long long)s->requests_running,
+               (unsigned long long)s->requests_queued, (unsigned long long)s->requests_failed,
+               (unsigned long long)s->requests_cancelled, (unsigned long long)s->stale_dropped);
+    } else {
+        printf("%-28s %-8s %-9s %12s %8s %8s\n", "node", "role", "state", "kv blocks", "running",
+               "queued");
+        for (size_t i = 0; i < s->n_nodes; i++) {
+            const Kvf__NodeStats *n = s->nodes[i];
+            const Kvf__Load *l = n->load;
+            char blocks[32];
+            snprintf(blocks, sizeof(blocks), "%u/%u", l ? l->blocks_used : 0,
+                     l ? l->blocks_total : 0);
+            printf("%-28s %-8s %-9s %12s %8u %8u\n", n->node_id, role_name(n->role), n->state,
+                   blocks, l ? l->running : 0, l ? l->queued_requests : 0);
+        }
+        printf("requests: %llu total, %llu running, %llu queued, %llu failed, %llu cancelled\n",
+               (unsigned long long)s->requests_total, (unsigned long long)s->requests_running,
+               (unsigned long long)s->requests_queued, (unsigned long long)s->requests_failed,
+               (unsigned long long)s->requests_cancelled);
+    }
+    kvf_envelope_free(in);
+    rc = 0;
+out:
+    kvf_client_destroy(client);
+    return rc;
+}
