@@ -52,6 +52,7 @@ typedef struct {
     uint64_t pending_tokens;
     uint64_t last_seen_ns;
     uint64_t registered_ns;
+    uint64_t dispatched; /* request attempts sent to it */
 } rnode_t;
 
 typedef enum {
@@ -383,6 +384,9 @@ static void dispatch(kvf_router_t *r, req_t *q, int p, int d)
     dn->pending_blocks += blocks_for(n_tokens + remaining, dn->block_size);
     dn->pending_running++;
     pn->pending_tokens += n_tokens;
+    dn->dispatched++;
+    if (pn != dn)
+        pn->dispatched++;
 
     uint32_t *ids = malloc((size_t)n_tokens * sizeof(*ids));
     if (!ids) {
@@ -1024,6 +1028,7 @@ static void on_stats(kvf_router_t *r, const Kvf__StatsRequest *sr, const kvf_cli
         ns[n].load = &loads[n];
         ns[n].inbox_url = node->inbox;
         ns[n].age_ms = (now - node->registered_ns) / 1000000u;
+        ns[n].dispatched = node->dispatched;
         nsp[n] = &ns[n];
         n++;
     }

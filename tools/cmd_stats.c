@@ -97,11 +97,11 @@ int kvf_cmd_stats(int argc, char **argv)
             print_json_string(n->inbox_url);
             printf(", \"blocks_used\": %u, \"blocks_total\": %u, \"blocks_free\": %u, "
                    "\"running\": %u, \"queued_requests\": %u, \"queued_tokens\": %llu, "
-                   "\"age_ms\": %llu}",
+                   "\"age_ms\": %llu, \"dispatched\": %llu}",
                    l ? l->blocks_used : 0, l ? l->blocks_total : 0, l ? l->blocks_free : 0,
                    l ? l->running : 0, l ? l->queued_requests : 0,
                    (unsigned long long)(l ? l->queued_tokens : 0),
-                   (unsigned long long)n->age_ms);
+                   (unsigned long long)n->age_ms, (unsigned long long)n->dispatched);
         }
         printf("], \"requests\": {\"total\": %llu, \"running\": %llu, \"queued\": %llu, "
                "\"failed\": %llu, \"cancelled\": %llu}, \"stale_dropped\": %llu}\n",

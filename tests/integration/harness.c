@@ -1,0 +1,446 @@
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvf/clock.h"
+#include "kvf/msg.h"
+
+static void tcp_url(char *buf, size_t len)
+{
+    int port;
+    assert_int_equal(kvf_net_free_port(&port), KVF_OK);
+    snprintf(buf, len, "tcp://127.0.0.1:%d", port);
+}
+
+void h_cluster_init(h_cluster_t *c, const char *model, const char *ucx_tls)
+{
+    memset(c, 0, sizeof(*c));
+    snprintf(c->dir, sizeof(c->dir), "/tmp/kvf-cluster-XXXXXX");
+    assert_non_null(mkdtemp(c->dir));
+    c->model = model;
+    c->ucx_tls = ucx_tls;
+    tcp_url(c->router_url, sizeof(c->router_url));
+    tcp_url(c->client_url, sizeof(c->client_url));
+}
+
+/* Starts argv[0] (a binary in build/bin) with its output in log. */
+static int spawn(h_cluster_t *c, const char *name, const char *url, char **argv)
+{
+    assert_true(c->n_procs < H_MAX_PROCS);
+    h_proc_t *p = &c->procs[c->n_procs];
+    snprintf(p->name, sizeof(p->name), "%s", name);
+    snprintf(p->url, sizeof(p->url), "%s", url ? url : "");
+    char log[sizeof(c->dir) + sizeof(p->name) + 8];
+    snprintf(log, sizeof(log), "%s/%s.log", c->dir, name);
+    snprintf(p->log, sizeof(p->log), "%s", log);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(p->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, STDOUT_FILENO);
+            dup2(fd, STDERR_FILENO);
+            close(fd);
+        }
+        int null = open("/dev/null", O_RDONLY);
+        if (null >= 0)
+            dup2(null, STDIN_FILENO);
+        if (c->ucx_tls)
+            setenv("UCX_TLS", c->ucx_tls, 1);
+        setenv("UCX_NET_DEVICES", "lo", 1);
+        if (!getenv("KVF_LOG"))
+            setenv("KVF_LOG", "info", 1);
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s", KVF_BIN_DIR, argv[0]);
+        execv(path, argv);
+        _exit(127);
+    }
+    p->pid = pid;
+    return c->n_procs++;
+}
+
+static int collect_args(char **argv, int n, va_list ap)
+{
+    const char *a;
+    while ((a = va_arg(ap, const char *)) != NULL && n < 62)
+        argv[n++] = (char *)a;
+    argv[n] = NULL;
+    return n;
+}
+
+void h_start_router(h_cluster_t *c, ...)
+{
+    char *argv[64] = {"kvf-router", "--listen", c->router_url, "--client", c->client_url,
+                      "--model", (char *)c->model};
+    va_list ap;
+    va_start(ap, c);
+    collect_args(argv, 7, ap);
+    va_end(ap);
+    spawn(c, "router", c->router_url, argv);
+}
+
+int h_start_node(h_cluster_t *c, const char *role, const char *name, ...)
+{
+    char url[64], bin[32];
+    tcp_url(url, sizeof(url));
+    snprintf(bin, sizeof(bin), "kvf-%s", role);
+    char *argv[64] = {bin, "--router", c->router_url, "--listen", url, "--model",
+                      (char *)c->model, "--node-id", (char *)name, "--threads", "1"};
+    va_list ap;
+    va_start(ap, name);
+    collect_args(argv, 11, ap);
+    va_end(ap);
+    return spawn(c, name, url, argv);
+}
+
+void h_kill(h_cluster_t *c, int i)
+{
+    if (c->procs[i].pid > 0) {
+        kill(c->procs[i].pid, SIGKILL);
+        waitpid(c->procs[i].pid, NULL, 0);
+        c->procs[i].pid = 0;
+    }
+}
+
+static void print_log_tail(const h_proc_t *p)
+{
+    FILE *f = fopen(p->log, "r");
+    if (!f)
+        return;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, size > 4000 ? size - 4000 : 0, SEEK_SET);
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    fprintf(stderr, "---- %s (%s) ----\n%s\n", p->name, p->log, buf);
+}
+
+void h_cluster_stop(h_cluster_t *c, bool print_logs)
+{
+    for (int i = c->n_procs - 1; i >= 0; i--)
+        if (c->procs[i].pid > 0)
+            kill(c->procs[i].pid, SIGTERM);
+    uint64_t deadline = kvf_clock_ns() + 5000000000ull;
+    for (int i = 0; i < c->n_procs; i++) {
+        h_proc_t *p = &c->procs[i];
+        while (p->pid > 0) {
+            int status;
+            pid_t r = waitpid(p->pid, &status, WNOHANG);
+            if (r == p->pid || (r < 0 && errno == ECHILD)) {
+                p->pid = 0;
+                if (r == p->pid && WIFSIGNALED(status))
+                    print_logs = true;
+                break;
+            }
+            if (kvf_clock_ns() > deadline) {
+                fprintf(stderr, "harness: %s did not stop in 5 s: SIGKILL\n", p->name);
+                kill(p->pid, SIGKILL);
+                waitpid(p->pid, NULL, 0);
+                p->pid = 0;
+                print_logs = true;
+                break;
+            }
+            kvf_clock_sleep_ms(20);
+        }
+    }
+    if (print_logs || getenv("KVF_TEST_LOGS"))
+        for (int i = 0; i < c->n_procs; i++)
+            print_log_tail(&c->procs[i]);
+    c->n_procs = 0;
+}
+
+/* Asks the router for its stats over a fresh client socket. */
+static kvf_envelope_t *stats_request(h_cluster_t *c, int timeout_ms)
+{
+    kvf_client_t *client;
+    if (kvf_client_create(c->client_url, &client) != KVF_OK)
+        return NULL;
+    Kvf__StatsRequest sr = KVF__STATS_REQUEST__INIT;
+    sr.req_id = kvf_clock_ns();
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "harness");
+    env.body_case = KVF__ENVELOPE__BODY_STATS_REQUEST;
+    env.stats_request = &sr;
+    kvf_envelope_t *in = NULL;
+    if (kvf_client_send(client, &env, timeout_ms) == KVF_OK) {
+        uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
+        while (kvf_clock_ns() < deadline) {
+            if (kvf_client_recv(client, kvf_clock_ms_until(deadline), &in) != KVF_OK) {
+                in = NULL;
+                continue;
+            }
+            if (in->body_case == KVF__ENVELOPE__BODY_STATS_REPLY &&
+                in->stats_reply->req_id == sr.req_id)
+                break;
+            kvf_envelope_free(in);
+            in = NULL;
+        }
+    }
+    kvf_client_destroy(client);
+    return in;
+}
+
+int h_stats(h_cluster_t *c, h_node_stats_t *out, int max)
+{
+    kvf_envelope_t *in = stats_request(c, 2000);
+    if (!in)
+        return -1;
+    const Kvf__StatsReply *s = in->stats_reply;
+    int n = 0;
+    for (size_t i = 0; i < s->n_nodes && n < max; i++, n++) {
+        const Kvf__NodeStats *ns = s->nodes[i];
+        h_node_stats_t *o = &out[n];
+        memset(o, 0, sizeof(*o));
+        snprintf(o->id, sizeof(o->id), "%s", ns->node_id);
+        o->role = ns->role;
+        snprintf(o->state, sizeof(o->state), "%s", ns->state);
+        if (ns->load) {
+            o->blocks_used = ns->load->blocks_used;
+            o->blocks_total = ns->load->blocks_total;
+            o->running = ns->load->running;
+        }
+        o->dispatched = ns->dispatched;
+    }
+    int total = (int)s->n_nodes;
+    kvf_envelope_free(in);
+    return total;
+}
+
+void h_wait_nodes(h_cluster_t *c, int n_nodes, int timeout_ms)
+{
+    uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int live = 0;
+    while (kvf_clock_ns() < deadline) {
+        h_node_stats_t st[H_MAX_PROCS];
+        int n = h_stats(c, st, H_MAX_PROCS);
+        live = 0;
+        for (int i = 0; i < n && i < H_MAX_PROCS; i++)
+            live += !strcmp(st[i].state, "live");
+        if (live >= n_nodes)
+            return;
+        kvf_clock_sleep_ms(100);
+    }
+    fprintf(stderr, "harness: %d of %d nodes live after %d ms\n", live, n_nodes, timeout_ms);
+    h_cluster_stop(c, true);
+    fail();
+}
+
+void h_wait_no_blocks_used(h_cluster_t *c, int timeout_ms)
+{
+    uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
+    h_node_stats_t st[H_MAX_PROCS];
+    int n = 0;
+    while (kvf_clock_ns() < deadline) {
+        n = h_stats(c, st, H_MAX_PROCS);
+        int busy = 0;
+        for (int i = 0; i < n && i < H_MAX_PROCS; i++)
+            busy += st[i].blocks_used != 0;
+        if (n > 0 && busy == 0)
+            return;
+        kvf_clock_sleep_ms(100);
+    }
+    for (int i = 0; i < n && i < H_MAX_PROCS; i++)
+        fprintf(stderr, "harness: node %s uses %u of %u blocks\n", st[i].id, st[i].blocks_used,
+                st[i].blocks_total);
+    h_cluster_stop(c, true);
+    fail();
+}
+
+static void send_generate(kvf_client_t *client, h_gen_t *g, uint64_t id)
+{
+    Kvf__Sampling s = KVF__SAMPLING__INIT;
+    s.temperature = g->temperature;
+    s.top_p = g->top_p;
+    s.top_k = g->top_k;
+    s.seed = g->seed;
+    s.has_seed = g->has_seed;
+    s.max_tokens = g->max_tokens;
+    s.ignore_eos = g->ignore_eos;
+    Kvf__GenerateRequest r = KVF__GENERATE_REQUEST__INIT;
+    r.client_req_id = id;
+    r.prompt = (char *)(g->text ? g->text : "");
+    r.prompt_ids = g->prompt;
+    r.n_prompt_ids = g->n_prompt;
+    r.sampling = &s;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "harness");
+    env.body_case = KVF__ENVELOPE__BODY_GENERATE_REQUEST;
+    env.generate_request = &r;
+    assert_int_equal(kvf_client_send(client, &env, 5000), KVF_OK);
+}
+
+static void send_cancel(kvf_client_t *client, uint64_t id)
+{
+    Kvf__Cancel cc = KVF__CANCEL__INIT;
+    cc.req_id = id;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "harness");
+    env.body_case = KVF__ENVELOPE__BODY_CANCEL;
+    env.cancel = &cc;
+    assert_int_equal(kvf_client_send(client, &env, 5000), KVF_OK);
+}
+
+void h_generate_many(h_cluster_t *c, h_gen_t *gens, size_t n, const int *cancel_after,
+                     int timeout_ms)
+{
+    kvf_client_t *client;
+    assert_int_equal(kvf_client_create(c->client_url, &client), KVF_OK);
+    uint64_t base = 1000;
+    for (size_t i = 0; i < n; i++) {
+        gens[i].finish = -1;
+        gens[i].seq_ok = true;
+        gens[i].next_seq = 0;
+        send_generate(client, &gens[i], base + i);
+    }
+    bool *cancelled = calloc(n, sizeof(bool));
+    assert_non_null(cancelled);
+    size_t done = 0;
+    uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (done < n && kvf_clock_ns() < deadline) {
+        kvf_envelope_t *in = NULL;
+        if (kvf_client_recv(client, 200, &in) != KVF_OK)
+            continue;
+        if (in->body_case != KVF__ENVELOPE__BODY_GENERATE_CHUNK ||
+            in->generate_chunk->client_req_id < base ||
+            in->generate_chunk->client_req_id >= base + n) {
+            kvf_envelope_free(in);
+            continue;
+        }
+        const Kvf__GenerateChunk *ch = in->generate_chunk;
+        size_t i = ch->client_req_id - base;
+        h_gen_t *g = &gens[i];
+        if (ch->seq != g->next_seq)
+            g->seq_ok = false;
+        g->next_seq = ch->seq + 1;
+        for (size_t k = 0; k < ch->n_tokens; k++) {
+            if (g->n_out == g->cap_out) {
+                g->cap_out = g->cap_out ? g->cap_out * 2 : 64;
+                g->out = realloc(g->out, g->cap_out * sizeof(*g->out));
+                assert_non_null(g->out);
+            }
+            g->out[g->n_out++] = ch->tokens[k];
+        }
+        size_t tl = strlen(ch->text);
+        if (tl) {
+            g->out_text = realloc(g->out_text, g->n_text + tl + 1);
+            assert_non_null(g->out_text);
+            memcpy(g->out_text + g->n_text, ch->text, tl + 1);
+            g->n_text += tl;
+        }
+        if (ch->finish_reason != KVF__FINISH_REASON__FINISH_NONE && g->finish < 0) {
+            g->finish = ch->finish_reason;
+            g->status = ch->status;
+            snprintf(g->error, sizeof(g->error), "%s", ch->error);
+            done++;
+        } else if (cancel_after && cancel_after[i] >= 0 && !cancelled[i] &&
+                   g->n_out >= (size_t)cancel_after[i]) {
+            cancelled[i] = true;
+            send_cancel(client, base + i);
+        }
+        kvf_envelope_free(in);
+    }
+    free(cancelled);
+    kvf_client_destroy(client);
+    if (done < n) {
+        fprintf(stderr, "harness: %zu of %zu generations finished in %d ms\n", done, n,
+                timeout_ms);
+        for (size_t i = 0; i < n; i++)
+            if (gens[i].finish < 0)
+                fprintf(stderr, "  #%zu: %zu tokens so far\n", i, gens[i].n_out);
+        h_cluster_stop(c, true);
+        fail();
+    }
+}
+
+void h_gen_free(h_gen_t *g)
+{
+    free(g->out);
+    free(g->out_text);
+    g->out = NULL;
+    g->out_text = NULL;
+    g->n_out = g->cap_out = g->n_text = 0;
+}
+
+uint32_t *h_colocated(const char *model, const h_gen_t *g, size_t *n_p)
+{
+    size_t cap = 256 + g->n_prompt * 12;
+    char *cmd = malloc(cap);
+    assert_non_null(cmd);
+    int off = snprintf(cmd, cap, "%s/kvf generate --model %s --threads 1 --ids --max-tokens %u",
+                       KVF_BIN_DIR, model, g->max_tokens);
+    if (g->temperature > 0)
+        off += snprintf(cmd + off, cap - (size_t)off, " --temperature %.9g", g->temperature);
+    if (g->top_k)
+        off += snprintf(cmd + off, cap - (size_t)off, " --top-k %u", g->top_k);
+    if (g->top_p > 0 && g->top_p < 1)
+        off += snprintf(cmd + off, cap - (size_t)off, " --top-p %.9g", g->top_p);
+    if (g->has_seed)
+        off += snprintf(cmd + off, cap - (size_t)off, " --seed %llu",
+                        (unsigned long long)g->seed);
+    if (g->ignore_eos)
+        off += snprintf(cmd + off, cap - (size_t)off, " --ignore-eos");
+    off += snprintf(cmd + off, cap - (size_t)off, " --prompt-ids ");
+    for (size_t i = 0; i < g->n_prompt; i++)
+        off += snprintf(cmd + off, cap - (size_t)off, "%s%u", i ? "," : "", g->prompt[i]);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = 0, ocap = 64;
+    uint32_t *out = malloc(ocap * sizeof(*out));
+    assert_non_null(out);
+    unsigned v;
+    int ch;
+    while (fscanf(f, "%u", &v) == 1) {
+        if (n == ocap) {
+            ocap *= 2;
+            out = realloc(out, ocap * sizeof(*out));
+            assert_non_null(out);
+        }
+        out[n++] = v;
+        ch = fgetc(f);
+        if (ch != ',')
+            break;
+    }
+    int rc = pclose(f);
+    if (rc != 0)
+        fprintf(stderr, "harness: '%s' exited with %d\n", cmd, rc);
+    assert_int_equal(rc, 0);
+    free(cmd);
+    *n_p = n;
+    return out;
+}
+
+uint32_t *h_prompt(size_t n, uint32_t vocab, uint64_t seed)
+{
+    uint32_t *p = malloc((n ? n : 1) * sizeof(*p));
+    assert_non_null(p);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[i] = 1 + (uint32_t)(x % (vocab - 3));
+    }
+    return p;
+}
+
+void h_mkmodel(const char *dir, const char *args)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s/kvf mkmodel %s %s > /dev/null", KVF_BIN_DIR, dir, args);
+    assert_int_equal(system(cmd), 0);
+}

@@ -1,0 +1,114 @@
+/* Test harness for multi-process cluster tests: starts a router and nodes
+ * from build/bin on 127.0.0.1 (free ports), talks to the router as a native
+ * client, computes colocated references, and stops every process it
+ * started (SIGTERM, then SIGKILL), whatever the test's outcome. */
+#ifndef KVF_TEST_HARNESS_H
+#define KVF_TEST_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kvf/clientsock.h"
+
+#define H_MAX_PROCS 16
+
+typedef struct {
+    pid_t pid;
+    char name[32];
+    char url[64];  /* its inbox */
+    char log[320]; /* its stderr/stdout */
+} h_proc_t;
+
+typedef struct {
+    char dir[240];        /* scratch directory (logs) */
+    const char *model;    /* model directory */
+    char router_url[64];  /* router inbox */
+    char client_url[64];  /* router client socket */
+    h_proc_t procs[H_MAX_PROCS];
+    int n_procs;
+    const char *ucx_tls;  /* UCX_TLS for the nodes, NULL: UCX's choice */
+} h_cluster_t;
+
+/* Prepares a cluster over model (nothing started). */
+void h_cluster_init(h_cluster_t *c, const char *model, const char *ucx_tls);
+
+/* Starts the router; extra router flags may follow (NULL-terminated). */
+void h_start_router(h_cluster_t *c, ...);
+
+/* Starts a node ("prefill" or "decode") named name; extra flags follow,
+ * NULL-terminated. Returns its index in procs. */
+int h_start_node(h_cluster_t *c, const char *role, const char *name, ...);
+
+/* Waits until the router lists n_nodes live nodes (fails the test after
+ * timeout_ms). */
+void h_wait_nodes(h_cluster_t *c, int n_nodes, int timeout_ms);
+
+/* Stops every process (SIGTERM, then SIGKILL after 5 s) and prints the
+ * tail of each log when print_logs. */
+void h_cluster_stop(h_cluster_t *c, bool print_logs);
+
+/* Sends SIGKILL to process i and reaps it. */
+void h_kill(h_cluster_t *c, int i);
+
+/* Node stats as the router reports them. */
+typedef struct {
+    char id[64];
+    int role; /* Kvf__Role */
+    char state[16];
+    uint32_t blocks_used, blocks_total, running;
+    uint64_t dispatched;
+} h_node_stats_t;
+
+/* Fills up to max entries; returns how many nodes the router listed. */
+int h_stats(h_cluster_t *c, h_node_stats_t *out, int max);
+
+/* Waits until every node the router lists reports 0 KV blocks in use;
+ * fails the test after timeout_ms. */
+void h_wait_no_blocks_used(h_cluster_t *c, int timeout_ms);
+
+/* One generation through the native client. */
+typedef struct {
+    uint32_t *prompt; /* ids, used exactly */
+    size_t n_prompt;
+    const char *text; /* or text */
+    uint32_t max_tokens;
+    float temperature, top_p;
+    uint32_t top_k;
+    uint64_t seed;
+    bool has_seed;
+    bool ignore_eos;
+    /* results */
+    uint32_t *out; /* generated ids */
+    size_t n_out, cap_out;
+    char *out_text;
+    size_t n_text;
+    int finish; /* Kvf__FinishReason, -1 while running */
+    int status;
+    char error[256];
+    uint32_t next_seq;
+    bool seq_ok;
+} h_gen_t;
+
+/* Runs n generations concurrently over one client socket; each finishes or
+ * the test fails after timeout_ms. cancel_after: if >= 0, request i is
+ * cancelled once it has produced cancel_after[i] tokens (NULL: none). */
+void h_generate_many(h_cluster_t *c, h_gen_t *gens, size_t n, const int *cancel_after,
+                     int timeout_ms);
+
+void h_gen_free(h_gen_t *g);
+
+/* The colocated reference: kvf generate --model M --prompt-ids ... --ids
+ * with g's sampling; returns a malloc'd id array. */
+uint32_t *h_colocated(const char *model, const h_gen_t *g, size_t *n_p);
+
+/* A deterministic pseudo-random prompt of n ids in [1, vocab - 3]. */
+uint32_t *h_prompt(size_t n, uint32_t vocab, uint64_t seed);
+
+/* Makes a random model directory under the scratch dir with kvf mkmodel;
+ * args is the flag string. Returns its path (static storage per call
+ * site is the caller's: copy it). */
+void h_mkmodel(const char *dir, const char *args);
+
+#endif

@@ -1,0 +1,289 @@
+/* The cluster end to end: a router, prefill and decode nodes as separate
+ * processes on 127.0.0.1. Every greedy output must equal the colocated
+ * `kvf generate` token for token, and every node must hold 0 KV blocks once
+ * the requests are done. Also: cancel, KvAlloc refusal (queue and retry), a
+ * decode node joining while serving, and invalid requests. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "kvf/clock.h"
+#include "kvf/status.h"
+
+#define N_REQ 32
+#define VOCAB 512
+
+static char model_dir[256];
+static h_gen_t reqs[N_REQ];
+static uint32_t *refs[N_REQ];
+static size_t n_refs[N_REQ];
+
+/* Prompts of 1..600 tokens, varied max tokens; half ignore EOS. */
+static void make_requests(void)
+{
+    for (int i = 0; i < N_REQ; i++) {
+        h_gen_t *g = &reqs[i];
+        memset(g, 0, sizeof(*g));
+        size_t len = i == 0 ? 1 : i == 1 ? 600 : 1 + (size_t)((i * 197) % 600);
+        g->prompt = h_prompt(len, VOCAB, (uint64_t)i + 1);
+        g->prompt[0] = 510; /* BOS, as a tokenized prompt starts */
+        g->n_prompt = len;
+        g->max_tokens = 1 + (uint32_t)((i * 37) % 48);
+        g->ignore_eos = i % 2 == 0;
+    }
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(model_dir, sizeof(model_dir), "/tmp/kvf-test-cluster-model-%d", (int)getpid());
+    h_mkmodel(model_dir, "--layers 2 --hidden 64 --heads 4 --kv-heads 2 --inter 128 "
+                         "--vocab 512 --max-pos 4096 --seed 11");
+    make_requests();
+    for (int i = 0; i < N_REQ; i++)
+        refs[i] = h_colocated(model_dir, &reqs[i], &n_refs[i]);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < N_REQ; i++) {
+        free(reqs[i].prompt);
+        free(refs[i]);
+    }
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", model_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void check_against_colocated(h_cluster_t *c)
+{
+    int bad = 0;
+    for (int i = 0; i < N_REQ; i++) {
+        h_gen_t *g = &reqs[i];
+        bool same = g->n_out == n_refs[i] &&
+                    (g->n_out == 0 || !memcmp(g->out, refs[i], g->n_out * sizeof(uint32_t)));
+        if (!same || !g->seq_ok ||
+            (g->finish != 1 /* STOP */ && g->finish != 2 /* LENGTH */)) {
+            fprintf(stderr,
+                    "request %d (%zu prompt tokens, max %u): %zu tokens (colocated %zu), "
+                    "finish %d, chunks in order %d, error '%s'\n",
+                    i, g->n_prompt, g->max_tokens, g->n_out, n_refs[i], g->finish, g->seq_ok,
+                    g->error);
+            bad++;
+        }
+    }
+    if (bad) {
+        h_cluster_stop(c, true);
+        fail_msg("%d of %d requests differ from the colocated output", bad, N_REQ);
+    }
+}
+
+static void run_cluster(int n_prefill, int n_decode, const char *tls)
+{
+    h_cluster_t c;
+    h_cluster_init(&c, model_dir, tls);
+    h_start_router(&c, NULL);
+    for (int i = 0; i < n_decode; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "decode-%d", i);
+        h_start_node(&c, "decode", name, NULL);
+    }
+    for (int i = 0; i < n_prefill; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "prefill-%d", i);
+        h_start_node(&c, "prefill", name, NULL);
+    }
+    h_wait_nodes(&c, n_prefill + n_decode, 30000);
+    h_generate_many(&c, reqs, N_REQ, NULL, 240000);
+    check_against_colocated(&c);
+    h_wait_no_blocks_used(&c, 5000);
+    h_cluster_stop(&c, false);
+    for (int i = 0; i < N_REQ; i++)
+        h_gen_free(&reqs[i]);
+}
+
+static void test_1_prefill_1_decode_shm(void **state)
+{
+    (void)state;
+    run_cluster(1, 1, "sm,self");
+}
+
+static void test_2_prefill_3_decode_tcp(void **state)
+{
+    (void)state;
+    run_cluster(2, 3, "tcp,self");
+}
+
+/* Two requests that cannot both fit the decode node's pool: the second is
+ * refused (KvAlloc), waits, and completes after the first. A third is
+ * cancelled mid-stream. Afterwards no block is in use. */
+static void test_refusal_and_cancel(void **state)
+{
+    (void)state;
+    h_cluster_t c;
+    h_cluster_init(&c, model_dir, "sm,self");
+    h_start_router(&c, NULL);
+    /* 512 bytes per token: 40 blocks of 16 tokens. */
+    h_start_node(&c, "decode", "decode-small", "--kv-mem", "320K", NULL);
+    h_start_node(&c, "prefill", "prefill-0", NULL);
+    h_wait_nodes(&c, 2, 30000);
+
+    h_gen_t g[2];
+    memset(g, 0, sizeof(g));
+    for (int i = 0; i < 2; i++) {
+        g[i].prompt = h_prompt(300, VOCAB, 100 + (uint64_t)i);
+        g[i].n_prompt = 300;
+        g[i].max_tokens = 200;
+        g[i].ignore_eos = true;
+    }
+    h_generate_many(&c, g, 2, NULL, 120000);
+    for (int i = 0; i < 2; i++) {
+        size_t n_ref;
+        uint32_t *ref = h_colocated(model_dir, &g[i], &n_ref);
+        assert_int_equal(g[i].finish, 2);
+        assert_int_equal(g[i].n_out, n_ref);
+        assert_memory_equal(g[i].out, ref, n_ref * sizeof(uint32_t));
+        free(ref);
+    }
+    h_wait_no_blocks_used(&c, 5000);
+
+    /* Cancel after 5 tokens of a long generation. */
+    h_gen_t cg;
+    memset(&cg, 0, sizeof(cg));
+    cg.prompt = h_prompt(50, VOCAB, 7);
+    cg.n_prompt = 50;
+    cg.max_tokens = 4000;
+    cg.ignore_eos = true;
+    int cancel_after = 5;
+    h_generate_many(&c, &cg, 1, &cancel_after, 60000);
+    assert_int_equal(cg.finish, 3 /* CANCELLED */);
+    assert_true(cg.n_out >= 5 && cg.n_out < 4000);
+    h_wait_no_blocks_used(&c, 15000);
+
+    /* The cluster still serves. */
+    h_gen_t after = g[0];
+    after.out = NULL;
+    after.out_text = NULL;
+    after.n_out = after.cap_out = after.n_text = 0;
+    after.max_tokens = 4;
+    h_generate_many(&c, &after, 1, NULL, 60000);
+    assert_int_equal(after.finish, 2);
+    assert_int_equal(after.n_out, 4);
+    assert_memory_equal(after.out, g[0].out, 4 * sizeof(uint32_t));
+    h_wait_no_blocks_used(&c, 5000);
+    h_cluster_stop(&c, false);
+    for (int i = 0; i < 2; i++) {
+        h_gen_free(&g[i]);
+        free(g[i].prompt);
+    }
+    h_gen_free(&cg);
+    free(cg.prompt);
+    h_gen_free(&after);
+}
+
+static void test_decode_node_joins(void **state)
+{
+    (void)state;
+    h_cluster_t c;
+    h_cluster_init(&c, model_dir, "sm,self");
+    h_start_router(&c, NULL);
+    h_start_node(&c, "decode", "decode-a", NULL);
+    h_start_node(&c, "prefill", "prefill-0", NULL);
+    h_wait_nodes(&c, 2, 30000);
+    h_generate_many(&c, reqs, 4, NULL, 60000);
+    h_start_node(&c, "decode", "decode-b", NULL);
+    h_wait_nodes(&c, 3, 30000);
+    for (int i = 0; i < 4; i++)
+        h_gen_free(&reqs[i]);
+    h_generate_many(&c, reqs, 8, NULL, 120000);
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(reqs[i].n_out, n_refs[i]);
+        assert_memory_equal(reqs[i].out, refs[i], n_refs[i] * sizeof(uint32_t));
+        h_gen_free(&reqs[i]);
+    }
+    h_node_stats_t st[8];
+    int n = h_stats(&c, st, 8);
+    bool b_worked = false;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(st[i].id, "decode-b") && st[i].dispatched > 0)
+            b_worked = true;
+    if (!b_worked)
+        h_cluster_stop(&c, true);
+    assert_true(b_worked);
+    h_wait_no_blocks_used(&c, 5000);
+    h_cluster_stop(&c, false);
+}
+
+static void test_invalid_requests(void **state)
+{
+    (void)state;
+    h_cluster_t c;
+    h_cluster_init(&c, model_dir, "sm,self");
+    h_start_router(&c, NULL);
+    h_start_node(&c, "decode", "decode-0", NULL);
+    h_start_node(&c, "prefill", "prefill-0", NULL);
+    h_wait_nodes(&c, 2, 30000);
+    h_gen_t bad[5];
+    memset(bad, 0, sizeof(bad));
+    bad[0].text = ""; /* empty prompt */
+    uint32_t *longp = h_prompt(4100, VOCAB, 3); /* longer than the context (4096) */
+    bad[1].prompt = longp;
+    bad[1].n_prompt = 4100;
+    uint32_t ok_prompt[] = {510, 5, 6, 7};
+    bad[2].prompt = ok_prompt;
+    bad[2].n_prompt = 4;
+    bad[2].temperature = -1.0f;
+    bad[3].prompt = ok_prompt;
+    bad[3].n_prompt = 4;
+    bad[3].top_p = 2.0f;
+    uint32_t bad_ids[] = {510, 9999};
+    bad[4].prompt = bad_ids;
+    bad[4].n_prompt = 2;
+    h_generate_many(&c, bad, 5, NULL, 30000);
+    for (int i = 0; i < 5; i++) {
+        if (bad[i].finish != 4 /* ERROR */ || bad[i].status >= 0 || !bad[i].error[0])
+            fprintf(stderr, "invalid request %d: finish %d status %d '%s'\n", i, bad[i].finish,
+                    bad[i].status, bad[i].error);
+        assert_int_equal(bad[i].finish, 4);
+        assert_true(bad[i].status < 0);
+        assert_true(bad[i].error[0] != '\0');
+        assert_int_equal(bad[i].n_out, 0);
+        h_gen_free(&bad[i]);
+    }
+    free(longp);
+    /* ...and it keeps serving. */
+    h_gen_t good;
+    memset(&good, 0, sizeof(good));
+    good.prompt = ok_prompt;
+    good.n_prompt = 4;
+    good.max_tokens = 8;
+    good.ignore_eos = true;
+    h_generate_many(&c, &good, 1, NULL, 30000);
+    assert_int_equal(good.finish, 2);
+    assert_int_equal(good.n_out, 8);
+    h_gen_free(&good);
+    h_wait_no_blocks_used(&c, 5000);
+    h_cluster_stop(&c, false);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_1_prefill_1_decode_shm),
+        cmocka_unit_test(test_2_prefill_3_decode_tcp),
+        cmocka_unit_test(test_refusal_and_cancel),
+        cmocka_unit_test(test_decode_node_joins),
+        cmocka_unit_test(test_invalid_requests),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
