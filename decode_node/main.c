@@ -1,22 +1,68 @@
-/* kvf-decode: a decode node of a kvferry cluster. */
+/* kvf-decode: a decode node of a kvferry cluster. Parses flags, builds the
+ * node (decode.h) and runs its loop until SIGINT or SIGTERM. */
+#include "decode.h"
+
 #include "kvf/flags.h"
+#include "kvf/kvcache.h"
 #include "kvf/log.h"
+
+#include <signal.h>
+#include <string.h>
+
+/* The one mutable global: set by the signal handler, read by the loop. */
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
 
 int main(int argc, char **argv)
 {
-    const char *router_url = NULL;
-    const char *listen_url = NULL;
-    const char *model_dir = NULL;
+    const char *router_url = NULL, *listen_url = NULL, *model_dir = NULL, *node_id = NULL;
+    uint64_t kv_mem = KVF_DECODE_KV_MEM_DEFAULT;
+    int max_running = KVF_DECODE_MAX_RUNNING_DEFAULT;
+    int threads = 0;
+    bool prefill_local = false;
+    int block_size = 16;
+    int lease_ms = KVF_DECODE_LEASE_MS_DEFAULT;
+    int max_batch_tokens = KVF_DECODE_MAX_BATCH_TOKENS_DEFAULT;
     kvf_flag_t flags[] = {
-        {"router", KVF_FLAG_STRING, &router_url, "URL", "the router's inbox", NULL},
-        {"listen", KVF_FLAG_STRING, &listen_url, "URL", "this node's inbox", NULL},
-        {"model", KVF_FLAG_STRING, &model_dir, "DIR", "Hugging Face model directory", NULL},
+        {"router", KVF_FLAG_STRING, &router_url, "URL", "the router's inbox (required)", NULL},
+        {"listen", KVF_FLAG_STRING, &listen_url, "URL", "this node's inbox (required)", NULL},
+        {"model", KVF_FLAG_STRING, &model_dir, "DIR",
+         "Hugging Face model directory (required)", NULL},
+        {"kv-mem", KVF_FLAG_SIZE, &kv_mem, "BYTES",
+         "KV pool budget (default 256M); capped to what max-running full-context sequences "
+         "use",
+         NULL},
+        {"max-running", KVF_FLAG_INT, &max_running, "N",
+         "most requests held at once, reserved or decoding (default 64)", NULL},
+        {"threads", KVF_FLAG_INT, &threads, "N", "compute threads (default: one per CPU)", NULL},
+        {"prefill-local", KVF_FLAG_BOOL, &prefill_local, NULL,
+         "also serve prefill requests naming this node (the colocated baseline)", NULL},
+        {"block-size", KVF_FLAG_INT, &block_size, "N",
+         "tokens per KV block, 1..256; must match the cluster (default 16)", NULL},
+        {"lease-ms", KVF_FLAG_INT, &lease_ms, "MS",
+         "how long a reservation may wait for its K/V and KvReady (default 10000)", NULL},
+        {"max-batch-tokens", KVF_FLAG_INT, &max_batch_tokens, "N",
+         "tokens per forward: decoding sequences plus local prompt chunks (default 2048)",
+         NULL},
+        {"node-id", KVF_FLAG_STRING, &node_id, "ID",
+         "this node's id (default: decode-<pid>-<random>)", NULL},
     };
     kvf_flagset_t set = {
         .prog = "kvf-decode",
-        .usage = "--router URL --listen URL --model DIR",
-        .summary = "Decode node of a kvferry cluster. This version parses and checks its "
-                   "flags only; it does not\nserve yet.",
+        .usage = "--router URL --listen URL --model DIR [options]",
+        .summary =
+            "Decode node of a kvferry cluster. Loads the model on the CPU backend, registers\n"
+            "with the router, reserves KV blocks for prefill nodes (KvAlloc), receives their\n"
+            "K/V over the transport and decodes every admitted sequence in one continuous\n"
+            "batch, streaming tokens to the router. With --prefill-local it also prefills\n"
+            "requests itself. SIGINT or SIGTERM stops it: requests held are reported failed\n"
+            "to the router, blocks freed, the node deregistered. Logs go to stderr (KVF_LOG\n"
+            "sets the level).",
         .flags = flags,
         .n_flags = KVF_NFLAGS(flags),
         .env = true,
@@ -24,7 +70,50 @@ int main(int argc, char **argv)
     int rc = kvf_flags_parse(&set, argc, argv);
     if (rc != KVF_FLAGS_RUN)
         return rc == KVF_FLAGS_EXIT ? 0 : 2;
-    kvf_log_init("decode", NULL);
-    kvf_log_error("kvf-decode does not serve in this version (see --help)");
-    return 1;
+    kvf_log_init("decode", node_id);
+    if (!router_url || !listen_url || !model_dir) {
+        kvf_log_error("--router, --listen and --model are required (see --help)");
+        return 2;
+    }
+    if (max_running < 1 || block_size < 1 || block_size > KVF_KV_BLOCK_SIZE_MAX ||
+        lease_ms < 1 || max_batch_tokens < 1) {
+        kvf_log_error("--max-running, --lease-ms and --max-batch-tokens must be positive, "
+                      "--block-size in 1..256");
+        return 2;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    kvf_decode_config_t cfg = {
+        .router_url = router_url,
+        .listen_url = listen_url,
+        .model_dir = model_dir,
+        .node_id = node_id,
+        .kv_mem = kv_mem,
+        .max_running = max_running,
+        .threads = threads,
+        .prefill_local = prefill_local,
+        .block_size = block_size,
+        .lease_ms = (uint32_t)lease_ms,
+        .max_batch_tokens = (uint32_t)max_batch_tokens,
+    };
+    kvf_decode_t *dec = NULL;
+    kvf_status_t st = kvf_decode_create(&cfg, &dec);
+    if (st != KVF_OK) {
+        kvf_log_error("cannot start: %s", kvf_status_str(st));
+        return 1;
+    }
+    st = kvf_decode_run(dec, &g_stop);
+    kvf_decode_destroy(dec);
+    if (st != KVF_OK) {
+        kvf_log_error("stopped: %s", kvf_status_str(st));
+        return 1;
+    }
+    return 0;
 }

@@ -1,0 +1,78 @@
+/* kvf-decode: the decode node of a kvferry cluster (DESIGN.md, PROTOCOL.md).
+ *
+ * One kvf_decode_t owns everything the node has: the model, the CPU
+ * backend, the paged KV pool, the engine, the transfer handle registered
+ * over the pool (the receiving end of KV handoffs), the node runtime
+ * (inbox, router registration, heartbeats, outboxes) and the request
+ * table. kvf_decode_run() is the node's single event loop: it receives
+ * control messages, drives the transport, and runs continuous-batching
+ * decode steps (one engine forward over every decoding sequence, plus
+ * prompt chunks of requests this node prefills itself with
+ * --prefill-local), streaming one TokenBatch to the router per step.
+ *
+ * Thread rules: one thread (the loop's) uses a kvf_decode_t; the backend's
+ * thread pool only runs inside kvf_engine_forward(). */
+#ifndef KVF_DECODE_H
+#define KVF_DECODE_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvf/status.h"
+
+#define KVF_DECODE_KV_MEM_DEFAULT (256ull << 20)
+#define KVF_DECODE_MAX_RUNNING_DEFAULT 64
+#define KVF_DECODE_LEASE_MS_DEFAULT 10000
+#define KVF_DECODE_MAX_BATCH_TOKENS_DEFAULT 2048
+#define KVF_DECODE_SEND_TIMEOUT_MS 100
+
+typedef struct {
+    const char *router_url; /* the router's inbox */
+    const char *listen_url; /* this node's inbox */
+    const char *model_dir;
+    const char *node_id;       /* NULL: generated */
+    uint64_t kv_mem;           /* KV pool budget in bytes; 0: default */
+    int max_running;           /* most live requests; <= 0: default */
+    int threads;               /* compute threads; <= 0: one per CPU */
+    bool prefill_local;        /* also serve PrefillRequests naming this node */
+    int block_size;            /* tokens per KV block; <= 0: 16 */
+    uint32_t lease_ms;         /* reservation lease; 0: default */
+    uint32_t max_batch_tokens; /* tokens per forward (local prefill chunks); 0: default */
+    uint32_t stats_interval_ms; /* log the counters this often when they changed; 0: 30 s */
+} kvf_decode_config_t;
+
+/* Counters the node logs (and tests read). */
+typedef struct {
+    uint64_t requests_admitted;  /* KvAlloc or local PrefillRequest accepted */
+    uint64_t requests_refused;   /* admission said no */
+    uint64_t requests_finished;  /* ended with STOP or LENGTH */
+    uint64_t requests_cancelled; /* Cancel from the router */
+    uint64_t requests_failed;    /* expired lease, aborted or rejected transfer, errors */
+    uint64_t requests_released;  /* blocks back in the pool */
+    uint64_t stale_dropped;      /* messages or events of another epoch */
+    uint64_t malformed_dropped;  /* undecodable, invalid or unexpected messages */
+    uint64_t tokens_generated;   /* tokens sampled (first tokens of local prefills included) */
+    uint64_t steps;              /* engine forwards */
+} kvf_decode_stats_t;
+
+typedef struct kvf_decode kvf_decode_t;
+
+/* Loads the model, sizes the pool (kv_mem, capped to what max_running
+ * full-context sequences can use), opens the transport and binds the
+ * inbox. cfg's strings are copied. On success *dec_p is owned by the
+ * caller: kvf_decode_destroy(). */
+kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **dec_p);
+
+/* Serves until *stop becomes non-zero (set by a signal handler), then
+ * ends every request (the router is told, blocks go back to the pool)
+ * and deregisters. Returns KVF_OK, or the router's refusal of the
+ * registration (model or geometry mismatch). */
+kvf_status_t kvf_decode_run(kvf_decode_t *dec, volatile sig_atomic_t *stop);
+
+/* Frees everything; NULL is a no-op. */
+void kvf_decode_destroy(kvf_decode_t *dec);
+
+void kvf_decode_get_stats(const kvf_decode_t *dec, kvf_decode_stats_t *stats_p);
+
+#endif
