@@ -90,10 +90,11 @@ int kvf_remote_generate(const kvf_remote_generate_t *req)
                 fprintf(stderr,
                         "ttft %.1f ms (router %.1f ms), prefill compute %.1f ms, kv handoff "
                         "after last layer %.2f ms, kv shipped %llu bytes, %zu tokens in %.3f s, "
-                        "%.1f tokens/s decode, finish %s\n",
+                        "time per output token %.2f ms (%.1f tokens/s), finish %s\n",
                         t_first ? (double)(t_first - t0) / 1e6 : 0.0, (double)c->ttft_us / 1e3,
                         (double)c->prefill_compute_us / 1e3, (double)c->handoff_us / 1e3,
                         (unsigned long long)c->kv_bytes, n_tokens, total_s,
+                        n_tokens > 1 ? decode_s * 1e3 / (double)(n_tokens - 1) : 0.0,
                         n_tokens > 1 && decode_s > 0 ? (double)(n_tokens - 1) / decode_s : 0.0,
                         c->finish_reason == KVF__FINISH_REASON__FINISH_STOP     ? "stop"
                         : c->finish_reason == KVF__FINISH_REASON__FINISH_LENGTH ? "length"
