@@ -12,6 +12,7 @@
  * failed endpoint is only marked there and closed from ucx_progress. */
 #include "xfer_internal.h"
 
+#include "kvf/clock.h"
 #include "kvf/log.h"
 
 #include <stdlib.h>
@@ -33,12 +34,25 @@ typedef struct {
     bool warned_no_peer_mode;
 } ucx_xfer_t;
 
+/* Shutting a connection down: first a flush, so that puts already posted
+ * complete (over TCP, UCX 1.13 emulates puts with messages, and a receiver
+ * still applying them when the sender's endpoint goes away can fail inside
+ * UCX), bounded by the handle's grace period; then a forced close; the
+ * rkey goes once nothing can use it. */
+typedef enum {
+    UCX_PEER_OPEN = 0,
+    UCX_PEER_FLUSHING, /* flush_req in progress, until force_at_ns */
+    UCX_PEER_CLOSING,  /* close_req in progress */
+    UCX_PEER_CLOSED,   /* ep and rkey are gone */
+} ucx_peer_phase_t;
+
 typedef struct {
     ucp_ep_h ep;
     ucp_rkey_h rkey;
-    void *close_req;    /* the forced close, while in progress */
-    bool close_wanted;  /* shut down at the next progress */
-    bool close_started; /* ep and rkey are gone */
+    ucx_peer_phase_t phase;
+    bool close_wanted; /* shut down from the next progress on */
+    void *flush_req, *close_req;
+    uint64_t force_at_ns;
 } ucx_peer_t;
 
 /* The one place UCX status codes become kvferry's. */
@@ -218,11 +232,10 @@ static void ucx_close(kvf_xfer_t *x)
      * requests. */
     for (kvf_xfer_peer_t *p = x->peers; p; p = p->next) {
         ucx_peer_t *up = p->be;
-        if (!up->close_started) {
+        if (up->phase != UCX_PEER_CLOSED)
             ucp_rkey_destroy(up->rkey);
-            up->close_started = true;
-        }
-        up->close_req = NULL; /* owned by the worker, about to go */
+        up->phase = UCX_PEER_CLOSED;
+        up->flush_req = up->close_req = NULL; /* owned by the worker, about to go */
     }
     ucp_worker_release_address(u->worker, u->address);
     ucp_rkey_buffer_release(u->rkey_buf);
@@ -337,33 +350,67 @@ static void ucx_shutdown(kvf_xfer_peer_t *p)
     up->close_wanted = true;
 }
 
-/* Closes a failed or disconnected peer's endpoint; outside callbacks. */
-static void peer_close_start(kvf_xfer_peer_t *p)
+static bool request_done(void **req_p)
+{
+    if (*req_p) {
+        if (ucp_request_check_status(*req_p) == UCS_INPROGRESS)
+            return false;
+        ucp_request_free(*req_p);
+        *req_p = NULL;
+    }
+    return true;
+}
+
+/* Moves a peer's shutdown on (see ucx_peer_phase_t); outside callbacks.
+ * Returns whether anything happened. */
+static bool peer_close_step(kvf_xfer_peer_t *p, uint64_t now)
 {
     ucx_peer_t *up = p->be;
-    up->close_started = true;
-    ucp_rkey_destroy(up->rkey);
-    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    void *req = ucp_ep_close_nbx(up->ep, &cp);
-    if (UCS_PTR_IS_PTR(req))
-        up->close_req = req;
-    else if (UCS_PTR_STATUS(req) != UCS_OK)
-        kvf_log_debug("xfer/ucx: endpoint close: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+    switch (up->phase) {
+    case UCX_PEER_OPEN: {
+        up->force_at_ns = now + (uint64_t)p->xfer->cfg.grace_ms * 1000000ull;
+        ucp_request_param_t fp = {.op_attr_mask = 0};
+        void *req = ucp_ep_flush_nbx(up->ep, &fp);
+        up->flush_req = UCS_PTR_IS_PTR(req) ? req : NULL;
+        up->phase = UCX_PEER_FLUSHING;
+        return true;
+    }
+    case UCX_PEER_FLUSHING: {
+        bool flushed = request_done(&up->flush_req);
+        if (!flushed && now < up->force_at_ns)
+            return false;
+        if (!flushed)
+            kvf_log_warn("xfer/ucx: endpoint did not flush within %u ms; closing it by force",
+                         p->xfer->cfg.grace_ms);
+        /* Forced: the peer may be dead, and a graceful close would wait on
+         * it. Outstanding requests end with errors. */
+        ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                  .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = ucp_ep_close_nbx(up->ep, &cp);
+        if (UCS_PTR_IS_PTR(req))
+            up->close_req = req;
+        else if (UCS_PTR_STATUS(req) != UCS_OK)
+            kvf_log_debug("xfer/ucx: endpoint close: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+        up->phase = UCX_PEER_CLOSING;
+        return true;
+    }
+    case UCX_PEER_CLOSING:
+        if (!request_done(&up->close_req))
+            return false;
+        (void)request_done(&up->flush_req); /* ended by the close */
+        ucp_rkey_destroy(up->rkey);
+        up->phase = UCX_PEER_CLOSED;
+        return true;
+    case UCX_PEER_CLOSED:
+        return false;
+    }
+    return false;
 }
 
 static bool ucx_shutdown_done(kvf_xfer_peer_t *p)
 {
     ucx_peer_t *up = p->be;
-    if (!up->close_started)
-        return false;
-    if (up->close_req) {
-        if (ucp_request_check_status(up->close_req) == UCS_INPROGRESS)
-            return false;
-        ucp_request_free(up->close_req);
-        up->close_req = NULL;
-    }
-    return true;
+    return up->phase == UCX_PEER_CLOSED && !up->flush_req;
 }
 
 static void ucx_peer_free(kvf_xfer_peer_t *p)
@@ -470,12 +517,14 @@ static unsigned ucx_progress(kvf_xfer_t *x)
 {
     ucx_xfer_t *u = x->be;
     unsigned n = ucp_worker_progress(u->worker);
+    uint64_t now = 0;
     for (kvf_xfer_peer_t *p = x->peers; p; p = p->next) {
         ucx_peer_t *up = p->be;
-        if (up->close_wanted && !up->close_started) {
-            peer_close_start(p);
-            n++;
-        }
+        if (!up->close_wanted)
+            continue;
+        if (!now)
+            now = kvf_clock_ns();
+        n += peer_close_step(p, now);
     }
     return n;
 }
@@ -489,9 +538,10 @@ static int ucx_fd(const kvf_xfer_t *x)
 static kvf_status_t ucx_arm(kvf_xfer_t *x)
 {
     ucx_xfer_t *u = x->be;
+    /* A shutdown in progress is polled, not signalled: no sleeping. */
     for (kvf_xfer_peer_t *p = x->peers; p; p = p->next) {
         ucx_peer_t *up = p->be;
-        if (up->close_wanted && !up->close_started)
+        if (up->close_wanted && up->phase != UCX_PEER_CLOSED)
             return KVF_ERR_AGAIN;
     }
     ucs_status_t s = ucp_worker_arm(u->worker);

@@ -429,8 +429,8 @@ void kvf_xfer__peer_fail(kvf_xfer_peer_t *p, kvf_status_t status)
 {
     if (p->status == KVF_OK) {
         p->status = status;
-        if (status != KVF_ERR_CLOSED)
-            kvf_log_error("xfer: peer failed: %s", kvf_status_str(status));
+        /* The cause was logged where it was found. */
+        kvf_log_debug("xfer: peer failed: %s", kvf_status_str(status));
     }
     /* Every batch ends with the first cause, not a later echo of it. */
     for (kvf_xfer_batch_t *b = p->batches; b; b = b->next)
