@@ -2,6 +2,9 @@
 
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,9 +69,8 @@ struct req {
     uint64_t id;
     uint64_t epoch;
     req_state_t state;
-    /* Who asked. */
-    kvf_client_hdr_t hdr;
-    uint64_t client_req_id;
+    /* Who asked: where the output goes. */
+    kvf_router_sink_t sink;
     /* What. */
     uint32_t *prompt; /* (n_prompt) */
     uint32_t n_prompt;
@@ -95,7 +97,6 @@ struct req {
     char *text; /* (text_len) everything streamed as text so far */
     size_t text_len, text_cap;
     size_t text_sent;
-    uint32_t chunk_seq;
     /* Timing. */
     uint64_t t_arrival_ns, t_queued_ns, t_first_ns, deadline_ns;
     uint64_t prefill_compute_us, handoff_us, kv_bytes;
@@ -120,6 +121,11 @@ struct kvf_router {
     req_t *all; /* every live request */
     req_t *queue_head, *queue_tail;
     unsigned queue_len;
+    struct native_sink *natives; /* live requests of native clients */
+    /* Work handed over by other threads (kvf_router_post). */
+    pthread_mutex_t post_lock;
+    struct posted *posted, *posted_tail;
+    int post_fd; /* eventfd: readable while work is posted */
     uint64_t next_req_id;
     /* Counters. */
     uint64_t n_requests, n_running, n_failed, n_cancelled, n_completed, n_stale, n_malformed;
@@ -168,37 +174,30 @@ static uint32_t blocks_for(uint32_t tokens, uint32_t block_size)
     return block_size ? (tokens + block_size - 1) / block_size : tokens;
 }
 
-/* ---- client replies ------------------------------------------------------- */
+/* ---- output ---------------------------------------------------------------- */
 
-static void client_send(kvf_router_t *r, req_t *q, Kvf__GenerateChunk *chunk)
+/* Hands a chunk of q's output to its sink. */
+static void emit(req_t *q, kvf_router_chunk_t *chunk)
 {
-    chunk->client_req_id = q->client_req_id;
-    chunk->seq = q->chunk_seq++;
+    chunk->req_id = q->id;
     chunk->prompt_tokens = q->n_prompt;
-    kvf_envelope_t env;
-    kvf_envelope_init(&env, "router");
-    env.body_case = KVF__ENVELOPE__BODY_GENERATE_CHUNK;
-    env.generate_chunk = chunk;
-    kvf_status_t st = kvf_client_server_send(r->clients, &q->hdr, &env);
-    if (st != KVF_OK)
-        kvf_log_warn("request %llu: reply to client: %s", (unsigned long long)q->id,
-                     kvf_status_str(st));
+    chunk->completion_tokens = q->n_gen;
+    if (!chunk->text)
+        chunk->text = "";
+    q->sink.on_chunk(q->sink.arg, chunk);
 }
 
 /* Answers a request that never entered the table. */
-static void client_reject(kvf_router_t *r, const kvf_client_hdr_t *hdr, uint64_t client_req_id,
-                          kvf_status_t status, const char *message)
+static void reject(kvf_router_t *r, const kvf_router_sink_t *sink, kvf_status_t status,
+                   const char *message)
 {
-    Kvf__GenerateChunk chunk = KVF__GENERATE_CHUNK__INIT;
-    chunk.client_req_id = client_req_id;
-    chunk.finish_reason = KVF__FINISH_REASON__FINISH_ERROR;
-    chunk.status = status;
-    chunk.error = (char *)message;
-    kvf_envelope_t env;
-    kvf_envelope_init(&env, "router");
-    env.body_case = KVF__ENVELOPE__BODY_GENERATE_CHUNK;
-    env.generate_chunk = &chunk;
-    kvf_client_server_send(r->clients, hdr, &env);
+    kvf_router_chunk_t chunk = {
+        .finish = KVF__FINISH_REASON__FINISH_ERROR,
+        .status = status,
+        .error = message,
+        .text = "",
+    };
+    sink->on_chunk(sink->arg, &chunk);
     r->n_failed++;
 }
 
@@ -279,26 +278,23 @@ static void req_cancel_nodes(kvf_router_t *r, req_t *q, const char *reason)
 static void req_finish(kvf_router_t *r, req_t *q, Kvf__FinishReason reason, kvf_status_t status,
                        const char *error)
 {
-    Kvf__GenerateChunk chunk = KVF__GENERATE_CHUNK__INIT;
     const char *tail = NULL;
     size_t tail_len = 0;
     if (reason != KVF__FINISH_REASON__FINISH_ERROR &&
         reason != KVF__FINISH_REASON__FINISH_CANCELLED)
         kvf_detok_flush(&q->detok, &tail, &tail_len);
-    char *text = NULL;
-    if (tail_len) {
-        text = strndup(tail, tail_len);
-    }
-    chunk.text = text ? text : "";
-    chunk.finish_reason = reason;
-    chunk.status = status;
-    chunk.error = (char *)(error ? error : "");
-    chunk.ttft_us = q->t_first_ns ? (q->t_first_ns - q->t_arrival_ns) / 1000 : 0;
-    chunk.prefill_compute_us = q->prefill_compute_us;
-    chunk.handoff_us = q->handoff_us;
-    chunk.kv_bytes = q->kv_bytes;
-    client_send(r, q, &chunk);
-    free(text);
+    kvf_router_chunk_t chunk = {
+        .text = tail_len ? tail : "",
+        .text_len = tail_len,
+        .finish = reason,
+        .status = status,
+        .error = error ? error : "",
+        .ttft_us = q->t_first_ns ? (q->t_first_ns - q->t_arrival_ns) / 1000 : 0,
+        .prefill_compute_us = q->prefill_compute_us,
+        .handoff_us = q->handoff_us,
+        .kv_bytes = q->kv_bytes,
+    };
+    emit(q, &chunk);
     if (reason == KVF__FINISH_REASON__FINISH_ERROR)
         r->n_failed++;
     else if (reason == KVF__FINISH_REASON__FINISH_CANCELLED)
@@ -574,16 +570,18 @@ static bool stream_tokens(kvf_router_t *r, req_t *q, uint32_t first, const uint3
         node_finish != KVF__FINISH_REASON__FINISH_NONE)
         finish = node_finish;
     if (n_new || q->text_len > q->text_sent) {
-        Kvf__GenerateChunk chunk = KVF__GENERATE_CHUNK__INIT;
-        chunk.tokens = new_ids;
-        chunk.n_tokens = n_new;
-        char *text = strndup(q->text ? q->text + q->text_sent : "",
-                             q->text_len > q->text_sent ? q->text_len - q->text_sent : 0);
-        chunk.text = text ? text : "";
+        size_t text_new = q->text_len > q->text_sent ? q->text_len - q->text_sent : 0;
+        char *text = strndup(q->text ? q->text + q->text_sent : "", text_new);
+        kvf_router_chunk_t chunk = {
+            .tokens = new_ids,
+            .n_tokens = n_new,
+            .text = text ? text : "",
+            .text_len = text ? text_new : 0,
+        };
         if (q->n_gen == n_new && q->t_first_ns)
             chunk.ttft_us = (q->t_first_ns - q->t_arrival_ns) / 1000;
-        q->text_sent = q->text_len > q->text_sent ? q->text_len : q->text_sent;
-        client_send(r, q, &chunk);
+        q->text_sent += text_new;
+        emit(q, &chunk);
         free(text);
     }
     if (finish != KVF__FINISH_REASON__FINISH_NONE) {
@@ -874,104 +872,104 @@ static void handle_node_message(kvf_router_t *r, kvf_envelope_t *env)
 
 /* ---- client messages ------------------------------------------------------------ */
 
-static kvf_status_t validate_generate(kvf_router_t *r, const Kvf__GenerateRequest *g,
-                                      char *why, size_t why_len)
+static kvf_status_t validate_generate(kvf_router_t *r, const kvf_router_gen_t *g, char *why,
+                                      size_t why_len)
 {
-    const Kvf__Sampling *s = g->sampling;
-    if (s) {
-        if (!isfinite(s->temperature) || s->temperature < 0 || s->temperature > 100) {
-            snprintf(why, why_len, "temperature %g is outside 0..100", s->temperature);
-            return KVF_ERR_INVAL;
-        }
-        if (!isfinite(s->top_p) || s->top_p < 0 || s->top_p > 1) {
-            snprintf(why, why_len, "top_p %g is outside 0..1", s->top_p);
-            return KVF_ERR_INVAL;
-        }
-        if (s->n_stop > ROUTER_MAX_STOP) {
-            snprintf(why, why_len, "at most %d stop strings", ROUTER_MAX_STOP);
-            return KVF_ERR_INVAL;
-        }
-        for (size_t i = 0; i < s->n_stop; i++)
-            if (!s->stop[i][0]) {
-                snprintf(why, why_len, "empty stop string");
-                return KVF_ERR_INVAL;
-            }
+    if (!isfinite(g->temperature) || g->temperature < 0 || g->temperature > 100) {
+        snprintf(why, why_len, "temperature %g is outside 0..100", g->temperature);
+        return KVF_ERR_INVAL;
     }
-    for (size_t i = 0; i < g->n_prompt_ids; i++) {
-        if (g->prompt_ids[i] >= (uint32_t)r->model.vocab) {
-            snprintf(why, why_len, "prompt id %u is outside the vocabulary (%d)",
-                     g->prompt_ids[i], r->model.vocab);
+    if (!isfinite(g->top_p) || g->top_p < 0 || g->top_p > 1) {
+        snprintf(why, why_len, "top_p %g is outside 0..1", g->top_p);
+        return KVF_ERR_INVAL;
+    }
+    if (g->top_k > (uint32_t)r->model.vocab) {
+        snprintf(why, why_len, "top_k %u is larger than the vocabulary (%d)", g->top_k,
+                 r->model.vocab);
+        return KVF_ERR_INVAL;
+    }
+    if (g->n_stop > ROUTER_MAX_STOP) {
+        snprintf(why, why_len, "at most %d stop strings", ROUTER_MAX_STOP);
+        return KVF_ERR_INVAL;
+    }
+    for (size_t i = 0; i < g->n_stop; i++) {
+        if (!g->stop[i] || !g->stop[i][0]) {
+            snprintf(why, why_len, "empty stop string");
+            return KVF_ERR_INVAL;
+        }
+    }
+    for (size_t i = 0; i < g->n_ids; i++) {
+        if (g->ids[i] >= (uint32_t)r->model.vocab) {
+            snprintf(why, why_len, "prompt id %u is outside the vocabulary (%d)", g->ids[i],
+                     r->model.vocab);
             return KVF_ERR_INVAL;
         }
     }
     return KVF_OK;
 }
 
-static void on_generate(kvf_router_t *r, const Kvf__GenerateRequest *g,
-                        const kvf_client_hdr_t *hdr)
+uint64_t kvf_router_submit(kvf_router_t *r, const kvf_router_gen_t *g,
+                           const kvf_router_sink_t *sink)
 {
     char why[256];
     kvf_status_t st = validate_generate(r, g, why, sizeof(why));
     if (st != KVF_OK) {
-        client_reject(r, hdr, g->client_req_id, st, why);
-        return;
+        reject(r, sink, st, why);
+        return 0;
     }
     uint32_t *ids = NULL;
     size_t n = 0;
-    if (g->n_prompt_ids) {
-        ids = malloc(g->n_prompt_ids * sizeof(*ids));
+    if (g->n_ids) {
+        ids = malloc(g->n_ids * sizeof(*ids));
         if (!ids) {
-            client_reject(r, hdr, g->client_req_id, KVF_ERR_NOMEM, "out of memory");
-            return;
+            reject(r, sink, KVF_ERR_NOMEM, "out of memory");
+            return 0;
         }
-        memcpy(ids, g->prompt_ids, g->n_prompt_ids * sizeof(*ids));
-        n = g->n_prompt_ids;
-    } else if (kvf_tokenizer_encode(r->tok, g->prompt, strlen(g->prompt), true, &ids, &n) !=
-               KVF_OK) {
-        client_reject(r, hdr, g->client_req_id, KVF_ERR_INVAL, "prompt does not tokenize");
-        return;
+        memcpy(ids, g->ids, g->n_ids * sizeof(*ids));
+        n = g->n_ids;
+    } else if (kvf_tokenizer_encode(r->tok, g->prompt ? g->prompt : "",
+                                    g->prompt ? strlen(g->prompt) : 0, true, &ids,
+                                    &n) != KVF_OK) {
+        reject(r, sink, KVF_ERR_INVAL, "prompt does not tokenize");
+        return 0;
     }
     if (n == 0) {
         free(ids);
-        client_reject(r, hdr, g->client_req_id, KVF_ERR_INVAL, "empty prompt");
-        return;
+        reject(r, sink, KVF_ERR_INVAL, "empty prompt");
+        return 0;
     }
     if (n >= (size_t)r->model.max_pos) {
         snprintf(why, sizeof(why), "prompt of %zu tokens does not fit the context of %d", n,
                  r->model.max_pos);
         free(ids);
-        client_reject(r, hdr, g->client_req_id, KVF_ERR_TOO_BIG, why);
-        return;
+        reject(r, sink, KVF_ERR_TOO_BIG, why);
+        return 0;
     }
     req_t *q = calloc(1, sizeof(*q));
     if (!q) {
         free(ids);
-        client_reject(r, hdr, g->client_req_id, KVF_ERR_NOMEM, "out of memory");
-        return;
+        reject(r, sink, KVF_ERR_NOMEM, "out of memory");
+        return 0;
     }
     q->id = r->next_req_id++;
-    q->hdr = *hdr;
-    q->client_req_id = g->client_req_id;
+    q->sink = *sink;
     q->prompt = ids;
     q->n_prompt = (uint32_t)n;
     q->prefill_node = q->decode_node = -1;
-    const Kvf__Sampling *s = g->sampling;
     uint32_t room = (uint32_t)r->model.max_pos - q->n_prompt;
-    q->max_tokens = s && s->max_tokens ? s->max_tokens : r->cfg.default_max_tokens;
+    q->max_tokens = g->max_tokens ? g->max_tokens : r->cfg.default_max_tokens;
     if (q->max_tokens > room)
         q->max_tokens = room;
-    if (s) {
-        q->temperature = s->temperature;
-        q->top_p = s->top_p;
-        q->top_k = s->top_k;
-        q->seed = s->seed;
-        q->has_seed = s->has_seed;
-        q->ignore_eos = s->ignore_eos;
-        for (size_t i = 0; i < s->n_stop; i++) {
-            q->stop[i] = strdup(s->stop[i]);
-            if (q->stop[i])
-                q->n_stop++;
-        }
+    q->temperature = g->temperature;
+    q->top_p = g->top_p;
+    q->top_k = g->top_k;
+    q->seed = g->seed;
+    q->has_seed = g->has_seed;
+    q->ignore_eos = g->ignore_eos;
+    for (size_t i = 0; i < g->n_stop; i++) {
+        q->stop[q->n_stop] = strdup(g->stop[i]);
+        if (q->stop[q->n_stop])
+            q->n_stop++;
     }
     kvf_detok_init(&q->detok, r->tok);
     q->t_arrival_ns = kvf_clock_ns();
@@ -984,21 +982,120 @@ static void on_generate(kvf_router_t *r, const Kvf__GenerateRequest *g,
     r->all = q;
     r->n_requests++;
     r->n_running++;
-    kvf_log_debug("request %llu: %u prompt tokens, max %u new", (unsigned long long)q->id,
+    uint64_t id = q->id;
+    kvf_log_debug("request %llu: %u prompt tokens, max %u new", (unsigned long long)id,
                   q->n_prompt, q->max_tokens);
     schedule(r, q);
+    return id;
+}
+
+void kvf_router_cancel(kvf_router_t *r, uint64_t req_id)
+{
+    req_t *q = req_find(r, req_id);
+    if (!q)
+        return;
+    req_cancel_nodes(r, q, "cancelled by the client");
+    req_finish(r, q, KVF__FINISH_REASON__FINISH_CANCELLED, KVF_ERR_CANCELLED, "cancelled");
+}
+
+/* ---- native clients ------------------------------------------------------------ */
+
+/* The sink of a request from the native client socket: one per request,
+ * freed with its last chunk. */
+typedef struct native_sink native_sink_t;
+struct native_sink {
+    kvf_router_t *router;
+    kvf_client_hdr_t hdr;
+    uint64_t client_req_id;
+    uint64_t req_id;
+    uint32_t seq;
+    native_sink_t *next; /* the router's list of live native requests */
+};
+
+static void native_unlink(kvf_router_t *r, native_sink_t *ns)
+{
+    for (native_sink_t **pp = &r->natives; *pp; pp = &(*pp)->next) {
+        if (*pp == ns) {
+            *pp = ns->next;
+            return;
+        }
+    }
+}
+
+static void native_on_chunk(void *arg, const kvf_router_chunk_t *c)
+{
+    native_sink_t *ns = arg;
+    Kvf__GenerateChunk chunk = KVF__GENERATE_CHUNK__INIT;
+    chunk.client_req_id = ns->client_req_id;
+    chunk.seq = ns->seq++;
+    chunk.tokens = (uint32_t *)c->tokens;
+    chunk.n_tokens = c->n_tokens;
+    chunk.text = (char *)c->text;
+    chunk.finish_reason = (Kvf__FinishReason)c->finish;
+    chunk.status = c->status;
+    chunk.error = (char *)(c->error ? c->error : "");
+    chunk.prompt_tokens = c->prompt_tokens;
+    chunk.ttft_us = c->ttft_us;
+    chunk.prefill_compute_us = c->prefill_compute_us;
+    chunk.handoff_us = c->handoff_us;
+    chunk.kv_bytes = c->kv_bytes;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_GENERATE_CHUNK;
+    env.generate_chunk = &chunk;
+    kvf_status_t st = kvf_client_server_send(ns->router->clients, &ns->hdr, &env);
+    if (st != KVF_OK)
+        kvf_log_warn("request %llu: reply to client: %s", (unsigned long long)c->req_id,
+                     kvf_status_str(st));
+    if (c->finish != KVF__FINISH_REASON__FINISH_NONE) {
+        native_unlink(ns->router, ns);
+        free(ns);
+    }
+}
+
+static void on_generate(kvf_router_t *r, const Kvf__GenerateRequest *g,
+                        const kvf_client_hdr_t *hdr)
+{
+    native_sink_t *ns = calloc(1, sizeof(*ns));
+    if (!ns)
+        return;
+    ns->router = r;
+    ns->hdr = *hdr;
+    ns->client_req_id = g->client_req_id;
+    ns->next = r->natives;
+    r->natives = ns;
+    const Kvf__Sampling *s = g->sampling;
+    kvf_router_gen_t gen = {
+        .prompt = g->prompt,
+        .ids = g->prompt_ids,
+        .n_ids = g->n_prompt_ids,
+    };
+    if (s) {
+        gen.max_tokens = s->max_tokens;
+        gen.temperature = s->temperature;
+        gen.top_p = s->top_p;
+        gen.top_k = s->top_k;
+        gen.seed = s->seed;
+        gen.has_seed = s->has_seed;
+        gen.ignore_eos = s->ignore_eos;
+        gen.stop = (const char *const *)s->stop;
+        gen.n_stop = s->n_stop;
+    }
+    kvf_router_sink_t sink = {native_on_chunk, ns};
+    /* The id the request will get. A refused (or at once finished) request
+     * has had its final chunk, and ns is gone: do not touch it after. */
+    ns->req_id = r->next_req_id;
+    kvf_router_submit(r, &gen, &sink);
 }
 
 static void on_client_cancel(kvf_router_t *r, const Kvf__Cancel *c, const kvf_client_hdr_t *hdr)
 {
     /* A client names its own request id; it is unique per connection (the
      * pipe id, the header's first 4 bytes). */
-    for (req_t *q = r->all; q; q = q->all_next) {
-        if (q->client_req_id == c->req_id && q->hdr.len >= 4 && hdr->len >= 4 &&
-            !memcmp(q->hdr.bytes, hdr->bytes, 4)) {
-            req_cancel_nodes(r, q, "cancelled by the client");
-            req_finish(r, q, KVF__FINISH_REASON__FINISH_CANCELLED, KVF_ERR_CANCELLED,
-                       "cancelled");
+    for (native_sink_t *ns = r->natives; ns; ns = ns->next) {
+        if (ns->client_req_id == c->req_id && ns->hdr.len >= 4 && hdr->len >= 4 &&
+            !memcmp(ns->hdr.bytes, hdr->bytes, 4)) {
+            kvf_router_cancel(r, ns->req_id);
             return;
         }
     }
@@ -1091,6 +1188,68 @@ static void check_timers(kvf_router_t *r)
     }
 }
 
+/* ---- work from other threads ---------------------------------------------------- */
+
+typedef struct posted posted_t;
+struct posted {
+    void (*fn)(kvf_router_t *, void *);
+    void *arg;
+    posted_t *next;
+};
+
+kvf_status_t kvf_router_post(kvf_router_t *r, void (*fn)(kvf_router_t *, void *), void *arg)
+{
+    posted_t *p = malloc(sizeof(*p));
+    if (!p)
+        return KVF_ERR_NOMEM;
+    p->fn = fn;
+    p->arg = arg;
+    p->next = NULL;
+    pthread_mutex_lock(&r->post_lock);
+    if (r->posted_tail)
+        r->posted_tail->next = p;
+    else
+        r->posted = p;
+    r->posted_tail = p;
+    pthread_mutex_unlock(&r->post_lock);
+    uint64_t one = 1;
+    ssize_t w = write(r->post_fd, &one, sizeof(one));
+    (void)w; /* the counter saturating still leaves the fd readable */
+    return KVF_OK;
+}
+
+static void run_posted(kvf_router_t *r)
+{
+    uint64_t count;
+    ssize_t rd = read(r->post_fd, &count, sizeof(count));
+    (void)rd;
+    pthread_mutex_lock(&r->post_lock);
+    posted_t *p = r->posted;
+    r->posted = r->posted_tail = NULL;
+    pthread_mutex_unlock(&r->post_lock);
+    while (p) {
+        posted_t *next = p->next;
+        p->fn(r, p->arg);
+        free(p);
+        p = next;
+    }
+}
+
+const kvf_model_config_t *kvf_router_model(const kvf_router_t *r)
+{
+    return &r->model;
+}
+
+const kvf_tokenizer_t *kvf_router_tokenizer(const kvf_router_t *r)
+{
+    return r->tok;
+}
+
+const char *kvf_router_model_dir(const kvf_router_t *r)
+{
+    return r->cfg.model_dir;
+}
+
 /* ---- lifecycle ----------------------------------------------------------------- */
 
 kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **router_p)
@@ -1108,6 +1267,12 @@ kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **ro
     if (!r->cfg.default_max_tokens)
         r->cfg.default_max_tokens = 256;
     r->next_req_id = 1;
+    r->post_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (r->post_fd < 0) {
+        free(r);
+        return KVF_ERR_IO;
+    }
+    pthread_mutex_init(&r->post_lock, NULL);
     kvf_status_t st = kvf_model_config_load(cfg->model_dir, &r->model);
     if (st != KVF_OK)
         goto fail_model;
@@ -1132,6 +1297,8 @@ fail_clients:
 fail_inbox:
     kvf_tokenizer_destroy(r->tok);
 fail_model:
+    pthread_mutex_destroy(&r->post_lock);
+    close(r->post_fd);
     free(r);
     return st;
 }
@@ -1142,6 +1309,19 @@ void kvf_router_destroy(kvf_router_t *r)
         return;
     while (r->all)
         req_free(r, r->all);
+    while (r->natives) {
+        native_sink_t *ns = r->natives;
+        r->natives = ns->next;
+        free(ns);
+    }
+    while (r->posted) {
+        posted_t *p = r->posted;
+        r->posted = p->next;
+        free(p);
+    }
+    pthread_mutex_destroy(&r->post_lock);
+    if (r->post_fd >= 0)
+        close(r->post_fd);
     for (int i = 0; i < ROUTER_MAX_NODES; i++)
         free(r->nodes[i].xfer_desc);
     kvf_outboxes_destroy(r->outboxes);
@@ -1156,12 +1336,14 @@ kvf_status_t kvf_router_run(kvf_router_t *r, volatile sig_atomic_t *stop)
     kvf_log_info("serving: nodes at %s, clients at %s", r->cfg.listen_url, r->cfg.client_url);
     uint64_t next_timer = 0;
     while (!*stop) {
-        struct pollfd fds[2] = {
+        struct pollfd fds[3] = {
             {.fd = kvf_inbox_fd(r->inbox), .events = POLLIN},
             {.fd = kvf_client_server_fd(r->clients), .events = POLLIN},
+            {.fd = r->post_fd, .events = POLLIN},
         };
-        int rc = poll(fds, 2, 50);
-        (void)rc;
+        int rc = poll(fds, 3, 50);
+        if (rc > 0 && (fds[2].revents & POLLIN))
+            run_posted(r);
         for (int burst = 0; burst < 256; burst++) {
             kvf_envelope_t *env = NULL;
             kvf_status_t st = kvf_inbox_recv(r->inbox, 0, &env);

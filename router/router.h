@@ -16,9 +16,13 @@
 #define KVF_ROUTER_H
 
 #include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
+#include "kvf/model.h"
 #include "kvf/status.h"
+#include "kvf/tokenizer.h"
 
 typedef struct kvf_router kvf_router_t;
 
@@ -45,5 +49,72 @@ kvf_status_t kvf_router_run(kvf_router_t *router, volatile sig_atomic_t *stop);
 
 /* Frees everything; NULL is a no-op. */
 void kvf_router_destroy(kvf_router_t *router);
+
+/* ---- front ends (native socket, HTTP) --------------------------------------
+ *
+ * A front end submits generation requests and receives their output
+ * through a sink. Everything below runs on the router's loop thread; a
+ * front end living on other threads (HTTP) hands work over with
+ * kvf_router_post(). */
+
+/* One piece of a request's output. */
+typedef struct {
+    uint64_t req_id;
+    const uint32_t *tokens; /* (n_tokens) new tokens, in order */
+    size_t n_tokens;
+    const char *text;       /* new text (whole UTF-8 characters), NUL-terminated */
+    size_t text_len;
+    int finish;             /* Kvf__FinishReason: NONE (0) while more follows */
+    kvf_status_t status;    /* with FINISH_ERROR: why */
+    const char *error;      /* with FINISH_ERROR: a message for people */
+    uint32_t prompt_tokens;
+    uint32_t completion_tokens; /* so far */
+    uint64_t ttft_us, prefill_compute_us, handoff_us, kv_bytes; /* on the last chunk */
+} kvf_router_chunk_t;
+
+/* Where a request's output goes. on_chunk runs on the loop thread; the
+ * chunk's memory is valid for the call only. After the chunk with
+ * finish != 0 the sink is never called again (its owner may free it). */
+typedef struct {
+    void (*on_chunk)(void *arg, const kvf_router_chunk_t *chunk);
+    void *arg;
+} kvf_router_sink_t;
+
+/* A generation request. Strings and arrays are borrowed for the call. */
+typedef struct {
+    const char *prompt;     /* text: tokenized with BOS as the model's config says */
+    const uint32_t *ids;    /* or prompt ids, used exactly (wins when n_ids > 0) */
+    size_t n_ids;
+    uint32_t max_tokens;    /* 0: the router's default; clamped to the context */
+    float temperature;      /* 0: greedy */
+    float top_p;            /* 0 or 1: off */
+    uint32_t top_k;         /* 0: off */
+    uint64_t seed;
+    bool has_seed;
+    bool ignore_eos;
+    const char *const *stop; /* (n_stop) stop strings */
+    size_t n_stop;
+} kvf_router_gen_t;
+
+/* Validates, tokenizes and schedules g; its output goes to sink (copied).
+ * Returns the request id, or 0 when g was refused: then the sink has
+ * already received one final chunk with the error (status INVAL or
+ * TOO_BIG for bad input, NO_SPACE when overloaded). */
+uint64_t kvf_router_submit(kvf_router_t *router, const kvf_router_gen_t *g,
+                           const kvf_router_sink_t *sink);
+
+/* Cancels a live request (its nodes free its blocks); the sink receives a
+ * final FINISH_CANCELLED chunk. Unknown ids are ignored. */
+void kvf_router_cancel(kvf_router_t *router, uint64_t req_id);
+
+/* Runs fn(router, arg) on the loop thread, soon. Thread-safe; never blocks
+ * on the loop. KVF_ERR_NOMEM if the work cannot be queued. */
+kvf_status_t kvf_router_post(kvf_router_t *router, void (*fn)(kvf_router_t *, void *),
+                             void *arg);
+
+/* The model's configuration and tokenizer (read-only, any thread). */
+const kvf_model_config_t *kvf_router_model(const kvf_router_t *router);
+const kvf_tokenizer_t *kvf_router_tokenizer(const kvf_router_t *router);
+const char *kvf_router_model_dir(const kvf_router_t *router);
 
 #endif
