@@ -21,6 +21,7 @@ int main(int argc, char **argv)
     const char *model_dir = NULL;
     int heartbeat_ms = 500, max_queue = 256, queue_timeout_ms = 30000;
     int request_timeout_ms = 600000, max_attempts = 5, default_max_tokens = 256;
+    int prefill_timeout_ms = 60000, stall_timeout_ms = 30000;
     kvf_flag_t flags[] = {
         {"listen", KVF_FLAG_STRING, &listen_url, "URL", "inbox the nodes send to", NULL},
         {"client", KVF_FLAG_STRING, &client_url, "URL", "native client socket", NULL},
@@ -34,6 +35,10 @@ int main(int argc, char **argv)
          NULL},
         {"request-timeout-ms", KVF_FLAG_INT, &request_timeout_ms, "MS",
          "longest life of a request", NULL},
+        {"prefill-timeout-ms", KVF_FLAG_INT, &prefill_timeout_ms, "MS",
+         "dispatch to first token before the request is sent again", NULL},
+        {"stall-timeout-ms", KVF_FLAG_INT, &stall_timeout_ms, "MS",
+         "longest gap between tokens before the request is sent again", NULL},
         {"max-attempts", KVF_FLAG_INT, &max_attempts, "N",
          "dispatches of one request before it fails", NULL},
         {"default-max-tokens", KVF_FLAG_INT, &default_max_tokens, "N",
@@ -62,7 +67,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (heartbeat_ms < 50 || max_queue < 0 || queue_timeout_ms < 1 || request_timeout_ms < 1 ||
-        max_attempts < 1 || default_max_tokens < 1) {
+        max_attempts < 1 || default_max_tokens < 1 || prefill_timeout_ms < 1 ||
+        stall_timeout_ms < 1) {
         kvf_log_error("a numeric option is out of range (see --help)");
         return 2;
     }
@@ -77,6 +83,8 @@ int main(int argc, char **argv)
         .request_timeout_ms = (unsigned)request_timeout_ms,
         .max_attempts = (unsigned)max_attempts,
         .default_max_tokens = (unsigned)default_max_tokens,
+        .prefill_timeout_ms = (unsigned)prefill_timeout_ms,
+        .stall_timeout_ms = (unsigned)stall_timeout_ms,
     };
     kvf_router_t *router;
     kvf_status_t st = kvf_router_create(&cfg, &router);

@@ -99,6 +99,7 @@ struct req {
     size_t text_sent;
     /* Timing. */
     uint64_t t_arrival_ns, t_queued_ns, t_first_ns, deadline_ns;
+    uint64_t t_progress_ns; /* the current attempt's last sign of progress */
     uint64_t prefill_compute_us, handoff_us, kv_bytes;
     req_t *hash_next;
     req_t *queue_next;
@@ -375,6 +376,7 @@ static void dispatch(kvf_router_t *r, req_t *q, int p, int d)
     q->decode_node = d;
     q->state = REQ_PREFILL;
     q->gen_at_dispatch = q->n_gen;
+    q->t_progress_ns = kvf_clock_ns();
     uint32_t n_tokens = q->n_prompt + q->n_gen;
     uint32_t remaining = q->max_tokens - q->n_gen;
     dn->pending_blocks += blocks_for(n_tokens + remaining, dn->block_size);
@@ -523,6 +525,7 @@ static bool stream_tokens(kvf_router_t *r, req_t *q, uint32_t first, const uint3
         redispatch(r, q, "token stream has a gap");
         return false;
     }
+    q->t_progress_ns = kvf_clock_ns();
     Kvf__FinishReason finish = KVF__FINISH_REASON__FINISH_NONE;
     uint32_t new_ids[256];
     size_t n_new = 0;
@@ -1184,6 +1187,12 @@ static void check_timers(kvf_router_t *r)
                    now - q->t_queued_ns > (uint64_t)r->cfg.queue_timeout_ms * 1000000ull) {
             req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NO_SPACE,
                        "overloaded: no decode node could take the request in time");
+        } else if (q->state == REQ_PREFILL &&
+                   now - q->t_progress_ns > (uint64_t)r->cfg.prefill_timeout_ms * 1000000ull) {
+            redispatch(r, q, "no first token within the prefill timeout");
+        } else if (q->state == REQ_DECODE &&
+                   now - q->t_progress_ns > (uint64_t)r->cfg.stall_timeout_ms * 1000000ull) {
+            redispatch(r, q, "no token within the stall timeout");
         }
     }
 }
@@ -1266,6 +1275,10 @@ kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **ro
         r->cfg.max_attempts = 5;
     if (!r->cfg.default_max_tokens)
         r->cfg.default_max_tokens = 256;
+    if (!r->cfg.prefill_timeout_ms)
+        r->cfg.prefill_timeout_ms = 60000;
+    if (!r->cfg.stall_timeout_ms)
+        r->cfg.stall_timeout_ms = 30000;
     r->next_req_id = 1;
     r->post_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (r->post_fd < 0) {

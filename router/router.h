@@ -37,6 +37,8 @@ typedef struct {
     unsigned request_timeout_ms; /* longest life of a request (600000) */
     unsigned max_attempts;       /* dispatches per request before failing it (5) */
     unsigned default_max_tokens; /* when a request names none (256) */
+    unsigned prefill_timeout_ms; /* dispatch to first token, then re-dispatch (60000) */
+    unsigned stall_timeout_ms;   /* longest gap between tokens, then re-dispatch (30000) */
 } kvf_router_config_t;
 
 /* Builds the router: loads tokenizer and configs, binds both sockets.
