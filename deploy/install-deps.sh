@@ -13,7 +13,7 @@ packages=(
     libcjson-dev
     libpcre2-dev
     libmicrohttpd-dev
-    curl iproute2 procps python3
+    curl iproute2 procps python3 gnuplot-nox
 )
 
 missing=()
