@@ -431,21 +431,6 @@ static kvf_status_t rx_post_header(kvf_xfer_peer_t *p)
     return st;
 }
 
-/* Whether (req_id, epoch) has a live reservation covering [off, off+len). */
-static bool rx_owned(kvf_xfer_t *x, uint64_t req_id, uint64_t epoch, uint64_t off, uint64_t len)
-{
-    for (size_t i = 0; i < x->n_resv; i++) {
-        const kvf_resv_t *r = &x->resv[i];
-        if (r->req_id != req_id || r->epoch != epoch || r->state != KVF_RESV_LIVE)
-            continue;
-        for (size_t k = 0; k < r->n_ranges; k++)
-            if (off >= r->ranges[k].off && len <= r->ranges[k].len &&
-                off - r->ranges[k].off <= r->ranges[k].len - len)
-                return true;
-    }
-    return false;
-}
-
 /* The header arrived: check it (untrusted) and post the matching receives. */
 static kvf_status_t rx_post_data(kvf_xfer_peer_t *p)
 {
@@ -474,7 +459,7 @@ static kvf_status_t rx_post_data(kvf_xfer_peer_t *p)
                           (unsigned long long)req_id);
             return KVF_ERR_PEER;
         }
-        if (!rx_owned(x, req_id, epoch, off, len) && len > largest)
+        if (!kvf_xfer__resv_accepts(x, req_id, epoch, off, len) && len > largest)
             largest = len;
     }
     if (largest > np->scratch_bytes) {
@@ -492,7 +477,8 @@ static kvf_status_t rx_post_data(kvf_xfer_peer_t *p)
         const uint8_t *rec = h + KVF_XFER_FIN_HEADER + (size_t)i * KVF_XFER_FIN_RANGE;
         uint64_t off = xfer_get_u64(rec), len = xfer_get_u64(rec + 8);
         /* Data for a request that owns no such blocks lands in scratch. */
-        uint8_t *dst = rx_owned(x, req_id, epoch, off, len) ? x->pool + off : np->scratch;
+        uint8_t *dst =
+            kvf_xfer__resv_accepts(x, req_id, epoch, off, len) ? x->pool + off : np->scratch;
         st = nccl_check(ncclRecv(dst, len, ncclUint8, 0, np->comm, np->stream), "receive");
     }
     kvf_status_t end = nccl_check(ncclGroupEnd(), "group end");

@@ -19,7 +19,9 @@
 #include <string.h>
 #include <ucp/api/ucp.h>
 
-#define KVF_UCX_AM_FIN 17u /* active message id of the completion message */
+#define KVF_UCX_AM_FIN   17u /* active message id of the completion message */
+#define KVF_UCX_AM_DATA  18u /* two-sided mode: one slice */
+#define KVF_UCX_DATA_HDR 32u /* u64 req_id, epoch, remote offset, length */
 
 typedef struct {
     ucp_context_h context;
@@ -105,6 +107,28 @@ static ucs_status_t am_fin_cb(void *arg, const void *header, size_t header_lengt
     return UCS_OK;
 }
 
+/* Two-sided mode: a slice arrives whole (sent eagerly) and is copied into
+ * the pool only if a live reservation owns that range; anything else is
+ * dropped here and its completion message is rejected later. */
+static ucs_status_t am_data_cb(void *arg, const void *header, size_t header_length, void *data,
+                               size_t length, const ucp_am_recv_param_t *param)
+{
+    kvf_xfer_t *x = arg;
+    if (header_length != KVF_UCX_DATA_HDR || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        x->stats.slices_dropped++;
+        return UCS_OK;
+    }
+    const uint8_t *h = header;
+    uint64_t req_id = xfer_get_u64(h), epoch = xfer_get_u64(h + 8);
+    uint64_t off = xfer_get_u64(h + 16), len = xfer_get_u64(h + 24);
+    if (len != length || !kvf_xfer__resv_accepts(x, req_id, epoch, off, len)) {
+        x->stats.slices_dropped++;
+        return UCS_OK;
+    }
+    memcpy(x->pool + off, data, len);
+    return UCS_OK;
+}
+
 /* ---- handle -------------------------------------------------------------- */
 
 static kvf_status_t ucx_open(kvf_xfer_t *x)
@@ -172,7 +196,9 @@ static kvf_status_t ucx_open(kvf_xfer_t *x)
         }
         x->pool = attr.address;
     }
-    s = ucp_rkey_pack(u->context, u->memh, &u->rkey_buf, &u->rkey_len);
+    /* A two-sided receiver hands out no rkey: no peer can write into its
+     * pool behind its back. */
+    s = x->cfg.two_sided ? UCS_OK : ucp_rkey_pack(u->context, u->memh, &u->rkey_buf, &u->rkey_len);
     if (s != UCS_OK) {
         kvf_log_error("xfer/ucx: packing the pool's rkey failed: %s", ucs_status_string(s));
         st = status_from_ucs(s);
@@ -199,8 +225,13 @@ static kvf_status_t ucx_open(kvf_xfer_t *x)
         .arg = x,
     };
     s = ucp_worker_set_am_recv_handler(u->worker, &am);
+    if (s == UCS_OK) {
+        am.id = KVF_UCX_AM_DATA;
+        am.cb = am_data_cb;
+        s = ucp_worker_set_am_recv_handler(u->worker, &am);
+    }
     if (s != UCS_OK) {
-        kvf_log_error("xfer/ucx: setting the completion handler failed: %s", ucs_status_string(s));
+        kvf_log_error("xfer/ucx: setting the message handlers failed: %s", ucs_status_string(s));
         st = status_from_ucs(s);
         goto fail_efd;
     }
@@ -210,7 +241,8 @@ static kvf_status_t ucx_open(kvf_xfer_t *x)
 fail_efd:
     ucp_worker_release_address(u->worker, u->address);
 fail_address:
-    ucp_rkey_buffer_release(u->rkey_buf);
+    if (u->rkey_buf)
+        ucp_rkey_buffer_release(u->rkey_buf);
 fail_query:
     if (!x->cfg.pool)
         x->pool = NULL;
@@ -232,13 +264,14 @@ static void ucx_close(kvf_xfer_t *x)
      * requests. */
     for (kvf_xfer_peer_t *p = x->peers; p; p = p->next) {
         ucx_peer_t *up = p->be;
-        if (up->phase != UCX_PEER_CLOSED)
+        if (up->phase != UCX_PEER_CLOSED && up->rkey)
             ucp_rkey_destroy(up->rkey);
         up->phase = UCX_PEER_CLOSED;
         up->flush_req = up->close_req = NULL; /* owned by the worker, about to go */
     }
     ucp_worker_release_address(u->worker, u->address);
-    ucp_rkey_buffer_release(u->rkey_buf);
+    if (u->rkey_buf)
+        ucp_rkey_buffer_release(u->rkey_buf);
     ucp_mem_unmap(u->context, u->memh);
     ucp_worker_destroy(u->worker);
     ucp_cleanup(u->context);
@@ -282,7 +315,7 @@ static kvf_status_t ucx_connect(kvf_xfer_peer_t *p, const uint8_t *body, size_t 
         return KVF_ERR_FORMAT;
     }
     uint32_t al = xfer_get_u32(body), rl = xfer_get_u32(body + 4);
-    if (!al || !rl || (uint64_t)al + rl + 8 != len) {
+    if (!al || (!rl && !p->two_sided) || (uint64_t)al + rl + 8 != len) {
         kvf_log_error("xfer/ucx: descriptor body lengths (address %u, rkey %u) do not add up to "
                       "%zu bytes",
                       al, rl, len);
@@ -320,7 +353,8 @@ static kvf_status_t ucx_connect(kvf_xfer_peer_t *p, const uint8_t *body, size_t 
         st = status_from_ucs(s);
         goto fail_ep;
     }
-    s = ucp_ep_rkey_unpack(up->ep, body + 8 + al, &up->rkey);
+    if (!p->two_sided)
+        s = ucp_ep_rkey_unpack(up->ep, body + 8 + al, &up->rkey);
     if (s != UCS_OK) {
         kvf_log_error("xfer/ucx: unpacking the peer's rkey failed: %s", ucs_status_string(s));
         st = status_from_ucs(s);
@@ -398,7 +432,8 @@ static bool peer_close_step(kvf_xfer_peer_t *p, uint64_t now)
         if (!request_done(&up->close_req))
             return false;
         (void)request_done(&up->flush_req); /* ended by the close */
-        ucp_rkey_destroy(up->rkey);
+        if (up->rkey)
+            ucp_rkey_destroy(up->rkey);
         up->phase = UCX_PEER_CLOSED;
         return true;
     case UCX_PEER_CLOSED:
@@ -468,9 +503,92 @@ static void flush_cb(void *request, ucs_status_t status, void *user_data)
     fin_send(b);
 }
 
+/* Two-sided batches: the slices' message headers (they must live until
+ * each send completes) and how many sends are still out. */
+typedef struct {
+    uint8_t *headers; /* (n_ranges, KVF_UCX_DATA_HDR) */
+    size_t pending;
+} ucx_batch_t;
+
+static void data_sent_cb(void *request, ucs_status_t status, void *user_data)
+{
+    kvf_xfer_batch_t *b = user_data;
+    ucx_batch_t *ub = b->be;
+    b->backend_busy--;
+    ucp_request_free(request);
+    if (status != UCS_OK) {
+        kvf_xfer__peer_fail(b->peer, KVF_ERR_PEER);
+        return;
+    }
+    /* The completion follows the slices on the same endpoint, so the
+     * receiver handles it after them. */
+    if (--ub->pending == 0 && b->status == KVF_ERR_AGAIN)
+        fin_send(b);
+}
+
+static kvf_status_t post_two_sided(kvf_xfer_batch_t *b)
+{
+    kvf_xfer_peer_t *p = b->peer;
+    ucx_peer_t *up = p->be;
+    ucx_batch_t *ub = calloc(1, sizeof(*ub));
+    if (!ub)
+        return KVF_ERR_NOMEM;
+    ub->headers = malloc(b->n_ranges ? b->n_ranges * KVF_UCX_DATA_HDR : 1);
+    if (!ub->headers) {
+        free(ub);
+        return KVF_ERR_NOMEM;
+    }
+    b->be = ub;
+    const uint8_t *pool = p->xfer->pool;
+    for (size_t i = 0; i < b->n_ranges; i++) {
+        const kvf_xfer_slice_t *s = &b->ranges[i];
+        uint8_t *h = ub->headers + i * KVF_UCX_DATA_HDR;
+        xfer_put_u64(h, b->req_id);
+        xfer_put_u64(h + 8, b->epoch);
+        xfer_put_u64(h + 16, s->remote_off);
+        xfer_put_u64(h + 24, s->len);
+        /* Eager only: a rendezvous would have the receiver answer the
+         * sender, the exchange two-sided mode exists to avoid. */
+        ucp_request_param_t param = {
+            .op_attr_mask =
+                UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+            .cb.send = data_sent_cb,
+            .user_data = b,
+            .flags = UCP_AM_SEND_FLAG_EAGER,
+        };
+        void *req = ucp_am_send_nbx(up->ep, KVF_UCX_AM_DATA, h, KVF_UCX_DATA_HDR,
+                                    pool + s->local_off, s->len, &param);
+        if (UCS_PTR_IS_ERR(req)) {
+            kvf_log_error("xfer/ucx: sending a %llu-byte slice failed: %s",
+                          (unsigned long long)s->len, ucs_status_string(UCS_PTR_STATUS(req)));
+            kvf_xfer__peer_fail(p, KVF_ERR_PEER);
+            return p->status;
+        }
+        if (req) {
+            b->backend_busy++;
+            ub->pending++;
+        }
+    }
+    if (!ub->pending)
+        fin_send(b);
+    return KVF_OK;
+}
+
+static void ucx_batch_free(kvf_xfer_batch_t *b)
+{
+    ucx_batch_t *ub = b->be;
+    if (ub) {
+        free(ub->headers);
+        free(ub);
+    }
+    b->be = NULL;
+}
+
 static kvf_status_t ucx_post(kvf_xfer_batch_t *b)
 {
     kvf_xfer_peer_t *p = b->peer;
+    if (p->two_sided)
+        return post_two_sided(b);
     ucx_peer_t *up = p->be;
     ucx_xfer_t *u = p->xfer->be;
     const uint8_t *pool = p->xfer->pool;
@@ -560,7 +678,7 @@ const kvf_xfer_ops_t kvf_xfer_ucx_ops = {
     .shutdown_done = ucx_shutdown_done,
     .peer_free = ucx_peer_free,
     .post = ucx_post,
-    .batch_free = NULL,
+    .batch_free = ucx_batch_free,
     .progress = ucx_progress,
     .fd = ucx_fd,
     .arm = ucx_arm,

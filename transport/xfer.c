@@ -95,8 +95,8 @@ kvf_status_t kvf_xfer_create(const kvf_xfer_config_t *cfg, kvf_xfer_t **xfer_p)
                       (unsigned long long)cfg->pool_bytes, (unsigned long long)block_bytes);
         return KVF_ERR_INVAL;
     }
-    if (cfg->checksum && cfg->mem_type != KVF_XFER_MEM_HOST) {
-        kvf_log_error("xfer: checksums need a pool in host memory");
+    if ((cfg->checksum || cfg->two_sided) && cfg->mem_type != KVF_XFER_MEM_HOST) {
+        kvf_log_error("xfer: checksums and two-sided mode need a pool in host memory");
         return KVF_ERR_UNSUPPORTED;
     }
     const kvf_xfer_ops_t *ops = backend_ops(cfg->backend);
@@ -247,7 +247,8 @@ static kvf_status_t desc_build(kvf_xfer_t *xfer, uint8_t *body, size_t body_len,
     xfer_put_u32(d + 44, g->head_dim);
     xfer_put_u32(d + 48, g->dtype);
     xfer_put_u32(d + 52, g->layout);
-    xfer_put_u32(d + 56, (xfer->cfg.checksum ? 1u : 0u) | ((uint32_t)xfer->cfg.mem_type << 8));
+    xfer_put_u32(d + 56, (xfer->cfg.checksum ? 1u : 0u) | (xfer->cfg.two_sided ? 2u : 0u) |
+                             ((uint32_t)xfer->cfg.mem_type << 8));
     if (body_len)
         memcpy(d + KVF_XFER_DESC_HEADER, body, body_len);
     xfer_put_u32(d + KVF_XFER_DESC_HEADER + body_len,
@@ -287,7 +288,7 @@ kvf_status_t kvf_xfer_peer_token(kvf_xfer_peer_t *peer, uint8_t **token_p, size_
 
 typedef struct {
     uint64_t pool_base, pool_bytes;
-    bool checksum;
+    bool checksum, two_sided;
     const uint8_t *body;
     size_t body_len;
 } desc_view_t;
@@ -353,6 +354,7 @@ static kvf_status_t desc_parse(const kvf_xfer_t *x, const uint8_t *d, size_t len
     view_p->pool_base = base;
     view_p->pool_bytes = bytes;
     view_p->checksum = xfer_get_u32(d + 56) & 1u;
+    view_p->two_sided = xfer_get_u32(d + 56) & 2u;
     view_p->body = d + KVF_XFER_DESC_HEADER;
     view_p->body_len = body_len;
     return KVF_OK;
@@ -384,6 +386,7 @@ static kvf_status_t peer_open(kvf_xfer_t *xfer, const uint8_t *desc, size_t len,
     /* CRCs are computed by the CPU: host pools only. */
     p->checksum = (xfer->cfg.checksum || v.checksum) && xfer->cfg.mem_type == KVF_XFER_MEM_HOST;
     p->accepted = accept;
+    p->two_sided = xfer->cfg.two_sided || v.two_sided;
     p->status = KVF_OK;
     st = accept ? xfer->ops->accept(p, v.body, v.body_len)
                 : xfer->ops->connect(p, v.body, v.body_len);
@@ -770,6 +773,12 @@ kvf_status_t kvf_xfer_cancel(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch)
     kvf_resv_t *r = resv_find(xfer, req_id);
     if (!r || r->epoch != epoch)
         return KVF_ERR_NOT_FOUND;
+    /* Two-sided: writes are the receiver's own copies, each checked against
+     * a live reservation, so none can follow this call. */
+    if (xfer->cfg.two_sided) {
+        resv_remove(xfer, r);
+        return KVF_OK;
+    }
     switch (r->state) {
     case KVF_RESV_DONE:
         resv_remove(xfer, r);
@@ -800,6 +809,13 @@ static bool resv_covers(const kvf_resv_t *r, uint64_t off, uint64_t len)
         return false;
     const kvf_xfer_range_t *c = &r->ranges[lo];
     return off >= c->off && len <= c->len && off - c->off <= c->len - len;
+}
+
+bool kvf_xfer__resv_accepts(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch, uint64_t off,
+                            uint64_t len)
+{
+    const kvf_resv_t *r = resv_find(xfer, req_id);
+    return r && r->epoch == epoch && r->state == KVF_RESV_LIVE && len && resv_covers(r, off, len);
 }
 
 static void fin_reject(kvf_xfer_t *x, uint64_t req_id, uint64_t epoch, kvf_status_t why)

@@ -109,6 +109,7 @@ struct kvf_xfer_peer {
     uint64_t remote_bytes;
     bool checksum;     /* this connection sends CRCs */
     bool accepted;     /* made by kvf_xfer_accept (the receiving half) */
+    bool two_sided;    /* slices go as messages (either side asked for it) */
     bool disconnected; /* the caller let go */
     kvf_status_t status;
     void *be;
@@ -186,6 +187,11 @@ void kvf_xfer__peer_fail(kvf_xfer_peer_t *peer, kvf_status_t status);
 
 /* Frees batches (and peers) nobody needs any more. */
 void kvf_xfer__reap(kvf_xfer_t *xfer);
+
+/* Whether (req_id, epoch) has a live reservation covering [off, off+len):
+ * the check before a two-sided backend writes anything into the pool. */
+bool kvf_xfer__resv_accepts(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch, uint64_t off,
+                            uint64_t len);
 
 /* Handles a completion message of len untrusted bytes. */
 void kvf_xfer__on_fin(kvf_xfer_t *xfer, const void *msg, size_t len);

@@ -61,7 +61,7 @@ typedef struct {
 } peer_t;
 
 typedef struct {
-    uint64_t landed, bytes, last, rejected, stale, mismatch, released, expired, aborted;
+    uint64_t landed, bytes, last, rejected, stale, mismatch, released, expired, aborted, dropped;
 } peer_stats_t;
 
 /* Reads exactly len bytes (buffered data first) within the reply deadline. */
@@ -138,10 +138,10 @@ static peer_stats_t peer_stats(peer_t *p)
     int n = sscanf(reply,
                    "stats landed=%" SCNu64 " bytes=%" SCNu64 " last=%" SCNu64 " rejected=%" SCNu64
                    " stale=%" SCNu64 " mismatch=%" SCNu64 " released=%" SCNu64 " expired=%" SCNu64
-                   " aborted=%" SCNu64,
+                   " aborted=%" SCNu64 " dropped=%" SCNu64,
                    &s.landed, &s.bytes, &s.last, &s.rejected, &s.stale, &s.mismatch, &s.released,
-                   &s.expired, &s.aborted);
-    if (n != 9)
+                   &s.expired, &s.aborted, &s.dropped);
+    if (n != 10)
         fail_msg("peer: bad stats reply '%s'", reply);
     return s;
 }
@@ -298,10 +298,15 @@ static void use_tls(const char *tls)
 /* Random blocks, layer by layer (the prefill pattern), then whole blocks
  * through the coalescing path; the receiver's pool must then hold exactly
  * the sent bytes in the reserved blocks and its own pattern elsewhere. */
-static void ship_random_blocks(const char *tls, bool checksum)
+static void ship_random_blocks(const char *tls, bool checksum, bool two_sided)
 {
     use_tls(tls);
-    const char *args[] = {checksum ? "--checksum" : NULL, NULL};
+    const char *args[3] = {NULL};
+    int na = 0;
+    if (checksum)
+        args[na++] = "--checksum";
+    if (two_sided)
+        args[na++] = "--two-sided";
     peer_t *p = malloc(sizeof(*p));
     peer_spawn(p, args);
     peer_ok(p, "fill 7");
@@ -337,6 +342,15 @@ static void ship_random_blocks(const char *tls, bool checksum)
                       dst[i] * bb, bb);
     peer_ok(p, cmd);
 
+    /* Two-sided: a slice of a request without a reservation is dropped by
+     * the receiver (the byte comparison below proves the block untouched). */
+    if (two_sided) {
+        uint32_t free_blk = 0;
+        while (used[free_blk])
+            free_blk++;
+        kvf_xfer_slice_t stale = {0, free_blk * bb, bb};
+        assert_int_equal(post_wait(peer, 999, 1, &stale, 1, KVF_XFER_LAST), KVF_OK);
+    }
     kvf_xfer_stats_t st0, st1;
     kvf_xfer_stats(x, &st0);
     kvf_xfer_slice_t s[N];
@@ -360,7 +374,8 @@ static void ship_random_blocks(const char *tls, bool checksum)
     peer_stats_t ps = peer_wait_landed(p, 3, 10000);
     assert_int_equal(ps.landed, 3);
     assert_int_equal(ps.last, 1);
-    assert_int_equal(ps.rejected, 0);
+    assert_int_equal(ps.rejected, two_sided ? 1 : 0);
+    assert_int_equal(ps.dropped, two_sided ? 1 : 0);
     assert_int_equal(ps.bytes, (uint64_t)N * bb);
 
     uint8_t *expect = malloc(POOL), *got = malloc(POOL);
@@ -386,13 +401,20 @@ static void ship_random_blocks(const char *tls, bool checksum)
 static void test_shm_random_blocks(void **state)
 {
     (void)state;
-    ship_random_blocks("sm,self", true);
+    ship_random_blocks("sm,self", true, false);
 }
 
 static void test_tcp_random_blocks(void **state)
 {
     (void)state;
-    ship_random_blocks("tcp,self", false);
+    ship_random_blocks("tcp,self", false, false);
+}
+
+/* Two-sided mode (the receiver places every slice) over TCP, checksummed. */
+static void test_tcp_two_sided_blocks(void **state)
+{
+    (void)state;
+    ship_random_blocks("tcp,self", true, true);
 }
 
 /* Descriptors are untrusted: each kind of damage gets its own error. */
@@ -678,6 +700,101 @@ static void test_fencing(void **state)
     free(p);
 }
 
+/* The sender is SIGKILLed mid-transfer (a prefill node dying): the receiver
+ * (this process) must keep running and get its blocks back. One-sided (RMA)
+ * receiver: the lease expires and, once cancelled, the blocks come back
+ * after lease + grace, not before. Two-sided receiver: cancel releases them
+ * at once. (One-sided over TCP is not run: UCX 1.13's emulated puts can
+ * abort the receiving process when the sender vanishes mid-put; TCP
+ * deployments use two-sided mode.) */
+static void sender_killed(const char *tls, bool two_sided)
+{
+    use_tls(tls);
+    kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX,
+                             .pool_bytes = POOL,
+                             .geometry = geom,
+                             .grace_ms = 200,
+                             .two_sided = two_sided};
+    kvf_xfer_t *x;
+    assert_int_equal(kvf_xfer_create(&cfg, &x), KVF_OK);
+    kvf_xfer_range_t all = {0, POOL};
+    uint64_t t0 = kvf_clock_ns(); /* the lease runs from here */
+    assert_int_equal(kvf_xfer_reserve(x, 77, 1, &all, 1, 1500), KVF_OK);
+    uint8_t *desc;
+    size_t len;
+    assert_int_equal(kvf_xfer_export(x, &desc, &len), KVF_OK);
+    char *hex = malloc(2 * len + 1);
+    for (size_t i = 0; i < len; i++)
+        sprintf(hex + 2 * i, "%02x", desc[i]);
+    free(desc);
+
+    /* The sending peer prints its own descriptor first, as peer_spawn wants. */
+    const char *args[] = {"--send", hex, NULL};
+    peer_t *p = malloc(sizeof(*p));
+    peer_spawn(p, args);
+    uint64_t until = t0 + 10000000000ull;
+    uint64_t landed = 0, expired = 0, released = 0, killed_at = 0, cancelled_at = 0;
+    while (kvf_clock_ns() < until && !released) {
+        kvf_xfer_progress(x);
+        kvf_xfer_event_t ev;
+        while (kvf_xfer_poll(x, &ev) == KVF_OK) {
+            landed += ev.kind == KVF_XFER_EV_LANDED;
+            released += ev.kind == KVF_XFER_EV_RELEASED;
+            if (ev.kind == KVF_XFER_EV_EXPIRED) {
+                expired++;
+                assert_int_equal(kvf_xfer_cancel(x, 77, 1), KVF_OK);
+                cancelled_at = kvf_clock_ns();
+            }
+        }
+        if (!killed_at && landed >= 20) {
+            kill(p->pid, SIGKILL);
+            killed_at = kvf_clock_ns();
+        }
+        if (two_sided && killed_at && !cancelled_at && kvf_clock_ns() - killed_at > 100000000) {
+            assert_int_equal(kvf_xfer_cancel(x, 77, 1), KVF_OK);
+            cancelled_at = kvf_clock_ns();
+        }
+    }
+    double ms = (double)(kvf_clock_ns() - t0) / 1e6;
+    kvf_log_info("test: %s%s: sender killed after %" PRIu64 " batches; released after %.0f ms", tls,
+                 two_sided ? " two-sided" : "", landed, ms);
+    assert_true(killed_at != 0);
+    assert_int_equal(released, 1);
+    if (two_sided) {
+        assert_int_equal(expired, 0);
+        assert_true(ms < 1500); /* at the cancel, before the lease would end */
+    } else {
+        assert_int_equal(expired, 1);
+        assert_true(ms >= 1500 + 200 - 5); /* not before lease end + grace */
+    }
+    kvf_xfer_stats_t st;
+    kvf_xfer_stats(x, &st);
+    assert_int_equal(st.reservations_live, 0);
+    /* The blocks can be reserved again. */
+    assert_int_equal(kvf_xfer_reserve(x, 78, 1, &all, 1, 1000), KVF_OK);
+    kvf_xfer_destroy(x);
+    int status;
+    waitpid(p->pid, &status, 0);
+    assert_true(WIFSIGNALED(status));
+    close(p->to);
+    close(p->from);
+    free(p->desc);
+    free(p);
+    free(hex);
+}
+
+static void test_tcp_sender_killed(void **state)
+{
+    (void)state;
+    sender_killed("tcp,self", true);
+}
+
+static void test_shm_sender_killed(void **state)
+{
+    (void)state;
+    sender_killed("sm,self", false);
+}
+
 /* NCCL pair: one process drives both ranks, each handle on its own GPU
  * (NCCL refuses two ranks of a communicator on one GPU). Random blocks go
  * from GPU 0's pool into a reservation on GPU 1's, compared byte for byte;
@@ -780,10 +897,17 @@ int main(void)
     setenv("UCX_NET_DEVICES", "lo", 1);
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shm_random_blocks),  cmocka_unit_test(test_tcp_random_blocks),
-        cmocka_unit_test(test_descriptor_checks),  cmocka_unit_test(test_fencing),
-        cmocka_unit_test(test_many_small_batches), cmocka_unit_test(test_shm_peer_killed),
-        cmocka_unit_test(test_tcp_peer_killed),    cmocka_unit_test(test_nccl_pair),
+        cmocka_unit_test(test_shm_random_blocks),
+        cmocka_unit_test(test_tcp_random_blocks),
+        cmocka_unit_test(test_tcp_two_sided_blocks),
+        cmocka_unit_test(test_descriptor_checks),
+        cmocka_unit_test(test_fencing),
+        cmocka_unit_test(test_many_small_batches),
+        cmocka_unit_test(test_shm_peer_killed),
+        cmocka_unit_test(test_tcp_peer_killed),
+        cmocka_unit_test(test_shm_sender_killed),
+        cmocka_unit_test(test_tcp_sender_killed),
+        cmocka_unit_test(test_nccl_pair),
     };
     if (getenv("KVF_TEST_FILTER")) /* e.g. KVF_TEST_FILTER=test_tcp_* */
         cmocka_set_test_filter(getenv("KVF_TEST_FILTER"));

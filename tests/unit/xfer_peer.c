@@ -10,7 +10,12 @@
  *   fill SEED          fills the pool with a pattern  -> "ok"
  *   dump OFF LEN       -> "dump LEN" then LEN raw bytes
  *   quit               -> exits 0 after closing the transport
- * Options: --pool-bytes N --head-dim N --checksum --grace-ms N --alloc */
+ * Options: --pool-bytes N --head-dim N --checksum --grace-ms N --alloc
+ *          --two-sided
+ *
+ * With --send HEXDESC it is a sender instead: it connects to that
+ * descriptor, prints "sending" after its first batch, and posts batches of
+ * request 77 epoch 1 (8 slices of 64 KiB) until it fails or is killed. */
 #include "kvf/clock.h"
 #include "kvf/log.h"
 #include "kvf/xfer.h"
@@ -113,6 +118,39 @@ static void do_reserve(kvf_xfer_t *x, char *args)
         reply("err %s", kvf_status_str(st));
 }
 
+static int send_loop(kvf_xfer_t *x, const char *hex, uint8_t *own_pool)
+{
+    size_t len = strlen(hex) / 2;
+    uint8_t *desc = malloc(len);
+    for (size_t i = 0; i < len; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+            return 2;
+        desc[i] = (uint8_t)v;
+    }
+    kvf_xfer_peer_t *peer;
+    kvf_status_t st = kvf_xfer_connect(x, desc, len, &peer);
+    free(desc);
+    kvf_xfer_slice_t s[8];
+    for (int i = 0; i < 8; i++)
+        s[i] = (kvf_xfer_slice_t){(uint64_t)i * 131072, (uint64_t)i * 131072, 65536};
+    kvf_xfer_batch_spec_t spec = {.req_id = 77, .epoch = 1, .slices = s, .n_slices = 8};
+    for (int n = 0; st == KVF_OK; n++) {
+        kvf_xfer_batch_t *b;
+        st = kvf_xfer_post(peer, &spec, &b);
+        if (st != KVF_OK)
+            break;
+        st = kvf_xfer_wait(b, -1);
+        kvf_xfer_batch_release(b);
+        if (n == 0 && st == KVF_OK)
+            reply("sending");
+    }
+    reply("err %s", kvf_status_str(st));
+    kvf_xfer_destroy(x);
+    free(own_pool);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     kvf_log_init("xfer-peer", NULL);
@@ -127,6 +165,7 @@ int main(int argc, char **argv)
                      .layout = 1},
     };
     bool alloc = false;
+    const char *send_to = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--pool-bytes") && i + 1 < argc)
             cfg.pool_bytes = strtoull(argv[++i], NULL, 0);
@@ -140,6 +179,10 @@ int main(int argc, char **argv)
             cfg.checksum = true;
         else if (!strcmp(argv[i], "--alloc"))
             alloc = true;
+        else if (!strcmp(argv[i], "--two-sided"))
+            cfg.two_sided = true;
+        else if (!strcmp(argv[i], "--send") && i + 1 < argc)
+            send_to = argv[++i];
         else {
             fprintf(stderr, "kvf_xfer_peer: unknown argument %s\n", argv[i]);
             return 2;
@@ -170,6 +213,8 @@ int main(int argc, char **argv)
     reply("desc %s", hex);
     free(hex);
     free(desc);
+    if (send_to)
+        return send_loop(x, send_to, own_pool);
 
     counters_t c = {0};
     char line[1 << 16];
@@ -215,11 +260,14 @@ int main(int argc, char **argv)
             } else if (!strcmp(cmd, "stats")) {
                 kvf_xfer_progress(x);
                 drain_events(x, &c);
+                kvf_xfer_stats_t xs;
+                kvf_xfer_stats(x, &xs);
                 reply("stats landed=%" PRIu64 " bytes=%" PRIu64 " last=%" PRIu64
                       " rejected=%" PRIu64 " stale=%" PRIu64 " mismatch=%" PRIu64
-                      " released=%" PRIu64 " expired=%" PRIu64 " aborted=%" PRIu64,
+                      " released=%" PRIu64 " expired=%" PRIu64 " aborted=%" PRIu64
+                      " dropped=%" PRIu64,
                       c.landed, c.landed_bytes, c.landed_last, c.rejected, c.rejected_stale,
-                      c.rejected_mismatch, c.released, c.expired, c.aborted);
+                      c.rejected_mismatch, c.released, c.expired, c.aborted, xs.slices_dropped);
             } else if (!strncmp(cmd, "fill ", 5)) {
                 uint64_t s = strtoull(cmd + 5, NULL, 0) * 2654435761u + 1;
                 for (uint64_t i = 0; i < cfg.pool_bytes; i++) {

@@ -47,8 +47,9 @@
  *     flight in the network at that moment.
  * kvf_xfer_cancel() therefore reports RELEASED at once when the request had
  * fully landed (or the sender aborted it), and otherwise when one of the
- * two points is reached. A completion for a cancelled reservation is
- * rejected (KVF_ERR_STALE) but still used as a fence point.
+ * two points is reached. A receiver in two-sided mode (config two_sided)
+ * places every byte itself and reports RELEASED at once. A completion for a cancelled reservation
+ * is rejected (KVF_ERR_STALE) but still used as a fence point.
  *
  * A peer that dies or stops answering completes each of its batches with
  * an error within the handle's timeout (default 5 s), never a hang. */
@@ -108,6 +109,14 @@ typedef struct {
     uint32_t grace_ms;   /* receiver: fence margin after a lease ends; 0 = 1000 */
     bool checksum;       /* send (sender) / require (receiver) a CRC32C per range;
                           * host pools only */
+    /* UCX: two-sided transfer. Slices travel as active messages and the
+     * receiver copies them into its pool after checking each against a live
+     * reservation, so data of a cancelled or unknown request never lands
+     * and kvf_xfer_cancel releases at once. A receiver that sets it exports
+     * no rkey (its senders must follow); a sender that sets it uses it for
+     * every peer. For TCP: UCX 1.13 emulates puts there with messages whose
+     * receiver aborts the process if the sender vanishes mid-put. */
+    bool two_sided;
 } kvf_xfer_config_t;
 
 /* One put: len bytes from local pool offset local_off to remote pool
@@ -159,6 +168,7 @@ typedef struct {
     uint64_t bytes_posted; /* after validation, before coalescing */
     uint64_t puts_issued;  /* after coalescing */
     uint64_t completions_landed, completions_rejected, crc_failures;
+    uint64_t slices_dropped;    /* two-sided: slices no live reservation owned */
     uint64_t reservations_live; /* reserved, not yet released */
 } kvf_xfer_stats_t;
 
