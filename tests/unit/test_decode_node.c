@@ -1,0 +1,775 @@
+/* kvf-decode as a process: this test plays the router (and, for the KV
+ * handoff, the prefill node) over real sockets and the real transport,
+ * and checks the tokens against the golden greedy continuations of
+ * tests/data/golden (an independent float64 reference), the block
+ * accounting reported in heartbeats, and the failure paths (lease expiry,
+ * refusal, cancel, stale and malformed messages, SIGTERM). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kvf/backend.h"
+#include "kvf/clock.h"
+#include "kvf/engine.h"
+#include "kvf/file.h"
+#include "kvf/kvcache.h"
+#include "kvf/log.h"
+#include "kvf/model.h"
+#include "kvf/msg.h"
+#include "kvf/sampling.h"
+#include "kvf/xfer.h"
+
+#define MODEL_DIR KVF_TEST_DATA "/golden/tiny-llama-f32"
+#define N_PROMPTS 4
+#define N_GREEDY 24
+#define BLOCK_SIZE 8
+#define LEASE_MS 600
+#define MAX_REQ 16
+#define MAX_OUT 512
+
+typedef struct {
+    uint32_t ids[64];
+    int n_ids;
+    uint32_t greedy[N_GREEDY];
+} golden_prompt_t;
+
+/* What the fake router saw of one request. */
+typedef struct {
+    uint64_t req_id;
+    bool have_first;
+    uint32_t first;
+    uint32_t tokens[MAX_OUT];
+    int n_tokens;
+    uint32_t next_seq;
+    uint32_t n_generated; /* from the last chunk */
+    int finish;           /* Kvf__FinishReason, 0 until finished */
+    int error;            /* last Error status, 0 if none */
+    int n_chunks_after_finish;
+} req_seen_t;
+
+typedef struct {
+    pid_t pid;
+    char router_url[64], node_url[64];
+    kvf_inbox_t *inbox;      /* the fake router's (and fake prefill node's) inbox */
+    kvf_outbox_t *to_node;
+    uint8_t desc[4096];
+    size_t desc_len;
+    uint32_t capacity;
+    uint32_t max_context;
+    bool have_load;
+    uint32_t blocks_used, blocks_total, running;
+    uint64_t heartbeats;
+    bool deregistered;
+    req_seen_t reqs[MAX_REQ];
+    int n_reqs;
+    /* the last KvAllocReply */
+    bool have_alloc_reply;
+    uint64_t alloc_req_id;
+    int alloc_status;
+    uint32_t alloc_blocks[64];
+    size_t n_alloc_blocks;
+    golden_prompt_t prompts[N_PROMPTS];
+} harness_t;
+
+/* ---- golden data ---------------------------------------------------------- */
+
+static void load_golden(harness_t *h)
+{
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(kvf_file_read(KVF_TEST_DATA "/golden/expected.json", 64u << 20, &text, &len),
+                     KVF_OK);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    assert_non_null(root);
+    cJSON *prompts = cJSON_GetObjectItem(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"), "tiny-llama-f32"), "prompts");
+    assert_int_equal(cJSON_GetArraySize(prompts), N_PROMPTS);
+    for (int p = 0; p < N_PROMPTS; p++) {
+        cJSON *pr = cJSON_GetArrayItem(prompts, p);
+        cJSON *ids = cJSON_GetObjectItem(pr, "ids"), *greedy = cJSON_GetObjectItem(pr, "greedy_ids");
+        h->prompts[p].n_ids = cJSON_GetArraySize(ids);
+        assert_true(h->prompts[p].n_ids <= 64);
+        for (int i = 0; i < h->prompts[p].n_ids; i++)
+            h->prompts[p].ids[i] = (uint32_t)cJSON_GetArrayItem(ids, i)->valuedouble;
+        assert_int_equal(cJSON_GetArraySize(greedy), N_GREEDY);
+        for (int i = 0; i < N_GREEDY; i++)
+            h->prompts[p].greedy[i] = (uint32_t)cJSON_GetArrayItem(greedy, i)->valuedouble;
+    }
+    cJSON_Delete(root);
+    free(text);
+}
+
+/* ---- the fake router ------------------------------------------------------ */
+
+static req_seen_t *seen(harness_t *h, uint64_t req_id)
+{
+    for (int i = 0; i < h->n_reqs; i++)
+        if (h->reqs[i].req_id == req_id)
+            return &h->reqs[i];
+    assert_true(h->n_reqs < MAX_REQ);
+    req_seen_t *r = &h->reqs[h->n_reqs++];
+    memset(r, 0, sizeof(*r));
+    r->req_id = req_id;
+    return r;
+}
+
+static void send_node(harness_t *h, kvf_envelope_t *env)
+{
+    env->sender = "fake-router";
+    assert_int_equal(kvf_outbox_send(h->to_node, env, 2000), KVF_OK);
+}
+
+static void on_message(harness_t *h, const kvf_envelope_t *env)
+{
+    switch (env->body_case) {
+    case KVF__ENVELOPE__BODY_REGISTER: {
+        const Kvf__Register *r = env->register_;
+        assert_int_equal(r->role, KVF__ROLE__ROLE_DECODE);
+        assert_string_equal(r->node_id, "dec-test");
+        assert_int_equal(r->geometry->block_size, BLOCK_SIZE);
+        assert_int_equal(r->geometry->n_layers, 2);
+        assert_int_equal(r->geometry->n_kv_heads, 2);
+        assert_int_equal(r->geometry->head_dim, 16);
+        assert_true(r->xfer_desc.len > 0 && r->xfer_desc.len <= sizeof(h->desc));
+        memcpy(h->desc, r->xfer_desc.data, r->xfer_desc.len);
+        h->desc_len = r->xfer_desc.len;
+        h->capacity = r->capacity_blocks;
+        h->max_context = r->max_context;
+        assert_true(r->prefill_local);
+        Kvf__RegisterReply rep = KVF__REGISTER_REPLY__INIT;
+        rep.node_id = r->node_id;
+        rep.heartbeat_ms = 100;
+        kvf_envelope_t out;
+        kvf_envelope_init(&out, "fake-router");
+        out.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;
+        out.register_reply = &rep;
+        send_node(h, &out);
+        break;
+    }
+    case KVF__ENVELOPE__BODY_HEARTBEAT: {
+        const Kvf__Load *l = env->heartbeat->load;
+        h->have_load = true;
+        h->heartbeats++;
+        h->blocks_used = l->blocks_used;
+        h->blocks_total = l->blocks_total;
+        h->running = l->running;
+        assert_int_equal(l->blocks_used + l->blocks_free, l->blocks_total);
+        break;
+    }
+    case KVF__ENVELOPE__BODY_PREFILL_DONE: {
+        req_seen_t *r = seen(h, env->prefill_done->req_id);
+        assert_false(r->have_first);
+        r->have_first = true;
+        r->first = env->prefill_done->first_token;
+        break;
+    }
+    case KVF__ENVELOPE__BODY_TOKEN_BATCH:
+        for (size_t c = 0; c < env->token_batch->n_chunks; c++) {
+            const Kvf__TokenChunk *ch = env->token_batch->chunks[c];
+            req_seen_t *r = seen(h, ch->req_id);
+            if (r->finish)
+                r->n_chunks_after_finish++;
+            assert_int_equal(ch->seq, r->next_seq);
+            r->next_seq++;
+            for (size_t i = 0; i < ch->n_tokens; i++) {
+                assert_true(r->n_tokens < MAX_OUT);
+                r->tokens[r->n_tokens++] = ch->tokens[i];
+            }
+            /* n_generated counts the first token */
+            assert_int_equal(ch->n_generated, (uint32_t)r->n_tokens + 1);
+            r->n_generated = ch->n_generated;
+            if (ch->finish_reason)
+                r->finish = ch->finish_reason;
+        }
+        break;
+    case KVF__ENVELOPE__BODY_ERROR:
+        seen(h, env->error->req_id)->error = env->error->status;
+        break;
+    case KVF__ENVELOPE__BODY_KV_ALLOC_REPLY: {
+        const Kvf__KvAllocReply *a = env->kv_alloc_reply;
+        h->have_alloc_reply = true;
+        h->alloc_req_id = a->req_id;
+        h->alloc_status = a->status;
+        assert_true(a->n_block_ids <= 64);
+        memcpy(h->alloc_blocks, a->block_ids, a->n_block_ids * sizeof(uint32_t));
+        h->n_alloc_blocks = a->n_block_ids;
+        if (a->status == 0)
+            assert_int_equal(a->lease_ms, LEASE_MS);
+        break;
+    }
+    case KVF__ENVELOPE__BODY_DEREGISTER:
+        h->deregistered = true;
+        break;
+    default:
+        fail_msg("unexpected %s from the node", kvf_envelope_body_name(env));
+    }
+}
+
+/* Receives for up to ms milliseconds, or until done(h, arg) holds. */
+static bool pump(harness_t *h, int ms, bool (*done)(harness_t *, const void *), const void *arg)
+{
+    uint64_t deadline = kvf_clock_ns() + (uint64_t)ms * 1000000ull;
+    for (;;) {
+        if (done && done(h, arg))
+            return true;
+        int left = kvf_clock_ms_until(deadline);
+        if (left <= 0)
+            return false;
+        kvf_envelope_t *env = NULL;
+        kvf_status_t st = kvf_inbox_recv(h->inbox, left < 100 ? left : 100, &env);
+        if (st == KVF_ERR_TIMEOUT || st == KVF_ERR_AGAIN)
+            continue;
+        assert_int_equal(st, KVF_OK);
+        on_message(h, env);
+        kvf_envelope_free(env);
+    }
+}
+
+static bool registered(harness_t *h, const void *arg)
+{
+    (void)arg;
+    return h->have_load;
+}
+
+static bool req_finished(harness_t *h, const void *arg)
+{
+    const uint64_t *id = arg;
+    for (int i = 0; i < h->n_reqs; i++)
+        if (h->reqs[i].req_id == *id)
+            return h->reqs[i].finish != 0;
+    return false;
+}
+
+static bool req_errored(harness_t *h, const void *arg)
+{
+    const uint64_t *id = arg;
+    for (int i = 0; i < h->n_reqs; i++)
+        if (h->reqs[i].req_id == *id)
+            return h->reqs[i].error != 0;
+    return false;
+}
+
+static bool alloc_replied(harness_t *h, const void *arg)
+{
+    const uint64_t *id = arg;
+    return h->have_alloc_reply && h->alloc_req_id == *id;
+}
+
+/* A heartbeat sent after this call reports no block in use. */
+static bool blocks_free_again(harness_t *h, const void *arg)
+{
+    const uint64_t *after = arg;
+    return h->heartbeats > *after && h->blocks_used == 0;
+}
+
+static void expect_no_blocks_used(harness_t *h)
+{
+    uint64_t after = h->heartbeats;
+    assert_true(pump(h, 5000, blocks_free_again, &after));
+    assert_int_equal(h->blocks_used, 0);
+}
+
+static void start_node(harness_t *h, const char *extra)
+{
+    int p1, p2;
+    assert_int_equal(kvf_net_free_port(&p1), KVF_OK);
+    assert_int_equal(kvf_net_free_port(&p2), KVF_OK);
+    snprintf(h->router_url, sizeof(h->router_url), "tcp://127.0.0.1:%d", p1);
+    snprintf(h->node_url, sizeof(h->node_url), "tcp://127.0.0.1:%d", p2);
+    assert_int_equal(kvf_inbox_create(h->router_url, 0, &h->inbox), KVF_OK);
+    assert_int_equal(kvf_outbox_create(h->node_url, &h->to_node), KVF_OK);
+    char lease[16];
+    snprintf(lease, sizeof(lease), "%d", LEASE_MS);
+    h->pid = fork();
+    assert_true(h->pid >= 0);
+    if (h->pid == 0) {
+        const char *bin = KVF_BIN_DIR "/kvf-decode";
+        /* extra: one optional flag and value, e.g. "--max-running 2" */
+        char extra_flag[32] = "", extra_val[32] = "";
+        if (extra)
+            sscanf(extra, "%31s %31s", extra_flag, extra_val);
+        const char *argv[32] = {bin,          "--router", h->router_url, "--listen",
+                                h->node_url,  "--model",  MODEL_DIR,     "--threads",
+                                "1",          "--block-size", "8",       "--lease-ms",
+                                lease,        "--prefill-local", "--node-id", "dec-test",
+                                "--max-batch-tokens", "10"};
+        int n = 18;
+        if (extra) {
+            argv[n++] = extra_flag;
+            argv[n++] = extra_val;
+        }
+        argv[n] = NULL;
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    assert_true(pump(h, 30000, registered, NULL));
+}
+
+static int stop_node(harness_t *h)
+{
+    int status = 0;
+    if (h->pid > 0) {
+        kill(h->pid, SIGTERM);
+        uint64_t deadline = kvf_clock_ns() + 10000000000ull;
+        while (waitpid(h->pid, &status, WNOHANG) == 0) {
+            /* keep the node's last messages flowing */
+            pump(h, 50, NULL, NULL);
+            if (kvf_clock_ns() > deadline) {
+                kill(h->pid, SIGKILL);
+                waitpid(h->pid, &status, 0);
+                break;
+            }
+        }
+        h->pid = 0;
+    }
+    pump(h, 200, NULL, NULL);
+    return status;
+}
+
+static int setup(void **state)
+{
+    harness_t *h = calloc(1, sizeof(*h));
+    if (!h)
+        return -1;
+    load_golden(h);
+    *state = h;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    harness_t *h = *state;
+    if (h->pid > 0) {
+        kill(h->pid, SIGKILL);
+        waitpid(h->pid, NULL, 0);
+    }
+    kvf_outbox_destroy(h->to_node);
+    kvf_inbox_destroy(h->inbox);
+    free(h);
+    return 0;
+}
+
+static Kvf__Sampling greedy_sampling(uint32_t max_tokens)
+{
+    Kvf__Sampling s = KVF__SAMPLING__INIT;
+    s.max_tokens = max_tokens;
+    s.ignore_eos = true;
+    return s;
+}
+
+static void send_prefill_request(harness_t *h, uint64_t req_id, uint64_t epoch,
+                                 const uint32_t *ids, size_t n, Kvf__Sampling *s)
+{
+    Kvf__PrefillRequest pr = KVF__PREFILL_REQUEST__INIT;
+    pr.req_id = req_id;
+    pr.epoch = epoch;
+    pr.token_ids = (uint32_t *)ids;
+    pr.n_token_ids = n;
+    pr.sampling = s;
+    pr.decode_node_id = "dec-test";
+    pr.decode_inbox = h->node_url;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "fake-router");
+    env.body_case = KVF__ENVELOPE__BODY_PREFILL_REQUEST;
+    env.prefill_request = &pr;
+    send_node(h, &env);
+}
+
+static void check_golden(harness_t *h, uint64_t req_id, const golden_prompt_t *g)
+{
+    req_seen_t *r = seen(h, req_id);
+    assert_true(r->have_first);
+    assert_int_equal(r->first, g->greedy[0]);
+    assert_int_equal(r->n_tokens, N_GREEDY - 1);
+    for (int i = 0; i < N_GREEDY - 1; i++)
+        assert_int_equal(r->tokens[i], g->greedy[i + 1]);
+    assert_int_equal(r->finish, KVF__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(r->n_generated, N_GREEDY);
+    assert_int_equal(r->error, 0);
+}
+
+/* ---- tests ------------------------------------------------------------------ */
+
+/* Whole requests served by the node alone (--prefill-local), four at once:
+ * chunked prefill (10 tokens per forward) beside decoding sequences. */
+static void test_local_prefill_matches_golden(void **state)
+{
+    harness_t *h = *state;
+    start_node(h, NULL);
+    assert_int_equal(h->max_context, 256);
+    Kvf__Sampling s = greedy_sampling(N_GREEDY);
+    for (int p = 0; p < N_PROMPTS; p++)
+        send_prefill_request(h, 100 + p, 1, h->prompts[p].ids, h->prompts[p].n_ids, &s);
+    for (int p = 0; p < N_PROMPTS; p++) {
+        uint64_t id = 100 + p;
+        assert_true(pump(h, 30000, req_finished, &id));
+    }
+    for (int p = 0; p < N_PROMPTS; p++)
+        check_golden(h, 100 + p, &h->prompts[p]);
+    expect_no_blocks_used(h);
+    assert_int_equal(stop_node(h), 0);
+    assert_true(h->deregistered);
+    for (int i = 0; i < h->n_reqs; i++)
+        assert_int_equal(h->reqs[i].n_chunks_after_finish, 0);
+}
+
+/* The fake prefill node: its own pool and engine, the real transport. */
+typedef struct {
+    kvf_model_t *model;
+    kvf_backend_t be;
+    kvf_kvpool_t *pool;
+    kvf_engine_t *engine;
+    kvf_xfer_t *xfer;
+    kvf_xfer_peer_t *peer;
+    float *logits;
+} fake_prefill_t;
+
+static void prefill_open(harness_t *h, fake_prefill_t *f)
+{
+    assert_int_equal(kvf_model_load(MODEL_DIR, &f->model), KVF_OK);
+    kvf_kv_geometry_t geo = kvf_engine_kv_geometry(f->model, BLOCK_SIZE);
+    assert_int_equal(kvf_kvpool_create(&geo, 64, &f->pool), KVF_OK);
+    assert_int_equal(kvf_backend_cpu_create(1, &f->be), KVF_OK);
+    assert_int_equal(kvf_engine_create(f->model, &f->be, f->pool, &f->engine), KVF_OK);
+    kvf_xfer_config_t xc = {
+        .backend = KVF_XFER_UCX,
+        .mem_type = KVF_XFER_MEM_HOST,
+        .pool = kvf_kvpool_base(f->pool),
+        .pool_bytes = kvf_kvpool_bytes(f->pool),
+        .geometry = {.block_size = BLOCK_SIZE, .n_layers = 2, .n_kv_heads = 2, .head_dim = 16,
+                     .dtype = KVF_XFER_DTYPE_F32, .layout = 1},
+    };
+    assert_int_equal(kvf_xfer_create(&xc, &f->xfer), KVF_OK);
+    assert_int_equal(kvf_xfer_connect(f->xfer, h->desc, h->desc_len, &f->peer), KVF_OK);
+    f->logits = malloc((size_t)f->model->cfg.vocab * sizeof(float));
+    assert_non_null(f->logits);
+}
+
+static void prefill_close(fake_prefill_t *f)
+{
+    free(f->logits);
+    kvf_xfer_destroy(f->xfer);
+    kvf_engine_destroy(f->engine);
+    kvf_backend_destroy(&f->be);
+    kvf_kvpool_destroy(f->pool);
+    kvf_model_destroy(f->model);
+}
+
+static void send_kv_alloc(harness_t *h, uint64_t req_id, uint64_t epoch, uint32_t n_tokens,
+                          uint32_t max_new)
+{
+    Kvf__KvAlloc a = KVF__KV_ALLOC__INIT;
+    a.req_id = req_id;
+    a.epoch = epoch;
+    a.n_tokens = n_tokens;
+    a.max_new_tokens = max_new;
+    a.prefill_node_id = "fake-prefill";
+    a.reply_inbox = h->router_url;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "fake-prefill");
+    env.body_case = KVF__ENVELOPE__BODY_KV_ALLOC;
+    env.kv_alloc = &a;
+    h->have_alloc_reply = false;
+    send_node(h, &env);
+}
+
+static void send_kv_ready(harness_t *h, uint64_t req_id, uint64_t epoch, uint32_t first,
+                          const uint32_t *ids, uint32_t n, Kvf__Sampling *s)
+{
+    Kvf__KvReady k = KVF__KV_READY__INIT;
+    k.req_id = req_id;
+    k.epoch = epoch;
+    k.first_token = first;
+    k.n_tokens = n;
+    k.sampling = s;
+    k.token_ids = (uint32_t *)ids;
+    k.n_token_ids = n;
+    k.rng_state = s->seed;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "fake-prefill");
+    env.body_case = KVF__ENVELOPE__BODY_KV_READY;
+    env.kv_ready = &k;
+    send_node(h, &env);
+}
+
+/* Computes the prompt into local blocks and ships every (block, layer)
+ * slice into the node's blocks in one LAST batch; returns the first token
+ * (greedy). */
+static uint32_t prefill_and_ship(harness_t *h, fake_prefill_t *f, uint64_t req_id, uint64_t epoch,
+                                 const golden_prompt_t *g)
+{
+    uint32_t nb = (uint32_t)(g->n_ids + BLOCK_SIZE - 1) / BLOCK_SIZE;
+    uint32_t local[16];
+    assert_true(nb <= 16 && nb <= h->n_alloc_blocks);
+    assert_int_equal(kvf_kvpool_alloc(f->pool, nb, local), KVF_OK);
+    kvf_engine_seq_t seq = {.tokens = g->ids,
+                            .n_tokens = (uint32_t)g->n_ids,
+                            .start_pos = 0,
+                            .block_ids = local,
+                            .n_blocks = nb,
+                            .logits = f->logits};
+    assert_int_equal(kvf_engine_forward(f->engine, &seq, 1, NULL), KVF_OK);
+    uint32_t first = kvf_sample_argmax(f->logits, f->model->cfg.vocab);
+    const kvf_kv_geometry_t *geo = kvf_kvpool_geometry(f->pool);
+    size_t slice = kvf_kv_slice_bytes(geo), block = kvf_kv_block_bytes(geo);
+    kvf_xfer_slice_t slices[64];
+    size_t n = 0;
+    for (int l = 0; l < geo->n_layers; l++)
+        for (uint32_t b = 0; b < nb; b++)
+            slices[n++] = (kvf_xfer_slice_t){
+                .local_off = kvf_kvpool_slice_offset(f->pool, local[b], l),
+                .remote_off = (uint64_t)h->alloc_blocks[b] * block + (uint64_t)l * slice,
+                .len = slice};
+    kvf_xfer_batch_spec_t spec = {
+        .req_id = req_id, .epoch = epoch, .slices = slices, .n_slices = n, .flags = KVF_XFER_LAST};
+    kvf_xfer_batch_t *batch = NULL;
+    assert_int_equal(kvf_xfer_post(f->peer, &spec, &batch), KVF_OK);
+    assert_int_equal(kvf_xfer_wait(batch, 5000), KVF_OK);
+    kvf_xfer_batch_release(batch);
+    assert_int_equal(kvf_kvpool_release(f->pool, local, nb), KVF_OK);
+    return first;
+}
+
+/* The disaggregated path: KvAlloc -> reply -> RMA puts (LAST) and KvReady,
+ * in both orders -> decode. */
+static void test_handoff_matches_golden(void **state)
+{
+    harness_t *h = *state;
+    start_node(h, NULL);
+    fake_prefill_t f = {0};
+    prefill_open(h, &f);
+    Kvf__Sampling s = greedy_sampling(N_GREEDY);
+    for (int p = 0; p < N_PROMPTS; p++) {
+        uint64_t id = 200 + p;
+        const golden_prompt_t *g = &h->prompts[p];
+        send_kv_alloc(h, id, 1, (uint32_t)g->n_ids, N_GREEDY);
+        assert_true(pump(h, 5000, alloc_replied, &id));
+        assert_int_equal(h->alloc_status, 0);
+        /* prompt + generation room, block size 8 */
+        assert_int_equal(h->n_alloc_blocks, (g->n_ids + N_GREEDY + BLOCK_SIZE - 1) / BLOCK_SIZE);
+        if (p % 2) {
+            /* KvReady first: the node must wait for the K/V. */
+            send_kv_ready(h, id, 1, g->greedy[0], g->ids, (uint32_t)g->n_ids, &s);
+            pump(h, 100, NULL, NULL);
+            assert_int_equal(seen(h, id)->n_tokens, 0);
+            assert_int_equal(prefill_and_ship(h, &f, id, 1, g), g->greedy[0]);
+        } else {
+            uint32_t first = prefill_and_ship(h, &f, id, 1, g);
+            assert_int_equal(first, g->greedy[0]);
+            send_kv_ready(h, id, 1, first, g->ids, (uint32_t)g->n_ids, &s);
+        }
+        seen(h, id)->have_first = true; /* the prefill node reports it, not D */
+        seen(h, id)->first = g->greedy[0];
+    }
+    for (int p = 0; p < N_PROMPTS; p++) {
+        uint64_t id = 200 + p;
+        assert_true(pump(h, 30000, req_finished, &id));
+        check_golden(h, id, &h->prompts[p]);
+    }
+    expect_no_blocks_used(h);
+    prefill_close(&f);
+    assert_int_equal(stop_node(h), 0);
+}
+
+/* A reservation nobody writes: the lease ends, the router hears TIMEOUT,
+ * the blocks come back. A stale KvReady does not seal it. */
+static void test_lease_expiry_and_stale_epoch(void **state)
+{
+    harness_t *h = *state;
+    start_node(h, NULL);
+    const golden_prompt_t *g = &h->prompts[0];
+    uint64_t id = 300;
+    send_kv_alloc(h, id, 2, (uint32_t)g->n_ids, 8);
+    assert_true(pump(h, 5000, alloc_replied, &id));
+    assert_int_equal(h->alloc_status, 0);
+    Kvf__Sampling s = greedy_sampling(8);
+    send_kv_ready(h, id, 1, g->greedy[0], g->ids, (uint32_t)g->n_ids, &s); /* stale epoch */
+    /* an older epoch's KvAlloc is stale too: no reply */
+    send_kv_alloc(h, id, 1, (uint32_t)g->n_ids, 8);
+    uint64_t t0 = kvf_clock_ns();
+    assert_true(pump(h, 5000, req_errored, &id));
+    assert_int_equal(seen(h, id)->error, KVF_ERR_TIMEOUT);
+    assert_false(h->have_alloc_reply);
+    uint64_t waited_ms = (kvf_clock_ns() - t0) / 1000000;
+    assert_true(waited_ms >= LEASE_MS / 2);
+    assert_int_equal(seen(h, id)->n_tokens, 0);
+    /* released after the lease plus the transport's grace */
+    expect_no_blocks_used(h);
+    assert_int_equal(stop_node(h), 0);
+}
+
+static void test_refusals(void **state)
+{
+    harness_t *h = *state;
+    start_node(h, "--max-running 2");
+    uint64_t id = 400;
+    /* beyond the context (256) */
+    send_kv_alloc(h, id, 1, 256, 1);
+    assert_true(pump(h, 5000, alloc_replied, &id));
+    assert_int_equal(h->alloc_status, KVF_ERR_INVAL);
+    /* max_running */
+    for (id = 401; id <= 403; id++) {
+        send_kv_alloc(h, id, 1, 10, 10);
+        assert_true(pump(h, 5000, alloc_replied, &id));
+    }
+    assert_int_equal(h->alloc_status, KVF_ERR_NO_SPACE);
+    assert_int_equal(h->n_alloc_blocks, 0);
+    Kvf__Cancel c = KVF__CANCEL__INIT;
+    kvf_envelope_t env;
+    for (id = 401; id <= 402; id++) {
+        c.req_id = id;
+        c.epoch = 0;
+        kvf_envelope_init(&env, "fake-router");
+        env.body_case = KVF__ENVELOPE__BODY_CANCEL;
+        env.cancel = &c;
+        send_node(h, &env);
+    }
+    expect_no_blocks_used(h);
+    id = 404;
+    send_kv_alloc(h, id, 1, 200, h->capacity * BLOCK_SIZE);
+    assert_true(pump(h, 5000, alloc_replied, &id));
+    assert_int_equal(h->alloc_status, 0); /* capped by the context: fits */
+    /* bad prefill requests: token outside the vocabulary, empty prompt */
+    uint32_t bad_ids[2] = {1, 9999};
+    Kvf__Sampling s = greedy_sampling(4);
+    send_prefill_request(h, 405, 1, bad_ids, 2, &s);
+    send_prefill_request(h, 406, 1, bad_ids, 0, &s);
+    s.top_p = 2.0f;
+    send_prefill_request(h, 407, 1, bad_ids, 1, &s);
+    for (id = 405; id <= 407; id++) {
+        assert_true(pump(h, 5000, req_errored, &id));
+        assert_int_equal(seen(h, id)->error, KVF_ERR_INVAL);
+    }
+    c.req_id = 404;
+    kvf_envelope_init(&env, "fake-router");
+    env.body_case = KVF__ENVELOPE__BODY_CANCEL;
+    env.cancel = &c;
+    send_node(h, &env);
+    expect_no_blocks_used(h);
+    assert_int_equal(stop_node(h), 0);
+}
+
+/* Starts a long request (200 tokens) and pauses the node (SIGSTOP) once
+ * it streams, so that what the test sends next waits in the node's inbox
+ * and is taken at most one step later. The tiny model decodes a token in
+ * well under a millisecond: a request that finished before the pause is
+ * retried under the next id. Returns the paused request's id. */
+static uint64_t start_and_pause(harness_t *h, const golden_prompt_t *g, uint64_t base_id)
+{
+    Kvf__Sampling s = greedy_sampling(200);
+    for (uint64_t attempt = 0; attempt < 5; attempt++) {
+        uint64_t id = base_id + attempt;
+        send_prefill_request(h, id, 1, g->ids, g->n_ids, &s);
+        uint64_t deadline = kvf_clock_ns() + 20000000000ull;
+        while (seen(h, id)->n_tokens < 1 && kvf_clock_ns() < deadline)
+            pump(h, 1, NULL, NULL);
+        assert_int_equal(kill(h->pid, SIGSTOP), 0);
+        pump(h, 100, NULL, NULL); /* what was already sent */
+        if (!seen(h, id)->finish)
+            return id;
+        assert_int_equal(kill(h->pid, SIGCONT), 0);
+    }
+    fail_msg("every request finished before the node could be paused");
+    return 0;
+}
+
+/* Garbage frames and unexpected messages are dropped; a cancel stops a
+ * running sequence and frees its blocks; the node keeps serving. */
+static void test_malformed_and_cancel(void **state)
+{
+    harness_t *h = *state;
+    start_node(h, NULL);
+    uint8_t junk[64];
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = (uint8_t)(i * 37);
+    assert_int_equal(kvf_outbox_send_frame(h->to_node, junk, sizeof(junk), 1000), KVF_OK);
+    Kvf__TokenBatch tb = KVF__TOKEN_BATCH__INIT;
+    tb.node_id = "nobody";
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "fake-router");
+    env.body_case = KVF__ENVELOPE__BODY_TOKEN_BATCH;
+    env.token_batch = &tb;
+    send_node(h, &env);
+    Kvf__KvAlloc a = KVF__KV_ALLOC__INIT; /* no reply inbox */
+    a.req_id = 1;
+    a.epoch = 1;
+    a.n_tokens = 3;
+    kvf_envelope_init(&env, "fake-prefill");
+    env.body_case = KVF__ENVELOPE__BODY_KV_ALLOC;
+    env.kv_alloc = &a;
+    send_node(h, &env);
+
+    const golden_prompt_t *g = &h->prompts[1];
+    uint64_t id = start_and_pause(h, g, 500);
+    Kvf__Sampling s;
+    Kvf__Cancel c = KVF__CANCEL__INIT;
+    c.req_id = id;
+    c.epoch = 1;
+    c.reason = "client went away";
+    kvf_envelope_init(&env, "fake-router");
+    env.body_case = KVF__ENVELOPE__BODY_CANCEL;
+    env.cancel = &c;
+    send_node(h, &env);
+    int n_at_cancel = seen(h, id)->n_tokens;
+    assert_int_equal(kill(h->pid, SIGCONT), 0);
+    expect_no_blocks_used(h);
+    assert_true(seen(h, id)->n_tokens <= n_at_cancel + 1);
+    assert_int_equal(seen(h, id)->finish, 0);
+    assert_true(seen(h, id)->n_tokens < 200 - 1);
+    /* the tokens it did stream are the golden ones */
+    for (int i = 0; i < seen(h, id)->n_tokens && i < N_GREEDY - 1; i++)
+        assert_int_equal(seen(h, id)->tokens[i], g->greedy[i + 1]);
+
+    /* still serving */
+    s = greedy_sampling(N_GREEDY);
+    send_prefill_request(h, 510, 1, h->prompts[2].ids, h->prompts[2].n_ids, &s);
+    id = 510;
+    assert_true(pump(h, 30000, req_finished, &id));
+    check_golden(h, 510, &h->prompts[2]);
+    expect_no_blocks_used(h);
+    assert_int_equal(stop_node(h), 0);
+}
+
+/* SIGTERM while a request decodes: the router hears that it failed here,
+ * the node deregisters and exits 0. */
+static void test_sigterm_while_decoding(void **state)
+{
+    harness_t *h = *state;
+    start_node(h, NULL);
+    uint64_t id = start_and_pause(h, &h->prompts[3], 600);
+    assert_int_equal(kill(h->pid, SIGTERM), 0); /* taken when it resumes */
+    assert_int_equal(kill(h->pid, SIGCONT), 0);
+    int status = stop_node(h);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_true(h->deregistered);
+    assert_int_equal(seen(h, id)->error, KVF_ERR_CLOSED);
+    assert_int_equal(seen(h, id)->finish, 0);
+}
+
+int main(void)
+{
+    kvf_log_init("test", NULL);
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_local_prefill_matches_golden, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_handoff_matches_golden, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lease_expiry_and_stale_epoch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_malformed_and_cancel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sigterm_while_decoding, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
