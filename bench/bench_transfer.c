@@ -55,12 +55,13 @@ static const kvf_xfer_geometry_t bench_geom = {.block_size = 16,
 
 /* ---- the receiver ------------------------------------------------------ */
 
-static int serve(bool checksum, int spin_us)
+static int serve(bool checksum, bool two_sided, int spin_us)
 {
     kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX,
                              .pool_bytes = BENCH_POOL,
                              .geometry = bench_geom,
-                             .checksum = checksum};
+                             .checksum = checksum,
+                             .two_sided = two_sided};
     kvf_xfer_t *x;
     if (kvf_xfer_create(&cfg, &x) != KVF_OK)
         return 1;
@@ -122,7 +123,7 @@ typedef struct {
     size_t desc_len;
 } receiver_t;
 
-static int receiver_start(receiver_t *r, bool checksum, int spin_us)
+static int receiver_start(receiver_t *r, bool checksum, bool two_sided, int spin_us)
 {
     char spin[16];
     snprintf(spin, sizeof(spin), "%d", spin_us);
@@ -137,8 +138,13 @@ static int receiver_start(receiver_t *r, bool checksum, int spin_us)
         dup2(from[1], 1);
         close(to[1]);
         close(from[0]);
-        char *argv[] = {"kvf", "bench", "transfer", "--serve", checksum ? "--checksum" : NULL,
-                        NULL};
+        char *argv[8] = {"kvf", "bench", "transfer", "--serve", "--spin-us", spin};
+        int argc = 6;
+        if (checksum)
+            argv[argc++] = "--checksum";
+        if (two_sided)
+            argv[argc++] = "--two-sided";
+        argv[argc] = NULL;
         execv("/proc/self/exe", argv);
         _exit(127);
     }
@@ -314,6 +320,7 @@ static double measure(kvf_xfer_peer_t *peer, uint64_t slice, int n, bool spread,
 
 typedef struct {
     const char *tls;
+    bool two_sided;
     uint64_t slice;
     int batch;
     double sec;       /* median seconds per batch */
@@ -355,8 +362,8 @@ typedef struct {
     int ok;
 } tls_result_t;
 
-static int run_tls(const char *tls_name, bool quick, row_t **rows_p, int *n_rows_p,
-                   tls_result_t *res)
+static int run_tls(const char *tls_name, const char *mode, bool quick, row_t **rows_p,
+                   int *n_rows_p, tls_result_t *res)
 {
     bool shm = !strcmp(tls_name, "shm");
     /* KVF_BENCH_UCX_TLS narrows the transports (e.g. "posix,self"). */
@@ -379,13 +386,19 @@ static int run_tls(const char *tls_name, bool quick, row_t **rows_p, int *n_rows
      * and a spinning receiver would take the sender's core on a 2-core
      * machine. */
     int spin_us = shm ? 50 : 5000;
+    /* Shared memory: one-sided puts. TCP: two-sided, as deployments use it
+     * there (see kvf_xfer_config_t.two_sided); --mode overrides. */
+    bool two_sided = !strcmp(mode, "am") || (!strcmp(mode, "auto") && !shm);
+    printf("mode: %s\n", two_sided ? "two-sided (active messages)" : "one-sided (rma put)");
     receiver_t r;
-    if (receiver_start(&r, false, spin_us) != 0) {
+    if (receiver_start(&r, false, two_sided, spin_us) != 0) {
         fprintf(stderr, "kvf bench transfer: the receiver did not start\n");
         return -1;
     }
-    kvf_xfer_config_t cfg = {
-        .backend = KVF_XFER_UCX, .pool_bytes = BENCH_POOL, .geometry = bench_geom};
+    kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX,
+                             .pool_bytes = BENCH_POOL,
+                             .geometry = bench_geom,
+                             .timeout_ms = BENCH_TIMEOUT_MS};
     kvf_xfer_t *x = NULL;
     kvf_xfer_peer_t *peer = NULL;
     kvf_xfer_slice_t *slices = malloc(1024 * sizeof(*slices));
@@ -416,7 +429,7 @@ static int run_tls(const char *tls_name, bool quick, row_t **rows_p, int *n_rows
         }
         for (int j = 0; j < nb; j++) {
             int iters = 0;
-            double med, med_spread;
+            double med = 0, med_spread = 0;
             double sec = measure(peer, sl[i], bt[j], false, budget, slices, samples, MAX_ITERS,
                                  &med, &iters);
             /* Spread batches larger than the pool would only wrap round it. */
@@ -430,12 +443,14 @@ static int run_tls(const char *tls_name, bool quick, row_t **rows_p, int *n_rows
                 goto out;
             row_t *row = &rows[nr++];
             *row = (row_t){.tls = shm ? "shm" : "tcp",
+                           .two_sided = two_sided,
                            .slice = sl[i],
                            .batch = bt[j],
                            .sec = med,
-                           .gbps = bytes / sec / 1e9,
+                           .gbps = bytes / med / 1e9,
+                           .gbps_mean = bytes / sec / 1e9,
                            .perf_gbps = perf,
-                           .spread_gbps = spread > 0 ? bytes / spread / 1e9 : NAN};
+                           .spread_gbps = spread > 0 ? bytes / med_spread / 1e9 : NAN};
             double ratio = perf > 0 ? row->gbps / perf : NAN;
             if (sl[i] >= 65536 && ratio < res->min_ratio_64k)
                 res->min_ratio_64k = ratio;
@@ -471,7 +486,7 @@ out:
      * sender computes it before the completion message, the receiver checks
      * it on arrival (off the sender's clock; its rate is the local CRC
      * rate printed beside). */
-    if (receiver_start(&r, true, spin_us) != 0)
+    if (receiver_start(&r, true, two_sided, spin_us) != 0)
         return -1;
     cfg.checksum = true;
     slices = malloc(16 * sizeof(*slices));
@@ -481,7 +496,7 @@ out:
         double med;
         double sec =
             measure(peer, 262144, 16, false, budget, slices, samples, MAX_ITERS, &med, &iters);
-        res->crc_batch_gbps = sec > 0 ? 16.0 * 262144 / sec / 1e9 : 0;
+        res->crc_batch_gbps = sec > 0 ? 16.0 * 262144 / med / 1e9 : 0;
         for (int k = 0; k < nr; k++)
             if (rows[k].slice == 262144 && rows[k].batch == 16 &&
                 !strcmp(rows[k].tls, shm ? "shm" : "tcp"))
@@ -510,12 +525,17 @@ int kvf_bench_transfer(int argc, char **argv)
     const char *tls = NULL, *json = NULL;
     bool quick = false, serve_role = false, checksum = false;
     int spin_us = 5000;
+    bool two_sided = false;
+    const char *mode = "auto";
     const kvf_flag_t flags[] = {
         {"tls", KVF_FLAG_STRING, &tls, "shm|tcp", "transport (default: both)", NULL},
         {"json", KVF_FLAG_STRING, &json, "FILE", "also write the results as JSON", NULL},
         {"quick", KVF_FLAG_BOOL, &quick, NULL, "a small grid with short runs (smoke test)", NULL},
+        {"mode", KVF_FLAG_STRING, &mode, "auto|rma|am",
+         "one-sided puts (rma) or two-sided messages (am); auto: rma over shm, am over tcp", NULL},
         {"serve", KVF_FLAG_BOOL, &serve_role, NULL, "(internal) run as the receiving process",
          NULL},
+        {"two-sided", KVF_FLAG_BOOL, &two_sided, NULL, "(with --serve) two-sided receiver", NULL},
         {"checksum", KVF_FLAG_BOOL, &checksum, NULL, "(with --serve) require CRC32C", NULL},
         {"spin-us", KVF_FLAG_INT, &spin_us, "US",
          "(with --serve) busy-poll this long after the last completion before sleeping", NULL},
@@ -536,7 +556,11 @@ int kvf_bench_transfer(int argc, char **argv)
     if (rc < 0)
         return 2;
     if (serve_role)
-        return serve(checksum, spin_us);
+        return serve(checksum, two_sided, spin_us);
+    if (strcmp(mode, "auto") && strcmp(mode, "rma") && strcmp(mode, "am")) {
+        fprintf(stderr, "%s: --mode must be auto, rma or am, not '%s'\n", argv[0], mode);
+        return 2;
+    }
     const char *list[2];
     int nt = 0;
     if (!tls || !strcmp(tls, "shm"))
@@ -553,7 +577,7 @@ int kvf_bench_transfer(int argc, char **argv)
     tls_result_t res[2] = {{0}};
     int fails = 0;
     for (int t = 0; t < nt; t++)
-        if (run_tls(list[t], quick, &rows, &n_rows, &res[t]) != 0)
+        if (run_tls(list[t], mode, quick, &rows, &n_rows, &res[t]) != 0)
             fails++;
 
     printf("\nsummary:\n");
@@ -568,6 +592,7 @@ int kvf_bench_transfer(int argc, char **argv)
         for (int i = 0; i < n_rows; i++) {
             cJSON *o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "tls", rows[i].tls);
+            cJSON_AddStringToObject(o, "mode", rows[i].two_sided ? "am" : "rma");
             cJSON_AddNumberToObject(o, "slice_bytes", (double)rows[i].slice);
             cJSON_AddNumberToObject(o, "batch", rows[i].batch);
             cJSON_AddNumberToObject(o, "gbps", rows[i].gbps);

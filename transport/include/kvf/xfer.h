@@ -237,8 +237,10 @@ kvf_status_t kvf_xfer_peer_status(const kvf_xfer_peer_t *peer);
 kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *spec,
                            kvf_xfer_batch_t **batch_p);
 
-/* OK when the batch completed (puts flushed and completion message
- * sent), AGAIN while in progress, or the error that ended it (TIMEOUT,
+/* OK when the batch completed (one-sided: puts flushed into the peer's
+ * memory and completion message sent; two-sided and NCCL: every slice and
+ * the completion handed to the transport, the receiver's LANDED event
+ * being the landing), AGAIN while in progress, or the error that ended it (TIMEOUT,
  * PEER, CLOSED, TRANSPORT). Does not progress: see kvf_xfer_progress. */
 kvf_status_t kvf_xfer_test(const kvf_xfer_batch_t *batch);
 
