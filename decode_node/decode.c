@@ -393,6 +393,8 @@ static void req_join(kvf_decode_t *d, dec_req_t *r)
 
 /* ---- message handlers ----------------------------------------------------- */
 
+static void drain_events(kvf_decode_t *d);
+
 static void reply_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m, kvf_status_t status,
                            const char *error, const dec_req_t *r)
 {
@@ -456,6 +458,9 @@ static void on_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m)
                      (unsigned long long)m->epoch, (unsigned long long)old->epoch);
         d->stats.requests_failed++;
         req_end(d, old);
+        /* A fully landed reservation is released at once: take that
+         * event now, so the new epoch can reserve under the same id. */
+        drain_events(d);
     } else {
         dec_req_t *any = NULL;
         for (size_t i = 0; i < d->n_reqs && !any; i++)

@@ -203,7 +203,8 @@ static void on_message(harness_t *h, const kvf_envelope_t *env)
         h->alloc_req_id = a->req_id;
         h->alloc_status = a->status;
         assert_true(a->n_block_ids <= 64);
-        memcpy(h->alloc_blocks, a->block_ids, a->n_block_ids * sizeof(uint32_t));
+        if (a->n_block_ids)
+            memcpy(h->alloc_blocks, a->block_ids, a->n_block_ids * sizeof(uint32_t));
         h->n_alloc_blocks = a->n_block_ids;
         if (a->status == 0)
             assert_int_equal(a->lease_ms, LEASE_MS);
@@ -243,22 +244,25 @@ static bool registered(harness_t *h, const void *arg)
     return h->have_load;
 }
 
+/* The request's record, or NULL when nothing came for it yet. */
+static const req_seen_t *find_seen(const harness_t *h, uint64_t req_id)
+{
+    for (int i = 0; i < h->n_reqs; i++)
+        if (h->reqs[i].req_id == req_id)
+            return &h->reqs[i];
+    return NULL;
+}
+
 static bool req_finished(harness_t *h, const void *arg)
 {
-    const uint64_t *id = arg;
-    for (int i = 0; i < h->n_reqs; i++)
-        if (h->reqs[i].req_id == *id)
-            return h->reqs[i].finish != 0;
-    return false;
+    const req_seen_t *r = find_seen(h, *(const uint64_t *)arg);
+    return r && r->finish != 0;
 }
 
 static bool req_errored(harness_t *h, const void *arg)
 {
-    const uint64_t *id = arg;
-    for (int i = 0; i < h->n_reqs; i++)
-        if (h->reqs[i].req_id == *id)
-            return h->reqs[i].error != 0;
-    return false;
+    const req_seen_t *r = find_seen(h, *(const uint64_t *)arg);
+    return r && r->error != 0;
 }
 
 static bool alloc_replied(harness_t *h, const void *arg)
