@@ -1132,6 +1132,28 @@ void kvf_decode_get_stats(const kvf_decode_t *d, kvf_decode_stats_t *stats_p)
     stats_p->malformed_dropped += kvf_inbox_dropped(kvf_node_inbox(d->node));
 }
 
+/* Whether the pool takes two-sided transfers. Over TCP, UCX 1.13 emulates
+ * puts with messages whose receiver aborts when the sender dies mid-put,
+ * so unless UCX_TLS leaves TCP out (or the operator chose), a decode node
+ * receives two-sided: one prefill node's death must not take it down. */
+static bool xfer_two_sided(kvf_decode_xfer_mode_t mode)
+{
+    if (mode != KVF_DECODE_XFER_AUTO)
+        return mode == KVF_DECODE_XFER_AM;
+    const char *tls = getenv("UCX_TLS");
+    if (!tls || !*tls)
+        return true;
+    bool excluded = tls[0] == '^';
+    bool names_tcp = false;
+    char list[256];
+    snprintf(list, sizeof(list), "%s", excluded ? tls + 1 : tls);
+    char *save = NULL;
+    for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (!strcmp(t, "tcp") || !strcmp(t, "all"))
+            names_tcp = true;
+    return excluded ? !names_tcp : names_tcp;
+}
+
 static char *dup_or_null(const char *s, bool *ok)
 {
     if (!s)
@@ -1226,6 +1248,7 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
                      .head_dim = (uint32_t)geo.head_dim,
                      .dtype = KVF_XFER_DTYPE_F32,
                      .layout = 1},
+        .two_sided = xfer_two_sided(d->cfg.xfer_mode),
     };
     st = kvf_xfer_create(&xc, &d->xfer);
     if (st != KVF_OK)
@@ -1275,11 +1298,11 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
         goto fail_scratch;
     }
     kvf_log_info("model %s (%s, %d layers, vocab %d, context %u), kv pool %u blocks of %u "
-                 "tokens (%.1f MiB), max running %d, %d threads%s",
+                 "tokens (%.1f MiB), max running %d, %d threads, %s transfers%s",
                  d->model_dir, mc->arch_name, mc->n_layers, mc->vocab, d->max_context,
                  (uint32_t)num_blocks, d->block_size,
                  (double)kvf_kvpool_bytes(d->pool) / (1024.0 * 1024.0), d->cfg.max_running,
-                 kvf_backend_cpu_threads(&d->backend),
+                 kvf_backend_cpu_threads(&d->backend), xc.two_sided ? "two-sided" : "one-sided",
                  d->cfg.prefill_local ? ", prefills locally" : "");
     *dec_p = d;
     return KVF_OK;

@@ -27,6 +27,14 @@
 #define KVF_DECODE_MAX_BATCH_TOKENS_DEFAULT 2048
 #define KVF_DECODE_SEND_TIMEOUT_MS 100
 
+/* How prefill nodes write into this node's pool (kvf_xfer_config_t.two_sided;
+ * senders follow the receiver's choice, carried in its descriptor). */
+typedef enum {
+    KVF_DECODE_XFER_AUTO = 0, /* AM unless UCX_TLS rules TCP out, RMA then */
+    KVF_DECODE_XFER_RMA = 1,  /* one-sided puts straight into the pool */
+    KVF_DECODE_XFER_AM = 2,   /* two-sided: slices checked and copied here */
+} kvf_decode_xfer_mode_t;
+
 typedef struct {
     const char *router_url; /* the router's inbox */
     const char *listen_url; /* this node's inbox */
@@ -40,6 +48,7 @@ typedef struct {
     uint32_t lease_ms;         /* reservation lease; 0: default */
     uint32_t max_batch_tokens; /* tokens per forward (local prefill chunks); 0: default */
     uint32_t stats_interval_ms; /* log the counters this often when they changed; 0: 30 s */
+    kvf_decode_xfer_mode_t xfer_mode;
 } kvf_decode_config_t;
 
 /* Counters the node logs (and tests read). */

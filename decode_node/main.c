@@ -28,6 +28,7 @@ int main(int argc, char **argv)
     int block_size = 16;
     int lease_ms = KVF_DECODE_LEASE_MS_DEFAULT;
     int max_batch_tokens = KVF_DECODE_MAX_BATCH_TOKENS_DEFAULT;
+    const char *xfer_mode = "auto";
     kvf_flag_t flags[] = {
         {"router", KVF_FLAG_STRING, &router_url, "URL", "the router's inbox (required)", NULL},
         {"listen", KVF_FLAG_STRING, &listen_url, "URL", "this node's inbox (required)", NULL},
@@ -48,6 +49,10 @@ int main(int argc, char **argv)
          "how long a reservation may wait for its K/V and KvReady (default 10000)", NULL},
         {"max-batch-tokens", KVF_FLAG_INT, &max_batch_tokens, "N",
          "tokens per forward: decoding sequences plus local prompt chunks (default 2048)",
+         NULL},
+        {"xfer-mode", KVF_FLAG_STRING, &xfer_mode, "auto|rma|am",
+         "how prefill nodes write K/V here: one-sided puts (rma) or two-sided messages (am); "
+         "auto: am unless UCX_TLS leaves tcp out (default auto)",
          NULL},
         {"node-id", KVF_FLAG_STRING, &node_id, "ID",
          "this node's id (default: decode-<pid>-<random>)", NULL},
@@ -82,6 +87,18 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    kvf_decode_xfer_mode_t mode;
+    if (!strcmp(xfer_mode, "auto")) {
+        mode = KVF_DECODE_XFER_AUTO;
+    } else if (!strcmp(xfer_mode, "rma")) {
+        mode = KVF_DECODE_XFER_RMA;
+    } else if (!strcmp(xfer_mode, "am")) {
+        mode = KVF_DECODE_XFER_AM;
+    } else {
+        kvf_log_error("--xfer-mode must be auto, rma or am, not '%s'", xfer_mode);
+        return 2;
+    }
+
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
@@ -102,6 +119,7 @@ int main(int argc, char **argv)
         .block_size = block_size,
         .lease_ms = (uint32_t)lease_ms,
         .max_batch_tokens = (uint32_t)max_batch_tokens,
+        .xfer_mode = mode,
     };
     kvf_decode_t *dec = NULL;
     kvf_status_t st = kvf_decode_create(&cfg, &dec);

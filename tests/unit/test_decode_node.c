@@ -546,12 +546,11 @@ static uint32_t prefill_and_ship(harness_t *h, fake_prefill_t *f, uint64_t req_i
     return first;
 }
 
-/* The disaggregated path: KvAlloc -> reply -> RMA puts (LAST) and KvReady,
+/* The disaggregated path: KvAlloc -> reply -> transfer (LAST) and KvReady,
  * in both orders -> decode. */
-static void test_handoff_matches_golden(void **state)
+static void handoff_matches_golden(harness_t *h, const char *mode)
 {
-    harness_t *h = *state;
-    start_node(h, NULL);
+    start_node(h, mode);
     fake_prefill_t f = {0};
     prefill_open(h, &f);
     Kvf__Sampling s = greedy_sampling(N_GREEDY);
@@ -585,6 +584,16 @@ static void test_handoff_matches_golden(void **state)
     expect_no_blocks_used(h);
     prefill_close(&f);
     assert_int_equal(stop_node(h), 0);
+}
+
+static void test_handoff_rma_matches_golden(void **state)
+{
+    handoff_matches_golden(*state, "--xfer-mode rma");
+}
+
+static void test_handoff_am_matches_golden(void **state)
+{
+    handoff_matches_golden(*state, "--xfer-mode am");
 }
 
 /* A reservation nobody writes: the lease ends, the router hears TIMEOUT,
@@ -769,7 +778,8 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_local_prefill_matches_golden, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_handoff_matches_golden, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_handoff_rma_matches_golden, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_handoff_am_matches_golden, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lease_expiry_and_stale_epoch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_and_cancel, setup, teardown),
