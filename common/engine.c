@@ -1,0 +1,323 @@
+/* Forward pass of a Llama-family decoder over a paged KV pool. See
+ * kvf/engine.h. The math, per layer, for the batch's tokens x:
+ *   h = rmsnorm(x) ; q,k,v = h·Wqkvᵀ (+b) ; rope(q, k) ; write k,v to the pool
+ *   x += attention(q, pool)·Woᵀ
+ *   x += down(silu(gate(rmsnorm(x))) * up(rmsnorm(x)))
+ * then logits = rmsnorm(x)·lm_headᵀ for the rows that want them. */
+#include "kvf/engine.h"
+#include "kvf/log.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kvf_engine {
+    const kvf_model_t *model;
+    kvf_backend_t *be;
+    kvf_kvpool_t *pool;
+    int q_dim, kv_dim, qkv_dim;
+    /* scratch for cap_tokens tokens */
+    int cap_tokens;
+    float *x;        /* (cap_tokens, hidden) residual stream */
+    float *h;        /* (cap_tokens, hidden) normed input of a block */
+    float *qkv;      /* (cap_tokens, qkv_dim) q | k | v per row */
+    float *att;      /* (cap_tokens, q_dim) attention output */
+    float *gu;       /* (cap_tokens, 2 * inter) gate | up per row */
+    float *act;      /* (cap_tokens, inter) silu(gate) * up */
+    float *cos_sin;  /* (cap_tokens, head_dim) cos then sin of each rotation angle */
+    int32_t *pos;    /* (cap_tokens) */
+    int32_t *seq;    /* (cap_tokens) */
+    int cap_seqs;
+    const uint32_t **tables; /* (cap_seqs) */
+    int cap_out;
+    float *hout;     /* (cap_out, hidden) final-normed rows that want logits */
+    float *logits;   /* (cap_out, vocab) */
+};
+
+kvf_kv_geometry_t kvf_engine_kv_geometry(const kvf_model_t *model, int block_size)
+{
+    kvf_kv_geometry_t g = {
+        .n_layers = model->cfg.n_layers,
+        .n_kv_heads = model->cfg.n_kv_heads,
+        .head_dim = model->cfg.head_dim,
+        .block_size = block_size,
+        .dtype = KVF_DTYPE_F32,
+    };
+    return g;
+}
+
+kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend,
+                               kvf_kvpool_t *pool, kvf_engine_t **engine_p)
+{
+    const kvf_model_config_t *c = &model->cfg;
+    const kvf_kv_geometry_t *g = kvf_kvpool_geometry(pool);
+    if (g->n_layers != c->n_layers || g->n_kv_heads != c->n_kv_heads ||
+        g->head_dim != c->head_dim || g->dtype != KVF_DTYPE_F32) {
+        kvf_log_error("engine: kv pool geometry (%d layers, %d kv heads, head dim %d, %s) does "
+                      "not fit the model (%d, %d, %d, f32)",
+                      g->n_layers, g->n_kv_heads, g->head_dim, kvf_dtype_name(g->dtype),
+                      c->n_layers, c->n_kv_heads, c->head_dim);
+        return KVF_ERR_MISMATCH;
+    }
+    kvf_engine_t *e = calloc(1, sizeof(*e));
+    if (!e)
+        return KVF_ERR_NOMEM;
+    e->model = model;
+    e->be = backend;
+    e->pool = pool;
+    e->q_dim = c->n_heads * c->head_dim;
+    e->kv_dim = c->n_kv_heads * c->head_dim;
+    e->qkv_dim = e->q_dim + 2 * e->kv_dim;
+    *engine_p = e;
+    return KVF_OK;
+}
+
+static void free_token_scratch(kvf_engine_t *e)
+{
+    free(e->x);
+    free(e->h);
+    free(e->qkv);
+    free(e->att);
+    free(e->gu);
+    free(e->act);
+    free(e->cos_sin);
+    free(e->pos);
+    free(e->seq);
+    e->x = e->h = e->qkv = e->att = e->gu = e->act = e->cos_sin = NULL;
+    e->pos = e->seq = NULL;
+    e->cap_tokens = 0;
+}
+
+void kvf_engine_destroy(kvf_engine_t *e)
+{
+    if (!e)
+        return;
+    free_token_scratch(e);
+    free(e->tables);
+    free(e->hout);
+    free(e->logits);
+    free(e);
+}
+
+static float *alloc_floats(size_t n)
+{
+    return aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+}
+
+static kvf_status_t reserve(kvf_engine_t *e, int n_tokens, int n_seqs, int n_out)
+{
+    const kvf_model_config_t *c = &e->model->cfg;
+    if (n_tokens > e->cap_tokens) {
+        free_token_scratch(e);
+        size_t n = (size_t)n_tokens;
+        e->x = alloc_floats(n * (size_t)c->hidden);
+        e->h = alloc_floats(n * (size_t)c->hidden);
+        e->qkv = alloc_floats(n * (size_t)e->qkv_dim);
+        e->att = alloc_floats(n * (size_t)e->q_dim);
+        e->gu = alloc_floats(n * 2 * (size_t)c->inter);
+        e->act = alloc_floats(n * (size_t)c->inter);
+        e->cos_sin = alloc_floats(n * (size_t)c->head_dim);
+        e->pos = malloc(n * sizeof(int32_t));
+        e->seq = malloc(n * sizeof(int32_t));
+        if (!e->x || !e->h || !e->qkv || !e->att || !e->gu || !e->act || !e->cos_sin ||
+            !e->pos || !e->seq) {
+            free_token_scratch(e);
+            return KVF_ERR_NOMEM;
+        }
+        e->cap_tokens = n_tokens;
+    }
+    if (n_seqs > e->cap_seqs) {
+        const uint32_t **t = realloc(e->tables, (size_t)n_seqs * sizeof(*t));
+        if (!t)
+            return KVF_ERR_NOMEM;
+        e->tables = t;
+        e->cap_seqs = n_seqs;
+    }
+    if (n_out > e->cap_out) {
+        free(e->hout);
+        free(e->logits);
+        e->hout = alloc_floats((size_t)n_out * (size_t)c->hidden);
+        e->logits = alloc_floats((size_t)n_out * (size_t)c->vocab);
+        if (!e->hout || !e->logits) {
+            free(e->hout);
+            free(e->logits);
+            e->hout = e->logits = NULL;
+            e->cap_out = 0;
+            return KVF_ERR_NOMEM;
+        }
+        e->cap_out = n_out;
+    }
+    return KVF_OK;
+}
+
+static kvf_status_t validate(const kvf_engine_t *e, const kvf_engine_seq_t *seqs, int n_seqs,
+                             int *n_tokens_p, int *n_out_p)
+{
+    const kvf_model_config_t *c = &e->model->cfg;
+    const kvf_kv_geometry_t *g = kvf_kvpool_geometry(e->pool);
+    uint32_t num_blocks = kvf_kvpool_num_blocks(e->pool);
+    int64_t n_tokens = 0, n_out = 0;
+    if (n_seqs <= 0)
+        return KVF_ERR_INVAL;
+    for (int s = 0; s < n_seqs; s++) {
+        const kvf_engine_seq_t *q = &seqs[s];
+        if (q->n_tokens == 0 || !q->tokens || !q->block_ids) {
+            kvf_log_error("engine: sequence %d of the batch has no tokens or no block table", s);
+            return KVF_ERR_INVAL;
+        }
+        uint64_t end = (uint64_t)q->start_pos + q->n_tokens;
+        if (end > (1u << 30)) {
+            kvf_log_error("engine: sequence %d: position %llu too large", s,
+                          (unsigned long long)end);
+            return KVF_ERR_INVAL;
+        }
+        uint32_t need = kvf_kv_blocks_for_tokens(g, (uint32_t)end);
+        if (q->n_blocks < need) {
+            kvf_log_error("engine: sequence %d: %u blocks cover fewer than %llu positions", s,
+                          q->n_blocks, (unsigned long long)end);
+            return KVF_ERR_INVAL;
+        }
+        for (uint32_t b = 0; b < need; b++) {
+            if (q->block_ids[b] >= num_blocks) {
+                kvf_log_error("engine: sequence %d: block id %u out of range (%u blocks)", s,
+                              q->block_ids[b], num_blocks);
+                return KVF_ERR_INVAL;
+            }
+        }
+        for (uint32_t i = 0; i < q->n_tokens; i++) {
+            if (q->tokens[i] >= (uint32_t)c->vocab) {
+                kvf_log_error("engine: sequence %d: token id %u not below vocab size %d", s,
+                              q->tokens[i], c->vocab);
+                return KVF_ERR_INVAL;
+            }
+        }
+        n_tokens += q->n_tokens;
+        if (q->logits)
+            n_out += q->all_logits ? q->n_tokens : 1;
+        if (n_tokens > (1 << 24)) {
+            kvf_log_error("engine: batch of more than %d tokens", 1 << 24);
+            return KVF_ERR_TOO_BIG;
+        }
+    }
+    *n_tokens_p = (int)n_tokens;
+    *n_out_p = (int)n_out;
+    return KVF_OK;
+}
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        kvf_status_t st_ = (call);                                                                 \
+        if (st_ != KVF_OK) {                                                                       \
+            kvf_log_error("engine: %s failed: %s", #call, kvf_status_str(st_));                   \
+            return st_;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, int n_seqs,
+                                const kvf_engine_hooks_t *hooks)
+{
+    const kvf_model_t *m = e->model;
+    const kvf_model_config_t *c = &m->cfg;
+    const kvf_backend_ops_t *ops = e->be->ops;
+    void *bx = e->be->ctx;
+    int n, n_out;
+    kvf_status_t st = validate(e, seqs, n_seqs, &n, &n_out);
+    if (st != KVF_OK)
+        return st;
+    st = reserve(e, n, n_seqs, n_out);
+    if (st != KVF_OK) {
+        kvf_log_error("engine: no memory for a batch of %d tokens", n);
+        return st;
+    }
+    const int hidden = c->hidden, hd = c->head_dim, half = hd / 2;
+
+    /* Token layout, embeddings and rotation angles. */
+    int t = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        e->tables[s] = seqs[s].block_ids;
+        for (uint32_t i = 0; i < seqs[s].n_tokens; i++, t++) {
+            int32_t p = (int32_t)(seqs[s].start_pos + i);
+            e->pos[t] = p;
+            e->seq[t] = s;
+            memcpy(e->x + (size_t)t * hidden, m->embed + (size_t)seqs[s].tokens[i] * hidden,
+                   (size_t)hidden * sizeof(float));
+            float *cs = e->cos_sin + (size_t)t * hd;
+            for (int d = 0; d < half; d++) {
+                double a = (double)p * m->rope_inv_freq[d];
+                cs[d] = (float)cos(a);
+                cs[half + d] = (float)sin(a);
+            }
+        }
+    }
+    kvf_batch_layout_t batch = {
+        .n_tokens = n, .pos = e->pos, .seq = e->seq, .n_seqs = n_seqs, .block_tables = e->tables};
+    const float eps = (float)c->rms_eps;
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const kvf_layer_weights_t *L = &m->layers[l];
+        float *q = e->qkv, *k = e->qkv + e->q_dim, *v = k + e->kv_dim;
+        CHECK(ops->rmsnorm(bx, e->h, e->x, L->attn_norm, n, hidden, eps));
+        CHECK(ops->matmul(bx, e->qkv, e->h, L->wqkv, L->bqkv, n, e->qkv_dim, hidden, 0));
+        CHECK(ops->rope(bx, q, e->qkv_dim, e->cos_sin, n, c->n_heads, hd));
+        CHECK(ops->rope(bx, k, e->qkv_dim, e->cos_sin, n, c->n_kv_heads, hd));
+        CHECK(ops->kv_write(bx, e->pool, l, k, v, e->qkv_dim, &batch));
+        if (hooks && hooks->on_layer_done) {
+            if (ops->synchronize)
+                CHECK(ops->synchronize(bx));
+            hooks->on_layer_done(hooks->arg, l);
+        }
+        CHECK(ops->attention(bx, e->att, q, e->qkv_dim, e->pool, l, c->n_heads, &batch));
+        CHECK(ops->matmul(bx, e->x, e->att, L->wo, NULL, n, hidden, e->q_dim, 1));
+        CHECK(ops->rmsnorm(bx, e->h, e->x, L->ffn_norm, n, hidden, eps));
+        CHECK(ops->matmul(bx, e->gu, e->h, L->wgu, NULL, n, 2 * c->inter, hidden, 0));
+        CHECK(ops->swiglu(bx, e->act, e->gu, n, c->inter));
+        CHECK(ops->matmul(bx, e->x, e->act, L->wdown, NULL, n, hidden, c->inter, 1));
+    }
+
+    if (n_out == 0)
+        return ops->synchronize ? ops->synchronize(bx) : KVF_OK;
+    /* Gather the rows that want logits, norm them, project to the vocab. */
+    int o = 0;
+    t = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const kvf_engine_seq_t *q = &seqs[s];
+        if (q->logits) {
+            uint32_t first = q->all_logits ? 0 : q->n_tokens - 1;
+            for (uint32_t i = first; i < q->n_tokens; i++, o++)
+                memcpy(e->hout + (size_t)o * hidden, e->x + (size_t)(t + (int)i) * hidden,
+                       (size_t)hidden * sizeof(float));
+        }
+        t += (int)q->n_tokens;
+    }
+    CHECK(ops->rmsnorm(bx, e->hout, e->hout, m->final_norm, n_out, hidden, eps));
+    CHECK(ops->matmul(bx, e->logits, e->hout, m->lm_head, NULL, n_out, c->vocab, hidden, 0));
+    if (ops->synchronize)
+        CHECK(ops->synchronize(bx));
+    o = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const kvf_engine_seq_t *q = &seqs[s];
+        if (!q->logits)
+            continue;
+        size_t rows = q->all_logits ? q->n_tokens : 1;
+        memcpy(q->logits, e->logits + (size_t)o * c->vocab, rows * (size_t)c->vocab * sizeof(float));
+        o += (int)rows;
+    }
+    return KVF_OK;
+}
+
+double kvf_engine_flops(const kvf_model_config_t *c, uint32_t start_pos, uint32_t n_new,
+                        uint32_t n_logits)
+{
+    double q_dim = (double)c->n_heads * c->head_dim, kv_dim = (double)c->n_kv_heads * c->head_dim;
+    double per_token_layer = 2.0 * c->hidden * (q_dim + 2 * kv_dim) /* qkv */
+                             + 2.0 * q_dim * c->hidden               /* o */
+                             + 2.0 * 3.0 * c->hidden * c->inter;     /* gate, up, down */
+    /* attention: each new token at position p reads p + 1 keys and values:
+     * 2 flops per element for q·k and for p·v, per query head. */
+    double ctx = 0;
+    for (uint32_t i = 0; i < n_new; i++)
+        ctx += (double)start_pos + i + 1;
+    double attn_layer = 4.0 * q_dim * ctx;
+    return c->n_layers * (per_token_layer * n_new + attn_layer) +
+           2.0 * (double)c->hidden * c->vocab * n_logits;
+}

@@ -1,0 +1,96 @@
+/* Compute backends behind one ops table (a table of function pointers plus
+ * a context, as in STYLE.md). The engine (kvf/engine.h) drives a backend
+ * through these ops only; the CPU backend is the reference every other
+ * backend is checked against.
+ *
+ * Matrices are row-major f32. "ld" arguments are row strides in elements,
+ * so an op can work on the q, k or v columns of a fused qkv buffer.
+ * Pointers passed to ops are in the backend's memory (host memory for the
+ * CPU backend). Ops run to completion (CPU) or are ordered on the backend's
+ * stream; synchronize() waits for them. */
+#ifndef KVF_BACKEND_H
+#define KVF_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvf/kvcache.h"
+#include "kvf/status.h"
+
+/* Where each token of a batch sits: its sequence and position, and every
+ * sequence's block table. Token t attends to positions 0..pos[t] of
+ * sequence seq[t], whose K/V (including this batch's, written by kv_write
+ * first) live in the pool blocks block_tables[seq[t]]. */
+typedef struct {
+    int n_tokens;
+    const int32_t *pos;   /* (n_tokens) absolute positions */
+    const int32_t *seq;   /* (n_tokens) sequence index of each token */
+    int n_seqs;
+    const uint32_t *const *block_tables; /* (n_seqs) arrays of block ids */
+} kvf_batch_layout_t;
+
+typedef struct kvf_backend_ops {
+    const char *name;
+
+    /* y(m, n) = x(m, k) · w(n, k)ᵀ [+ bias(n)] [+ y if accumulate]. x has
+     * row stride k, y row stride n. w is a weight (HF Linear layout). */
+    kvf_status_t (*matmul)(void *ctx, float *y, const float *x, const float *w,
+                           const float *bias, int m, int n, int k, int accumulate);
+
+    /* y(m, dim) = w(dim) * x / sqrt(mean(x²) + eps), row by row. y may be x. */
+    kvf_status_t (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int m, int dim,
+                            float eps);
+
+    /* Rotates, in place, n_heads heads of head_dim in each of m rows of x
+     * (row stride ld), HF half-split layout: pairs (i, i + head_dim/2).
+     * cos_sin(m, head_dim) holds per row cos(a_i) for i < head_dim/2, then
+     * sin(a_i). */
+    kvf_status_t (*rope)(void *ctx, float *x, int ld, const float *cos_sin, int m, int n_heads,
+                         int head_dim);
+
+    /* Writes k and v rows (n_tokens, n_kv_heads * head_dim; row stride ld)
+     * of layer into the pool at each token's (block, slot). */
+    kvf_status_t (*kv_write)(void *ctx, kvf_kvpool_t *pool, int layer, const float *k,
+                             const float *v, int ld, const kvf_batch_layout_t *batch);
+
+    /* out(n_tokens, n_heads * head_dim) = causal softmax(q·kᵀ / sqrt(head_dim))·v
+     * over each token's sequence in the pool (q row stride ld_q). Query head h
+     * uses kv head h / (n_heads / n_kv_heads). */
+    kvf_status_t (*attention)(void *ctx, float *out, const float *q, int ld_q,
+                              const kvf_kvpool_t *pool, int layer, int n_heads,
+                              const kvf_batch_layout_t *batch);
+
+    /* out(m, n) = silu(gu[:, :n]) * gu[:, n:], gu (m, 2n). */
+    kvf_status_t (*swiglu)(void *ctx, float *out, const float *gu, int m, int n);
+
+    /* (optional, NULL when ops complete on return) waits for queued ops. */
+    kvf_status_t (*synchronize)(void *ctx);
+
+    /* Frees the context. */
+    void (*destroy)(void *ctx);
+} kvf_backend_ops_t;
+
+typedef struct {
+    const kvf_backend_ops_t *ops;
+    void *ctx;
+} kvf_backend_t;
+
+/* The CPU backend: OpenBLAS sgemm for projections with several rows, own
+ * AVX-512 (when the CPU has it) or portable kernels for the rest, on a
+ * thread pool of n_threads (<= 0: one per CPU). OpenBLAS is set to one
+ * thread; the pool splits the work, so the two never oversubscribe the
+ * cores. On success be_p->ctx is owned by the backend: kvf_backend_destroy(). */
+kvf_status_t kvf_backend_cpu_create(int n_threads, kvf_backend_t *be_p);
+
+/* Same; allow_simd = false forces the portable kernels (the reference the
+ * AVX-512 ones are tested against). */
+kvf_status_t kvf_backend_cpu_create_ex(int n_threads, bool allow_simd, kvf_backend_t *be_p);
+
+/* Threads the CPU backend runs (the pool size); 0 for another backend. */
+int kvf_backend_cpu_threads(const kvf_backend_t *be);
+
+/* Destroys the backend context; a zeroed backend is a no-op. */
+void kvf_backend_destroy(kvf_backend_t *be);
+
+#endif

@@ -1,0 +1,69 @@
+/* The forward pass: one call runs a batch of sequences through the model.
+ *
+ * Each sequence brings n >= 1 new tokens, the position of the first, and
+ * its block table, which must already cover start_pos + n positions.
+ * Prefill (n = prompt length), decode (n = 1) and mixed batches (chunked
+ * prefill beside decodes) are the same call. The new tokens' K/V are written
+ * into the pool; attention reads positions 0..p of the sequence from it.
+ *
+ * Thread rules: an engine belongs to one compute thread; it reads the model
+ * and writes the blocks named in the batch (nothing else of the pool). */
+#ifndef KVF_ENGINE_H
+#define KVF_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvf/backend.h"
+#include "kvf/kvcache.h"
+#include "kvf/model.h"
+#include "kvf/status.h"
+
+typedef struct kvf_engine kvf_engine_t;
+
+/* One sequence of a batch. */
+typedef struct {
+    const uint32_t *tokens;    /* (n_tokens) new token ids */
+    uint32_t n_tokens;         /* >= 1 */
+    uint32_t start_pos;        /* position of tokens[0] */
+    const uint32_t *block_ids; /* (n_blocks) the sequence's block table */
+    uint32_t n_blocks;         /* >= ceil((start_pos + n_tokens) / block_size) */
+    bool all_logits;           /* logits for every new token, not just the last */
+    float *logits;             /* out, caller's memory: (vocab) or (n_tokens, vocab) with
+                                  all_logits; NULL: no logits wanted */
+} kvf_engine_seq_t;
+
+/* Called after layer l's K/V for the whole batch is in the pool, while
+ * layers l+1... still have to run (the prefill node ships layer l from
+ * here). Runs on the compute thread; must not touch the engine. */
+typedef struct {
+    void (*on_layer_done)(void *arg, int layer);
+    void *arg;
+} kvf_engine_hooks_t;
+
+/* Binds model, backend and pool (borrowed: they must outlive the engine).
+ * The pool's geometry must match the model (layers, kv heads, head_dim):
+ * KVF_ERR_MISMATCH otherwise. On success *engine_p is owned by the caller:
+ * kvf_engine_destroy(). */
+kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend,
+                               kvf_kvpool_t *pool, kvf_engine_t **engine_p);
+
+/* Frees the engine's scratch; NULL is a no-op. */
+void kvf_engine_destroy(kvf_engine_t *engine);
+
+/* Runs the batch. Validates it first (token ids below vocab, block ids in
+ * the pool, tables long enough, positions below 2^31): KVF_ERR_INVAL,
+ * nothing written. hooks may be NULL. */
+kvf_status_t kvf_engine_forward(kvf_engine_t *engine, const kvf_engine_seq_t *seqs, int n_seqs,
+                                const kvf_engine_hooks_t *hooks);
+
+/* The KV geometry a model needs, with the given block size (f32). */
+kvf_kv_geometry_t kvf_engine_kv_geometry(const kvf_model_t *model, int block_size);
+
+/* FLOPs of a forward over n_new tokens starting at start_pos for one
+ * sequence (projections, attention over the causal context, and the
+ * lm_head for n_logits rows): for benchmarks. */
+double kvf_engine_flops(const kvf_model_config_t *cfg, uint32_t start_pos, uint32_t n_new,
+                        uint32_t n_logits);
+
+#endif

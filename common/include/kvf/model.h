@@ -1,0 +1,125 @@
+/* Llama-family decoder models from a Hugging Face model directory.
+ *
+ * Reads config.json, generation_config.json (EOS ids) and the weights in
+ * model.safetensors or the shards named by model.safetensors.index.json.
+ * Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+ * (q/k/v biases), with GQA/MQA, an explicit head_dim, tied embeddings and
+ * rope_scaling "linear" or "llama3". Weights (F32, F16, BF16) are converted
+ * to f32 once, into one slab allocation that every tensor points into.
+ *
+ * A loaded model is immutable: any number of threads may read it. */
+#ifndef KVF_MODEL_H
+#define KVF_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvf/dtype.h"
+#include "kvf/status.h"
+
+typedef enum {
+    KVF_ARCH_LLAMA = 0,
+    KVF_ARCH_MISTRAL = 1,
+    KVF_ARCH_QWEN2 = 2,
+} kvf_arch_t;
+
+#define KVF_MODEL_MAX_EOS 8
+
+typedef enum {
+    KVF_ROPE_SCALING_NONE = 0,
+    KVF_ROPE_SCALING_LINEAR = 1, /* positions divided by factor */
+    KVF_ROPE_SCALING_LLAMA3 = 2, /* Llama 3.1 frequency-dependent scaling */
+} kvf_rope_scaling_t;
+
+/* Geometry and special ids: what config.json and generation_config.json
+ * say. Plain data; the router loads only this (kvf_model_config_load). */
+typedef struct {
+    kvf_arch_t arch;
+    char arch_name[64];      /* "LlamaForCausalLM", ... */
+    int n_layers;            /* num_hidden_layers */
+    int hidden;              /* hidden_size */
+    int n_heads;             /* num_attention_heads */
+    int n_kv_heads;          /* num_key_value_heads (= n_heads when absent) */
+    int head_dim;            /* head_dim (= hidden / n_heads when absent) */
+    int inter;               /* intermediate_size */
+    int vocab;               /* vocab_size */
+    int max_pos;             /* max_position_embeddings */
+    double rope_theta;
+    double rms_eps;          /* rms_norm_eps */
+    kvf_rope_scaling_t rope_scaling;
+    double rope_factor;      /* linear and llama3 */
+    double rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
+    int rope_orig_max_pos;   /* llama3: original_max_position_embeddings */
+    bool tie_embeddings;     /* tie_word_embeddings: lm_head = embed_tokens */
+    bool qkv_bias;           /* Qwen2, or Llama attention_bias */
+    kvf_dtype_t dtype;       /* torch_dtype, informational */
+    int64_t bos_id;          /* -1 when none */
+    int64_t eos_ids[KVF_MODEL_MAX_EOS]; /* config.json and generation_config.json, merged */
+    int n_eos;
+} kvf_model_config_t;
+
+/* One decoder layer. Every pointer points into the model's slab. q, k and v
+ * rows are adjacent (one matrix wqkv), so are gate and up (wgu). */
+typedef struct {
+    float *attn_norm; /* (hidden) input_layernorm */
+    float *wqkv;      /* (q_dim + 2*kv_dim, hidden): rows of wq, then wk, then wv */
+    float *wq;        /* (q_dim, hidden), q_dim = n_heads * head_dim; = wqkv */
+    float *wk;        /* (kv_dim, hidden), kv_dim = n_kv_heads * head_dim */
+    float *wv;        /* (kv_dim, hidden) */
+    float *bqkv;      /* (q_dim + 2*kv_dim) q/k/v biases, NULL without qkv_bias */
+    float *wo;        /* (hidden, q_dim) o_proj */
+    float *ffn_norm;  /* (hidden) post_attention_layernorm */
+    float *wgu;       /* (2*inter, hidden): rows of gate_proj, then up_proj */
+    float *wdown;     /* (hidden, inter) down_proj */
+} kvf_layer_weights_t;
+
+typedef struct {
+    kvf_model_config_t cfg;
+    float *slab;              /* every weight, f32, one allocation */
+    size_t slab_bytes;
+    float *embed;             /* (vocab, hidden) embed_tokens */
+    kvf_layer_weights_t *layers; /* (n_layers) */
+    float *final_norm;        /* (hidden) model.norm */
+    float *lm_head;           /* (vocab, hidden); = embed when tied */
+    double *rope_inv_freq;    /* (head_dim / 2) rotation angle per position, per pair */
+    char fingerprint[17];     /* 16 hex digits, NUL-terminated */
+} kvf_model_t;
+
+/* Reads <dir>/config.json and <dir>/generation_config.json (optional) into
+ * *cfg_p: no weights. Unknown architectures are KVF_ERR_UNSUPPORTED, bad
+ * files KVF_ERR_FORMAT / KVF_ERR_NOT_FOUND, logged with the file name. */
+kvf_status_t kvf_model_config_load(const char *dir, kvf_model_config_t *cfg_p);
+
+/* Checks a config's geometry (positive sizes, heads divisible by kv heads,
+ * even head_dim, ...). Logs what is wrong, naming source (a file name). */
+kvf_status_t kvf_model_config_validate(const kvf_model_config_t *cfg, const char *source);
+
+/* Loads config and weights. A missing tensor, wrong shape or dtype, or a
+ * truncated file is an error naming the file and the tensor. Logs progress
+ * when stderr is a terminal and the model is large. On success *model_p is
+ * owned by the caller: kvf_model_destroy(). */
+kvf_status_t kvf_model_load(const char *dir, kvf_model_t **model_p);
+
+/* Frees the model; NULL is a no-op. */
+void kvf_model_destroy(kvf_model_t *model);
+
+/* 16 hex digits identifying the model: a hash of the config geometry and
+ * every safetensors header. Nodes compare fingerprints to be sure they
+ * serve the same weights. Owned by the model. */
+const char *kvf_model_fingerprint(const kvf_model_t *model);
+
+/* True when id is one of the config's EOS ids. */
+bool kvf_model_is_eos(const kvf_model_config_t *cfg, int64_t id);
+
+/* Bytes of f32 weights the model holds (the slab). */
+size_t kvf_model_weight_bytes(const kvf_model_t *model);
+
+/* Writes config.json, generation_config.json and model.safetensors with
+ * random weights (N(0, scale^2)-ish uniform values, norms near 1) for cfg
+ * into dir, which must exist. Deterministic in seed. For tests, demos and
+ * benchmarks. dtype: F32, F16 or BF16 weights. */
+kvf_status_t kvf_model_write_random(const char *dir, const kvf_model_config_t *cfg,
+                                    kvf_dtype_t dtype, uint64_t seed);
+
+#endif
