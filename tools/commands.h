@@ -15,5 +15,7 @@ int kvf_cmd_mkmodel(int argc, char **argv);
 int kvf_cmd_kvcalc(int argc, char **argv);
 int kvf_cmd_bench(int argc, char **argv);
 int kvf_cmd_stats(int argc, char **argv);
+int kvf_cmd_generate(int argc, char **argv);
+int kvf_cmd_logits(int argc, char **argv);
 
 #endif

@@ -7,6 +7,8 @@
 #include <string.h>
 
 static const kvf_command_t kvf_commands[] = {
+    {"generate", "generate a continuation (colocated, or through a router)", kvf_cmd_generate},
+    {"logits", "last-position logits of a prompt as JSON", kvf_cmd_logits},
     {"tokenize", "text to token ids and back", kvf_cmd_tokenize},
     {"mkmodel", "write a random-weight model directory", kvf_cmd_mkmodel},
     {"kvcalc", "KV cache bytes per token, request and batch", kvf_cmd_kvcalc},
