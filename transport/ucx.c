@@ -291,7 +291,8 @@ static kvf_status_t ucx_export_body(kvf_xfer_t *x, uint8_t **body_p, size_t *len
     xfer_put_u32(b, (uint32_t)u->address_len);
     xfer_put_u32(b + 4, (uint32_t)u->rkey_len);
     memcpy(b + 8, u->address, u->address_len);
-    memcpy(b + 8 + u->address_len, u->rkey_buf, u->rkey_len);
+    if (u->rkey_len) /* none in two-sided mode */
+        memcpy(b + 8 + u->address_len, u->rkey_buf, u->rkey_len);
     *body_p = b;
     *len_p = len;
     return KVF_OK;
