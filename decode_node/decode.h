@@ -21,11 +21,11 @@
 
 #include "kvf/status.h"
 
-#define KVF_DECODE_KV_MEM_DEFAULT (256ull << 20)
-#define KVF_DECODE_MAX_RUNNING_DEFAULT 64
-#define KVF_DECODE_LEASE_MS_DEFAULT 10000
+#define KVF_DECODE_KV_MEM_DEFAULT           (256ull << 20)
+#define KVF_DECODE_MAX_RUNNING_DEFAULT      64
+#define KVF_DECODE_LEASE_MS_DEFAULT         10000
 #define KVF_DECODE_MAX_BATCH_TOKENS_DEFAULT 2048
-#define KVF_DECODE_SEND_TIMEOUT_MS 100
+#define KVF_DECODE_SEND_TIMEOUT_MS          100
 
 /* How prefill nodes write into this node's pool (kvf_xfer_config_t.two_sided;
  * senders follow the receiver's choice, carried in its descriptor). */
@@ -39,14 +39,14 @@ typedef struct {
     const char *router_url; /* the router's inbox */
     const char *listen_url; /* this node's inbox */
     const char *model_dir;
-    const char *node_id;       /* NULL: generated */
-    uint64_t kv_mem;           /* KV pool budget in bytes; 0: default */
-    int max_running;           /* most live requests; <= 0: default */
-    int threads;               /* compute threads; <= 0: one per CPU */
-    bool prefill_local;        /* also serve PrefillRequests naming this node */
-    int block_size;            /* tokens per KV block; <= 0: 16 */
-    uint32_t lease_ms;         /* reservation lease; 0: default */
-    uint32_t max_batch_tokens; /* tokens per forward (local prefill chunks); 0: default */
+    const char *node_id;        /* NULL: generated */
+    uint64_t kv_mem;            /* KV pool budget in bytes; 0: default */
+    int max_running;            /* most live requests; <= 0: default */
+    int threads;                /* compute threads; <= 0: one per CPU */
+    bool prefill_local;         /* also serve PrefillRequests naming this node */
+    int block_size;             /* tokens per KV block; <= 0: 16 */
+    uint32_t lease_ms;          /* reservation lease; 0: default */
+    uint32_t max_batch_tokens;  /* tokens per forward (local prefill chunks); 0: default */
     uint32_t stats_interval_ms; /* log the counters this often when they changed; 0: 30 s */
     kvf_decode_xfer_mode_t xfer_mode;
 } kvf_decode_config_t;

@@ -12,13 +12,20 @@ void kvf_handoff_init(kvf_handoff_t *h, bool local)
 const char *kvf_handoff_state_name(kvf_handoff_state_t state)
 {
     switch (state) {
-    case KVF_HANDOFF_ALLOCATED: return "allocated";
-    case KVF_HANDOFF_WRITING: return "writing";
-    case KVF_HANDOFF_SEALED: return "sealed";
-    case KVF_HANDOFF_PREFILLING: return "prefilling";
-    case KVF_HANDOFF_DECODING: return "decoding";
-    case KVF_HANDOFF_RELEASING: return "releasing";
-    case KVF_HANDOFF_RELEASED: return "released";
+    case KVF_HANDOFF_ALLOCATED:
+        return "allocated";
+    case KVF_HANDOFF_WRITING:
+        return "writing";
+    case KVF_HANDOFF_SEALED:
+        return "sealed";
+    case KVF_HANDOFF_PREFILLING:
+        return "prefilling";
+    case KVF_HANDOFF_DECODING:
+        return "decoding";
+    case KVF_HANDOFF_RELEASING:
+        return "releasing";
+    case KVF_HANDOFF_RELEASED:
+        return "released";
     }
     return "?";
 }
@@ -37,8 +44,7 @@ static void seal_if_complete(kvf_handoff_t *h)
 
 kvf_status_t kvf_handoff_on_landed(kvf_handoff_t *h, bool last)
 {
-    if ((h->state != KVF_HANDOFF_ALLOCATED && h->state != KVF_HANDOFF_WRITING) ||
-        h->landed_last)
+    if ((h->state != KVF_HANDOFF_ALLOCATED && h->state != KVF_HANDOFF_WRITING) || h->landed_last)
         return KVF_ERR_STALE;
     h->state = KVF_HANDOFF_WRITING;
     if (last)
@@ -80,8 +86,8 @@ kvf_status_t kvf_handoff_on_released(kvf_handoff_t *h)
     return KVF_OK;
 }
 
-kvf_status_t kvf_decode_admit(const kvf_decode_admission_t *a, uint32_t n_tokens,
-                              uint32_t max_new, uint32_t *n_blocks_p)
+kvf_status_t kvf_decode_admit(const kvf_decode_admission_t *a, uint32_t n_tokens, uint32_t max_new,
+                              uint32_t *n_blocks_p)
 {
     if (n_tokens == 0 || n_tokens >= a->max_context || a->block_size == 0)
         return KVF_ERR_INVAL;

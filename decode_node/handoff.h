@@ -66,7 +66,7 @@ kvf_status_t kvf_handoff_on_released(kvf_handoff_t *h);
 /* What admission control looks at (PROTOCOL.md step 3). */
 typedef struct {
     uint32_t free_blocks;
-    uint32_t live;        /* requests admitted and not yet ended */
+    uint32_t live; /* requests admitted and not yet ended */
     uint32_t max_running;
     uint32_t max_context; /* positions the model supports */
     uint32_t block_size;
@@ -80,8 +80,8 @@ typedef struct {
  * allocate: ceil(min(n_tokens + max_new, max_context) / block_size) (a
  * sequence never grows past the context, so blocks beyond it are not
  * taken). */
-kvf_status_t kvf_decode_admit(const kvf_decode_admission_t *a, uint32_t n_tokens,
-                              uint32_t max_new, uint32_t *n_blocks_p);
+kvf_status_t kvf_decode_admit(const kvf_decode_admission_t *a, uint32_t n_tokens, uint32_t max_new,
+                              uint32_t *n_blocks_p);
 
 /* Whether a sequence ends after producing a token. gen: tokens produced
  * in this epoch, that one included; seq_len: tokens of the sequence

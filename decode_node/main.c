@@ -32,8 +32,8 @@ int main(int argc, char **argv)
     kvf_flag_t flags[] = {
         {"router", KVF_FLAG_STRING, &router_url, "URL", "the router's inbox (required)", NULL},
         {"listen", KVF_FLAG_STRING, &listen_url, "URL", "this node's inbox (required)", NULL},
-        {"model", KVF_FLAG_STRING, &model_dir, "DIR",
-         "Hugging Face model directory (required)", NULL},
+        {"model", KVF_FLAG_STRING, &model_dir, "DIR", "Hugging Face model directory (required)",
+         NULL},
         {"kv-mem", KVF_FLAG_SIZE, &kv_mem, "BYTES",
          "KV pool budget (default 256M); capped to what max-running full-context sequences "
          "use",
@@ -48,8 +48,7 @@ int main(int argc, char **argv)
         {"lease-ms", KVF_FLAG_INT, &lease_ms, "MS",
          "how long a reservation may wait for its K/V and KvReady (default 10000)", NULL},
         {"max-batch-tokens", KVF_FLAG_INT, &max_batch_tokens, "N",
-         "tokens per forward: decoding sequences plus local prompt chunks (default 2048)",
-         NULL},
+         "tokens per forward: decoding sequences plus local prompt chunks (default 2048)", NULL},
         {"xfer-mode", KVF_FLAG_STRING, &xfer_mode, "auto|rma|am",
          "how prefill nodes write K/V here: one-sided puts (rma) or two-sided messages (am); "
          "auto: am unless UCX_TLS leaves tcp out (default auto)",
@@ -80,8 +79,8 @@ int main(int argc, char **argv)
         kvf_log_error("--router, --listen and --model are required (see --help)");
         return 2;
     }
-    if (max_running < 1 || block_size < 1 || block_size > KVF_KV_BLOCK_SIZE_MAX ||
-        lease_ms < 1 || max_batch_tokens < 1) {
+    if (max_running < 1 || block_size < 1 || block_size > KVF_KV_BLOCK_SIZE_MAX || lease_ms < 1 ||
+        max_batch_tokens < 1) {
         kvf_log_error("--max-running, --lease-ms and --max-batch-tokens must be positive, "
                       "--block-size in 1..256");
         return 2;

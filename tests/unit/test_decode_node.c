@@ -31,13 +31,13 @@
 #include "kvf/sampling.h"
 #include "kvf/xfer.h"
 
-#define MODEL_DIR KVF_TEST_DATA "/golden/tiny-llama-f32"
-#define N_PROMPTS 4
-#define N_GREEDY 24
+#define MODEL_DIR  KVF_TEST_DATA "/golden/tiny-llama-f32"
+#define N_PROMPTS  4
+#define N_GREEDY   24
 #define BLOCK_SIZE 8
-#define LEASE_MS 600
-#define MAX_REQ 16
-#define MAX_OUT 512
+#define LEASE_MS   600
+#define MAX_REQ    16
+#define MAX_OUT    512
 
 typedef struct {
     uint32_t ids[64];
@@ -62,7 +62,7 @@ typedef struct {
 typedef struct {
     pid_t pid;
     char router_url[64], node_url[64];
-    kvf_inbox_t *inbox;      /* the fake router's (and fake prefill node's) inbox */
+    kvf_inbox_t *inbox; /* the fake router's (and fake prefill node's) inbox */
     kvf_outbox_t *to_node;
     uint8_t desc[4096];
     size_t desc_len;
@@ -98,7 +98,8 @@ static void load_golden(harness_t *h)
     assert_int_equal(cJSON_GetArraySize(prompts), N_PROMPTS);
     for (int p = 0; p < N_PROMPTS; p++) {
         cJSON *pr = cJSON_GetArrayItem(prompts, p);
-        cJSON *ids = cJSON_GetObjectItem(pr, "ids"), *greedy = cJSON_GetObjectItem(pr, "greedy_ids");
+        cJSON *ids = cJSON_GetObjectItem(pr, "ids"),
+              *greedy = cJSON_GetObjectItem(pr, "greedy_ids");
         h->prompts[p].n_ids = cJSON_GetArraySize(ids);
         assert_true(h->prompts[p].n_ids <= 64);
         for (int i = 0; i < h->prompts[p].n_ids; i++)
@@ -304,11 +305,24 @@ static void start_node(harness_t *h, const char *extra)
         char extra_flag[32] = "", extra_val[32] = "";
         if (extra)
             sscanf(extra, "%31s %31s", extra_flag, extra_val);
-        const char *argv[32] = {bin,          "--router", h->router_url, "--listen",
-                                h->node_url,  "--model",  MODEL_DIR,     "--threads",
-                                "1",          "--block-size", "8",       "--lease-ms",
-                                lease,        "--prefill-local", "--node-id", "dec-test",
-                                "--max-batch-tokens", "10"};
+        const char *argv[32] = {bin,
+                                "--router",
+                                h->router_url,
+                                "--listen",
+                                h->node_url,
+                                "--model",
+                                MODEL_DIR,
+                                "--threads",
+                                "1",
+                                "--block-size",
+                                "8",
+                                "--lease-ms",
+                                lease,
+                                "--prefill-local",
+                                "--node-id",
+                                "dec-test",
+                                "--max-batch-tokens",
+                                "10"};
         int n = 18;
         if (extra) {
             argv[n++] = extra_flag;
@@ -373,8 +387,8 @@ static Kvf__Sampling greedy_sampling(uint32_t max_tokens)
     return s;
 }
 
-static void send_prefill_request(harness_t *h, uint64_t req_id, uint64_t epoch,
-                                 const uint32_t *ids, size_t n, Kvf__Sampling *s)
+static void send_prefill_request(harness_t *h, uint64_t req_id, uint64_t epoch, const uint32_t *ids,
+                                 size_t n, Kvf__Sampling *s)
 {
     Kvf__PrefillRequest pr = KVF__PREFILL_REQUEST__INIT;
     pr.req_id = req_id;
@@ -452,8 +466,12 @@ static void prefill_open(harness_t *h, fake_prefill_t *f)
         .mem_type = KVF_XFER_MEM_HOST,
         .pool = kvf_kvpool_base(f->pool),
         .pool_bytes = kvf_kvpool_bytes(f->pool),
-        .geometry = {.block_size = BLOCK_SIZE, .n_layers = 2, .n_kv_heads = 2, .head_dim = 16,
-                     .dtype = KVF_XFER_DTYPE_F32, .layout = 1},
+        .geometry = {.block_size = BLOCK_SIZE,
+                     .n_layers = 2,
+                     .n_kv_heads = 2,
+                     .head_dim = 16,
+                     .dtype = KVF_XFER_DTYPE_F32,
+                     .layout = 1},
     };
     assert_int_equal(kvf_xfer_create(&xc, &f->xfer), KVF_OK);
     assert_int_equal(kvf_xfer_connect(f->xfer, h->desc, h->desc_len, &f->peer), KVF_OK);
