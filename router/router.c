@@ -16,6 +16,7 @@
 #include "kvf/model.h"
 #include "kvf/msg.h"
 #include "kvf/tokenizer.h"
+#include "metrics.h"
 
 #define ROUTER_MAX_NODES 256
 #define ROUTER_REQ_BUCKETS 1024
@@ -99,6 +100,7 @@ struct req {
     size_t text_sent;
     /* Timing. */
     uint64_t t_arrival_ns, t_queued_ns, t_first_ns, deadline_ns;
+    uint64_t t_last_token_ns; /* when the client got its latest token (metrics) */
     uint64_t t_progress_ns; /* the current attempt's last sign of progress */
     uint64_t prefill_compute_us, handoff_us, kv_bytes;
     req_t *hash_next;
@@ -130,6 +132,7 @@ struct kvf_router {
     uint64_t next_req_id;
     /* Counters. */
     uint64_t n_requests, n_running, n_failed, n_cancelled, n_completed, n_stale, n_malformed;
+    kvf_metrics_t *metrics; /* owned */
 };
 
 /* ---- small helpers --------------------------------------------------------- */
@@ -200,6 +203,7 @@ static void reject(kvf_router_t *r, const kvf_router_sink_t *sink, kvf_status_t 
     };
     sink->on_chunk(sink->arg, &chunk);
     r->n_failed++;
+    kvf_metrics_observe_rejected(r->metrics);
 }
 
 /* ---- request table ---------------------------------------------------------- */
@@ -296,6 +300,8 @@ static void req_finish(kvf_router_t *r, req_t *q, Kvf__FinishReason reason, kvf_
         .kv_bytes = q->kv_bytes,
     };
     emit(q, &chunk);
+    kvf_metrics_observe_finished(r->metrics, reason, q->n_prompt, q->n_gen,
+                                 kvf_clock_ns() - q->t_arrival_ns);
     if (reason == KVF__FINISH_REASON__FINISH_ERROR)
         r->n_failed++;
     else if (reason == KVF__FINISH_REASON__FINISH_CANCELLED)
@@ -527,6 +533,7 @@ static bool stream_tokens(kvf_router_t *r, req_t *q, uint32_t first, const uint3
     }
     q->t_progress_ns = kvf_clock_ns();
     Kvf__FinishReason finish = KVF__FINISH_REASON__FINISH_NONE;
+    uint32_t gen_before = q->n_gen;
     uint32_t new_ids[256];
     size_t n_new = 0;
     size_t text_before = q->text_len;
@@ -584,6 +591,8 @@ static bool stream_tokens(kvf_router_t *r, req_t *q, uint32_t first, const uint3
         if (q->n_gen == n_new && q->t_first_ns)
             chunk.ttft_us = (q->t_first_ns - q->t_arrival_ns) / 1000;
         q->text_sent += text_new;
+        kvf_metrics_observe_tokens(r->metrics, q->t_arrival_ns, &q->t_last_token_ns,
+                                   q->n_gen - gen_before, kvf_clock_ns());
         emit(q, &chunk);
         free(text);
     }
@@ -799,6 +808,7 @@ static void on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
     q->prefill_compute_us += pd->prefill_compute_us;
     q->handoff_us += pd->handoff_us;
     q->kv_bytes += pd->kv_bytes;
+    kvf_metrics_observe_handoff(r->metrics, pd->handoff_us, pd->kv_bytes);
     if (q->state == REQ_PREFILL)
         q->state = REQ_DECODE;
     if (!q->t_first_ns)
@@ -1259,6 +1269,79 @@ const char *kvf_router_model_dir(const kvf_router_t *r)
     return r->cfg.model_dir;
 }
 
+/* ---- health and metrics ---------------------------------------------------------- */
+
+kvf_status_t kvf_router_health(kvf_router_t *r, char *why, size_t why_len)
+{
+    unsigned prefill = 0, decode = 0, decode_local = 0;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        const rnode_t *n = &r->nodes[i];
+        if (!n->used || n->state != NODE_LIVE)
+            continue;
+        if (n->role == KVF__ROLE__ROLE_PREFILL)
+            prefill++;
+        else if (n->role == KVF__ROLE__ROLE_DECODE)
+            n->prefill_local ? decode_local++ : decode++;
+    }
+    if (decode + decode_local == 0) {
+        snprintf(why, why_len, "no live decode node (%u live prefill)", prefill);
+        return KVF_ERR_AGAIN;
+    }
+    if (prefill == 0 && decode_local == 0) {
+        snprintf(why, why_len,
+                 "no live prefill node and no decode node with --prefill-local (%u live decode)",
+                 decode);
+        return KVF_ERR_AGAIN;
+    }
+    snprintf(why, why_len, "%u prefill, %u decode (%u with --prefill-local) live", prefill,
+             decode + decode_local, decode_local);
+    return KVF_OK;
+}
+
+kvf_status_t kvf_router_snapshot(kvf_router_t *r, kvf_router_snapshot_t *snap)
+{
+    size_t n = 0;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++)
+        n += r->nodes[i].used;
+    kvf_router_node_info_t *nodes = calloc(n ? n : 1, sizeof(*nodes));
+    if (!nodes)
+        return KVF_ERR_NOMEM;
+    size_t k = 0;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        const rnode_t *node = &r->nodes[i];
+        if (!node->used)
+            continue;
+        kvf_router_node_info_t *info = &nodes[k++];
+        snprintf(info->id, sizeof(info->id), "%s", node->id);
+        info->role = role_str(node->role);
+        info->state = node_state_names[node->state];
+        info->prefill_local = node->prefill_local;
+        info->blocks_used = node->blocks_used;
+        info->blocks_total = node->blocks_total;
+        info->running = node->running;
+        info->queued_requests = node->queued_requests;
+        info->queued_tokens = node->queued_tokens;
+        info->dispatched = node->dispatched;
+    }
+    snap->requests_queued = r->queue_len;
+    snap->requests_running = (uint32_t)(r->n_running - r->queue_len);
+    snap->n_nodes = n;
+    snap->nodes = nodes;
+    return KVF_OK;
+}
+
+void kvf_router_snapshot_fini(kvf_router_snapshot_t *snap)
+{
+    free(snap->nodes);
+    snap->nodes = NULL;
+    snap->n_nodes = 0;
+}
+
+kvf_metrics_t *kvf_router_metrics(kvf_router_t *r)
+{
+    return r->metrics;
+}
+
 /* ---- lifecycle ----------------------------------------------------------------- */
 
 kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **router_p)
@@ -1301,8 +1384,13 @@ kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **ro
     st = kvf_outboxes_create(ROUTER_MAX_NODES, &r->outboxes);
     if (st != KVF_OK)
         goto fail_outboxes;
+    st = kvf_metrics_create(&r->metrics);
+    if (st != KVF_OK)
+        goto fail_metrics;
     *router_p = r;
     return KVF_OK;
+fail_metrics:
+    kvf_outboxes_destroy(r->outboxes);
 fail_outboxes:
     kvf_client_server_destroy(r->clients);
 fail_clients:
@@ -1341,6 +1429,7 @@ void kvf_router_destroy(kvf_router_t *r)
     kvf_client_server_destroy(r->clients);
     kvf_inbox_destroy(r->inbox);
     kvf_tokenizer_destroy(r->tok);
+    kvf_metrics_destroy(r->metrics);
     free(r);
 }
 

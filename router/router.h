@@ -119,4 +119,38 @@ const kvf_model_config_t *kvf_router_model(const kvf_router_t *router);
 const kvf_tokenizer_t *kvf_router_tokenizer(const kvf_router_t *router);
 const char *kvf_router_model_dir(const kvf_router_t *router);
 
+/* ---- state for health checks and metrics (loop thread) ---------------------- */
+
+typedef struct kvf_metrics kvf_metrics_t;
+
+/* One node as the router sees it. */
+typedef struct {
+    char id[64];
+    const char *role;  /* "prefill" or "decode" (static) */
+    const char *state; /* "live", "draining" or "dead" (static) */
+    bool prefill_local;
+    uint32_t blocks_used, blocks_total, running, queued_requests;
+    uint64_t queued_tokens, dispatched;
+} kvf_router_node_info_t;
+
+typedef struct {
+    uint32_t requests_queued;  /* waiting for a decode node */
+    uint32_t requests_running; /* dispatched, not finished */
+    size_t n_nodes;
+    kvf_router_node_info_t *nodes; /* (n_nodes) */
+} kvf_router_snapshot_t;
+
+/* KVF_OK when the cluster can serve: at least one live prefill and one
+ * live decode node, or a live decode node with --prefill-local. Otherwise
+ * KVF_ERR_AGAIN with the reason in why. Loop thread. */
+kvf_status_t kvf_router_health(kvf_router_t *router, char *why, size_t why_len);
+
+/* Copies the queue and node state. On success snap->nodes is malloc'd and
+ * owned by the caller: kvf_router_snapshot_fini(). Loop thread. */
+kvf_status_t kvf_router_snapshot(kvf_router_t *router, kvf_router_snapshot_t *snap);
+void kvf_router_snapshot_fini(kvf_router_snapshot_t *snap);
+
+/* The router's metrics (metrics.h), owned by the router. Loop thread. */
+kvf_metrics_t *kvf_router_metrics(kvf_router_t *router);
+
 #endif

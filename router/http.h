@@ -1,0 +1,54 @@
+/* The router's HTTP front end: an OpenAI-compatible API (completions and
+ * chat completions, streaming as server-sent events), /v1/models, /health
+ * and Prometheus /metrics, served by libmicrohttpd.
+ *
+ * Threads: libmicrohttpd runs one thread per connection. Those threads
+ * never touch router state: each request becomes an exchange (shared,
+ * reference-counted) that is handed to the loop with kvf_router_post();
+ * on the loop, kvf_router_submit() gets a sink that appends the output to
+ * the exchange under its mutex and signals its condition variable; the
+ * connection thread waits on it (in bounded slices, checking for a client
+ * that hung up) and writes the response. A client that disconnects or a
+ * write that fails posts a cancel, which frees the request's KV blocks.
+ * /health and /metrics are read the same way: a task posted to the loop
+ * fills in the answer. */
+#ifndef KVF_HTTP_H
+#define KVF_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvf/status.h"
+#include "router.h"
+
+typedef struct kvf_http kvf_http_t;
+
+typedef struct {
+    const char *listen;            /* "HOST:PORT" (IPv4 or [IPv6]) */
+    const char *served_model_name; /* NULL or "": the model directory's base name */
+    const char *api_key;           /* NULL or "": no authentication */
+    const char *chat_template;     /* NULL or "": recognise the model's; or a name (chat.h) */
+    size_t max_body;               /* request body limit in bytes (0: 4 MiB) */
+    unsigned max_connections;      /* concurrent connections (0: 512) */
+    unsigned loop_wait_ms;         /* longest wait for the loop's answer to a query (0: 5000) */
+    unsigned max_wait_ms;          /* longest wait for a request's next output (0: 660000) */
+} kvf_http_config_t;
+
+/* Starts serving on cfg->listen. Requests reach router through
+ * kvf_router_post(), so they are answered once kvf_router_run() runs.
+ * *http_p is owned by the caller: kvf_http_destroy(). Fails (logged) when
+ * the address does not parse or cannot be bound, or the chat template
+ * name is unknown. */
+kvf_status_t kvf_http_create(kvf_router_t *router, const kvf_http_config_t *cfg,
+                             kvf_http_t **http_p);
+
+/* The port the server listens on. */
+uint16_t kvf_http_port(const kvf_http_t *http);
+
+/* Stops the server: wakes and joins every connection thread and frees
+ * every exchange. Call it after kvf_router_run() has returned (the loop no
+ * longer runs the tasks and sinks that hold exchanges) and before
+ * kvf_router_destroy(). NULL is a no-op. */
+void kvf_http_destroy(kvf_http_t *http);
+
+#endif

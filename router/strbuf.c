@@ -1,0 +1,88 @@
+#include "strbuf.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kvf_strbuf_init(kvf_strbuf_t *sb)
+{
+    memset(sb, 0, sizeof(*sb));
+}
+
+void kvf_strbuf_fini(kvf_strbuf_t *sb)
+{
+    free(sb->data);
+    kvf_strbuf_init(sb);
+}
+
+static bool reserve(kvf_strbuf_t *sb, size_t more)
+{
+    if (sb->failed)
+        return false;
+    if (sb->len + more + 1 <= sb->cap)
+        return true;
+    size_t cap = sb->cap ? sb->cap : 256;
+    while (cap < sb->len + more + 1) {
+        if (cap > SIZE_MAX / 2) {
+            sb->failed = true;
+            return false;
+        }
+        cap *= 2;
+    }
+    char *data = realloc(sb->data, cap);
+    if (!data) {
+        sb->failed = true;
+        return false;
+    }
+    sb->data = data;
+    sb->cap = cap;
+    return true;
+}
+
+void kvf_strbuf_append(kvf_strbuf_t *sb, const char *s, size_t n)
+{
+    if (!reserve(sb, n))
+        return;
+    memcpy(sb->data + sb->len, s, n);
+    sb->len += n;
+    sb->data[sb->len] = '\0';
+}
+
+void kvf_strbuf_puts(kvf_strbuf_t *sb, const char *s)
+{
+    kvf_strbuf_append(sb, s, strlen(s));
+}
+
+void kvf_strbuf_printf(kvf_strbuf_t *sb, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        sb->failed = true;
+        return;
+    }
+    if (!reserve(sb, (size_t)n))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(sb->data + sb->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    sb->len += (size_t)n;
+}
+
+kvf_status_t kvf_strbuf_take(kvf_strbuf_t *sb, char **text_p, size_t *len_p)
+{
+    if (sb->failed || !reserve(sb, 0)) {
+        kvf_strbuf_fini(sb);
+        return KVF_ERR_NOMEM;
+    }
+    sb->data[sb->len] = '\0';
+    *text_p = sb->data;
+    if (len_p)
+        *len_p = sb->len;
+    kvf_strbuf_init(sb);
+    return KVF_OK;
+}
