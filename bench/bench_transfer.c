@@ -138,7 +138,7 @@ static int receiver_start(receiver_t *r, bool checksum, bool two_sided, int spin
         dup2(from[1], 1);
         close(to[1]);
         close(from[0]);
-        char *argv[8] = {"kvf", "bench", "transfer", "--serve", "--spin-us", spin};
+        char *argv[10] = {"kvf", "bench", "transfer", "--serve", "--spin-us", spin};
         int argc = 6;
         if (checksum)
             argv[argc++] = "--checksum";
@@ -490,9 +490,12 @@ out:
      * sender computes it before the completion message, the receiver checks
      * it on arrival (off the sender's clock; its rate is the local CRC
      * rate printed beside). */
-    if (receiver_start(&r, true, two_sided, spin_us) != 0)
+    if (receiver_start(&r, true, two_sided, spin_us) != 0) {
+        free(samples);
         return -1;
+    }
     cfg.checksum = true;
+    x = NULL;
     slices = malloc(16 * sizeof(*slices));
     if (kvf_xfer_create(&cfg, &x) == KVF_OK &&
         kvf_xfer_connect(x, r.desc, r.desc_len, &peer) == KVF_OK) {
