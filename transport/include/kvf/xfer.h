@@ -1,5 +1,6 @@
 /* KV block transfer between processes: a prefill node writes (RMA put) the
- * K/V slices of a request straight into a decode node's registered pool.
+ * K/V slices of a request straight into a decode node's registered pool
+ * (or, two-sided, sends them for the decode node to place).
  *
  * One API over several backends (UCX by default; NCCL for GPU pairs when
  * built with KVF_HAVE_NCCL). Every handle is single-threaded: the node's
@@ -42,14 +43,19 @@
  *     batch after its lease end (not_after_ns, computed on the sender's
  *     clock from the moment it SENT the allocation request, so it ends no
  *     later than the receiver's lease), and a batch still outstanding at
- *     its deadline is failed and its endpoint closed by force, which stops
- *     further writes; the grace (default 1 s) covers data already in
- *     flight in the network at that moment.
+ *     its deadline is failed and its endpoint flushed for at most grace_ms,
+ *     then closed by force, which stops further writes. Both ends use the
+ *     same grace_ms (default 1 s), which also covers data already in the
+ *     network at that moment.
  * kvf_xfer_cancel() therefore reports RELEASED at once when the request had
  * fully landed (or the sender aborted it), and otherwise when one of the
- * two points is reached. A receiver in two-sided mode (config two_sided)
- * places every byte itself and reports RELEASED at once. A completion for a cancelled reservation
- * is rejected (KVF_ERR_STALE) but still used as a fence point.
+ * two points is reached. A completion for a cancelled reservation is
+ * rejected (KVF_ERR_STALE) but still used as a fence point.
+ *
+ * Two-sided transfer (UCX with config two_sided, and NCCL) needs no such
+ * fence for data it has not yet accepted: the receiver places every slice
+ * itself after checking it against a live reservation, and drops the rest.
+ * A two-sided UCX receiver exports no rkey and reports RELEASED at once.
  *
  * A peer that dies or stops answering completes each of its batches with
  * an error within the handle's timeout (default 5 s), never a hang. */
