@@ -892,6 +892,11 @@ static void decode_step(kvf_decode_t *d)
         d->step_reqs[n++] = r;
     }
     uint32_t budget = d->cfg.max_batch_tokens > (uint32_t)n ? d->cfg.max_batch_tokens - n : 0;
+    /* A full decode batch must not starve local prefills: they always get
+     * a quarter of the budget. */
+    uint32_t floor = d->cfg.max_batch_tokens / 4 ? d->cfg.max_batch_tokens / 4 : 1;
+    if (budget < floor)
+        budget = floor;
     for (size_t i = 0; i < d->n_reqs && n < cap && budget > 0; i++) {
         dec_req_t *r = d->reqs[i];
         if (r->h.state != KVF_HANDOFF_PREFILLING)
