@@ -123,7 +123,7 @@ static float max_abs_diff(const float *a, const float *b, size_t n)
 }
 
 /* max |a-b| / max(1, max|b|): relative to the logits' scale. */
-__attribute__((unused)) static float rel_diff(const float *a, const float *b, size_t n)
+static float rel_diff(const float *a, const float *b, size_t n)
 {
     float scale = 1;
     for (size_t i = 0; i < n; i++)
@@ -217,12 +217,365 @@ static void test_golden_portable(void **state)
     check_golden("tiny-qwen2-bf16", false);
 }
 
+/* ---- invariance on random models ------------------------------------ */
+
+/* Writes a random model with n_heads / n_kv_heads into a temp dir, loads it,
+ * removes the files. */
+static kvf_model_t *random_model(int n_heads, int n_kv_heads, bool qwen2, uint64_t seed)
+{
+    char dir[] = "/tmp/kvf_test_model_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    kvf_model_config_t c;
+    memset(&c, 0, sizeof(c));
+    c.arch = qwen2 ? KVF_ARCH_QWEN2 : KVF_ARCH_LLAMA;
+    c.qkv_bias = qwen2;
+    c.tie_embeddings = qwen2;
+    c.n_layers = 2;
+    c.n_heads = n_heads;
+    c.n_kv_heads = n_kv_heads;
+    c.head_dim = 16;
+    c.hidden = 64;
+    c.inter = 96;
+    c.vocab = 200;
+    c.max_pos = 512;
+    c.rope_theta = 10000;
+    c.rms_eps = 1e-5;
+    c.bos_id = 1;
+    c.eos_ids[0] = 2;
+    c.n_eos = 1;
+    assert_int_equal(kvf_model_write_random(dir, &c, KVF_DTYPE_F32, seed), KVF_OK);
+    kvf_model_t *m = NULL;
+    assert_int_equal(kvf_model_load(dir, &m), KVF_OK);
+    char path[256];
+    const char *files[] = {"config.json", "generation_config.json", "model.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+    return m;
+}
+
+static void random_ids(uint32_t *ids, int n, int vocab, uint32_t seed)
+{
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        ids[i] = (seed >> 8) % (uint32_t)vocab;
+    }
+}
+
+#define RTOL 1e-5f
+
+/* Decode with the cache equals recomputing the whole sequence. */
+static void check_cache_vs_recompute(kvf_model_t *m, int block_size)
+{
+    rig_t r;
+    rig_open(&r, m, block_size, 256, true);
+    const int V = m->cfg.vocab, n_prompt = 13, n_steps = 6;
+    uint32_t ids[32];
+    random_ids(ids, n_prompt, V, 7);
+    float *cached = malloc((size_t)V * sizeof(float));
+    float *full = malloc((size_t)V * sizeof(float));
+    kvf_block_table_t bt;
+    kvf_block_table_init(&bt);
+    run_chunked(&r, &bt, ids, n_prompt, n_prompt, NULL, cached);
+    for (int s = 0; s < n_steps; s++) {
+        int n = n_prompt + s;
+        /* full recompute of ids[0..n) in a separate table */
+        kvf_block_table_t bt2;
+        kvf_block_table_init(&bt2);
+        run_chunked(&r, &bt2, ids, n, n, NULL, full);
+        kvf_block_table_release(&bt2, r.pool);
+        kvf_block_table_fini(&bt2);
+        float d = rel_diff(cached, full, (size_t)V);
+        if (d > RTOL)
+            fail_msg("block size %d, step %d: cached vs recompute rel diff %g", block_size, s, d);
+        ids[n] = kvf_sample_argmax(cached, V);
+        assert_int_equal(kvf_block_table_reserve(&bt, r.pool, (uint32_t)n + 1), KVF_OK);
+        kvf_engine_seq_t q = {.tokens = &ids[n], .n_tokens = 1, .start_pos = (uint32_t)n,
+                              .block_ids = bt.blocks, .n_blocks = bt.n_blocks, .logits = cached};
+        assert_int_equal(kvf_engine_forward(r.engine, &q, 1, NULL), KVF_OK);
+    }
+    kvf_block_table_release(&bt, r.pool);
+    kvf_block_table_fini(&bt);
+    assert_int_equal(kvf_kvpool_used_blocks(r.pool), 0);
+    free(cached);
+    free(full);
+    rig_close(&r);
+}
+
+static void test_cache_vs_recompute_gqa_mha_mqa(void **state)
+{
+    (void)state;
+    int kv[] = {2, 4, 1}; /* GQA 2:1, MHA, MQA */
+    for (int i = 0; i < 3; i++) {
+        kvf_model_t *m = random_model(4, kv[i], false, 11 + (uint64_t)i);
+        check_cache_vs_recompute(m, 16);
+        kvf_model_destroy(m);
+    }
+    kvf_model_t *m = random_model(6, 2, true, 21); /* qwen2: biases, tied */
+    check_cache_vs_recompute(m, 16);
+    kvf_model_destroy(m);
+}
+
+/* Chunked prefill (1, 7, 16, whole) gives every position's logits of one
+ * prefill; block sizes 1, 16, 32 give the same as well. */
+static void test_chunked_prefill_and_block_sizes(void **state)
+{
+    (void)state;
+    kvf_model_t *m = random_model(4, 2, false, 5);
+    const int V = m->cfg.vocab, n = 37;
+    uint32_t ids[37];
+    random_ids(ids, n, V, 3);
+    float *ref = malloc((size_t)n * V * sizeof(float));
+    float *got = malloc((size_t)n * V * sizeof(float));
+    rig_t r;
+    rig_open(&r, m, 16, 64, true);
+    kvf_block_table_t bt;
+    kvf_block_table_init(&bt);
+    run_chunked(&r, &bt, ids, n, n, ref, NULL);
+    kvf_block_table_release(&bt, r.pool);
+    int chunks[] = {1, 7, 16};
+    for (int c = 0; c < 3; c++) {
+        run_chunked(&r, &bt, ids, n, chunks[c], got, NULL);
+        kvf_block_table_release(&bt, r.pool);
+        float d = rel_diff(got, ref, (size_t)n * V);
+        if (d > RTOL)
+            fail_msg("chunk %d vs one prefill: rel diff %g", chunks[c], d);
+    }
+    rig_close(&r);
+    int sizes[] = {1, 32, 256};
+    for (int b = 0; b < 3; b++) {
+        rig_open(&r, m, sizes[b], 64, true);
+        run_chunked(&r, &bt, ids, n, 7, got, NULL);
+        kvf_block_table_release(&bt, r.pool);
+        assert_int_equal(kvf_kvpool_used_blocks(r.pool), 0);
+        float d = rel_diff(got, ref, (size_t)n * V);
+        if (d > RTOL)
+            fail_msg("block size %d vs 16: rel diff %g", sizes[b], d);
+        rig_close(&r);
+    }
+    for (int b = 0; b < 2; b++)
+        check_cache_vs_recompute(m, b == 0 ? 1 : 32);
+    kvf_block_table_fini(&bt);
+    free(ref);
+    free(got);
+    kvf_model_destroy(m);
+}
+
+/* A batch mixing a fresh prefill, a decode and a mid-sequence chunk gives
+ * each sequence what it gets alone. */
+static void test_mixed_batch(void **state)
+{
+    (void)state;
+    kvf_model_t *m = random_model(4, 2, false, 9);
+    const int V = m->cfg.vocab;
+    rig_t r;
+    rig_open(&r, m, 16, 128, true);
+    uint32_t a[10], b[20], c[25];
+    random_ids(a, 10, V, 1);
+    random_ids(b, 20, V, 2);
+    random_ids(c, 25, V, 3);
+    /* Alone: A prefill 10; B 19 then 1; C 8 then 17 (all logits). */
+    float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
+    float *lc = malloc((size_t)17 * V * sizeof(float));
+    float *ma = malloc((size_t)V * sizeof(float)), *mb = malloc((size_t)V * sizeof(float));
+    float *mc = malloc((size_t)17 * V * sizeof(float));
+    kvf_block_table_t ta, tb, tc;
+    kvf_block_table_init(&ta);
+    kvf_block_table_init(&tb);
+    kvf_block_table_init(&tc);
+    run_chunked(&r, &ta, a, 10, 10, NULL, la);
+    run_chunked(&r, &tb, b, 20, 19, NULL, lb);
+    float *tmp = malloc((size_t)25 * V * sizeof(float));
+    run_chunked(&r, &tc, c, 25, 8, tmp, NULL);
+    memcpy(lc, tmp + (size_t)8 * V, (size_t)17 * V * sizeof(float));
+    kvf_block_table_release(&ta, r.pool);
+    kvf_block_table_release(&tb, r.pool);
+    kvf_block_table_release(&tc, r.pool);
+    /* Together: first the prefixes of B and C alone, then one batch. */
+    assert_int_equal(kvf_block_table_reserve(&ta, r.pool, 10), KVF_OK);
+    assert_int_equal(kvf_block_table_reserve(&tb, r.pool, 20), KVF_OK);
+    assert_int_equal(kvf_block_table_reserve(&tc, r.pool, 25), KVF_OK);
+    kvf_engine_seq_t pre[2] = {
+        {.tokens = b, .n_tokens = 19, .start_pos = 0, .block_ids = tb.blocks,
+         .n_blocks = tb.n_blocks},
+        {.tokens = c, .n_tokens = 8, .start_pos = 0, .block_ids = tc.blocks,
+         .n_blocks = tc.n_blocks},
+    };
+    assert_int_equal(kvf_engine_forward(r.engine, pre, 2, NULL), KVF_OK);
+    kvf_engine_seq_t mix[3] = {
+        {.tokens = b + 19, .n_tokens = 1, .start_pos = 19, .block_ids = tb.blocks,
+         .n_blocks = tb.n_blocks, .logits = mb},
+        {.tokens = a, .n_tokens = 10, .start_pos = 0, .block_ids = ta.blocks,
+         .n_blocks = ta.n_blocks, .logits = ma},
+        {.tokens = c + 8, .n_tokens = 17, .start_pos = 8, .block_ids = tc.blocks,
+         .n_blocks = tc.n_blocks, .all_logits = true, .logits = mc},
+    };
+    assert_int_equal(kvf_engine_forward(r.engine, mix, 3, NULL), KVF_OK);
+    float da = rel_diff(ma, la, (size_t)V), db = rel_diff(mb, lb, (size_t)V);
+    float dc = rel_diff(mc, lc, (size_t)17 * V);
+    if (da > RTOL || db > RTOL || dc > RTOL)
+        fail_msg("mixed batch vs alone: rel diffs %g %g %g", da, db, dc);
+    kvf_block_table_release(&ta, r.pool);
+    kvf_block_table_release(&tb, r.pool);
+    kvf_block_table_release(&tc, r.pool);
+    assert_int_equal(kvf_kvpool_used_blocks(r.pool), 0);
+    kvf_block_table_fini(&ta);
+    kvf_block_table_fini(&tb);
+    kvf_block_table_fini(&tc);
+    free(tmp);
+    free(la);
+    free(lb);
+    free(lc);
+    free(ma);
+    free(mb);
+    free(mc);
+    rig_close(&r);
+    kvf_model_destroy(m);
+}
+
+/* The AVX-512 kernels agree with the portable reference, on prefill tiles
+ * (transposed-key path) and 3-token chunks (per-key dot path). */
+static void test_simd_vs_portable(void **state)
+{
+    (void)state;
+    kvf_model_t *m = random_model(8, 2, true, 13);
+    const int V = m->cfg.vocab, n = 40;
+    uint32_t ids[40];
+    random_ids(ids, n, V, 9);
+    float *a = malloc((size_t)n * V * sizeof(float)), *b = malloc((size_t)n * V * sizeof(float));
+    for (int pass = 0; pass < 2; pass++) {
+        rig_t r;
+        rig_open(&r, m, 16, 64, pass == 0);
+        kvf_block_table_t bt;
+        kvf_block_table_init(&bt);
+        run_chunked(&r, &bt, ids, n, pass == 0 ? 40 : 3, pass == 0 ? a : b, NULL);
+        kvf_block_table_release(&bt, r.pool);
+        kvf_block_table_fini(&bt);
+        rig_close(&r);
+    }
+    float d = rel_diff(a, b, (size_t)n * V);
+    if (d > RTOL)
+        fail_msg("avx-512 vs portable: rel diff %g", d);
+    free(a);
+    free(b);
+    kvf_model_destroy(m);
+}
+
+typedef struct {
+    int calls;
+    int next;
+} hook_state_t;
+
+static void on_layer(void *arg, int layer)
+{
+    hook_state_t *h = arg;
+    assert_int_equal(layer, h->next);
+    h->next++;
+    h->calls++;
+}
+
+/* The per-layer hook runs once per layer, in order; bad batches are refused. */
+static void test_hook_and_validation(void **state)
+{
+    (void)state;
+    kvf_model_t *m = random_model(4, 2, false, 3);
+    rig_t r;
+    rig_open(&r, m, 16, 8, true);
+    uint32_t ids[20];
+    random_ids(ids, 20, m->cfg.vocab, 4);
+    kvf_block_table_t bt;
+    kvf_block_table_init(&bt);
+    assert_int_equal(kvf_block_table_reserve(&bt, r.pool, 20), KVF_OK);
+    hook_state_t hs = {0, 0};
+    kvf_engine_hooks_t hooks = {on_layer, &hs};
+    kvf_engine_seq_t q = {.tokens = ids, .n_tokens = 20, .start_pos = 0,
+                          .block_ids = bt.blocks, .n_blocks = bt.n_blocks};
+    assert_int_equal(kvf_engine_forward(r.engine, &q, 1, &hooks), KVF_OK);
+    assert_int_equal(hs.calls, m->cfg.n_layers);
+    /* table too short, bad token, bad block id */
+    q.n_blocks = 1;
+    assert_int_equal(kvf_engine_forward(r.engine, &q, 1, NULL), KVF_ERR_INVAL);
+    q.n_blocks = bt.n_blocks;
+    uint32_t bad_tok = (uint32_t)m->cfg.vocab;
+    kvf_engine_seq_t q2 = q;
+    q2.tokens = &bad_tok;
+    q2.n_tokens = 1;
+    assert_int_equal(kvf_engine_forward(r.engine, &q2, 1, NULL), KVF_ERR_INVAL);
+    uint32_t bad_blocks[2] = {0, 999};
+    q.block_ids = bad_blocks;
+    q.n_blocks = 2;
+    assert_int_equal(kvf_engine_forward(r.engine, &q, 1, NULL), KVF_ERR_INVAL);
+    assert_int_equal(kvf_engine_forward(r.engine, &q, 0, NULL), KVF_ERR_INVAL);
+    /* a pool of the wrong geometry is refused */
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(m, 16);
+    g.n_kv_heads = 3;
+    kvf_kvpool_t *other;
+    assert_int_equal(kvf_kvpool_create(&g, 4, &other), KVF_OK);
+    kvf_engine_t *e2;
+    assert_int_equal(kvf_engine_create(m, &r.be, other, &e2), KVF_ERR_MISMATCH);
+    kvf_kvpool_destroy(other);
+    kvf_block_table_release(&bt, r.pool);
+    kvf_block_table_fini(&bt);
+    rig_close(&r);
+    kvf_model_destroy(m);
+}
+
+/* `kvf generate --ids` prints the golden greedy continuation. */
+static void test_generate_cli(void **state)
+{
+    (void)state;
+    char kvf[1024];
+    snprintf(kvf, sizeof(kvf), "%s/kvf", KVF_BIN_DIR);
+    if (access(kvf, X_OK) != 0)
+        skip();
+    cJSON *root = load_expected();
+    const char *names[] = {"tiny-llama-f32", "tiny-qwen2-bf16"};
+    for (int mi = 0; mi < 2; mi++) {
+        const cJSON *pj = cJSON_GetArrayItem(
+            cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"),
+                                                    names[mi]),
+                                "prompts"),
+            1);
+        char cmd[4096], want[1024] = "";
+        int len = snprintf(cmd, sizeof(cmd), "%s generate --model %s/golden/%s --threads 2 "
+                                             "--ids --ignore-eos --max-tokens 24 --prompt-ids ",
+                           kvf, KVF_TEST_DATA, names[mi]);
+        const cJSON *e;
+        int i = 0;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItem(pj, "ids"))
+            len += snprintf(cmd + len, sizeof(cmd) - (size_t)len, "%s%d", i++ ? "," : "",
+                            e->valueint);
+        i = 0;
+        size_t wl = 0;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItem(pj, "greedy_ids"))
+            wl += (size_t)snprintf(want + wl, sizeof(want) - wl, "%s%d", i++ ? "," : "",
+                                   e->valueint);
+        FILE *p = popen(cmd, "r");
+        assert_non_null(p);
+        char got[1024] = "";
+        if (!fgets(got, sizeof(got), p))
+            got[0] = 0;
+        assert_int_equal(pclose(p), 0);
+        got[strcspn(got, "\n")] = 0;
+        assert_string_equal(got, want);
+    }
+    cJSON_Delete(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_llama),
         cmocka_unit_test(test_golden_qwen2),
         cmocka_unit_test(test_golden_portable),
+        cmocka_unit_test(test_cache_vs_recompute_gqa_mha_mqa),
+        cmocka_unit_test(test_chunked_prefill_and_block_sizes),
+        cmocka_unit_test(test_mixed_batch),
+        cmocka_unit_test(test_simd_vs_portable),
+        cmocka_unit_test(test_hook_and_validation),
+        cmocka_unit_test(test_generate_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
