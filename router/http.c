@@ -1484,7 +1484,8 @@ kvf_status_t kvf_http_create(kvf_router_t *router, const kvf_http_config_t *cfg,
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
     if (di && di->port)
         h->port = di->port;
-    kvf_log_info("http: OpenAI API on %s (model '%s', chat template %s%s)", cfg->listen,
+    kvf_log_info("http: OpenAI API on %.*s:%u (model '%s', chat template %s%s)",
+                 (int)(strrchr(cfg->listen, ':') - cfg->listen), cfg->listen, h->port,
                  h->model_name, kvf_chat_template_name(h->chat),
                  h->api_key ? ", API key required" : "");
     *http_p = h;
