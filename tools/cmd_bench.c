@@ -1,6 +1,7 @@
 /* kvf bench: benchmarks, each measuring its own ceiling in the same run
  * (DESIGN.md, "Measuring performance"). The code of each lives in bench/;
  * this file only dispatches `kvf bench NAME` to it. */
+#include "bench_engine.h"
 #include "bench_serve.h"
 #include "bench_transfer.h"
 #include "commands.h"
@@ -9,6 +10,8 @@
 #include <string.h>
 
 static const kvf_command_t bench_commands[] = {
+    {"engine", "decode vs memory roofline, prefill vs sgemm, KV cache vs recompute",
+     kvf_bench_engine},
     {"transfer", "KV block transfer vs ucx_perftest (shm, tcp)", kvf_bench_transfer},
     {"serve", "serving load: latency, throughput, goodput (split vs colocated)",
      kvf_bench_serve},

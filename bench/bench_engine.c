@@ -1,0 +1,462 @@
+/* kvf bench engine: the CPU engine against ceilings measured in the same
+ * run (DESIGN.md, "Measuring performance").
+ *
+ *  - Memory read bandwidth: every thread streams its share of a buffer with
+ *    512-bit loads (AVX-512 CPUs; 256-bit otherwise), best of several
+ *    passes, for a buffer the size of the weights and one of 1 GiB; the
+ *    larger result is the ceiling (a low ceiling would flatter the ratios).
+ *  - sgemm rate: OpenBLAS on 2048^3, both with its own threads and split
+ *    over our pool as the backend does; the larger is the ceiling.
+ *  - Decode at batch 1, 8, 32 (context 256 each): step time against
+ *    roofline = (weight bytes + KV bytes read per step) / bandwidth.
+ *  - Prefill of 128/512/2048-token prompts: forward FLOPs / time against the
+ *    sgemm rate.
+ *  - KV-cache experiment: generating n tokens with the cache vs recomputing
+ *    the whole sequence every step. Step times are measured at 8 context
+ *    lengths spread over 1..n and integrated (trapezoid); the measured ratio
+ *    is printed beside 2n/3, the ratio of the attention term alone.
+ * Times are the best of their repetitions: on a shared machine, other
+ * tenants only ever add time. */
+#include "bench_engine.h"
+
+#include "kvf/backend.h"
+#include "kvf/clock.h"
+#include "kvf/engine.h"
+#include "kvf/flags.h"
+#include "kvf/kvcache.h"
+#include "kvf/log.h"
+#include "kvf/model.h"
+#include "kvf/threadpool.h"
+
+#include <cblas.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define BENCH_X86 1
+#endif
+
+/* ---- memory bandwidth ---------------------------------------------- */
+
+typedef struct {
+    const float *buf;
+    size_t n_floats;
+    int n_parts;
+    bool avx512;
+    float sink[64]; /* per task, so the loads are not optimized away */
+} bw_job_t;
+
+#ifdef BENCH_X86
+__attribute__((target("avx512f"))) static float read_avx512(const float *p, size_t n)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+        a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
+        a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+        a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
+        a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+__attribute__((target("avx2"))) static float read_avx2(const float *p, size_t n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 32 <= n; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+        a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
+}
+#endif
+
+static void bw_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    bw_job_t *j = arg;
+    size_t per = (j->n_floats / (size_t)j->n_parts) & ~(size_t)63;
+    const float *p = j->buf + per * (size_t)task;
+    float s = 0;
+#ifdef BENCH_X86
+    s = j->avx512 ? read_avx512(p, per) : read_avx2(p, per);
+#else
+    for (size_t i = 0; i < per; i++)
+        s += p[i];
+#endif
+    j->sink[task % 64] += s;
+}
+
+/* Best read bandwidth in bytes/s over a buffer of `bytes`. */
+static double measure_bandwidth(kvf_threadpool_t *tp, size_t bytes, int passes)
+{
+    float *buf = aligned_alloc(64, bytes);
+    if (!buf)
+        return 0;
+    for (size_t i = 0; i < bytes / sizeof(float); i++)
+        buf[i] = (float)(i & 7);
+    bw_job_t j = {.buf = buf, .n_floats = bytes / sizeof(float),
+                  .n_parts = kvf_threadpool_size(tp)};
+#ifdef BENCH_X86
+    __builtin_cpu_init();
+    j.avx512 = __builtin_cpu_supports("avx512f");
+#endif
+    size_t per = (j.n_floats / (size_t)j.n_parts) & ~(size_t)63;
+    double best = 0;
+    for (int p = 0; p < passes; p++) {
+        uint64_t t0 = kvf_clock_ns();
+        kvf_threadpool_run(tp, bw_task, &j, j.n_parts);
+        double s = (double)(kvf_clock_ns() - t0) * 1e-9;
+        double bw = (double)(per * (size_t)j.n_parts * sizeof(float)) / s;
+        best = bw > best ? bw : best;
+    }
+    free(buf);
+    return best;
+}
+
+/* ---- sgemm rate ------------------------------------------------------ */
+
+static double measure_sgemm_openblas(int threads, int n, int reps)
+{
+    float *a = aligned_alloc(64, (size_t)n * n * sizeof(float));
+    float *b = aligned_alloc(64, (size_t)n * n * sizeof(float));
+    float *c = aligned_alloc(64, (size_t)n * n * sizeof(float));
+    double best = 0;
+    if (a && b && c) {
+        for (size_t i = 0; i < (size_t)n * n; i++) {
+            a[i] = (float)((i * 7) % 13) * 0.01f;
+            b[i] = (float)((i * 5) % 11) * 0.01f;
+        }
+        openblas_set_num_threads(threads);
+        for (int r = 0; r < reps + 1; r++) {
+            uint64_t t0 = kvf_clock_ns();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
+                        c, n);
+            double s = (double)(kvf_clock_ns() - t0) * 1e-9;
+            double rate = 2.0 * n * (double)n * n / s;
+            if (r > 0) /* the first warms up OpenBLAS's buffers and threads */
+                best = rate > best ? rate : best;
+        }
+        openblas_set_num_threads(1);
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+/* Same product through the backend's matmul (our pool splitting it). */
+static double measure_sgemm_backend(kvf_backend_t *be, int n, int reps)
+{
+    float *a = aligned_alloc(64, (size_t)n * n * sizeof(float));
+    float *b = aligned_alloc(64, (size_t)n * n * sizeof(float));
+    float *c = aligned_alloc(64, (size_t)n * n * sizeof(float));
+    double best = 0;
+    if (a && b && c) {
+        for (size_t i = 0; i < (size_t)n * n; i++) {
+            a[i] = (float)((i * 7) % 13) * 0.01f;
+            b[i] = (float)((i * 5) % 11) * 0.01f;
+        }
+        for (int r = 0; r < reps + 1; r++) {
+            uint64_t t0 = kvf_clock_ns();
+            be->ops->matmul(be->ctx, c, a, b, NULL, n, n, n, 0);
+            double s = (double)(kvf_clock_ns() - t0) * 1e-9;
+            double rate = 2.0 * n * (double)n * n / s;
+            if (r > 0)
+                best = rate > best ? rate : best;
+        }
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+/* ---- engine runs ------------------------------------------------------ */
+
+typedef struct {
+    kvf_model_t *model;
+    kvf_backend_t be;
+    kvf_kvpool_t *pool;
+    kvf_engine_t *engine;
+    float *logits;     /* (max_batch, vocab) */
+    uint32_t *tokens;  /* (max_tokens) */
+} bench_rig_t;
+
+/* A sequence of n_ctx tokens (start_pos 0) through the engine; returns the
+ * seconds it took. The table must cover the positions. */
+static double run_forward(bench_rig_t *r, kvf_block_table_t *bt, uint32_t start, uint32_t n)
+{
+    kvf_engine_seq_t q = {.tokens = r->tokens + start, .n_tokens = n, .start_pos = start,
+                          .block_ids = bt->blocks, .n_blocks = bt->n_blocks,
+                          .logits = r->logits};
+    uint64_t t0 = kvf_clock_ns();
+    kvf_status_t st = kvf_engine_forward(r->engine, &q, 1, NULL);
+    double s = (double)(kvf_clock_ns() - t0) * 1e-9;
+    return st == KVF_OK ? s : -1;
+}
+
+/* One decode step for a batch of b sequences of context ctx each. */
+static double run_decode_step(bench_rig_t *r, kvf_block_table_t *bts, int b, uint32_t ctx)
+{
+    kvf_engine_seq_t *q = calloc((size_t)b, sizeof(*q));
+    if (!q)
+        return -1;
+    for (int i = 0; i < b; i++) {
+        q[i].tokens = r->tokens + ctx + (uint32_t)i;
+        q[i].n_tokens = 1;
+        q[i].start_pos = ctx;
+        q[i].block_ids = bts[i].blocks;
+        q[i].n_blocks = bts[i].n_blocks;
+        q[i].logits = r->logits + (size_t)i * r->model->cfg.vocab;
+    }
+    uint64_t t0 = kvf_clock_ns();
+    kvf_status_t st = kvf_engine_forward(r->engine, q, b, NULL);
+    double s = (double)(kvf_clock_ns() - t0) * 1e-9;
+    free(q);
+    return st == KVF_OK ? s : -1;
+}
+
+static double best_of(double a, double b)
+{
+    if (a < 0)
+        return b;
+    if (b < 0)
+        return a;
+    return a < b ? a : b;
+}
+
+int kvf_bench_engine(int argc, char **argv)
+{
+    const char *model_dir = NULL, *json = NULL;
+    int threads = 0;
+    bool quick = false;
+    const kvf_flag_t flags[] = {
+        {"model", KVF_FLAG_STRING, &model_dir, "DIR", "model directory (e.g. from kvf mkmodel)",
+         NULL},
+        {"threads", KVF_FLAG_INT, &threads, "N", "compute threads (default: all cores)", NULL},
+        {"json", KVF_FLAG_STRING, &json, "FILE", "also write the results as JSON", NULL},
+        {"quick", KVF_FLAG_BOOL, &quick, NULL, "fewer sizes and repetitions (smoke test)", NULL},
+    };
+    kvf_flagset_t set = {
+        .prog = argv[0],
+        .usage = "--model DIR [--threads N] [--json FILE] [--quick]",
+        .summary = "Measures memory read bandwidth and the OpenBLAS sgemm rate, then decode "
+                   "latency (batch 1, 8, 32) against the memory roofline, prefill throughput "
+                   "against the sgemm rate, and generation with vs without the KV cache.",
+        .flags = flags,
+        .n_flags = KVF_NFLAGS(flags),
+    };
+    int rc = kvf_flags_parse(&set, argc, argv);
+    if (rc == KVF_FLAGS_EXIT)
+        return 0;
+    if (rc < 0)
+        return 2;
+    if (!model_dir) {
+        fprintf(stderr, "%s: --model DIR is required\n", argv[0]);
+        return 2;
+    }
+    if (threads <= 0)
+        threads = kvf_cpu_count();
+    bench_rig_t r;
+    memset(&r, 0, sizeof(r));
+    kvf_status_t st = kvf_model_load(model_dir, &r.model);
+    if (st != KVF_OK) {
+        fprintf(stderr, "%s: cannot load %s: %s\n", argv[0], model_dir, kvf_status_str(st));
+        return 1;
+    }
+    const kvf_model_config_t *c = &r.model->cfg;
+    /* Weight bytes one decode step streams: everything but the embedding
+     * table (one row per token), unless it doubles as the lm_head. */
+    double weight_bytes = (double)kvf_model_weight_bytes(r.model);
+    if (!c->tie_embeddings)
+        weight_bytes -= (double)c->vocab * c->hidden * sizeof(float);
+    printf("model %s: %s, %d layers, hidden %d, %d/%d heads, inter %d, vocab %d; %.1f MB f32 "
+           "weights, %.1f MB streamed per decode step; %d threads\n",
+           model_dir, c->arch_name, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->inter,
+           c->vocab, (double)kvf_model_weight_bytes(r.model) / 1e6, weight_bytes / 1e6, threads);
+
+    /* Ceilings. */
+    kvf_threadpool_t *tp;
+    if (kvf_threadpool_create(threads, &tp) != KVF_OK)
+        goto fail_setup;
+    double bw_w = measure_bandwidth(tp, ((size_t)weight_bytes + 63) & ~(size_t)63, quick ? 3 : 6);
+    double bw_g = measure_bandwidth(tp, (size_t)1 << 30, quick ? 2 : 4);
+    kvf_threadpool_destroy(tp);
+    double bw = bw_w > bw_g ? bw_w : bw_g;
+    printf("memory read bandwidth: %.2f GB/s (weights-sized buffer %.2f, 1 GiB %.2f)\n", bw / 1e9,
+           bw_w / 1e9, bw_g / 1e9);
+    int gemm_n = quick ? 1024 : 2048;
+    double sg_ob = measure_sgemm_openblas(threads, gemm_n, quick ? 2 : 3);
+    if (kvf_backend_cpu_create(threads, &r.be) != KVF_OK)
+        goto fail_setup;
+    double sg_be = measure_sgemm_backend(&r.be, gemm_n, quick ? 2 : 3);
+    double sgemm = sg_ob > sg_be ? sg_ob : sg_be;
+    printf("sgemm %d^3: %.1f GFLOP/s (OpenBLAS threads %.1f, split over our pool %.1f)\n", gemm_n,
+           sgemm / 1e9, sg_ob / 1e9, sg_be / 1e9);
+
+    /* Engine: a pool for 32 sequences of 256 + a 2048-token sequence. */
+    const uint32_t dec_ctx = 256, max_seq = 2048 + 8;
+    const int batches[] = {1, 8, 32};
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(r.model, KVF_KV_BLOCK_SIZE_DEFAULT);
+    uint32_t blocks = 32 * kvf_kv_blocks_for_tokens(&g, dec_ctx + 1) +
+                      kvf_kv_blocks_for_tokens(&g, max_seq) + 4;
+    if (kvf_kvpool_create(&g, blocks, &r.pool) != KVF_OK ||
+        kvf_engine_create(r.model, &r.be, r.pool, &r.engine) != KVF_OK)
+        goto fail_setup;
+    r.logits = malloc((size_t)32 * c->vocab * sizeof(float));
+    r.tokens = malloc((size_t)(max_seq + 64) * sizeof(uint32_t));
+    if (!r.logits || !r.tokens)
+        goto fail_setup;
+    uint32_t seed = 12345;
+    for (uint32_t i = 0; i < max_seq + 64; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        r.tokens[i] = (seed >> 8) % (uint32_t)c->vocab;
+    }
+    const double kv_tok = (double)kvf_kv_bytes_per_token(&g);
+
+    /* Decode. */
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddNumberToObject(out, "threads", threads);
+    cJSON_AddNumberToObject(out, "bandwidth_gbs", bw / 1e9);
+    cJSON_AddNumberToObject(out, "sgemm_gflops", sgemm / 1e9);
+    cJSON_AddNumberToObject(out, "weight_bytes_per_step", weight_bytes);
+    kvf_block_table_t bts[32];
+    for (int i = 0; i < 32; i++) {
+        kvf_block_table_init(&bts[i]);
+        if (kvf_block_table_reserve(&bts[i], r.pool, dec_ctx + 1) != KVF_OK)
+            goto fail_setup;
+    }
+    /* Fill the 32 contexts: one prefill, copied by running it per table. */
+    for (int i = 0; i < 32; i++)
+        if (run_forward(&r, &bts[i], 0, dec_ctx) < 0)
+            goto fail_setup;
+    printf("\n%-8s %12s %12s %12s %10s\n", "decode", "step ms", "roofline ms", "tokens/s",
+           "ratio");
+    for (int bi = 0; bi < 3; bi++) {
+        int b = batches[bi];
+        int steps = quick ? 5 : (b == 1 ? 30 : 10);
+        double best = -1;
+        for (int s = 0; s < steps + 1; s++) {
+            double t = run_decode_step(&r, bts, b, dec_ctx);
+            if (s > 0)
+                best = best_of(best, t);
+        }
+        /* each sequence reads its dec_ctx + 1 positions of K/V per step */
+        double bytes = weight_bytes + (double)b * (dec_ctx + 1) * kv_tok;
+        double roof = bytes / bw;
+        double ratio = roof / best;
+        printf("batch %-2d %12.3f %12.3f %12.1f %9.1f%%\n", b, best * 1e3, roof * 1e3, b / best,
+               100 * ratio);
+        char key[64];
+        snprintf(key, sizeof(key), "decode_b%d_roofline_ratio", b);
+        cJSON_AddNumberToObject(out, key, ratio);
+        snprintf(key, sizeof(key), "decode_b%d_step_ms", b);
+        cJSON_AddNumberToObject(out, key, best * 1e3);
+    }
+    for (int i = 0; i < 32; i++) {
+        kvf_block_table_release(&bts[i], r.pool);
+        kvf_block_table_fini(&bts[i]);
+    }
+
+    /* Prefill. */
+    kvf_block_table_t bt;
+    kvf_block_table_init(&bt);
+    if (kvf_block_table_reserve(&bt, r.pool, max_seq) != KVF_OK)
+        goto fail_setup;
+    const uint32_t prompts[] = {128, 512, 2048};
+    printf("\n%-8s %12s %12s %12s %10s\n", "prefill", "ms", "tokens/s", "GFLOP/s", "of sgemm");
+    for (int pi = 0; pi < (quick ? 2 : 3); pi++) {
+        uint32_t n = prompts[pi];
+        int reps = quick ? 2 : (n <= 512 ? 4 : 2);
+        double best = -1;
+        for (int i = 0; i < reps; i++)
+            best = best_of(best, run_forward(&r, &bt, 0, n));
+        double flops = kvf_engine_flops(c, 0, n, 1);
+        double ratio = flops / best / sgemm;
+        printf("%-8u %12.1f %12.1f %12.1f %9.1f%%\n", n, best * 1e3, n / best, flops / best / 1e9,
+               100 * ratio);
+        char key[64];
+        snprintf(key, sizeof(key), "prefill_%u_sgemm_ratio", n);
+        cJSON_AddNumberToObject(out, key, ratio);
+        snprintf(key, sizeof(key), "prefill_%u_tokens_per_s", n);
+        cJSON_AddNumberToObject(out, key, n / best);
+    }
+
+    /* KV-cache experiment. */
+    const uint32_t ns[] = {128, 512, 1024, 2048};
+    const int n_points = quick ? 4 : 8;
+    cJSON *cache = cJSON_AddObjectToObject(out, "cache_speedup");
+    printf("\n%-8s %14s %14s %10s %10s   (step times at %d context lengths, integrated)\n",
+           "n", "cached s", "recompute s", "ratio", "2n/3", n_points);
+    for (int ni = 0; ni < (quick ? 2 : 4); ni++) {
+        uint32_t n = ns[ni];
+        double prev_l = 0, prev_c = 0, prev_r = 0, tot_c = 0, tot_r = 0;
+        for (int k = 0; k < n_points; k++) {
+            uint32_t L = 1 + (uint32_t)((double)(n - 1) * k / (n_points - 1));
+            /* recompute: the whole sequence of L tokens, from scratch */
+            double t_r = run_forward(&r, &bt, 0, L);
+            if (L <= 512)
+                t_r = best_of(t_r, run_forward(&r, &bt, 0, L));
+            /* cached: one token at position L - 1 over L - 1 cached ones
+             * (the recompute above left them in the cache) */
+            double t_c = -1;
+            for (int i = 0; i < 3; i++)
+                t_c = best_of(t_c, run_forward(&r, &bt, L - 1, 1));
+            if (t_r < 0 || t_c < 0)
+                goto fail_setup;
+            if (k > 0) {
+                tot_c += 0.5 * (t_c + prev_c) * (L - prev_l);
+                tot_r += 0.5 * (t_r + prev_r) * (L - prev_l);
+            } else {
+                tot_c += t_c;
+                tot_r += t_r;
+            }
+            prev_l = L;
+            prev_c = t_c;
+            prev_r = t_r;
+        }
+        double ratio = tot_r / tot_c;
+        printf("%-8u %14.2f %14.2f %10.1f %10.1f\n", n, tot_c, tot_r, ratio, 2.0 * n / 3);
+        char key[32];
+        snprintf(key, sizeof(key), "%u", n);
+        cJSON_AddNumberToObject(cache, key, ratio);
+    }
+    kvf_block_table_release(&bt, r.pool);
+    kvf_block_table_fini(&bt);
+
+    rc = 0;
+    if (json) {
+        char *text = cJSON_Print(out);
+        FILE *f = text ? fopen(json, "w") : NULL;
+        if (!f || fputs(text, f) < 0 || fputc('\n', f) == EOF) {
+            fprintf(stderr, "%s: cannot write %s\n", argv[0], json);
+            rc = 1;
+        }
+        if (f)
+            fclose(f);
+        free(text);
+    }
+    cJSON_Delete(out);
+    goto done;
+
+fail_setup:
+    fprintf(stderr, "%s: benchmark setup or run failed\n", argv[0]);
+    rc = 1;
+done:
+    free(r.logits);
+    free(r.tokens);
+    kvf_engine_destroy(r.engine);
+    kvf_kvpool_destroy(r.pool);
+    kvf_backend_destroy(&r.be);
+    kvf_model_destroy(r.model);
+    return rc;
+}
