@@ -1,0 +1,58 @@
+/* kvf-prefill: a prefill node of a kvferry cluster (DESIGN.md, proto/PROTOCOL.md).
+ *
+ * One event loop owns everything: the node runtime (inbox, registration,
+ * heartbeats), the request table, the local KV pool and its allocator, the
+ * engine and the transfer handle. A request goes
+ *   PrefillRequest -> KvAlloc sent (WAIT_ALLOC) -> KvAllocReply accepted
+ *   (READY) -> chunks computed in batched forwards, each layer's completed
+ *   slices posted from the engine's per-layer hook -> first token sampled
+ *   (SHIPPING) -> every batch completed -> KvReady to the decode node,
+ *   PrefillDone to the router, local blocks freed.
+ * Failures (refusal, transfer error, lease end, cancel) send the router an
+ * Error (except for a cancel), post an ABORT batch where the peer is up,
+ * and free the local blocks once no transfer reads them any more. */
+#ifndef KVF_PREFILL_H
+#define KVF_PREFILL_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvf/status.h"
+
+#define KVF_PREFILL_KV_MEM_DEFAULT (256ull << 20)
+#define KVF_PREFILL_MAX_BATCH_TOKENS_DEFAULT 2048
+#define KVF_PREFILL_ALLOC_TIMEOUT_MS_DEFAULT 5000
+
+typedef struct {
+    const char *router_url; /* the router's inbox */
+    const char *listen_url; /* this node's inbox */
+    const char *model_dir;  /* Hugging Face model directory */
+    const char *node_id;    /* NULL: generated */
+    int threads;            /* compute threads; <= 0: one per CPU */
+    uint64_t kv_mem;        /* bytes of the local KV pool */
+    int max_batch_tokens;   /* tokens per forward (chunked prefill) */
+    int block_size;         /* tokens per KV block; must match the decode nodes */
+    bool checksum;          /* CRC32C per shipped range */
+    int alloc_timeout_ms;   /* how long to wait for a KvAllocReply */
+} kvf_prefill_config_t;
+
+typedef struct kvf_prefill kvf_prefill_t;
+
+/* Loads the model, creates the pool, engine, transfer handle and node
+ * runtime (binding the inbox). cfg's strings are copied or used only during
+ * the call. On success *prefill_p is owned by the caller:
+ * kvf_prefill_destroy(). */
+kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t **prefill_p);
+
+/* Serves until *stop becomes non-zero (set from a signal handler), then
+ * gives up the requests in flight (Error{CLOSED} to the router, ABORT to
+ * the decode nodes), waits a bounded time for their transfers to end and
+ * deregisters. Returns KVF_OK after a requested stop, or the router's
+ * refusal of the registration. */
+kvf_status_t kvf_prefill_run(kvf_prefill_t *prefill, volatile sig_atomic_t *stop);
+
+/* Frees every request, block and handle; NULL is a no-op. */
+void kvf_prefill_destroy(kvf_prefill_t *prefill);
+
+#endif
