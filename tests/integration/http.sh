@@ -1,0 +1,464 @@
+#!/usr/bin/env bash
+# The router's OpenAI-compatible HTTP API end to end, with curl and the
+# official `openai` Node.js client, against real clusters on 127.0.0.1:
+#
+#   1. router alone: /health 503, /v1/models, /metrics, 404, 405, 401, 413,
+#      malformed and ill-typed JSON, unknown model, n > 1, 503 + Retry-After;
+#   2. for each topology in KVF_HTTP_TOPOLOGIES (default "disagg local":
+#      one prefill + one decode node, and one decode node with
+#      --prefill-local): /health 200; completions and chat, streaming and
+#      not, greedy text identical to the colocated `kvf generate`; every
+#      field (usage, finish_reason stop/length, stop strings, token-id
+#      prompts, seed, stream_options.include_usage, id/object/created/model);
+#      the chat template recognised from tokenizer_config.json; a client
+#      that disconnects mid-stream (cancelled, blocks freed); 64 concurrent
+#      streams, then 0 KV blocks in use on every node; metrics: after N
+#      requests the counters and histogram counts grew by exactly N;
+#      the `openai` Node.js client (skipped with a message when npm cannot
+#      reach its registry);
+#   3. overload: a full queue answers 429 with Retry-After.
+#
+# Needs KVF_BIN_DIR and KVF_TEST_DATA (ctest sets them), curl and python3.
+# Every process started here is stopped by pid on exit.
+set -euo pipefail
+
+bin=${KVF_BIN_DIR:?KVF_BIN_DIR must name the bin directory of a build}
+data=${KVF_TEST_DATA:?KVF_TEST_DATA must name tests/data}
+topologies=${KVF_HTTP_TOPOLOGIES:-disagg local}
+golden=$data/golden/tiny-llama-f32
+work=$(mktemp -d /tmp/kvf-test-http.XXXXXX)
+pids=()
+export UCX_NET_DEVICES=lo
+export KVF_LOG=${KVF_LOG:-info}
+
+stop_all() {
+    local pid
+    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    pids=()
+}
+cleanup() {
+    local rc=$?
+    stop_all
+    if [[ $rc != 0 ]]; then
+        for log in "$work"/*.log; do
+            [[ -f $log ]] && { echo "---- $log"; tail -n 30 "$log"; } >&2
+        done
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pass() { echo "ok: $*"; }
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+# json FILE EXPR: evaluates a Python expression over the parsed file (d).
+json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
+
+# A copy of the golden model whose tokenizer_config.json carries a ChatML
+# chat template, so the router must recognise it (and the served model name
+# defaults to this directory's name).
+model=$work/tiny-chat
+mkdir -p "$model"
+for f in "$golden"/*; do ln -s "$f" "$model/"; done
+rm "$model/tokenizer_config.json"
+python3 - "$golden/tokenizer_config.json" "$model/tokenizer_config.json" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["chat_template"] = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+                      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+                      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+json.dump(c, open(sys.argv[2], "w"))
+EOF
+
+# start_router NAME FLAGS...: sets http (base URL) and client, inbox URLs.
+start_router() {
+    local name=$1
+    shift
+    local port
+    port=$(free_port)
+    inbox=tcp://127.0.0.1:$(free_port)
+    client=tcp://127.0.0.1:$(free_port)
+    http=http://127.0.0.1:$port
+    "$bin/kvf-router" --listen "$inbox" --client "$client" --http "127.0.0.1:$port" "$@" \
+        > "$work/$name.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do
+        curl -s -o /dev/null --max-time 2 "$http/v1/models" -H "Authorization: Bearer $key" &&
+            return 0
+        sleep 0.1
+    done
+    fail "router $name does not answer HTTP"
+}
+start_node() { # ROLE NAME FLAGS...
+    local role=$1 name=$2
+    shift 2
+    "$bin/kvf-$role" --router "$inbox" --listen "tcp://127.0.0.1:$(free_port)" --model "$model" \
+        --node-id "$name" --threads 1 "$@" > "$work/$name.log" 2>&1 &
+    pids+=($!)
+}
+wait_healthy() {
+    for _ in $(seq 300); do
+        [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$http/health") == 200 ]] &&
+            return 0
+        sleep 0.1
+    done
+    curl -s "$http/health" >&2 || true
+    fail "the cluster never became healthy"
+}
+
+key=test-key-$$
+auth=(-H "Authorization: Bearer $key")
+# post PATH BODY OUT: POST with the key; prints the status code.
+post() {
+    curl -s -o "$3" -w '%{http_code}' --max-time 60 "${auth[@]}" \
+        -H 'Content-Type: application/json' -d "$2" "$http$1"
+}
+# expect_error CODE PATH BODY [TYPE]
+expect_error() {
+    local code
+    code=$(post "$2" "$3" "$work/err.json")
+    [[ $code == "$1" ]] || fail "POST $2 $3: HTTP $code, expected $1: $(cat "$work/err.json")"
+    [[ $(json "$work/err.json" 'sorted(d["error"].keys())') == "['code', 'message', 'param', 'type']" ]] ||
+        fail "POST $2 $3: not an OpenAI error object: $(cat "$work/err.json")"
+    if [[ -n ${4:-} ]]; then
+        [[ $(json "$work/err.json" 'd["error"]["type"]') == "$4" ]] ||
+            fail "POST $2 $3: error type is not $4: $(cat "$work/err.json")"
+    fi
+}
+metric() { # NAME_AND_LABELS: its value on /metrics
+    curl -s --max-time 10 "$http/metrics" | awk -v m="$1" '$1 == m { print $2; found = 1 } END { if (!found) print "missing" }'
+}
+# The colocated reference: kvf generate's text (its trailing newline dropped).
+reference() { # PROMPT MAX_TOKENS
+    "$bin/kvf" generate --model "$model" --prompt "$1" --max-tokens "$2" --ignore-eos --threads 1 \
+        > "$work/ref.txt"
+    python3 -c 'import sys; t=open(sys.argv[1], encoding="utf-8", errors="surrogateescape").read(); print(t[:-1] if t.endswith("\n") else t, end="")' "$work/ref.txt"
+}
+# Concatenated text of an SSE stream (completions text or chat content),
+# after checking the stream's shape: every event is data: JSON of one id,
+# [DONE] last, exactly one finish_reason, in the final choice.
+sse_text() { # FILE chat|text
+    python3 - "$1" "$2" <<'EOF'
+import json, sys
+raw = open(sys.argv[1], encoding="utf-8").read()
+events = [e for e in raw.split("\n\n") if e.strip()]
+assert events and events[-1] == "data: [DONE]", "stream does not end with [DONE]: %r" % raw[-200:]
+chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+assert all(e.startswith("data: ") for e in events), raw
+ids = {c["id"] for c in chunks}
+assert len(ids) == 1, ids
+text, finishes = "", []
+for c in chunks:
+    if not c["choices"]:
+        continue  # the usage chunk
+    ch = c["choices"][0]
+    if sys.argv[2] == "chat":
+        assert c["object"] == "chat.completion.chunk", c
+        text += ch["delta"].get("content") or ""
+    else:
+        assert c["object"] == "text_completion", c
+        text += ch["text"]
+    if ch["finish_reason"] is not None:
+        finishes.append(ch["finish_reason"])
+assert len(finishes) == 1, finishes
+print(text, end="")
+EOF
+}
+
+# ---- 1. router alone ----------------------------------------------------------------
+start_router router0 --model "$model" --api-key "$key" --max-body 2048 --max-queue 0
+[[ $(curl -s -o "$work/h.json" -w '%{http_code}' "$http/health") == 503 ]] || fail "/health without nodes is not 503"
+[[ $(json "$work/h.json" 'd["status"]') == unavailable ]] || fail "/health: $(cat "$work/h.json")"
+grep -q 'no live decode node' "$work/h.json" || fail "/health gives no reason: $(cat "$work/h.json")"
+pass "/health 503 with a reason without nodes"
+curl -s --max-time 5 "${auth[@]}" "$http/v1/models" > "$work/models.json"
+[[ $(json "$work/models.json" 'd["object"] + " " + d["data"][0]["id"] + " " + d["data"][0]["object"]') == "list tiny-chat model" ]] ||
+    fail "/v1/models: $(cat "$work/models.json")"
+pass "/v1/models names the model directory"
+[[ $(metric 'kvf_nodes{role="decode",state="live"}') == 0 ]] || fail "/metrics: no node gauge"
+pass "/metrics answers"
+[[ $(curl -s -o /dev/null -w '%{http_code}' "$http/v1/models") == 401 ]] || fail "no key: not 401"
+[[ $(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer nope' "$http/v1/models") == 401 ]] ||
+    fail "wrong key: not 401"
+pass "401 without or with a wrong key"
+[[ $(curl -s -o "$work/e.json" -w '%{http_code}' "${auth[@]}" "$http/v1/nothing") == 404 ]] || fail "not 404"
+[[ $(curl -s -o /dev/null -w '%{http_code}' "${auth[@]}" "$http/v1/chat/completions") == 405 ]] || fail "GET chat: not 405"
+[[ $(curl -s -o /dev/null -w '%{http_code}' -X POST "$http/metrics") == 405 ]] || fail "POST /metrics: not 405"
+pass "404, 405"
+big=$(python3 -c 'print("{\"prompt\": \"" + "x" * 4000 + "\"}")')
+expect_error 413 /v1/completions "$big"
+pass "413 above --max-body"
+expect_error 400 /v1/completions '{"prompt": "hi", ' invalid_request_error
+expect_error 400 /v1/completions '{"prompt": 3}'
+expect_error 400 /v1/completions '{"prompt": "hi", "max_tokens": "8"}'
+expect_error 400 /v1/completions '{"prompt": "hi", "temperature": -1}'
+expect_error 400 /v1/completions '{"prompt": "hi", "n": 2}'
+expect_error 400 /v1/completions '{"prompt": "hi", "stop": [1]}'
+expect_error 400 /v1/completions '{"prompt": "hi", "model": "gpt-4"}'
+[[ $(json "$work/err.json" 'd["error"]["code"]') == model_not_found ]] || fail "unknown model: $(cat "$work/err.json")"
+expect_error 400 /v1/chat/completions '{"messages": "hi"}'
+expect_error 400 /v1/chat/completions '{"messages": [{"role": "wizard", "content": "x"}]}'
+expect_error 400 /v1/completions '{"prompt": [1, 2, 99999]}'
+pass "400 for malformed JSON, wrong types, n > 1, unknown model, bad messages, ids outside the vocabulary"
+code=$(curl -s -D "$work/hdr" -o "$work/err.json" -w '%{http_code}' --max-time 10 "${auth[@]}" \
+    -d '{"prompt": "hi", "stream": true}' "$http/v1/completions")
+[[ $code == 503 ]] || fail "no nodes, no queue: $code $(cat "$work/err.json")"
+grep -qi '^Retry-After: ' "$work/hdr" || fail "503 without Retry-After"
+pass "503 + Retry-After when the cluster cannot serve"
+stop_all
+
+# ---- 2. clusters ---------------------------------------------------------------------
+npm_dir=$work/npm
+node_client_ready=unknown
+node_client() { # runs tests/integration/http_openai.mjs against $http
+    if [[ $node_client_ready == unknown ]]; then
+        node_client_ready=no
+        if ! command -v node > /dev/null || ! command -v npm > /dev/null; then
+            echo "skip: the openai Node.js client test (node or npm missing)"
+        elif mkdir -p "$npm_dir" && (cd "$npm_dir" && timeout 180 npm install --silent --no-audit \
+            --no-fund openai > "$work/npm.log" 2>&1); then
+            node_client_ready=yes
+        else
+            echo "skip: the openai Node.js client test (npm install openai failed: $(tail -n 2 "$work/npm.log" | tr '\n' ' '))"
+        fi
+    fi
+    [[ $node_client_ready == yes ]] || return 0
+    cp "$(dirname "$0")/http_openai.mjs" "$npm_dir/"
+    local ref_text ref_chat
+    ref_text=$(reference "The quick brown fox" 12)
+    ref_chat=$(reference $'<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n' 10)
+    KVF_BASE_URL=$http/v1 KVF_API_KEY=$key KVF_MODEL=tiny-chat KVF_REF_TEXT=$ref_text \
+        KVF_REF_CHAT=$ref_chat timeout 120 node "$npm_dir/http_openai.mjs" ||
+        fail "the openai Node.js client test failed"
+    pass "openai Node.js client: completions and chat, streaming and not, equal to kvf generate"
+}
+
+for topology in $topologies; do
+    echo "== topology: $topology"
+    start_router "router-$topology" --model "$model" --api-key "$key" --max-queue 256
+    case $topology in
+    disagg)
+        start_node prefill "prefill-0"
+        start_node decode "decode-0" --kv-mem 32M --max-running 128
+        ;;
+    local) start_node decode "decode-0" --kv-mem 32M --max-running 128 --prefill-local ;;
+    *) fail "unknown topology $topology" ;;
+    esac
+    wait_healthy
+    curl -s "$http/health" > "$work/h.json"
+    [[ $(json "$work/h.json" 'd["status"]') == ok ]] || fail "/health: $(cat "$work/h.json")"
+    pass "/health 200 with live nodes"
+
+    m_req0=$(metric 'kvf_requests_total{finished_reason="length"}')
+    m_ttft0=$(metric kvf_time_to_first_token_seconds_count)
+    m_e2e0=$(metric kvf_e2e_request_latency_seconds_count)
+    m_itl0=$(metric kvf_inter_token_latency_seconds_count)
+    m_gen0=$(metric kvf_generation_tokens_total)
+    m_prompt0=$(metric kvf_prompt_tokens_total)
+    m_kv0=$(metric kvf_kv_transfer_seconds_count)
+
+    # Completions, not streamed: greedy text equals the colocated engine's.
+    prompt="The KV cache turns quadratic recomputation into linear decode"
+    ref=$(reference "$prompt" 16)
+    body=$(python3 -c 'import json,sys; print(json.dumps({"model": "tiny-chat", "prompt": sys.argv[1], "max_tokens": 16, "temperature": 0, "ignore_eos": True}))' "$prompt")
+    [[ $(post /v1/completions "$body" "$work/c.json") == 200 ]] || fail "completion: $(cat "$work/c.json")"
+    [[ $(json "$work/c.json" 'd["choices"][0]["text"]') == "$ref" ]] ||
+        fail "completion text differs from kvf generate: $(cat "$work/c.json") vs '$ref'"
+    [[ $(json "$work/c.json" 'd["object"]') == text_completion ]] || fail "object: $(cat "$work/c.json")"
+    [[ $(json "$work/c.json" 'd["model"]') == tiny-chat ]] || fail "model: $(cat "$work/c.json")"
+    [[ $(json "$work/c.json" 'd["id"].startswith("cmpl-") and isinstance(d["created"], int) and d["created"] > 1600000000') == True ]] ||
+        fail "id/created: $(cat "$work/c.json")"
+    [[ $(json "$work/c.json" 'd["choices"][0]["finish_reason"]') == length ]] || fail "finish_reason: $(cat "$work/c.json")"
+    [[ $(json "$work/c.json" 'd["usage"]["completion_tokens"] == 16 and d["usage"]["total_tokens"] == d["usage"]["prompt_tokens"] + 16 and d["usage"]["prompt_tokens"] > 1') == True ]] ||
+        fail "usage: $(cat "$work/c.json")"
+    prompt_tokens=$(json "$work/c.json" 'd["usage"]["prompt_tokens"]')
+    pass "completion: text = kvf generate, usage, finish_reason length, id/object/created/model"
+
+    # Streamed: the same text, with the usage chunk when asked for.
+    body=$(python3 -c 'import json,sys; print(json.dumps({"prompt": sys.argv[1], "max_tokens": 16, "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}))' "$prompt")
+    curl -sN --max-time 60 "${auth[@]}" -d "$body" "$http/v1/completions" > "$work/s.txt"
+    [[ $(sse_text "$work/s.txt" text) == "$ref" ]] || fail "streamed text differs: $(cat "$work/s.txt")"
+    python3 - "$work/s.txt" <<'EOF' || fail "include_usage: $(tail -c 400 "$work/s.txt")"
+import json, sys
+ev = [json.loads(e[6:]) for e in open(sys.argv[1]).read().split("\n\n") if e.startswith("data: {")]
+assert ev[-1]["choices"] == [] and ev[-1]["usage"]["completion_tokens"] == 16, ev[-1]
+assert all(e["usage"] is None for e in ev[:-1]), ev
+assert ev[-2]["choices"][0]["finish_reason"] == "length", ev[-2]
+EOF
+    pass "streamed completion: same text, SSE shape, include_usage"
+
+    # A prompt of token ids, used exactly (the usage counts them).
+    ids=$("$bin/kvf" tokenize --model "$model" --text "$prompt")
+    [[ $(python3 -c 'import sys; print(len(sys.argv[1].split(",")))' "$ids") == "$prompt_tokens" ]] ||
+        fail "usage.prompt_tokens $prompt_tokens, kvf tokenize: $ids"
+    ids=$ids,17,42
+    body="{\"prompt\": [$ids], \"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true}"
+    [[ $(post /v1/completions "$body" "$work/c.json") == 200 ]] || fail "id prompt: $(cat "$work/c.json")"
+    "$bin/kvf" generate --model "$model" --prompt-ids "$ids" --max-tokens 8 --ignore-eos \
+        --threads 1 > "$work/ref.txt"
+    want=$(python3 -c 'import sys; t=open(sys.argv[1]).read(); print(t[:-1] if t.endswith("\n") else t, end="")' "$work/ref.txt")
+    [[ $(json "$work/c.json" 'd["choices"][0]["text"]') == "$want" ]] || fail "id prompt: $(cat "$work/c.json") vs '$want'"
+    [[ $(json "$work/c.json" 'd["usage"]["prompt_tokens"]') == $((prompt_tokens + 2)) ]] ||
+        fail "id prompt usage: $(cat "$work/c.json")"
+    pass "prompt as token ids, used exactly"
+
+    # A stop string: the text ends before it, finish_reason stop.
+    stop=$(python3 -c 'import sys; t=sys.argv[1]; print(t[len(t)//2:len(t)//2+2])' "$ref")
+    body=$(python3 -c 'import json,sys; print(json.dumps({"prompt": sys.argv[1], "max_tokens": 16, "temperature": 0, "ignore_eos": True, "stop": [sys.argv[2], "never-seen"]}))' "$prompt" "$stop")
+    [[ $(post /v1/completions "$body" "$work/c.json") == 200 ]] || fail "stop: $(cat "$work/c.json")"
+    want=$(python3 -c 'import sys; t=sys.argv[1]; print(t[:t.index(sys.argv[2])], end="")' "$ref" "$stop")
+    [[ $(json "$work/c.json" 'd["choices"][0]["text"]') == "$want" && $(json "$work/c.json" 'd["choices"][0]["finish_reason"]') == stop ]] ||
+        fail "stop '$stop': $(cat "$work/c.json"), want '$want'"
+    pass "stop strings: finish_reason stop, text cut before the stop string"
+
+    # Sampling with a seed is reproducible; top_p, top_k accepted.
+    body='{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.9, "top_p": 0.9, "top_k": 40, "seed": 1234, "ignore_eos": true}'
+    post /v1/completions "$body" "$work/a.json" > /dev/null
+    post /v1/completions "$body" "$work/b.json" > /dev/null
+    [[ $(json "$work/a.json" 'd["choices"][0]["text"]') == "$(json "$work/b.json" 'd["choices"][0]["text"]')" ]] ||
+        fail "seeded sampling differs: $(cat "$work/a.json") $(cat "$work/b.json")"
+    pass "seed, temperature, top_p, top_k"
+
+    # Chat: the ChatML template recognised from tokenizer_config.json.
+    chat_prompt=$'<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n'
+    ref_chat=$(reference "$chat_prompt" 12)
+    body='{"model": "tiny-chat", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}], "max_completion_tokens": 12, "temperature": 0, "ignore_eos": true}'
+    [[ $(post /v1/chat/completions "$body" "$work/c.json") == 200 ]] || fail "chat: $(cat "$work/c.json")"
+    [[ $(json "$work/c.json" 'd["choices"][0]["message"]["content"]') == "$ref_chat" ]] ||
+        fail "chat text differs from kvf generate on the rendered prompt: $(cat "$work/c.json") vs '$ref_chat'"
+    [[ $(json "$work/c.json" 'd["object"] + " " + d["choices"][0]["message"]["role"] + " " + d["id"][:9]') == "chat.completion assistant chatcmpl-" ]] ||
+        fail "chat fields: $(cat "$work/c.json")"
+    body='{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]}], "max_tokens": 12, "temperature": 0, "ignore_eos": true, "stream": true}'
+    curl -sN --max-time 60 "${auth[@]}" -d "$body" "$http/v1/chat/completions" > "$work/s.txt"
+    [[ $(sse_text "$work/s.txt" chat) == "$ref_chat" ]] || fail "streamed chat differs: $(cat "$work/s.txt")"
+    python3 - "$work/s.txt" <<'EOF' || fail "chat stream's first delta: $(head -c 400 "$work/s.txt")"
+import json, sys
+ev = [json.loads(e[6:]) for e in open(sys.argv[1]).read().split("\n\n") if e.startswith("data: {")]
+assert ev[0]["choices"][0]["delta"]["role"] == "assistant", ev[0]
+assert ev[-1]["choices"][0]["delta"] == {} and ev[-1]["choices"][0]["finish_reason"] == "length", ev[-1]
+EOF
+    pass "chat (template from tokenizer_config.json), streaming and not, = kvf generate"
+
+    # A client that disconnects mid-stream: cancelled, blocks freed.
+    m_cancel0=$(metric 'kvf_requests_total{finished_reason="cancelled"}')
+    python3 - "$http" "$key" <<'EOF' || fail "disconnect client"
+import http.client, json, sys, time
+host = sys.argv[1].split("//")[1]
+c = http.client.HTTPConnection(host, timeout=30)
+c.request("POST", "/v1/completions", json.dumps({"prompt": "A long story", "max_tokens": 200, "ignore_eos": True, "stream": True}),
+          {"Authorization": "Bearer " + sys.argv[2], "Content-Type": "application/json"})
+r = c.getresponse()
+assert r.status == 200, r.status
+line = r.readline()
+assert line.startswith(b"data: "), line
+c.sock.close()  # hang up mid-stream
+EOF
+    for _ in $(seq 100); do
+        [[ $(metric 'kvf_requests_total{finished_reason="cancelled"}') == $((m_cancel0 + 1)) ]] && break
+        sleep 0.1
+    done
+    [[ $(metric 'kvf_requests_total{finished_reason="cancelled"}') == $((m_cancel0 + 1)) ]] ||
+        fail "the disconnected client's request was not cancelled"
+    pass "a client that hangs up mid-stream cancels its request"
+
+    # 64 concurrent streams, then no KV block in use anywhere.
+    for i in $(seq 64); do
+        curl -sN --max-time 120 "${auth[@]}" \
+            -d "{\"prompt\": \"Request number $i says\", \"max_tokens\": $((4 + i % 13)), \"ignore_eos\": true, \"temperature\": 0, \"stream\": true}" \
+            "$http/v1/completions" > "$work/par-$i.txt" &
+        cpids[$i]=$!
+    done
+    for i in $(seq 64); do wait "${cpids[$i]}" || fail "stream $i: curl failed"; done
+    for i in $(seq 64); do
+        sse_text "$work/par-$i.txt" text > /dev/null || fail "stream $i: $(tail -c 300 "$work/par-$i.txt")"
+    done
+    freed=no
+    for _ in $(seq 100); do
+        if "$bin/kvf" stats --router "$client" --json > "$work/stats.json" 2>/dev/null &&
+            [[ $(json "$work/stats.json" 'len(d["nodes"]) > 0 and all(n["blocks_used"] == 0 and n["state"] == "live" for n in d["nodes"])') == True ]]; then
+            freed=yes
+            break
+        fi
+        sleep 0.1
+    done
+    [[ $freed == yes ]] || fail "KV blocks still in use after 64 streams: $(cat "$work/stats.json")"
+    pass "64 concurrent streams complete; every node reports 0 KV blocks in use"
+
+    # Metrics: N more requests move every counter and histogram by N.
+    n=5
+    m_req1=$(metric 'kvf_requests_total{finished_reason="length"}')
+    m_ttft1=$(metric kvf_time_to_first_token_seconds_count)
+    m_e2e1=$(metric kvf_e2e_request_latency_seconds_count)
+    m_itl1=$(metric kvf_inter_token_latency_seconds_count)
+    m_gen1=$(metric kvf_generation_tokens_total)
+    m_prompt1=$(metric kvf_prompt_tokens_total)
+    m_kv1=$(metric kvf_kv_transfer_seconds_count)
+    for i in $(seq $n); do
+        body=$(python3 -c 'import json,sys; print(json.dumps({"prompt": sys.argv[1], "max_tokens": 16, "temperature": 0, "ignore_eos": True}))' "$prompt")
+        [[ $(post /v1/completions "$body" "$work/c.json") == 200 ]] || fail "metrics request $i"
+    done
+    check_delta() { # NAME BEFORE WANT_DELTA
+        local now
+        now=$(metric "$1")
+        [[ $now != missing ]] || fail "metric $1 missing"
+        python3 -c 'import sys; sys.exit(0 if float(sys.argv[2]) - float(sys.argv[1]) == float(sys.argv[3]) else 1)' "$2" "$now" "$3" ||
+            fail "metric $1: $2 -> $now, expected +$3"
+    }
+    check_delta 'kvf_requests_total{finished_reason="length"}' "$m_req1" $n
+    check_delta kvf_time_to_first_token_seconds_count "$m_ttft1" $n
+    check_delta kvf_e2e_request_latency_seconds_count "$m_e2e1" $n
+    check_delta kvf_inter_token_latency_seconds_count "$m_itl1" $((n * 15))
+    check_delta kvf_generation_tokens_total "$m_gen1" $((n * 16))
+    check_delta kvf_prompt_tokens_total "$m_prompt1" $((n * prompt_tokens))
+    check_delta kvf_kv_transfer_seconds_count "$m_kv1" $n
+    [[ $(metric kvf_num_requests_running) == 0 && $(metric kvf_num_requests_waiting) == 0 ]] ||
+        fail "requests still running or waiting"
+    [[ $(metric 'kvf_kv_blocks_total{node="decode-0",role="decode"}') -gt 0 ]] || fail "no kv_blocks_total gauge"
+    if [[ $topology == disagg ]]; then
+        [[ $(metric kvf_kv_transfer_bytes_total) -gt 0 ]] || fail "no KV bytes shipped"
+        [[ $(metric 'kvf_nodes{role="prefill",state="live"}') == 1 ]] || fail "no live prefill gauge"
+    fi
+    [[ $(metric 'kvf_nodes{role="decode",state="live"}') == 1 ]] || fail "no live decode gauge"
+    [[ $m_req0 != missing && $m_ttft0 != missing && $m_e2e0 != missing && $m_itl0 != missing &&
+        $m_gen0 != missing && $m_prompt0 != missing && $m_kv0 != missing ]] || fail "metrics missing at start"
+    pass "metrics: after $n requests, counters and histogram counts grew by $n"
+
+    node_client
+    stop_all
+done
+
+# ---- 3. overload: 429 with Retry-After --------------------------------------------------
+start_router router-busy --model "$model" --api-key "$key" --max-queue 0
+start_node decode "decode-busy" --kv-mem 32M --max-running 1 --prefill-local
+wait_healthy
+for i in 1 2 3 4; do
+    curl -s -D "$work/busy-$i.hdr" -o "$work/busy-$i.json" -w '%{http_code}' --max-time 60 "${auth[@]}" \
+        -d '{"prompt": "busy", "max_tokens": 48, "ignore_eos": true}' "$http/v1/completions" \
+        > "$work/busy-$i.code" &
+    bpids[$i]=$!
+done
+for i in 1 2 3 4; do wait "${bpids[$i]}" || true; done
+n200=0 n429=0
+for i in 1 2 3 4; do
+    case $(cat "$work/busy-$i.code") in
+    200) n200=$((n200 + 1)) ;;
+    429)
+        n429=$((n429 + 1))
+        grep -qi '^Retry-After: ' "$work/busy-$i.hdr" || fail "429 without Retry-After"
+        [[ $(json "$work/busy-$i.json" 'd["error"]["type"]') == rate_limit_error ]] ||
+            fail "429 body: $(cat "$work/busy-$i.json")"
+        ;;
+    *) fail "busy request $i: $(cat "$work/busy-$i.code") $(cat "$work/busy-$i.json")" ;;
+    esac
+done
+[[ $n200 -ge 1 && $n429 -ge 1 ]] || fail "overload: $n200 answered, $n429 refused (want both)"
+pass "overload: 429 with Retry-After while another request runs"
+stop_all
+echo "all HTTP tests passed"
