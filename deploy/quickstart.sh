@@ -3,8 +3,9 @@
 # dependencies, builds, writes a small random-weight demo model (once),
 # starts a router, one prefill and one decode node on 127.0.0.1, streams one
 # prompt through them and prints the time to first token, the time per
-# output token and the KV bytes shipped. Then it stops the cluster, unless
-# --keep is given.
+# output token and the KV bytes shipped, then streams the same prompt through
+# the OpenAI-compatible HTTP API with curl (port 8000, or KVF_HTTP_PORT, or a
+# free one). Then it stops the cluster, unless --keep is given.
 #
 #   ./deploy/quickstart.sh [--keep] [--prompt TEXT] [--max-tokens N]
 set -euo pipefail
@@ -45,6 +46,12 @@ mkdir -p "$run"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 router_url=tcp://127.0.0.1:$(free_port)
 client_url=tcp://127.0.0.1:$(free_port)
+http_port=${KVF_HTTP_PORT:-8000}
+if ! python3 -c 'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' \
+    "$http_port" 2> /dev/null; then
+    http_port=$(free_port)
+fi
+http_url=http://127.0.0.1:$http_port
 pids=()
 stop_cluster() {
     for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -57,7 +64,7 @@ trap 'stop_cluster' EXIT
 
 export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
 "$bin/kvf-router" --listen "$router_url" --client "$client_url" --model "$model" \
-    > "$run/router.log" 2>&1 &
+    --http "127.0.0.1:$http_port" > "$run/router.log" 2>&1 &
 pids+=($!)
 "$bin/kvf-decode" --router "$router_url" --listen tcp://127.0.0.1:$(free_port) --model "$model" \
     --node-id decode-0 > "$run/decode-0.log" 2>&1 &
@@ -88,10 +95,35 @@ echo "completion (random weights, so the text is noise):"
     --ignore-eos --verbose
 echo
 
+echo "the same prompt through the OpenAI HTTP API (streaming; $http_url/health:" \
+    "$(curl -s --max-time 5 "$http_url/health"))"
+body=$(python3 -c 'import json, sys; print(json.dumps({"model": sys.argv[1], "prompt": sys.argv[2],
+    "max_tokens": int(sys.argv[3]), "ignore_eos": True, "stream": True,
+    "stream_options": {"include_usage": True}}))' "$(basename "$model")" "$prompt" "$max_tokens")
+echo "curl -N $http_url/v1/completions -H 'Content-Type: application/json' -d '$body'"
+curl -sSN --max-time 120 "$http_url/v1/completions" -H 'Content-Type: application/json' -d "$body" |
+    python3 -u -c '
+import json, sys
+for line in sys.stdin:
+    if not line.startswith("data: {"):
+        continue
+    event = json.loads(line[len("data: "):])
+    if "error" in event:
+        sys.exit("quickstart: HTTP stream failed: " + event["error"]["message"])
+    if event["choices"]:
+        print(event["choices"][0]["text"], end="", flush=True)
+    if event.get("usage"):
+        print("\n[%d prompt + %d completion tokens]" % (event["usage"]["prompt_tokens"],
+                                                       event["usage"]["completion_tokens"]))
+'
+echo
+
 if [[ $keep == 1 ]]; then
     trap - EXIT
     echo "quickstart: cluster left running (router client socket $client_url)."
     echo "  try:  $bin/kvf generate --router $client_url --prompt 'hello' --verbose"
+    echo "        curl -N $http_url/v1/completions -H 'Content-Type: application/json' \\"
+    echo "          -d '{\"prompt\": \"hello\", \"max_tokens\": 16, \"stream\": true}'"
     echo "  stop: kill \$(cat $run/pids)"
 else
     echo "quickstart: stopping the cluster"
