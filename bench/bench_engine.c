@@ -268,6 +268,11 @@ int kvf_bench_engine(int argc, char **argv)
         threads = kvf_cpu_count();
     bench_rig_t r;
     memset(&r, 0, sizeof(r));
+    cJSON *out = NULL;
+    kvf_block_table_t bts[32], bt;
+    for (int i = 0; i < 32; i++)
+        kvf_block_table_init(&bts[i]);
+    kvf_block_table_init(&bt);
     kvf_status_t st = kvf_model_load(model_dir, &r.model);
     if (st != KVF_OK) {
         fprintf(stderr, "%s: cannot load %s: %s\n", argv[0], model_dir, kvf_status_str(st));
@@ -289,11 +294,11 @@ int kvf_bench_engine(int argc, char **argv)
     if (kvf_threadpool_create(threads, &tp) != KVF_OK)
         goto fail_setup;
     double bw_w = measure_bandwidth(tp, ((size_t)weight_bytes + 63) & ~(size_t)63, quick ? 3 : 6);
-    double bw_g = measure_bandwidth(tp, (size_t)1 << 30, quick ? 2 : 4);
+    double bw_g = measure_bandwidth(tp, (size_t)1 << (quick ? 28 : 30), quick ? 2 : 4);
     kvf_threadpool_destroy(tp);
     double bw = bw_w > bw_g ? bw_w : bw_g;
-    printf("memory read bandwidth: %.2f GB/s (weights-sized buffer %.2f, 1 GiB %.2f)\n", bw / 1e9,
-           bw_w / 1e9, bw_g / 1e9);
+    printf("memory read bandwidth: %.2f GB/s (weights-sized buffer %.2f, %d MiB %.2f)\n", bw / 1e9,
+           bw_w / 1e9, quick ? 256 : 1024, bw_g / 1e9);
     int gemm_n = quick ? 1024 : 2048;
     double sg_ob = measure_sgemm_openblas(threads, gemm_n, quick ? 2 : 3);
     if (kvf_backend_cpu_create(threads, &r.be) != KVF_OK)
@@ -324,14 +329,12 @@ int kvf_bench_engine(int argc, char **argv)
     const double kv_tok = (double)kvf_kv_bytes_per_token(&g);
 
     /* Decode. */
-    cJSON *out = cJSON_CreateObject();
+    out = cJSON_CreateObject();
     cJSON_AddNumberToObject(out, "threads", threads);
     cJSON_AddNumberToObject(out, "bandwidth_gbs", bw / 1e9);
     cJSON_AddNumberToObject(out, "sgemm_gflops", sgemm / 1e9);
     cJSON_AddNumberToObject(out, "weight_bytes_per_step", weight_bytes);
-    kvf_block_table_t bts[32];
     for (int i = 0; i < 32; i++) {
-        kvf_block_table_init(&bts[i]);
         if (kvf_block_table_reserve(&bts[i], r.pool, dec_ctx + 1) != KVF_OK)
             goto fail_setup;
     }
@@ -362,14 +365,10 @@ int kvf_bench_engine(int argc, char **argv)
         snprintf(key, sizeof(key), "decode_b%d_step_ms", b);
         cJSON_AddNumberToObject(out, key, best * 1e3);
     }
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < 32; i++)
         kvf_block_table_release(&bts[i], r.pool);
-        kvf_block_table_fini(&bts[i]);
-    }
 
     /* Prefill. */
-    kvf_block_table_t bt;
-    kvf_block_table_init(&bt);
     if (kvf_block_table_reserve(&bt, r.pool, max_seq) != KVF_OK)
         goto fail_setup;
     const uint32_t prompts[] = {128, 512, 2048};
@@ -430,9 +429,6 @@ int kvf_bench_engine(int argc, char **argv)
         snprintf(key, sizeof(key), "%u", n);
         cJSON_AddNumberToObject(cache, key, ratio);
     }
-    kvf_block_table_release(&bt, r.pool);
-    kvf_block_table_fini(&bt);
-
     rc = 0;
     if (json) {
         char *text = cJSON_Print(out);
@@ -445,13 +441,21 @@ int kvf_bench_engine(int argc, char **argv)
             fclose(f);
         free(text);
     }
-    cJSON_Delete(out);
     goto done;
 
 fail_setup:
     fprintf(stderr, "%s: benchmark setup or run failed\n", argv[0]);
     rc = 1;
 done:
+    cJSON_Delete(out);
+    for (int i = 0; i < 32; i++) {
+        if (r.pool)
+            kvf_block_table_release(&bts[i], r.pool);
+        kvf_block_table_fini(&bts[i]);
+    }
+    if (r.pool)
+        kvf_block_table_release(&bt, r.pool);
+    kvf_block_table_fini(&bt);
     free(r.logits);
     free(r.tokens);
     kvf_engine_destroy(r.engine);

@@ -564,6 +564,43 @@ static void test_generate_cli(void **state)
     cJSON_Delete(root);
 }
 
+/* `kvf bench engine --quick` runs and writes the promised JSON keys. */
+static void test_bench_smoke(void **state)
+{
+    (void)state;
+    char kvf[1024], cmd[4096], json[] = "/tmp/kvf_bench_json_XXXXXX";
+    snprintf(kvf, sizeof(kvf), "%s/kvf", KVF_BIN_DIR);
+    if (access(kvf, X_OK) != 0)
+        skip();
+    int fd = mkstemp(json);
+    assert_true(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof(cmd),
+             "%s bench engine --model %s/golden/tiny-llama-f32 --threads 2 --quick --json %s "
+             ">/dev/null",
+             kvf, KVF_TEST_DATA, json);
+    assert_int_equal(system(cmd), 0);
+    FILE *fp = fopen(json, "rb");
+    assert_non_null(fp);
+    char text[8192];
+    size_t n = fread(text, 1, sizeof(text) - 1, fp);
+    text[n] = 0;
+    fclose(fp);
+    unlink(json);
+    cJSON *root = cJSON_Parse(text);
+    assert_non_null(root);
+    const char *keys[] = {"decode_b1_roofline_ratio", "decode_b8_roofline_ratio",
+                          "decode_b32_roofline_ratio", "prefill_512_sgemm_ratio"};
+    for (int i = 0; i < 4; i++) {
+        const cJSON *v = cJSON_GetObjectItem(root, keys[i]);
+        assert_true(cJSON_IsNumber(v));
+        assert_true(v->valuedouble > 0);
+    }
+    const cJSON *cache = cJSON_GetObjectItem(root, "cache_speedup");
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItem(cache, "128")));
+    cJSON_Delete(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -576,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_simd_vs_portable),
         cmocka_unit_test(test_hook_and_validation),
         cmocka_unit_test(test_generate_cli),
+        cmocka_unit_test(test_bench_smoke),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,34 +45,34 @@ INLINE void gemv_block(float *y, const float *x, const float *w, const float *bi
                        int r, const int M, const int R, int accumulate)
 {
     __m512 acc[R][M];
-    for (int rr = 0; rr < R; rr++)
-        for (int i = 0; i < M; i++)
+    _Pragma("GCC unroll 16") for (int rr = 0; rr < R; rr++)
+        _Pragma("GCC unroll 16") for (int i = 0; i < M; i++)
             acc[rr][i] = _mm512_setzero_ps();
     const float *wr = w + (size_t)r * (size_t)k;
     int d = 0;
     for (; d + 16 <= k; d += 16) {
         __m512 xv[M];
-        for (int i = 0; i < M; i++)
+        _Pragma("GCC unroll 16") for (int i = 0; i < M; i++)
             xv[i] = _mm512_loadu_ps(x + (size_t)i * (size_t)k + d);
-        for (int rr = 0; rr < R; rr++) {
+        _Pragma("GCC unroll 16") for (int rr = 0; rr < R; rr++) {
             __m512 wv = _mm512_loadu_ps(wr + (size_t)rr * (size_t)k + d);
-            for (int i = 0; i < M; i++)
+            _Pragma("GCC unroll 16") for (int i = 0; i < M; i++)
                 acc[rr][i] = _mm512_fmadd_ps(wv, xv[i], acc[rr][i]);
         }
     }
     if (d < k) {
         __mmask16 mk = tail_mask(k - d);
         __m512 xv[M];
-        for (int i = 0; i < M; i++)
+        _Pragma("GCC unroll 16") for (int i = 0; i < M; i++)
             xv[i] = _mm512_maskz_loadu_ps(mk, x + (size_t)i * (size_t)k + d);
-        for (int rr = 0; rr < R; rr++) {
+        _Pragma("GCC unroll 16") for (int rr = 0; rr < R; rr++) {
             __m512 wv = _mm512_maskz_loadu_ps(mk, wr + (size_t)rr * (size_t)k + d);
-            for (int i = 0; i < M; i++)
+            _Pragma("GCC unroll 16") for (int i = 0; i < M; i++)
                 acc[rr][i] = _mm512_fmadd_ps(wv, xv[i], acc[rr][i]);
         }
     }
-    for (int rr = 0; rr < R; rr++) {
-        for (int i = 0; i < M; i++) {
+    _Pragma("GCC unroll 16") for (int rr = 0; rr < R; rr++) {
+        _Pragma("GCC unroll 16") for (int i = 0; i < M; i++) {
             float s = _mm512_reduce_add_ps(acc[rr][i]);
             if (bias)
                 s += bias[r + rr];
@@ -126,15 +126,15 @@ INLINE void pv_regs(float *a, const float *V, const float *p, int cr, int hd, fl
 {
     __m512 acc[NC];
     __m512 al = _mm512_set1_ps(alpha);
-    for (int c = 0; c < NC; c++)
+    _Pragma("GCC unroll 16") for (int c = 0; c < NC; c++)
         acc[c] = _mm512_mul_ps(al, _mm512_loadu_ps(a + 16 * c));
     for (int j = 0; j < cr; j++) {
         __m512 pj = _mm512_set1_ps(p[j]);
         const float *vj = V + (size_t)j * (size_t)hd;
-        for (int c = 0; c < NC; c++)
+        _Pragma("GCC unroll 16") for (int c = 0; c < NC; c++)
             acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16 * c), acc[c]);
     }
-    for (int c = 0; c < NC; c++)
+    _Pragma("GCC unroll 16") for (int c = 0; c < NC; c++)
         _mm512_storeu_ps(a + 16 * c, acc[c]);
 }
 
