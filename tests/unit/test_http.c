@@ -324,6 +324,17 @@ static void test_bad_requests(void **state)
     assert_int_equal(
         call("POST", "/v1/completions", NULL, "{\"prompt\": \"hi\", \"model\": \"x\"}"), 400);
     expect_error("invalid_request_error", "model_not_found");
+    /* Refused by the router itself: ids outside the vocabulary, a prompt
+     * longer than the context (256). */
+    assert_int_equal(call("POST", "/v1/completions", NULL, "{\"prompt\": [1, 2, 512]}"), 400);
+    assert_non_null(strstr(body_of(resp), "vocabulary"));
+    char body[2048];
+    size_t n = (size_t)snprintf(body, sizeof(body), "{\"prompt\": [1");
+    for (int i = 0; i < 300; i++)
+        n += (size_t)snprintf(body + n, sizeof(body) - n, ",7");
+    snprintf(body + n, sizeof(body) - n, "]}");
+    assert_int_equal(call("POST", "/v1/completions", NULL, body), 400);
+    expect_error("invalid_request_error", "context_length_exceeded");
 }
 
 /* The value of a metric sample line "name value". */
