@@ -1,0 +1,549 @@
+/* kvf-prefill as a process, against this test playing router and decode
+ * node over the real control protocol and transport: registration and
+ * heartbeats, KvAlloc / KvAllocReply, the K/V landing in the decode pool
+ * (compared with a colocated prefill of each prompt), KvReady and
+ * PrefillDone, batching and chunking, refusal, cancel (ABORT reaches the
+ * decode side), stale and malformed messages, no local block left in use,
+ * and a clean stop on SIGTERM (Deregister, exit 0). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "kvf/backend.h"
+#include "kvf/clock.h"
+#include "kvf/engine.h"
+#include "kvf/kvcache.h"
+#include "kvf/log.h"
+#include "kvf/model.h"
+#include "kvf/msg.h"
+#include "kvf/sampling.h"
+#include "kvf/xfer.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define N_PROMPTS 5
+#define MAX_NEW 8
+
+typedef struct {
+    kvf_model_t *model;
+    kvf_kv_geometry_t geo;
+    /* decode side */
+    kvf_kvpool_t *dpool;
+    kvf_xfer_t *dxfer;
+    uint8_t *desc;
+    size_t desc_len;
+    kvf_inbox_t *router_in, *decode_in;
+    kvf_outbox_t *to_prefill;
+    char router_url[64], decode_url[64], prefill_url[64];
+    pid_t pid;
+    char prefill_id[128];
+    /* counters from the decode transport */
+    int landed_last, aborted, rejected;
+    uint64_t landed_bytes;
+    uint32_t last_blocks_used; /* from the latest heartbeat */
+    bool deregistered;
+} rig_t;
+
+static void url_for(char *buf, size_t len)
+{
+    int port = 0;
+    assert_int_equal(kvf_net_free_port(&port), KVF_OK);
+    snprintf(buf, len, "tcp://127.0.0.1:%d", port);
+}
+
+static void send_to(kvf_outbox_t *ob, kvf_envelope_t *env)
+{
+    assert_int_equal(kvf_outbox_send(ob, env, 2000), KVF_OK);
+}
+
+/* Drives the decode transport and takes the next message for either inbox
+ * (router or decode) within ms; heartbeats and deregistration are noted
+ * and skipped. NULL on timeout. *from_router_p says which inbox. */
+static kvf_envelope_t *next_msg(rig_t *r, int ms, bool *from_router_p)
+{
+    uint64_t until = kvf_clock_ns() + (uint64_t)ms * 1000000ull;
+    for (;;) {
+        kvf_xfer_progress(r->dxfer);
+        kvf_xfer_event_t ev;
+        while (kvf_xfer_poll(r->dxfer, &ev) == KVF_OK) {
+            if (ev.kind == KVF_XFER_EV_LANDED) {
+                r->landed_bytes += ev.bytes;
+                r->landed_last += ev.last;
+            } else if (ev.kind == KVF_XFER_EV_ABORTED) {
+                r->aborted++;
+            } else if (ev.kind == KVF_XFER_EV_REJECTED) {
+                r->rejected++;
+            }
+        }
+        kvf_envelope_t *env = NULL;
+        if (kvf_inbox_recv(r->router_in, 0, &env) == KVF_OK) {
+            if (env->body_case == KVF__ENVELOPE__BODY_HEARTBEAT) {
+                if (env->heartbeat->load)
+                    r->last_blocks_used = env->heartbeat->load->blocks_used;
+                kvf_envelope_free(env);
+                continue;
+            }
+            if (env->body_case == KVF__ENVELOPE__BODY_DEREGISTER) {
+                r->deregistered = true;
+                kvf_envelope_free(env);
+                continue;
+            }
+            *from_router_p = true;
+            return env;
+        }
+        if (kvf_inbox_recv(r->decode_in, 1, &env) == KVF_OK) {
+            *from_router_p = false;
+            return env;
+        }
+        if (kvf_clock_ns() >= until)
+            return NULL;
+    }
+}
+
+static void rig_start(rig_t *r, const char *max_batch_tokens)
+{
+    memset(r, 0, sizeof(*r));
+    char dir[1024];
+    snprintf(dir, sizeof(dir), "%s/golden/tiny-llama-f32", KVF_TEST_DATA);
+    assert_int_equal(kvf_model_load(dir, &r->model), KVF_OK);
+    r->geo = kvf_engine_kv_geometry(r->model, 16);
+    assert_int_equal(kvf_kvpool_create(&r->geo, 256, &r->dpool), KVF_OK);
+    kvf_xfer_config_t xc = {
+        .backend = KVF_XFER_UCX,
+        .pool = kvf_kvpool_base(r->dpool),
+        .pool_bytes = kvf_kvpool_bytes(r->dpool),
+        .geometry = {.block_size = 16,
+                     .n_layers = (uint32_t)r->geo.n_layers,
+                     .n_kv_heads = (uint32_t)r->geo.n_kv_heads,
+                     .head_dim = (uint32_t)r->geo.head_dim,
+                     .dtype = KVF_XFER_DTYPE_F32,
+                     .layout = 1},
+    };
+    assert_int_equal(kvf_xfer_create(&xc, &r->dxfer), KVF_OK);
+    assert_int_equal(kvf_xfer_export(r->dxfer, &r->desc, &r->desc_len), KVF_OK);
+    url_for(r->router_url, sizeof(r->router_url));
+    url_for(r->decode_url, sizeof(r->decode_url));
+    url_for(r->prefill_url, sizeof(r->prefill_url));
+    assert_int_equal(kvf_inbox_create(r->router_url, 0, &r->router_in), KVF_OK);
+    assert_int_equal(kvf_inbox_create(r->decode_url, 0, &r->decode_in), KVF_OK);
+    assert_int_equal(kvf_outbox_create(r->prefill_url, &r->to_prefill), KVF_OK);
+
+    r->pid = fork();
+    assert_true(r->pid >= 0);
+    if (r->pid == 0) {
+        const char *argv[] = {KVF_BIN_DIR "/kvf-prefill", "--router", r->router_url,
+                              "--listen", r->prefill_url, "--model", dir, "--threads", "1",
+                              "--kv-mem", "4M", "--max-batch-tokens", max_batch_tokens,
+                              "--node-id", "p-test", NULL};
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    /* Registration: answer the first Register. */
+    bool from_router = false;
+    kvf_envelope_t *env = NULL;
+    for (;;) {
+        env = next_msg(r, 20000, &from_router);
+        assert_non_null(env);
+        if (env->body_case == KVF__ENVELOPE__BODY_REGISTER)
+            break;
+        kvf_envelope_free(env);
+    }
+    const Kvf__Register *reg = env->register_;
+    assert_int_equal(reg->role, KVF__ROLE__ROLE_PREFILL);
+    assert_string_equal(reg->model_fingerprint, kvf_model_fingerprint(r->model));
+    assert_non_null(reg->geometry);
+    assert_int_equal(reg->geometry->block_size, 16);
+    assert_int_equal(reg->geometry->n_layers, (uint32_t)r->geo.n_layers);
+    assert_true(reg->capacity_blocks > 0);
+    snprintf(r->prefill_id, sizeof(r->prefill_id), "%s", reg->node_id);
+    kvf_envelope_free(env);
+
+    Kvf__RegisterReply rr = KVF__REGISTER_REPLY__INIT;
+    rr.node_id = r->prefill_id;
+    rr.heartbeat_ms = 100;
+    kvf_envelope_t out;
+    kvf_envelope_init(&out, "router");
+    out.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;
+    out.register_reply = &rr;
+    send_to(r->to_prefill, &out);
+}
+
+static void rig_stop(rig_t *r)
+{
+    /* SIGTERM: Deregister, exit 0. */
+    kill(r->pid, SIGTERM);
+    int status = 0;
+    uint64_t until = kvf_clock_ns() + 10000000000ull;
+    pid_t w = 0;
+    while ((w = waitpid(r->pid, &status, WNOHANG)) == 0 && kvf_clock_ns() < until) {
+        bool from_router;
+        kvf_envelope_t *env = next_msg(r, 10, &from_router);
+        kvf_envelope_free(env);
+    }
+    if (w == 0) {
+        kill(r->pid, SIGKILL);
+        waitpid(r->pid, &status, 0);
+        fail_msg("kvf-prefill did not stop on SIGTERM");
+    }
+    bool from_router;
+    kvf_envelope_free(next_msg(r, 50, &from_router));
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_true(r->deregistered);
+    kvf_outbox_destroy(r->to_prefill);
+    kvf_inbox_destroy(r->router_in);
+    kvf_inbox_destroy(r->decode_in);
+    free(r->desc);
+    kvf_xfer_destroy(r->dxfer);
+    kvf_kvpool_destroy(r->dpool);
+    kvf_model_destroy(r->model);
+}
+
+static void send_prefill(rig_t *r, uint64_t req_id, uint64_t epoch, const uint32_t *ids,
+                         size_t n)
+{
+    Kvf__Sampling s = KVF__SAMPLING__INIT;
+    s.max_tokens = MAX_NEW;
+    Kvf__PrefillRequest pr = KVF__PREFILL_REQUEST__INIT;
+    pr.req_id = req_id;
+    pr.epoch = epoch;
+    pr.n_token_ids = n;
+    pr.token_ids = (uint32_t *)ids;
+    pr.sampling = &s;
+    pr.decode_node_id = "d-test";
+    pr.decode_inbox = r->decode_url;
+    pr.decode_xfer_desc.data = r->desc;
+    pr.decode_xfer_desc.len = r->desc_len;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_PREFILL_REQUEST;
+    env.prefill_request = &pr;
+    send_to(r->to_prefill, &env);
+}
+
+static void send_cancel(rig_t *r, uint64_t req_id, uint64_t epoch)
+{
+    Kvf__Cancel c = KVF__CANCEL__INIT;
+    c.req_id = req_id;
+    c.epoch = epoch;
+    c.reason = "test";
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_CANCEL;
+    env.cancel = &c;
+    send_to(r->to_prefill, &env);
+}
+
+/* The decode node's answer to a KvAlloc: blocks for prompt + max_new,
+ * a reservation over the prompt blocks. Returns the allocated ids
+ * (malloc'd) in *ids_p. */
+static void answer_alloc(rig_t *r, const Kvf__KvAlloc *a, int32_t status, uint64_t epoch,
+                         uint32_t **ids_p, uint32_t *n_p)
+{
+    Kvf__KvAllocReply rep = KVF__KV_ALLOC_REPLY__INIT;
+    rep.req_id = a->req_id;
+    rep.epoch = epoch;
+    rep.status = status;
+    uint32_t n = 0, *ids = NULL;
+    if (status == KVF_OK) {
+        n = kvf_kv_blocks_for_tokens(&r->geo, a->n_tokens + a->max_new_tokens);
+        ids = malloc(n * sizeof(uint32_t));
+        assert_int_equal(kvf_kvpool_alloc(r->dpool, n, ids), KVF_OK);
+        /* Scramble the order so positions and block ids differ. */
+        for (uint32_t i = 0; i + 1 < n; i += 2) {
+            uint32_t t = ids[i];
+            ids[i] = ids[i + 1];
+            ids[i + 1] = t;
+        }
+        uint32_t np = kvf_kv_blocks_for_tokens(&r->geo, a->n_tokens);
+        kvf_xfer_range_t *ranges = calloc(np, sizeof(*ranges));
+        for (uint32_t b = 0; b < np; b++) {
+            ranges[b].off = kvf_kvpool_slice_offset(r->dpool, ids[b], 0);
+            ranges[b].len = kvf_kv_block_bytes(&r->geo);
+        }
+        assert_int_equal(kvf_xfer_reserve(r->dxfer, a->req_id, a->epoch, ranges, np, 10000),
+                         KVF_OK);
+        free(ranges);
+        rep.n_block_ids = n;
+        rep.block_ids = ids;
+        rep.lease_ms = 10000;
+    } else {
+        rep.error = "no space (test)";
+    }
+    kvf_outbox_t *ob = NULL;
+    assert_int_equal(kvf_outbox_create(a->reply_inbox, &ob), KVF_OK);
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "d-test");
+    env.body_case = KVF__ENVELOPE__BODY_KV_ALLOC_REPLY;
+    env.kv_alloc_reply = &rep;
+    send_to(ob, &env);
+    /* nanomsg has no linger: give the frame time to leave before closing. */
+    kvf_clock_sleep_ms(20);
+    kvf_outbox_destroy(ob);
+    *ids_p = ids;
+    *n_p = n;
+}
+
+/* Colocated reference: each prompt alone, one forward, fresh pool. */
+typedef struct {
+    kvf_kvpool_t *pool;
+    uint32_t blocks[64];
+    uint32_t first_token;
+} ref_t;
+
+static void reference(rig_t *r, const uint32_t *ids, uint32_t n, ref_t *ref)
+{
+    kvf_backend_t be;
+    assert_int_equal(kvf_backend_cpu_create(1, &be), KVF_OK);
+    assert_int_equal(kvf_kvpool_create(&r->geo, 64, &ref->pool), KVF_OK);
+    kvf_engine_t *e = NULL;
+    assert_int_equal(kvf_engine_create(r->model, &be, ref->pool, &e), KVF_OK);
+    uint32_t nb = kvf_kv_blocks_for_tokens(&r->geo, n);
+    assert_int_equal(kvf_kvpool_alloc(ref->pool, nb, ref->blocks), KVF_OK);
+    float *logits = malloc((size_t)r->model->cfg.vocab * sizeof(float));
+    kvf_engine_seq_t s = {.tokens = ids, .n_tokens = n, .block_ids = ref->blocks,
+                          .n_blocks = nb, .logits = logits};
+    assert_int_equal(kvf_engine_forward(e, &s, 1, NULL), KVF_OK);
+    ref->first_token = kvf_sample_argmax(logits, r->model->cfg.vocab);
+    free(logits);
+    kvf_engine_destroy(e);
+    kvf_backend_destroy(&be);
+}
+
+/* Compares the K/V of every prompt position in the decode pool with the
+ * reference; returns the largest absolute difference. */
+static double compare_kv(rig_t *r, const uint32_t *dblocks, const ref_t *ref, uint32_t n)
+{
+    double worst = 0;
+    const kvf_kv_geometry_t *g = &r->geo;
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t b = t / 16, slot = t % 16;
+        for (int l = 0; l < g->n_layers; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int h = 0; h < g->n_kv_heads; h++) {
+                    const float *x =
+                        kvf_kvpool_head(r->dpool, dblocks[b], l, kv, h) + slot * g->head_dim;
+                    const float *y =
+                        kvf_kvpool_head(ref->pool, ref->blocks[b], l, kv, h) + slot * g->head_dim;
+                    for (int d = 0; d < g->head_dim; d++) {
+                        double diff = fabs((double)x[d] - (double)y[d]);
+                        if (!(diff <= worst))
+                            worst = isnan(diff) ? INFINITY : diff;
+                    }
+                }
+    }
+    return worst;
+}
+
+static void make_prompt(uint32_t *ids, uint32_t n, uint32_t seed)
+{
+    ids[0] = 510; /* BOS */
+    for (uint32_t i = 1; i < n; i++)
+        ids[i] = (i * 37u + seed * 101u) % 500u;
+}
+
+/* Several prompts at once through a forward budget of 24 tokens: batched
+ * and chunked; every request's K/V lands, KvReady and PrefillDone carry
+ * the colocated first token. */
+static void test_prefill_handoff(void **state)
+{
+    (void)state;
+    rig_t r;
+    rig_start(&r, "24");
+    static const uint32_t lens[N_PROMPTS] = {5, 40, 70, 17, 1};
+    uint32_t ids[N_PROMPTS][80];
+    ref_t ref[N_PROMPTS];
+    uint32_t *dblocks[N_PROMPTS] = {0};
+    uint32_t dn[N_PROMPTS] = {0};
+    bool ready[N_PROMPTS] = {0}, done[N_PROMPTS] = {0};
+    for (int i = 0; i < N_PROMPTS; i++) {
+        make_prompt(ids[i], lens[i], (uint32_t)i);
+        reference(&r, ids[i], lens[i], &ref[i]);
+        send_prefill(&r, 100 + (uint64_t)i, 1, ids[i], lens[i]);
+    }
+    /* Junk in the prefill inbox and a stale reply must not disturb it. */
+    static const uint8_t junk[] = "KVF\x01garbage frame";
+    assert_int_equal(kvf_outbox_send_frame(r.to_prefill, junk, sizeof(junk), 1000), KVF_OK);
+
+    int n_ready = 0, n_done = 0;
+    while (n_ready < N_PROMPTS || n_done < N_PROMPTS) {
+        bool from_router = false;
+        kvf_envelope_t *env = next_msg(&r, 20000, &from_router);
+        if (!env)
+            fail_msg("timed out: %d ready, %d done", n_ready, n_done);
+        switch (env->body_case) {
+        case KVF__ENVELOPE__BODY_KV_ALLOC: {
+            const Kvf__KvAlloc *a = env->kv_alloc;
+            int i = (int)(a->req_id - 100);
+            assert_true(i >= 0 && i < N_PROMPTS);
+            assert_int_equal(a->n_tokens, lens[i]);
+            assert_int_equal(a->max_new_tokens, MAX_NEW);
+            assert_string_equal(a->prefill_node_id, r.prefill_id);
+            if (i == 1) {
+                uint32_t *none;
+                uint32_t nn;
+                answer_alloc(&r, a, KVF_ERR_NO_SPACE, a->epoch + 7, &none, &nn); /* stale */
+            }
+            answer_alloc(&r, a, KVF_OK, a->epoch, &dblocks[i], &dn[i]);
+            break;
+        }
+        case KVF__ENVELOPE__BODY_KV_READY: {
+            const Kvf__KvReady *k = env->kv_ready;
+            int i = (int)(k->req_id - 100);
+            assert_true(i >= 0 && i < N_PROMPTS && !ready[i]);
+            ready[i] = true;
+            n_ready++;
+            assert_int_equal(k->epoch, 1);
+            assert_int_equal(k->n_tokens, lens[i]);
+            assert_int_equal(k->n_token_ids, lens[i]);
+            assert_memory_equal(k->token_ids, ids[i], lens[i] * sizeof(uint32_t));
+            assert_int_equal(k->first_token, ref[i].first_token);
+            assert_int_equal(k->n_generated, 0);
+            assert_non_null(k->sampling);
+            assert_int_equal(k->sampling->max_tokens, MAX_NEW);
+            uint64_t want = (uint64_t)kvf_kv_blocks_for_tokens(&r.geo, lens[i]) *
+                            kvf_kv_block_bytes(&r.geo);
+            assert_int_equal(k->kv_bytes, want);
+            double worst = compare_kv(&r, dblocks[i], &ref[i], lens[i]);
+            if (!(worst <= 1e-4))
+                fail_msg("request %d: shipped K/V differs from the colocated prefill by %g", i,
+                         worst);
+            break;
+        }
+        case KVF__ENVELOPE__BODY_PREFILL_DONE: {
+            const Kvf__PrefillDone *d = env->prefill_done;
+            int i = (int)(d->req_id - 100);
+            assert_true(from_router && i >= 0 && i < N_PROMPTS && !done[i]);
+            done[i] = true;
+            n_done++;
+            assert_int_equal(d->first_token, ref[i].first_token);
+            assert_string_equal(d->node_id, r.prefill_id);
+            assert_true(d->kv_bytes > 0);
+            break;
+        }
+        default:
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        }
+        kvf_envelope_free(env);
+    }
+    assert_int_equal(r.landed_last, N_PROMPTS);
+    assert_int_equal(r.rejected, 0);
+    /* Local blocks all back: a heartbeat after the last request says so. */
+    uint64_t until = kvf_clock_ns() + 3000000000ull;
+    r.last_blocks_used = 1;
+    while (r.last_blocks_used != 0 && kvf_clock_ns() < until) {
+        bool fr;
+        kvf_envelope_t *env = next_msg(&r, 50, &fr);
+        if (env)
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+    }
+    assert_int_equal(r.last_blocks_used, 0);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        assert_int_equal(kvf_xfer_cancel(r.dxfer, 100 + (uint64_t)i, 1), KVF_OK);
+        assert_int_equal(kvf_kvpool_release(r.dpool, dblocks[i], dn[i]), KVF_OK);
+        free(dblocks[i]);
+        kvf_kvpool_destroy(ref[i].pool);
+    }
+    rig_stop(&r);
+}
+
+/* Refusal (Error to the router), invalid requests (Error, nothing sent to
+ * the decode node), cancel while waiting for the allocation (ABORT reaches
+ * the decode side, no KvReady). */
+static void test_prefill_refusal_and_cancel(void **state)
+{
+    (void)state;
+    rig_t r;
+    rig_start(&r, "2048");
+    uint32_t ids[300];
+    make_prompt(ids, 300, 3);
+
+    /* Invalid: token id out of vocab; prompt beyond the context. */
+    uint32_t bad[3] = {510, 9999, 4};
+    send_prefill(&r, 1, 1, bad, 3);
+    send_prefill(&r, 2, 1, ids, 300);
+    /* Refused by the decode node. */
+    send_prefill(&r, 3, 1, ids, 30);
+    /* Cancelled before the reply. */
+    send_prefill(&r, 4, 2, ids, 20);
+
+    int errors = 0, aborted_wait = 0;
+    bool got1 = false, got2 = false, got3 = false;
+    uint32_t *d4 = NULL, n4 = 0;
+    while (errors < 3 || !d4) {
+        bool from_router = false;
+        kvf_envelope_t *env = next_msg(&r, 20000, &from_router);
+        if (!env)
+            fail_msg("timed out: %d errors", errors);
+        if (env->body_case == KVF__ENVELOPE__BODY_ERROR) {
+            const Kvf__Error *e = env->error;
+            assert_true(from_router);
+            errors++;
+            if (e->req_id == 1) {
+                got1 = true;
+                assert_int_equal(e->status, KVF_ERR_INVAL);
+            } else if (e->req_id == 2) {
+                got2 = true;
+                assert_int_equal(e->status, KVF_ERR_TOO_BIG);
+            } else if (e->req_id == 3) {
+                got3 = true;
+                assert_int_equal(e->status, KVF_ERR_NO_SPACE);
+                assert_int_equal(e->epoch, 1);
+            } else {
+                fail_msg("error for request %llu: %s", (unsigned long long)e->req_id, e->message);
+            }
+        } else if (env->body_case == KVF__ENVELOPE__BODY_KV_ALLOC) {
+            const Kvf__KvAlloc *a = env->kv_alloc;
+            uint32_t *none;
+            uint32_t nn;
+            if (a->req_id == 3) {
+                answer_alloc(&r, a, KVF_ERR_NO_SPACE, a->epoch, &none, &nn);
+            } else if (a->req_id == 4) {
+                assert_int_equal(a->epoch, 2);
+                send_cancel(&r, 4, 2);
+                kvf_clock_sleep_ms(50);
+                answer_alloc(&r, a, KVF_OK, a->epoch, &d4, &n4);
+            } else {
+                fail_msg("kv alloc for request %llu", (unsigned long long)a->req_id);
+            }
+        } else {
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        }
+        kvf_envelope_free(env);
+    }
+    assert_true(got1 && got2 && got3);
+    /* The cancelled request's reservation is aborted by the sender. */
+    uint64_t until = kvf_clock_ns() + 5000000000ull;
+    while (r.aborted == 0 && kvf_clock_ns() < until) {
+        bool fr;
+        kvf_envelope_t *env = next_msg(&r, 20, &fr);
+        if (env)
+            fail_msg("unexpected %s after cancel", kvf_envelope_body_name(env));
+        aborted_wait++;
+    }
+    assert_int_equal(r.aborted, 1);
+    assert_int_equal(r.landed_last, 0);
+    assert_int_equal(kvf_xfer_cancel(r.dxfer, 4, 2), KVF_OK);
+    assert_int_equal(kvf_kvpool_release(r.dpool, d4, n4), KVF_OK);
+    free(d4);
+    rig_stop(&r);
+}
+
+int main(void)
+{
+    kvf_log_init("test", NULL);
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefill_handoff),
+        cmocka_unit_test(test_prefill_refusal_and_cancel),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
