@@ -95,89 +95,126 @@ static void bw_task(void *arg, int task, int thread)
     j->sink[task % 64] += s;
 }
 
-/* Best read bandwidth in bytes/s over a buffer of `bytes`. */
-static double measure_bandwidth(kvf_threadpool_t *tp, size_t bytes, int passes)
+/* Read-bandwidth ceiling: buffers allocated once, sampled again and again
+ * through the run; the best sample is the ceiling. */
+typedef struct {
+    kvf_threadpool_t *tp;
+    float *buf[2];
+    size_t bytes[2];
+    double best[2]; /* bytes/s per buffer */
+} bw_meter_t;
+
+static kvf_status_t bw_meter_init(bw_meter_t *m, int threads, size_t weights_bytes,
+                                  size_t big_bytes)
 {
-    float *buf = aligned_alloc(64, bytes);
-    if (!buf)
-        return 0;
-    for (size_t i = 0; i < bytes / sizeof(float); i++)
-        buf[i] = (float)(i & 7);
-    bw_job_t j = {.buf = buf, .n_floats = bytes / sizeof(float),
-                  .n_parts = kvf_threadpool_size(tp)};
-#ifdef BENCH_X86
-    __builtin_cpu_init();
-    j.avx512 = __builtin_cpu_supports("avx512f");
-#endif
-    size_t per = (j.n_floats / (size_t)j.n_parts) & ~(size_t)63;
-    double best = 0;
-    for (int p = 0; p < passes; p++) {
-        uint64_t t0 = kvf_clock_ns();
-        kvf_threadpool_run(tp, bw_task, &j, j.n_parts);
-        double s = (double)(kvf_clock_ns() - t0) * 1e-9;
-        double bw = (double)(per * (size_t)j.n_parts * sizeof(float)) / s;
-        best = bw > best ? bw : best;
+    memset(m, 0, sizeof(*m));
+    kvf_status_t st = kvf_threadpool_create(threads, &m->tp);
+    if (st != KVF_OK)
+        return st;
+    m->bytes[0] = (weights_bytes + 4095) & ~(size_t)4095;
+    m->bytes[1] = big_bytes;
+    for (int i = 0; i < 2; i++) {
+        m->buf[i] = aligned_alloc(4096, m->bytes[i]);
+        if (!m->buf[i])
+            return KVF_ERR_NOMEM;
+        for (size_t k = 0; k < m->bytes[i] / sizeof(float); k++)
+            m->buf[i][k] = (float)(k & 7);
     }
-    free(buf);
-    return best;
+    return KVF_OK;
+}
+
+static void bw_meter_fini(bw_meter_t *m)
+{
+    kvf_threadpool_destroy(m->tp);
+    free(m->buf[0]);
+    free(m->buf[1]);
+}
+
+static void bw_sample(bw_meter_t *m, int passes)
+{
+    for (int i = 0; i < 2; i++) {
+        bw_job_t j = {.buf = m->buf[i], .n_floats = m->bytes[i] / sizeof(float),
+                      .n_parts = kvf_threadpool_size(m->tp)};
+#ifdef BENCH_X86
+        __builtin_cpu_init();
+        j.avx512 = __builtin_cpu_supports("avx512f");
+#endif
+        size_t per = (j.n_floats / (size_t)j.n_parts) & ~(size_t)63;
+        for (int p = 0; p < passes; p++) {
+            uint64_t t0 = kvf_clock_ns();
+            kvf_threadpool_run(m->tp, bw_task, &j, j.n_parts);
+            double s = (double)(kvf_clock_ns() - t0) * 1e-9;
+            double bw = (double)(per * (size_t)j.n_parts * sizeof(float)) / s;
+            m->best[i] = bw > m->best[i] ? bw : m->best[i];
+        }
+    }
+}
+
+static double bw_best(const bw_meter_t *m)
+{
+    return m->best[0] > m->best[1] ? m->best[0] : m->best[1];
 }
 
 /* ---- sgemm rate ------------------------------------------------------ */
 
-static double measure_sgemm_openblas(int threads, int n, int reps)
+/* sgemm ceiling: n^3 products with OpenBLAS's own threads and split over
+ * the backend's pool as the engine does; best sample of the run. */
+typedef struct {
+    int n, threads;
+    float *a, *b, *c; /* (n, n) each */
+    double best_openblas, best_backend;
+} sgemm_meter_t;
+
+static kvf_status_t sgemm_meter_init(sgemm_meter_t *m, int n, int threads)
 {
-    float *a = aligned_alloc(64, (size_t)n * n * sizeof(float));
-    float *b = aligned_alloc(64, (size_t)n * n * sizeof(float));
-    float *c = aligned_alloc(64, (size_t)n * n * sizeof(float));
-    double best = 0;
-    if (a && b && c) {
-        for (size_t i = 0; i < (size_t)n * n; i++) {
-            a[i] = (float)((i * 7) % 13) * 0.01f;
-            b[i] = (float)((i * 5) % 11) * 0.01f;
-        }
-        openblas_set_num_threads(threads);
-        for (int r = 0; r < reps + 1; r++) {
-            uint64_t t0 = kvf_clock_ns();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
-                        c, n);
-            double s = (double)(kvf_clock_ns() - t0) * 1e-9;
-            double rate = 2.0 * n * (double)n * n / s;
-            if (r > 0) /* the first warms up OpenBLAS's buffers and threads */
-                best = rate > best ? rate : best;
-        }
-        openblas_set_num_threads(1);
+    memset(m, 0, sizeof(*m));
+    m->n = n;
+    m->threads = threads;
+    m->a = aligned_alloc(64, (size_t)n * n * sizeof(float));
+    m->b = aligned_alloc(64, (size_t)n * n * sizeof(float));
+    m->c = aligned_alloc(64, (size_t)n * n * sizeof(float));
+    if (!m->a || !m->b || !m->c)
+        return KVF_ERR_NOMEM;
+    for (size_t i = 0; i < (size_t)n * n; i++) {
+        m->a[i] = (float)((i * 7) % 13) * 0.01f;
+        m->b[i] = (float)((i * 5) % 11) * 0.01f;
     }
-    free(a);
-    free(b);
-    free(c);
-    return best;
+    return KVF_OK;
 }
 
-/* Same product through the backend's matmul (our pool splitting it). */
-static double measure_sgemm_backend(kvf_backend_t *be, int n, int reps)
+static void sgemm_meter_fini(sgemm_meter_t *m)
 {
-    float *a = aligned_alloc(64, (size_t)n * n * sizeof(float));
-    float *b = aligned_alloc(64, (size_t)n * n * sizeof(float));
-    float *c = aligned_alloc(64, (size_t)n * n * sizeof(float));
-    double best = 0;
-    if (a && b && c) {
-        for (size_t i = 0; i < (size_t)n * n; i++) {
-            a[i] = (float)((i * 7) % 13) * 0.01f;
-            b[i] = (float)((i * 5) % 11) * 0.01f;
-        }
-        for (int r = 0; r < reps + 1; r++) {
-            uint64_t t0 = kvf_clock_ns();
-            be->ops->matmul(be->ctx, c, a, b, NULL, n, n, n, 0);
-            double s = (double)(kvf_clock_ns() - t0) * 1e-9;
-            double rate = 2.0 * n * (double)n * n / s;
-            if (r > 0)
-                best = rate > best ? rate : best;
-        }
+    free(m->a);
+    free(m->b);
+    free(m->c);
+}
+
+static void sgemm_sample(sgemm_meter_t *m, kvf_backend_t *be, int reps)
+{
+    const int n = m->n;
+    const double flops = 2.0 * n * (double)n * n;
+    openblas_set_num_threads(m->threads);
+    for (int r = 0; r < reps + 1; r++) {
+        uint64_t t0 = kvf_clock_ns();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, m->a, n, m->b, n,
+                    0.0f, m->c, n);
+        double rate = flops / ((double)(kvf_clock_ns() - t0) * 1e-9);
+        if (r > 0) /* the first warms up OpenBLAS's buffers and threads */
+            m->best_openblas = rate > m->best_openblas ? rate : m->best_openblas;
     }
-    free(a);
-    free(b);
-    free(c);
-    return best;
+    openblas_set_num_threads(1); /* the backend's setting */
+    for (int r = 0; r < reps + 1 && be; r++) {
+        uint64_t t0 = kvf_clock_ns();
+        be->ops->matmul(be->ctx, m->c, m->a, m->b, NULL, n, n, n, 0);
+        double rate = flops / ((double)(kvf_clock_ns() - t0) * 1e-9);
+        if (r > 0)
+            m->best_backend = rate > m->best_backend ? rate : m->best_backend;
+    }
+}
+
+static double sgemm_best(const sgemm_meter_t *m)
+{
+    return m->best_openblas > m->best_backend ? m->best_openblas : m->best_backend;
 }
 
 /* ---- engine runs ------------------------------------------------------ */
@@ -289,24 +326,17 @@ int kvf_bench_engine(int argc, char **argv)
            model_dir, c->arch_name, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->inter,
            c->vocab, (double)kvf_model_weight_bytes(r.model) / 1e6, weight_bytes / 1e6, threads);
 
-    /* Ceilings. */
-    kvf_threadpool_t *tp;
-    if (kvf_threadpool_create(threads, &tp) != KVF_OK)
+    /* Ceilings: sampled now, before every measurement and at the end. */
+    bw_meter_t bwm;
+    sgemm_meter_t sgm;
+    memset(&sgm, 0, sizeof(sgm));
+    if (bw_meter_init(&bwm, threads, (size_t)weight_bytes, (size_t)1 << (quick ? 28 : 30)) !=
+            KVF_OK ||
+        kvf_backend_cpu_create(threads, &r.be) != KVF_OK ||
+        sgemm_meter_init(&sgm, quick ? 1024 : 2048, threads) != KVF_OK)
         goto fail_setup;
-    double bw_w = measure_bandwidth(tp, ((size_t)weight_bytes + 63) & ~(size_t)63, quick ? 3 : 6);
-    double bw_g = measure_bandwidth(tp, (size_t)1 << (quick ? 28 : 30), quick ? 2 : 4);
-    kvf_threadpool_destroy(tp);
-    double bw = bw_w > bw_g ? bw_w : bw_g;
-    printf("memory read bandwidth: %.2f GB/s (weights-sized buffer %.2f, %d MiB %.2f)\n", bw / 1e9,
-           bw_w / 1e9, quick ? 256 : 1024, bw_g / 1e9);
-    int gemm_n = quick ? 1024 : 2048;
-    double sg_ob = measure_sgemm_openblas(threads, gemm_n, quick ? 2 : 3);
-    if (kvf_backend_cpu_create(threads, &r.be) != KVF_OK)
-        goto fail_setup;
-    double sg_be = measure_sgemm_backend(&r.be, gemm_n, quick ? 2 : 3);
-    double sgemm = sg_ob > sg_be ? sg_ob : sg_be;
-    printf("sgemm %d^3: %.1f GFLOP/s (OpenBLAS threads %.1f, split over our pool %.1f)\n", gemm_n,
-           sgemm / 1e9, sg_ob / 1e9, sg_be / 1e9);
+    bw_sample(&bwm, quick ? 3 : 6);
+    sgemm_sample(&sgm, &r.be, quick ? 2 : 3);
 
     /* Engine: a pool for 32 sequences of 256 + a 2048-token sequence. */
     const uint32_t dec_ctx = 256, max_seq = 2048 + 8;
@@ -331,8 +361,6 @@ int kvf_bench_engine(int argc, char **argv)
     /* Decode. */
     out = cJSON_CreateObject();
     cJSON_AddNumberToObject(out, "threads", threads);
-    cJSON_AddNumberToObject(out, "bandwidth_gbs", bw / 1e9);
-    cJSON_AddNumberToObject(out, "sgemm_gflops", sgemm / 1e9);
     cJSON_AddNumberToObject(out, "weight_bytes_per_step", weight_bytes);
     for (int i = 0; i < 32; i++) {
         if (kvf_block_table_reserve(&bts[i], r.pool, dec_ctx + 1) != KVF_OK)
@@ -342,17 +370,55 @@ int kvf_bench_engine(int argc, char **argv)
     for (int i = 0; i < 32; i++)
         if (run_forward(&r, &bts[i], 0, dec_ctx) < 0)
             goto fail_setup;
-    printf("\n%-8s %12s %12s %12s %10s\n", "decode", "step ms", "roofline ms", "tokens/s",
-           "ratio");
+    double decode_s[3];
     for (int bi = 0; bi < 3; bi++) {
         int b = batches[bi];
         int steps = quick ? 5 : (b == 1 ? 30 : 10);
+        bw_sample(&bwm, 2);
         double best = -1;
         for (int s = 0; s < steps + 1; s++) {
             double t = run_decode_step(&r, bts, b, dec_ctx);
             if (s > 0)
                 best = best_of(best, t);
         }
+        decode_s[bi] = best;
+    }
+    for (int i = 0; i < 32; i++)
+        kvf_block_table_release(&bts[i], r.pool);
+
+    /* Prefill. */
+    if (kvf_block_table_reserve(&bt, r.pool, max_seq) != KVF_OK)
+        goto fail_setup;
+    const uint32_t prompts[] = {128, 512, 2048};
+    const int n_prompts = quick ? 2 : 3;
+    double prefill_s[3];
+    for (int pi = 0; pi < n_prompts; pi++) {
+        uint32_t n = prompts[pi];
+        int reps = quick ? 2 : (n <= 512 ? 4 : 2);
+        sgemm_sample(&sgm, &r.be, 1);
+        double best = -1;
+        for (int i = 0; i < reps; i++)
+            best = best_of(best, run_forward(&r, &bt, 0, n));
+        prefill_s[pi] = best;
+    }
+    bw_sample(&bwm, quick ? 2 : 4);
+    sgemm_sample(&sgm, &r.be, quick ? 1 : 2);
+
+    /* Ratios against the best ceilings seen in the whole run. */
+    const double bw = bw_best(&bwm), sgemm = sgemm_best(&sgm);
+    printf("memory read bandwidth: %.2f GB/s (best of the run; weights-sized buffer %.2f, "
+           "%zu MiB %.2f)\n",
+           bw / 1e9, bwm.best[0] / 1e9, bwm.bytes[1] >> 20, bwm.best[1] / 1e9);
+    printf("sgemm %d^3: %.1f GFLOP/s (best of the run; OpenBLAS threads %.1f, split over our "
+           "pool %.1f)\n",
+           sgm.n, sgemm / 1e9, sgm.best_openblas / 1e9, sgm.best_backend / 1e9);
+    cJSON_AddNumberToObject(out, "bandwidth_gbs", bw / 1e9);
+    cJSON_AddNumberToObject(out, "sgemm_gflops", sgemm / 1e9);
+    printf("\n%-8s %12s %12s %12s %10s\n", "decode", "step ms", "roofline ms", "tokens/s",
+           "ratio");
+    for (int bi = 0; bi < 3; bi++) {
+        int b = batches[bi];
+        double best = decode_s[bi];
         /* each sequence reads its dec_ctx + 1 positions of K/V per step */
         double bytes = weight_bytes + (double)b * (dec_ctx + 1) * kv_tok;
         double roof = bytes / bw;
@@ -365,20 +431,10 @@ int kvf_bench_engine(int argc, char **argv)
         snprintf(key, sizeof(key), "decode_b%d_step_ms", b);
         cJSON_AddNumberToObject(out, key, best * 1e3);
     }
-    for (int i = 0; i < 32; i++)
-        kvf_block_table_release(&bts[i], r.pool);
-
-    /* Prefill. */
-    if (kvf_block_table_reserve(&bt, r.pool, max_seq) != KVF_OK)
-        goto fail_setup;
-    const uint32_t prompts[] = {128, 512, 2048};
     printf("\n%-8s %12s %12s %12s %10s\n", "prefill", "ms", "tokens/s", "GFLOP/s", "of sgemm");
-    for (int pi = 0; pi < (quick ? 2 : 3); pi++) {
+    for (int pi = 0; pi < n_prompts; pi++) {
         uint32_t n = prompts[pi];
-        int reps = quick ? 2 : (n <= 512 ? 4 : 2);
-        double best = -1;
-        for (int i = 0; i < reps; i++)
-            best = best_of(best, run_forward(&r, &bt, 0, n));
+        double best = prefill_s[pi];
         double flops = kvf_engine_flops(c, 0, n, 1);
         double ratio = flops / best / sgemm;
         printf("%-8u %12.1f %12.1f %12.1f %9.1f%%\n", n, best * 1e3, n / best, flops / best / 1e9,
@@ -447,6 +503,8 @@ fail_setup:
     fprintf(stderr, "%s: benchmark setup or run failed\n", argv[0]);
     rc = 1;
 done:
+    bw_meter_fini(&bwm);
+    sgemm_meter_fini(&sgm);
     cJSON_Delete(out);
     for (int i = 0; i < 32; i++) {
         if (r.pool)

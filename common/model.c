@@ -3,6 +3,7 @@
 #include "kvf/model.h"
 #include "kvf/log.h"
 #include "kvf/safetensors.h"
+#include "kvf/sampling.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -304,6 +305,15 @@ kvf_status_t kvf_model_config_load(const char *dir, kvf_model_config_t *cfg_p)
     st = parse_rope_scaling(&cfg, root, path);
     if (st != KVF_OK)
         goto fail_parse;
+    /* Sliding-window attention is not implemented: say so when a config
+     * turns it on for contexts it would change. */
+    int window = 0;
+    const cJSON *use_sw = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window");
+    if (json_int(root, "sliding_window", &window) == 0 && window > 0 && window < cfg.max_pos &&
+        (cfg.arch == KVF_ARCH_MISTRAL || cJSON_IsTrue(use_sw)))
+        kvf_log_warn("%s: sliding_window %d is not applied: contexts beyond %d tokens differ "
+                     "from the reference implementation",
+                     path, window, window);
     const cJSON *bos = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
     if (cJSON_IsNumber(bos))
         cfg.bos_id = (int64_t)bos->valuedouble;
@@ -753,18 +763,10 @@ size_t kvf_model_weight_bytes(const kvf_model_t *model)
 
 /* ---- random models --------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Uniform in [-1, 1). */
 static float rand_sym(uint64_t *state)
 {
-    return (float)((double)(splitmix64(state) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+    return (float)((double)(kvf_splitmix64(state) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
 }
 
 static kvf_status_t write_config_json(const char *dir, const kvf_model_config_t *c,

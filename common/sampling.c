@@ -55,14 +55,6 @@ void kvf_sampler_set_state(kvf_sampler_t *s, uint64_t state)
     s->rng = state;
 }
 
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 uint32_t kvf_sample_argmax(const float *logits, int n)
 {
     int best = 0;
@@ -122,7 +114,7 @@ uint32_t kvf_sampler_sample(kvf_sampler_t *s, const float *logits)
     const int V = s->vocab;
     if (p->temperature < 1e-6f || p->top_k == 1)
         return kvf_sample_argmax(logits, V);
-    uint64_t draw = splitmix64(&s->rng);
+    uint64_t draw = kvf_splitmix64(&s->rng);
     double u = (double)(draw >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
 
     /* Softmax at temperature, in double for the sum. */

@@ -14,6 +14,9 @@
 /* Rows of a weight per gemv task: small enough to balance threads, large
  * enough that a task streams a few hundred KB. */
 #define GEMV_ROWS_PER_TASK 64
+/* Attention keeps two block-pointer lists in float scratch, 2 floats each. */
+_Static_assert(sizeof(float *) <= 2 * sizeof(float), "pointer wider than two floats");
+
 /* Query tokens per attention work item. */
 #define ATTN_TILE_TOKENS 16
 

@@ -47,6 +47,16 @@ uint32_t kvf_sampler_sample(kvf_sampler_t *s, const float *logits);
 uint64_t kvf_sampler_state(const kvf_sampler_t *s);
 void kvf_sampler_set_state(kvf_sampler_t *s, uint64_t state);
 
+/* splitmix64: advances *state and returns the next 64-bit draw. The one
+ * generator of the project's seeded randomness (sampling, random models). */
+static inline uint64_t kvf_splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 /* Index of the largest of n logits, the lowest index on ties (NaN never wins). */
 uint32_t kvf_sample_argmax(const float *logits, int n);
 
