@@ -594,6 +594,12 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
         }
         if (e->sse_done)
             return MHD_CONTENT_READER_END_OF_STREAM;
+        /* A client that hung up is noticed here even while output keeps
+         * coming (a write into a closed connection can still succeed). */
+        if (peer_gone(e->fd)) {
+            exch_cancel(e);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
         pthread_mutex_lock(&e->lock);
         wait_result_t w = exch_wait(e, ready_output, e->http->max_wait_ms);
         char *text = NULL;

@@ -18,14 +18,12 @@
 #      reach its registry);
 #   3. overload: a full queue answers 429 with Retry-After.
 #
-# Needs KVF_BIN_DIR and KVF_TEST_DATA (ctest sets them), curl and python3.
+# Needs KVF_BIN_DIR (ctest sets it), curl and python3.
 # Every process started here is stopped by pid on exit.
 set -euo pipefail
 
 bin=${KVF_BIN_DIR:?KVF_BIN_DIR must name the bin directory of a build}
-data=${KVF_TEST_DATA:?KVF_TEST_DATA must name tests/data}
 topologies=${KVF_HTTP_TOPOLOGIES:-disagg local}
-golden=$data/golden/tiny-llama-f32
 work=$(mktemp -d /tmp/kvf-test-http.XXXXXX)
 pids=()
 export UCX_NET_DEVICES=lo
@@ -61,20 +59,20 @@ free_port() {
 # json FILE EXPR: evaluates a Python expression over the parsed file (d).
 json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
 
-# A copy of the golden model whose tokenizer_config.json carries a ChatML
-# chat template, so the router must recognise it (and the served model name
-# defaults to this directory's name).
+# A small random model (context 4096, so a stream can run long enough to
+# hang up in the middle of it) whose tokenizer_config.json carries a ChatML
+# chat template, which the router must recognise; the served model name
+# defaults to this directory's name.
 model=$work/tiny-chat
-mkdir -p "$model"
-for f in "$golden"/*; do ln -s "$f" "$model/"; done
-rm "$model/tokenizer_config.json"
-python3 - "$golden/tokenizer_config.json" "$model/tokenizer_config.json" <<'EOF'
+"$bin/kvf" mkmodel "$model" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --inter 128 --vocab 512 \
+    --max-pos 4096 --seed 11 > "$work/mkmodel.log"
+python3 - "$model/tokenizer_config.json" <<'EOF'
 import json, sys
 c = json.load(open(sys.argv[1]))
 c["chat_template"] = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
                       "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
                       "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-json.dump(c, open(sys.argv[2], "w"))
+json.dump(c, open(sys.argv[1], "w"))
 EOF
 
 # start_router NAME FLAGS...: sets http (base URL) and client, inbox URLs.
@@ -352,7 +350,7 @@ EOF
 import http.client, json, sys, time
 host = sys.argv[1].split("//")[1]
 c = http.client.HTTPConnection(host, timeout=30)
-c.request("POST", "/v1/completions", json.dumps({"prompt": "A long story", "max_tokens": 200, "ignore_eos": True, "stream": True}),
+c.request("POST", "/v1/completions", json.dumps({"prompt": "A long story", "max_tokens": 3000, "ignore_eos": True, "stream": True}),
           {"Authorization": "Bearer " + sys.argv[2], "Content-Type": "application/json"})
 r = c.getresponse()
 assert r.status == 200, r.status
