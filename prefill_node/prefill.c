@@ -587,13 +587,33 @@ static uint64_t us_between(uint64_t from_ns, uint64_t to_ns)
     return to_ns > from_ns ? (to_ns - from_ns) / 1000u : 0;
 }
 
-/* Every batch of r completed: hand the request to D and the router. */
+/* Every batch of r completed: hand the request to the router and D.
+ * PrefillDone goes first: D streams tokens to the router as soon as it has
+ * KvReady, and a router that got a later token before the first one would
+ * see a gap in the stream. */
 static void req_complete(kvf_prefill_t *p, pf_req_t *r)
 {
     const Kvf__PrefillRequest *pr = r->pr;
     uint64_t now = kvf_clock_ns();
     uint64_t compute_us = us_between(r->compute_start_ns, r->compute_end_ns);
     uint64_t handoff_us = us_between(r->compute_end_ns, now);
+    kvf_envelope_t env;
+
+    Kvf__PrefillDone d = KVF__PREFILL_DONE__INIT;
+    d.req_id = r->req_id;
+    d.epoch = r->epoch;
+    d.node_id = (char *)kvf_node_id(p->node);
+    d.first_token = r->first_token;
+    d.prefill_compute_us = compute_us;
+    d.handoff_us = handoff_us;
+    d.kv_bytes = r->kv_bytes;
+    kvf_envelope_init(&env, kvf_node_id(p->node));
+    env.body_case = KVF__ENVELOPE__BODY_PREFILL_DONE;
+    env.prefill_done = &d;
+    kvf_status_t st = kvf_node_send_router(p->node, &env, PF_SEND_MS);
+    if (st != KVF_OK)
+        kvf_log_warn("request %llu: prefill done not sent to the router: %s",
+                     (unsigned long long)r->req_id, kvf_status_str(st));
 
     Kvf__KvReady k = KVF__KV_READY__INIT;
     k.req_id = r->req_id;
@@ -608,32 +628,15 @@ static void req_complete(kvf_prefill_t *p, pf_req_t *r)
     k.kv_bytes = r->kv_bytes;
     k.prefill_compute_us = compute_us;
     k.handoff_us = handoff_us;
-    kvf_envelope_t env;
     kvf_envelope_init(&env, kvf_node_id(p->node));
     env.body_case = KVF__ENVELOPE__BODY_KV_READY;
     env.kv_ready = &k;
-    kvf_status_t st = kvf_node_send(p->node, pr->decode_inbox, &env, PF_SEND_MS);
+    st = kvf_node_send(p->node, pr->decode_inbox, &env, PF_SEND_MS);
     if (st != KVF_OK) {
         /* D cannot seal without it; its lease releases the blocks. */
         req_fail(p, r, KVF_ERR_PEER, "kv ready not delivered to the decode node");
         return;
     }
-
-    Kvf__PrefillDone d = KVF__PREFILL_DONE__INIT;
-    d.req_id = r->req_id;
-    d.epoch = r->epoch;
-    d.node_id = (char *)kvf_node_id(p->node);
-    d.first_token = r->first_token;
-    d.prefill_compute_us = compute_us;
-    d.handoff_us = handoff_us;
-    d.kv_bytes = r->kv_bytes;
-    kvf_envelope_init(&env, kvf_node_id(p->node));
-    env.body_case = KVF__ENVELOPE__BODY_PREFILL_DONE;
-    env.prefill_done = &d;
-    st = kvf_node_send_router(p->node, &env, PF_SEND_MS);
-    if (st != KVF_OK)
-        kvf_log_warn("request %llu: prefill done not sent to the router: %s",
-                     (unsigned long long)r->req_id, kvf_status_str(st));
     kvf_log_debug("request %llu epoch %llu done: first token %u, %llu kv bytes, compute %llu us, "
                   "handoff %llu us",
                   (unsigned long long)r->req_id, (unsigned long long)r->epoch, r->first_token,
