@@ -27,8 +27,8 @@ int main(int argc, char **argv)
     kvf_flag_t flags[] = {
         {"router", KVF_FLAG_STRING, &router_url, "URL", "the router's inbox (required)", NULL},
         {"listen", KVF_FLAG_STRING, &listen_url, "URL", "this node's inbox (required)", NULL},
-        {"model", KVF_FLAG_STRING, &model_dir, "DIR",
-         "Hugging Face model directory (required)", NULL},
+        {"model", KVF_FLAG_STRING, &model_dir, "DIR", "Hugging Face model directory (required)",
+         NULL},
         {"threads", KVF_FLAG_INT, &threads, "N", "compute threads; 0: one per CPU", NULL},
         {"kv-mem", KVF_FLAG_SIZE, &kv_mem, "BYTES", "local KV pool size", NULL},
         {"max-batch-tokens", KVF_FLAG_INT, &max_batch_tokens, "N",

@@ -11,8 +11,8 @@ void kvf_prefill_plan_blocks(uint32_t block_size, uint32_t start, uint32_t n, ui
     /* Blocks b with (b + 1) * block_size <= start were completed (and
      * shipped) by earlier chunks; the block holding `start` was not. */
     uint32_t first = start / block_size;
-    uint32_t end = end_pos == n_prompt ? (n_prompt + block_size - 1) / block_size
-                                       : end_pos / block_size;
+    uint32_t end =
+        end_pos == n_prompt ? (n_prompt + block_size - 1) / block_size : end_pos / block_size;
     *first_p = first;
     *end_p = end > first ? end : first;
 }

@@ -35,11 +35,11 @@
 #define PF_LEASE_MARGIN_NS (50ull * 1000000ull)
 
 typedef enum {
-    REQ_WAIT_ALLOC,  /* KvAlloc sent (or to be sent); waiting for the reply */
-    REQ_CANCELLED,   /* cancelled before the reply came: abort what D reserves */
-    REQ_READY,       /* D reserved blocks; chunks being computed */
-    REQ_SHIPPING,    /* computed and first token sampled; batches completing */
-    REQ_ABORTING,    /* given up; local blocks freed once no batch runs */
+    REQ_WAIT_ALLOC, /* KvAlloc sent (or to be sent); waiting for the reply */
+    REQ_CANCELLED,  /* cancelled before the reply came: abort what D reserves */
+    REQ_READY,      /* D reserved blocks; chunks being computed */
+    REQ_SHIPPING,   /* computed and first token sampled; batches completing */
+    REQ_ABORTING,   /* given up; local blocks freed once no batch runs */
 } req_state_t;
 
 /* A connection to one decode node's pool, shared by its requests. A peer
@@ -48,36 +48,36 @@ typedef enum {
  * (kvf_xfer_disconnect invalidates the handle). */
 typedef struct pf_peer {
     struct pf_peer *next;
-    char *node_id;        /* owned */
-    uint8_t *desc;        /* owned copy of the descriptor it was made from */
+    char *node_id; /* owned */
+    uint8_t *desc; /* owned copy of the descriptor it was made from */
     size_t desc_len;
-    kvf_xfer_peer_t *xp;  /* belongs to the xfer handle */
-    unsigned users;       /* requests holding it */
+    kvf_xfer_peer_t *xp; /* belongs to the xfer handle */
+    unsigned users;      /* requests holding it */
     bool stale;
 } pf_peer_t;
 
 typedef struct pf_req {
-    struct pf_req *next, *prev;  /* the request table, in arrival order */
-    kvf_envelope_t *env;         /* the PrefillRequest (owned): tokens, sampling, D */
+    struct pf_req *next, *prev; /* the request table, in arrival order */
+    kvf_envelope_t *env;        /* the PrefillRequest (owned): tokens, sampling, D */
     const Kvf__PrefillRequest *pr;
     uint64_t req_id, epoch;
     uint32_t n_prompt;
     req_state_t state;
-    pf_peer_t *peer;             /* one reference held */
+    pf_peer_t *peer; /* one reference held */
     bool alloc_sent;
     uint64_t alloc_first_try_ns, alloc_sent_ns, alloc_deadline_ns, next_alloc_try_ns;
-    bool reserved;               /* D accepted: a reservation exists there */
-    uint32_t *remote_blocks;     /* (n_prompt blocks) D's block ids, owned */
-    uint64_t not_after_ns;       /* lease end on our clock; 0 = none */
-    kvf_block_table_t local;     /* local blocks of the whole prompt (or empty) */
-    uint32_t done;               /* prompt tokens computed */
-    kvf_xfer_batch_t **batches;  /* (n_batches) posted, not yet completed; owned */
+    bool reserved;              /* D accepted: a reservation exists there */
+    uint32_t *remote_blocks;    /* (n_prompt blocks) D's block ids, owned */
+    uint64_t not_after_ns;      /* lease end on our clock; 0 = none */
+    kvf_block_table_t local;    /* local blocks of the whole prompt (or empty) */
+    uint32_t done;              /* prompt tokens computed */
+    kvf_xfer_batch_t **batches; /* (n_batches) posted, not yet completed; owned */
     size_t n_batches, cap_batches;
     bool last_posted, abort_posted;
-    kvf_status_t hook_status;    /* a post failed during the forward */
+    kvf_status_t hook_status; /* a post failed during the forward */
     /* the chunk of the forward being run */
     uint32_t chunk_start, chunk_len, ship_first, ship_end;
-    float *logits;               /* (vocab) final chunk only, owned */
+    float *logits; /* (vocab) final chunk only, owned */
     uint32_t first_token;
     uint64_t rng_after;
     uint64_t kv_bytes;
@@ -99,12 +99,12 @@ struct kvf_prefill {
     kvf_xfer_t *xfer;
     kvf_node_t *node;
     kvf_kv_geometry_t geo;
-    pf_req_t *head, *tail;  /* request table */
+    pf_req_t *head, *tail; /* request table */
     pf_peer_t *peers;
     pf_counters_t count;
     /* forward scratch */
-    pf_req_t **fwd;          /* (cap_fwd) requests of the running forward */
-    kvf_engine_seq_t *seqs;  /* (cap_fwd) */
+    pf_req_t **fwd;             /* (cap_fwd) requests of the running forward */
+    kvf_engine_seq_t *seqs;     /* (cap_fwd) */
     uint32_t *remaining, *take; /* (cap_fwd) */
     size_t cap_fwd, n_fwd;
     kvf_xfer_slice_t *slices; /* (cap_slices) one layer of one chunk */
@@ -128,8 +128,8 @@ static void send_error(kvf_prefill_t *p, uint64_t req_id, uint64_t epoch, kvf_st
     env.error = &e;
     kvf_status_t st = kvf_node_send_router(p->node, &env, PF_SEND_MS);
     if (st != KVF_OK)
-        kvf_log_warn("request %llu: error to the router not sent: %s",
-                     (unsigned long long)req_id, kvf_status_str(st));
+        kvf_log_warn("request %llu: error to the router not sent: %s", (unsigned long long)req_id,
+                     kvf_status_str(st));
 }
 
 static pf_req_t *req_find(kvf_prefill_t *p, uint64_t req_id)
@@ -149,8 +149,8 @@ static bool req_computing(const pf_req_t *r)
 
 /* A connected peer for decode node node_id with descriptor desc, with one
  * reference taken; NULL when connecting failed (*status_p says why). */
-static pf_peer_t *peer_get(kvf_prefill_t *p, const char *node_id, const uint8_t *desc,
-                           size_t len, kvf_status_t *status_p)
+static pf_peer_t *peer_get(kvf_prefill_t *p, const char *node_id, const uint8_t *desc, size_t len,
+                           kvf_status_t *status_p)
 {
     for (pf_peer_t *e = p->peers; e; e = e->next) {
         if (e->stale || strcmp(e->node_id, node_id) != 0)
@@ -175,8 +175,7 @@ static pf_peer_t *peer_get(kvf_prefill_t *p, const char *node_id, const uint8_t 
     e->desc_len = len;
     st = kvf_xfer_connect(p->xfer, desc, len, &e->xp);
     if (st != KVF_OK) {
-        kvf_log_error("decode node %s: transfer connect failed: %s", node_id,
-                      kvf_status_str(st));
+        kvf_log_error("decode node %s: transfer connect failed: %s", node_id, kvf_status_str(st));
         goto fail_copy;
     }
     e->users = 1;
@@ -276,8 +275,7 @@ static kvf_status_t req_post(kvf_prefill_t *p, pf_req_t *r, const kvf_xfer_slice
     kvf_xfer_batch_t *b = NULL;
     uint64_t until = kvf_clock_ns() + PF_POST_AGAIN_MS * 1000000ull;
     kvf_status_t st;
-    while ((st = kvf_xfer_post(r->peer->xp, &spec, &b)) == KVF_ERR_AGAIN &&
-           kvf_clock_ns() < until)
+    while ((st = kvf_xfer_post(r->peer->xp, &spec, &b)) == KVF_ERR_AGAIN && kvf_clock_ns() < until)
         kvf_xfer_progress(p->xfer);
     if (st != KVF_OK)
         return st;
@@ -298,8 +296,8 @@ static void req_abort(kvf_prefill_t *p, pf_req_t *r)
         kvf_xfer_peer_status(r->peer->xp) == KVF_OK) {
         kvf_status_t st = req_post(p, r, NULL, 0, KVF_XFER_ABORT);
         if (st != KVF_OK)
-            kvf_log_debug("request %llu: abort batch not posted: %s",
-                          (unsigned long long)r->req_id, kvf_status_str(st));
+            kvf_log_debug("request %llu: abort batch not posted: %s", (unsigned long long)r->req_id,
+                          kvf_status_str(st));
         r->abort_posted = true;
     }
     r->state = REQ_ABORTING;
@@ -400,14 +398,13 @@ static kvf_status_t check_request(kvf_prefill_t *p, const Kvf__PrefillRequest *p
     }
     for (size_t i = 0; i < pr->n_token_ids; i++) {
         if (pr->token_ids[i] >= (uint32_t)c->vocab) {
-            snprintf(why, why_len, "token id %u at %zu not below vocab size %d",
-                     pr->token_ids[i], i, c->vocab);
+            snprintf(why, why_len, "token id %u at %zu not below vocab size %d", pr->token_ids[i],
+                     i, c->vocab);
             return KVF_ERR_INVAL;
         }
     }
     if (pr->n_generated > pr->n_token_ids) {
-        snprintf(why, why_len, "n_generated %u above %zu tokens", pr->n_generated,
-                 pr->n_token_ids);
+        snprintf(why, why_len, "n_generated %u above %zu tokens", pr->n_generated, pr->n_token_ids);
         return KVF_ERR_INVAL;
     }
     kvf_sampling_params_t sp = sampling_params(pr->sampling, pr->req_id);
@@ -420,8 +417,8 @@ static kvf_status_t check_request(kvf_prefill_t *p, const Kvf__PrefillRequest *p
         snprintf(why, why_len, "no decode node");
         return KVF_ERR_INVAL;
     }
-    kvf_status_t st = kvf_xfer_check_desc(p->xfer, pr->decode_xfer_desc.data,
-                                          pr->decode_xfer_desc.len);
+    kvf_status_t st =
+        kvf_xfer_check_desc(p->xfer, pr->decode_xfer_desc.data, pr->decode_xfer_desc.len);
     if (st != KVF_OK) {
         snprintf(why, why_len, "decode node %s: transfer descriptor: %s", pr->decode_node_id,
                  kvf_status_str(st));
@@ -469,10 +466,11 @@ static void on_prefill_request(kvf_prefill_t *p, kvf_envelope_t *env)
         kvf_envelope_free(env);
         return;
     }
-    r->peer = peer_get(p, pr->decode_node_id, pr->decode_xfer_desc.data,
-                       pr->decode_xfer_desc.len, &st);
+    r->peer =
+        peer_get(p, pr->decode_node_id, pr->decode_xfer_desc.data, pr->decode_xfer_desc.len, &st);
     if (!r->peer) {
-        send_error(p, pr->req_id, pr->epoch, KVF_ERR_TRANSPORT, "cannot connect to the decode node");
+        send_error(p, pr->req_id, pr->epoch, KVF_ERR_TRANSPORT,
+                   "cannot connect to the decode node");
         free(r);
         kvf_envelope_free(env);
         return;
@@ -545,8 +543,8 @@ static void on_cancel(kvf_prefill_t *p, const Kvf__Cancel *c)
 {
     pf_req_t *r = req_find(p, c->req_id);
     if (!r || (c->epoch != 0 && c->epoch != r->epoch)) {
-        kvf_log_debug("cancel of request %llu epoch %llu: not here",
-                      (unsigned long long)c->req_id, (unsigned long long)c->epoch);
+        kvf_log_debug("cancel of request %llu epoch %llu: not here", (unsigned long long)c->req_id,
+                      (unsigned long long)c->epoch);
         return;
     }
     kvf_log_info("request %llu epoch %llu cancelled (%s)", (unsigned long long)r->req_id,
@@ -979,9 +977,9 @@ static void drain_inbox(kvf_prefill_t *p)
 static bool forward_possible(const kvf_prefill_t *p)
 {
     for (const pf_req_t *r = p->head; r; r = r->next)
-        if (r->state == REQ_READY && (r->done > 0 || r->local.n_blocks ||
-                                      kvf_kv_blocks_for_tokens(&p->geo, r->n_prompt) <=
-                                          kvf_kvpool_free_blocks(p->pool)))
+        if (r->state == REQ_READY &&
+            (r->done > 0 || r->local.n_blocks ||
+             kvf_kv_blocks_for_tokens(&p->geo, r->n_prompt) <= kvf_kvpool_free_blocks(p->pool)))
             return true;
     return false;
 }
@@ -1052,8 +1050,7 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
 kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t **prefill_p)
 {
     if (!cfg->router_url || !cfg->listen_url || !cfg->model_dir || cfg->max_batch_tokens < 1 ||
-        cfg->block_size < 1 || cfg->block_size > KVF_KV_BLOCK_SIZE_MAX ||
-        cfg->alloc_timeout_ms < 1)
+        cfg->block_size < 1 || cfg->block_size > KVF_KV_BLOCK_SIZE_MAX || cfg->alloc_timeout_ms < 1)
         return KVF_ERR_INVAL;
     kvf_prefill_t *p = calloc(1, sizeof(*p));
     if (!p)

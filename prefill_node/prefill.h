@@ -20,7 +20,7 @@
 
 #include "kvf/status.h"
 
-#define KVF_PREFILL_KV_MEM_DEFAULT (256ull << 20)
+#define KVF_PREFILL_KV_MEM_DEFAULT           (256ull << 20)
 #define KVF_PREFILL_MAX_BATCH_TOKENS_DEFAULT 2048
 #define KVF_PREFILL_ALLOC_TIMEOUT_MS_DEFAULT 5000
 

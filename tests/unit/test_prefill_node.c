@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #define N_PROMPTS 5
-#define MAX_NEW 8
+#define MAX_NEW   8
 
 typedef struct {
     kvf_model_t *model;
@@ -139,10 +139,22 @@ static void rig_start(rig_t *r, const char *max_batch_tokens)
     r->pid = fork();
     assert_true(r->pid >= 0);
     if (r->pid == 0) {
-        const char *argv[] = {KVF_BIN_DIR "/kvf-prefill", "--router", r->router_url,
-                              "--listen", r->prefill_url, "--model", dir, "--threads", "1",
-                              "--kv-mem", "4M", "--max-batch-tokens", max_batch_tokens,
-                              "--node-id", "p-test", NULL};
+        const char *argv[] = {KVF_BIN_DIR "/kvf-prefill",
+                              "--router",
+                              r->router_url,
+                              "--listen",
+                              r->prefill_url,
+                              "--model",
+                              dir,
+                              "--threads",
+                              "1",
+                              "--kv-mem",
+                              "4M",
+                              "--max-batch-tokens",
+                              max_batch_tokens,
+                              "--node-id",
+                              "p-test",
+                              NULL};
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
@@ -207,8 +219,7 @@ static void rig_stop(rig_t *r)
     kvf_model_destroy(r->model);
 }
 
-static void send_prefill(rig_t *r, uint64_t req_id, uint64_t epoch, const uint32_t *ids,
-                         size_t n)
+static void send_prefill(rig_t *r, uint64_t req_id, uint64_t epoch, const uint32_t *ids, size_t n)
 {
     Kvf__Sampling s = KVF__SAMPLING__INIT;
     s.max_tokens = MAX_NEW;
@@ -309,8 +320,8 @@ static void reference(rig_t *r, const uint32_t *ids, uint32_t n, ref_t *ref)
     uint32_t nb = kvf_kv_blocks_for_tokens(&r->geo, n);
     assert_int_equal(kvf_kvpool_alloc(ref->pool, nb, ref->blocks), KVF_OK);
     float *logits = malloc((size_t)r->model->cfg.vocab * sizeof(float));
-    kvf_engine_seq_t s = {.tokens = ids, .n_tokens = n, .block_ids = ref->blocks,
-                          .n_blocks = nb, .logits = logits};
+    kvf_engine_seq_t s = {
+        .tokens = ids, .n_tokens = n, .block_ids = ref->blocks, .n_blocks = nb, .logits = logits};
     assert_int_equal(kvf_engine_forward(e, &s, 1, NULL), KVF_OK);
     ref->first_token = kvf_sample_argmax(logits, r->model->cfg.vocab);
     free(logits);
@@ -409,8 +420,8 @@ static void test_prefill_handoff(void **state)
             assert_int_equal(k->n_generated, 0);
             assert_non_null(k->sampling);
             assert_int_equal(k->sampling->max_tokens, MAX_NEW);
-            uint64_t want = (uint64_t)kvf_kv_blocks_for_tokens(&r.geo, lens[i]) *
-                            kvf_kv_block_bytes(&r.geo);
+            uint64_t want =
+                (uint64_t)kvf_kv_blocks_for_tokens(&r.geo, lens[i]) * kvf_kv_block_bytes(&r.geo);
             assert_int_equal(k->kv_bytes, want);
             double worst = compare_kv(&r, dblocks[i], &ref[i], lens[i]);
             if (!(worst <= 1e-4))
