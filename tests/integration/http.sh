@@ -137,7 +137,7 @@ metric() { # NAME_AND_LABELS: its value on /metrics
 reference() { # PROMPT MAX_TOKENS
     "$bin/kvf" generate --model "$model" --prompt "$1" --max-tokens "$2" --ignore-eos --threads 1 \
         > "$work/ref.txt"
-    python3 -c 'import sys; t=open(sys.argv[1], encoding="utf-8", errors="surrogateescape").read(); print(t[:-1] if t.endswith("\n") else t, end="")' "$work/ref.txt"
+    python3 -c 'import sys; t=open(sys.argv[1], encoding="utf-8", newline="").read(); print(t[:-1] if t.endswith("\n") else t, end="")' "$work/ref.txt"
 }
 # Concatenated text of an SSE stream (completions text or chat content),
 # after checking the stream's shape: every event is data: JSON of one id,
@@ -301,7 +301,7 @@ EOF
     [[ $(post /v1/completions "$body" "$work/c.json") == 200 ]] || fail "id prompt: $(cat "$work/c.json")"
     "$bin/kvf" generate --model "$model" --prompt-ids "$ids" --max-tokens 8 --ignore-eos \
         --threads 1 > "$work/ref.txt"
-    want=$(python3 -c 'import sys; t=open(sys.argv[1]).read(); print(t[:-1] if t.endswith("\n") else t, end="")' "$work/ref.txt")
+    want=$(python3 -c 'import sys; t=open(sys.argv[1], encoding="utf-8", newline="").read(); print(t[:-1] if t.endswith("\n") else t, end="")' "$work/ref.txt")
     [[ $(json "$work/c.json" 'd["choices"][0]["text"]') == "$want" ]] || fail "id prompt: $(cat "$work/c.json") vs '$want'"
     [[ $(json "$work/c.json" 'd["usage"]["prompt_tokens"]') == $((prompt_tokens + 2)) ]] ||
         fail "id prompt usage: $(cat "$work/c.json")"
