@@ -120,22 +120,37 @@ void kvf_cpu_swiglu_row_avx512(float *out, const float *gate, const float *up, i
     }
 }
 
-/* a(hd) = alpha * a + sum_j p[j] * V[j], NC = hd / 16 chunks in registers. */
+/* a(hd) = alpha * a + sum_j p[j] * V[j], NC = hd / 16 chunks in registers.
+ * Even and odd keys go to separate accumulators: two FMA chains per chunk
+ * instead of one, so the loop is not bound by FMA latency. */
 INLINE void pv_regs(float *a, const float *V, const float *p, int cr, int hd, float alpha,
                     const int NC)
 {
-    __m512 acc[NC];
+    __m512 acc[NC], acc2[NC];
     __m512 al = _mm512_set1_ps(alpha);
     _Pragma("GCC unroll 16") for (int c = 0; c < NC; c++)
+    {
         acc[c] = _mm512_mul_ps(al, _mm512_loadu_ps(a + 16 * c));
-    for (int j = 0; j < cr; j++) {
-        __m512 pj = _mm512_set1_ps(p[j]);
-        const float *vj = V + (size_t)j * (size_t)hd;
+        acc2[c] = _mm512_setzero_ps();
+    }
+    int j = 0;
+    for (; j + 2 <= cr; j += 2) {
+        __m512 p0 = _mm512_set1_ps(p[j]), p1 = _mm512_set1_ps(p[j + 1]);
+        const float *v0 = V + (size_t)j * (size_t)hd, *v1 = v0 + hd;
         _Pragma("GCC unroll 16") for (int c = 0; c < NC; c++)
-            acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16 * c), acc[c]);
+        {
+            acc[c] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * c), acc[c]);
+            acc2[c] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * c), acc2[c]);
+        }
+    }
+    if (j < cr) {
+        __m512 p0 = _mm512_set1_ps(p[j]);
+        const float *v0 = V + (size_t)j * (size_t)hd;
+        _Pragma("GCC unroll 16") for (int c = 0; c < NC; c++)
+            acc[c] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * c), acc[c]);
     }
     _Pragma("GCC unroll 16") for (int c = 0; c < NC; c++)
-        _mm512_storeu_ps(a + 16 * c, acc[c]);
+        _mm512_storeu_ps(a + 16 * c, _mm512_add_ps(acc[c], acc2[c]));
 }
 
 static void pv_any(float *a, const float *V, const float *p, int cr, int hd, float alpha)
@@ -226,7 +241,31 @@ void kvf_cpu_attention_tile_avx512(const kvf_cpu_attn_tile_t *t, float *scratch)
                         const float *kt = Kt + j;
                         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
                         __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+                        __m512 a4 = _mm512_setzero_ps(), a5 = _mm512_setzero_ps();
+                        __m512 a6 = _mm512_setzero_ps(), a7 = _mm512_setzero_ps();
                         int d = 0;
+                        for (; d + 8 <= hd; d += 8) {
+                            a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]),
+                                                 _mm512_loadu_ps(kt + (size_t)d * bsp), a0);
+                            a1 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 1]),
+                                                 _mm512_loadu_ps(kt + (size_t)(d + 1) * bsp), a1);
+                            a2 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 2]),
+                                                 _mm512_loadu_ps(kt + (size_t)(d + 2) * bsp), a2);
+                            a3 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 3]),
+                                                 _mm512_loadu_ps(kt + (size_t)(d + 3) * bsp), a3);
+                            a4 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 4]),
+                                                 _mm512_loadu_ps(kt + (size_t)(d + 4) * bsp), a4);
+                            a5 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 5]),
+                                                 _mm512_loadu_ps(kt + (size_t)(d + 5) * bsp), a5);
+                            a6 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 6]),
+                                                 _mm512_loadu_ps(kt + (size_t)(d + 6) * bsp), a6);
+                            a7 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 7]),
+                                                 _mm512_loadu_ps(kt + (size_t)(d + 7) * bsp), a7);
+                        }
+                        a0 = _mm512_add_ps(a0, a4);
+                        a1 = _mm512_add_ps(a1, a5);
+                        a2 = _mm512_add_ps(a2, a6);
+                        a3 = _mm512_add_ps(a3, a7);
                         for (; d + 4 <= hd; d += 4) {
                             a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]),
                                                  _mm512_loadu_ps(kt + (size_t)d * bsp), a0);
