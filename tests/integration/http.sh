@@ -29,19 +29,29 @@ pids=()
 export UCX_NET_DEVICES=lo
 export KVF_LOG=${KVF_LOG:-info}
 
+routers=()
+# Stops every process; fails (status 1) when a router did not exit 0 within
+# 5 s of SIGTERM (a crash, a sanitizer report, a hang in shutdown).
 stop_all() {
-    local pid
+    local pid rc bad=0
     for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do
         for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         kill -KILL "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
+        rc=0
+        wait "$pid" 2>/dev/null || rc=$?
+        if [[ $rc != 0 && " ${routers[*]} " == *" $pid "* ]]; then
+            echo "router (pid $pid) exited with status $rc" >&2
+            bad=1
+        fi
     done
     pids=()
+    routers=()
+    return $bad
 }
 cleanup() {
     local rc=$?
-    stop_all
+    stop_all || true
     if [[ $rc != 0 ]]; then
         for log in "$work"/*.log; do
             [[ -f $log ]] && { echo "---- $log"; tail -n 30 "$log"; } >&2
@@ -87,6 +97,7 @@ start_router() {
     "$bin/kvf-router" --listen "$inbox" --client "$client" --http "127.0.0.1:$port" "$@" \
         > "$work/$name.log" 2>&1 &
     pids+=($!)
+    routers+=($!)
     for _ in $(seq 100); do
         curl -s -o /dev/null --max-time 2 "$http/v1/models" -H "Authorization: Bearer $key" &&
             return 0
@@ -210,7 +221,7 @@ code=$(curl -s -D "$work/hdr" -o "$work/err.json" -w '%{http_code}' --max-time 1
 [[ $code == 503 ]] || fail "no nodes, no queue: $code $(cat "$work/err.json")"
 grep -qi '^Retry-After: ' "$work/hdr" || fail "503 without Retry-After"
 pass "503 + Retry-After when the cluster cannot serve"
-stop_all
+stop_all || fail "a router did not stop cleanly"
 
 # ---- 2. clusters ---------------------------------------------------------------------
 npm_dir=$work/npm
@@ -429,7 +440,7 @@ EOF
     pass "metrics: after $n requests, counters and histogram counts grew by $n"
 
     node_client
-    stop_all
+    stop_all || fail "a router did not stop cleanly"
 done
 
 # ---- 3. overload: 429 with Retry-After --------------------------------------------------
@@ -458,5 +469,5 @@ for i in 1 2 3 4; do
 done
 [[ $n200 -ge 1 && $n429 -ge 1 ]] || fail "overload: $n200 answered, $n429 refused (want both)"
 pass "overload: 429 with Retry-After while another request runs"
-stop_all
+stop_all || fail "a router did not stop cleanly"
 echo "all HTTP tests passed"
