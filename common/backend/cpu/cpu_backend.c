@@ -348,17 +348,6 @@ static const kvf_backend_ops_t cpu_ops = {
     .destroy = cpu_destroy,
 };
 
-static const kvf_backend_ops_t cpu_portable_ops = {
-    .name = "cpu-portable",
-    .matmul = cpu_matmul,
-    .rmsnorm = cpu_rmsnorm,
-    .rope = cpu_rope,
-    .kv_write = cpu_kv_write,
-    .attention = cpu_attention,
-    .swiglu = cpu_swiglu,
-    .synchronize = NULL,
-    .destroy = cpu_destroy,
-};
 
 kvf_status_t kvf_backend_cpu_create_ex(int n_threads, bool allow_simd, kvf_backend_t *be_p)
 {
@@ -380,7 +369,7 @@ kvf_status_t kvf_backend_cpu_create_ex(int n_threads, bool allow_simd, kvf_backe
     /* Our pool splits every sgemm; OpenBLAS threads on top would fight it
      * for the same cores. */
     openblas_set_num_threads(1);
-    be_p->ops = cx->avx512 ? &cpu_ops : &cpu_portable_ops;
+    be_p->ops = &cpu_ops;
     be_p->ctx = cx;
     return KVF_OK;
 }
@@ -392,7 +381,7 @@ kvf_status_t kvf_backend_cpu_create(int n_threads, kvf_backend_t *be_p)
 
 int kvf_backend_cpu_threads(const kvf_backend_t *be)
 {
-    if (be->ops != &cpu_ops && be->ops != &cpu_portable_ops)
+    if (be->ops != &cpu_ops)
         return 0;
     return ((const cpu_ctx_t *)be->ctx)->n_threads;
 }
