@@ -30,6 +30,11 @@
 #define HTTP_SSE_BLOCK     16384
 #define HTTP_MAX_MESSAGES  4096
 
+/* Status codes counted on /metrics (kvf_http_responses_total); others count
+ * as "other". */
+static const unsigned counted_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503, 504};
+#define N_COUNTED (sizeof(counted_codes) / sizeof(counted_codes[0]))
+
 /* ---- exchanges: one request shared by a connection thread and the loop ------ */
 
 typedef enum {
@@ -95,6 +100,7 @@ struct kvf_http {
     int64_t started; /* unix seconds */
     atomic_bool stopping;
     atomic_uint_fast64_t next_id;
+    atomic_uint_fast64_t responses[N_COUNTED + 1]; /* by counted_codes; last: other */
     pthread_mutex_t lock;
     exch_t *exchanges; /* (lock) every live exchange */
 };
@@ -160,6 +166,32 @@ static void exch_unref(exch_t *e)
         e->next->prev = e->prev;
     pthread_mutex_unlock(&h->lock);
     exch_free(e);
+}
+
+/* Queues resp with code and counts it for /metrics. */
+static enum MHD_Result queue_response(kvf_http_t *h, struct MHD_Connection *c, unsigned code,
+                                      struct MHD_Response *resp)
+{
+    size_t i = 0;
+    while (i < N_COUNTED && counted_codes[i] != code)
+        i++;
+    atomic_fetch_add(&h->responses[i], 1);
+    return MHD_queue_response(c, code, resp);
+}
+
+/* Appends the HTTP response counters to a /metrics page. */
+static void render_http_metrics(kvf_http_t *h, kvf_strbuf_t *sb)
+{
+    kvf_strbuf_puts(sb, "# HELP kvf_http_responses_total HTTP responses by status code.\n"
+                        "# TYPE kvf_http_responses_total counter\n");
+    for (size_t i = 0; i <= N_COUNTED; i++) {
+        unsigned long long n = (unsigned long long)atomic_load(&h->responses[i]);
+        if (i < N_COUNTED)
+            kvf_strbuf_printf(sb, "kvf_http_responses_total{code=\"%u\"} %llu\n", counted_codes[i],
+                              n);
+        else
+            kvf_strbuf_printf(sb, "kvf_http_responses_total{code=\"other\"} %llu\n", n);
+    }
 }
 
 /* ---- the loop's side (these run on the router's loop thread) ------------------ */
@@ -246,10 +278,21 @@ static void loop_query(kvf_router_t *r, void *arg)
         code = ok ? 200 : 503;
     } else {
         kvf_router_snapshot_t snap;
+        char *page = NULL;
+        size_t page_len = 0;
         if (kvf_router_snapshot(r, &snap) == KVF_OK) {
-            if (kvf_metrics_render(kvf_router_metrics(r), &snap, &body, &len) != KVF_OK)
-                body = NULL;
+            if (kvf_metrics_render(kvf_router_metrics(r), &snap, &page, &page_len) != KVF_OK)
+                page = NULL;
             kvf_router_snapshot_fini(&snap);
+        }
+        if (page) {
+            kvf_strbuf_t sb;
+            kvf_strbuf_init(&sb);
+            kvf_strbuf_append(&sb, page, page_len);
+            free(page);
+            render_http_metrics(e->http, &sb);
+            if (kvf_strbuf_take(&sb, &body, &len) != KVF_OK)
+                body = NULL;
         }
     }
     pthread_mutex_lock(&e->lock);
@@ -346,8 +389,8 @@ static void exch_cancel(exch_t *e)
 
 /* ---- responses ---------------------------------------------------------------- */
 
-static enum MHD_Result respond(struct MHD_Connection *c, unsigned code, const char *type,
-                               char *body, size_t len, const char *retry_after)
+static enum MHD_Result respond(kvf_http_t *h, struct MHD_Connection *c, unsigned code,
+                               const char *type, char *body, size_t len, const char *retry_after)
 {
     /* body: malloc'd, owned by the response from here on. */
     struct MHD_Response *resp = MHD_create_response_from_buffer(
@@ -359,19 +402,19 @@ static enum MHD_Result respond(struct MHD_Connection *c, unsigned code, const ch
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (retry_after)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, retry_after);
-    enum MHD_Result ret = MHD_queue_response(c, code, resp);
+    enum MHD_Result ret = queue_response(h, c, code, resp);
     MHD_destroy_response(resp);
     return ret;
 }
 
-static enum MHD_Result respond_json(struct MHD_Connection *c, unsigned code, cJSON *root,
-                                    const char *retry_after)
+static enum MHD_Result respond_json(kvf_http_t *h, struct MHD_Connection *c, unsigned code,
+                                    cJSON *root, const char *retry_after)
 {
     char *text = root ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
     if (!text)
         return MHD_NO;
-    return respond(c, code, "application/json", text, strlen(text), retry_after);
+    return respond(h, c, code, "application/json", text, strlen(text), retry_after);
 }
 
 /* An OpenAI error object. */
@@ -420,12 +463,13 @@ static cJSON *error_json(const http_error_t *err)
     return root;
 }
 
-static enum MHD_Result respond_error(struct MHD_Connection *c, const http_error_t *err)
+static enum MHD_Result respond_error(kvf_http_t *h, struct MHD_Connection *c,
+                                     const http_error_t *err)
 {
     const char *retry = err->code == MHD_HTTP_TOO_MANY_REQUESTS     ? "1"
                         : err->code == MHD_HTTP_SERVICE_UNAVAILABLE ? "5"
                                                                     : NULL;
-    return respond_json(c, err->code, error_json(err), retry);
+    return respond_json(h, c, err->code, error_json(err), retry);
 }
 
 /* The error a failed request answers with. */
@@ -1063,15 +1107,15 @@ static enum MHD_Result handle_models(kvf_http_t *h, struct MHD_Connection *c, co
             http_error_t err;
             set_error(&err, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model", "model_not_found",
                       "the model '%.100s' does not exist", url + 11);
-            return respond_error(c, &err);
+            return respond_error(h, c, &err);
         }
-        return respond_json(c, MHD_HTTP_OK, model_json(h), NULL);
+        return respond_json(h, c, MHD_HTTP_OK, model_json(h), NULL);
     }
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(root, "data");
     cJSON_AddItemToArray(data, model_json(h));
-    return respond_json(c, MHD_HTTP_OK, root, NULL);
+    return respond_json(h, c, MHD_HTTP_OK, root, NULL);
 }
 
 /* /health and /metrics: asks the loop and waits (bounded) for its answer. */
@@ -1086,7 +1130,7 @@ static enum MHD_Result handle_query(kvf_http_t *h, struct MHD_Connection *c, ex_
         exch_unref(e);
         exch_unref(e);
         set_error(&err, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL, NULL, "out of memory");
-        return respond_error(c, &err);
+        return respond_error(h, c, &err);
     }
     pthread_mutex_lock(&e->lock);
     wait_result_t w = exch_wait(e, ready_answered, h->loop_wait_ms);
@@ -1100,14 +1144,14 @@ static enum MHD_Result handle_query(kvf_http_t *h, struct MHD_Connection *c, ex_
     if (w != WAIT_OK) {
         set_error(&err, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL, NULL,
                   "the router's event loop did not answer in %u ms", h->loop_wait_ms);
-        return respond_error(c, &err);
+        return respond_error(h, c, &err);
     }
     if (!body) {
         set_error(&err, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, NULL,
                   "out of memory");
-        return respond_error(c, &err);
+        return respond_error(h, c, &err);
     }
-    return respond(c, code,
+    return respond(h, c, code,
                    kind == EX_METRICS ? "text/plain; version=0.0.4; charset=utf-8"
                                       : "application/json",
                    body, len, NULL);
@@ -1120,7 +1164,7 @@ static enum MHD_Result handle_generate(kvf_http_t *h, struct MHD_Connection *c, 
     cJSON *root = cJSON_ParseWithLength(cr->body.data ? cr->body.data : "", cr->body.len);
     if (!root) {
         BAD_REQUEST(&err, NULL, "the request body is not valid JSON");
-        return respond_error(c, &err);
+        return respond_error(h, c, &err);
     }
     exch_t *e = exch_create(h, EX_GENERATE);
     if (!e) {
@@ -1135,7 +1179,7 @@ static enum MHD_Result handle_generate(kvf_http_t *h, struct MHD_Connection *c, 
     bool ok = parse_request(e, root, &err);
     cJSON_Delete(root);
     if (!ok)
-        return respond_error(c, &err);
+        return respond_error(h, c, &err);
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     e->fd = ci ? ci->connect_fd : -1;
@@ -1143,7 +1187,7 @@ static enum MHD_Result handle_generate(kvf_http_t *h, struct MHD_Connection *c, 
     if (kvf_router_post(h->router, loop_submit, e) != KVF_OK) {
         exch_unref(e);
         set_error(&err, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL, NULL, "out of memory");
-        return respond_error(c, &err);
+        return respond_error(h, c, &err);
     }
 
     pthread_mutex_lock(&e->lock);
@@ -1154,7 +1198,7 @@ static enum MHD_Result handle_generate(kvf_http_t *h, struct MHD_Connection *c, 
         if (w == WAIT_TIMEOUT) {
             set_error(&err, MHD_HTTP_GATEWAY_TIMEOUT, "server_error", NULL, "timeout",
                       "no output within %u ms", h->max_wait_ms);
-            return respond_error(c, &err);
+            return respond_error(h, c, &err);
         }
         return MHD_NO; /* the client left, or the server stops: close */
     }
@@ -1174,9 +1218,9 @@ static enum MHD_Result handle_generate(kvf_http_t *h, struct MHD_Connection *c, 
     pthread_mutex_unlock(&e->lock);
     free(text);
     if (failed && (!e->stream || !started))
-        return respond_error(c, &err);
+        return respond_error(h, c, &err);
     if (!e->stream)
-        return respond_json(c, MHD_HTTP_OK, answer, NULL);
+        return respond_json(h, c, MHD_HTTP_OK, answer, NULL);
 
     if (e->chat)
         sse_chunk(e, "", 0, true);
@@ -1190,7 +1234,7 @@ static enum MHD_Result handle_generate(kvf_http_t *h, struct MHD_Connection *c, 
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    enum MHD_Result ret = queue_response(h, c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return ret;
 }
@@ -1230,7 +1274,7 @@ static bool check_headers(kvf_http_t *h, struct MHD_Connection *c, conn_req_t *c
         set_error(&err, MHD_HTTP_NOT_FOUND, "invalid_request_error", NULL, "not_found",
                   "no such endpoint; this server has POST /v1/completions, POST "
                   "/v1/chat/completions, GET /v1/models, GET /health and GET /metrics");
-        *ret = respond_error(c, &err);
+        *ret = respond_error(h, c, &err);
         return true;
     }
     if (post_route ? !cr->post : !get) {
@@ -1253,7 +1297,7 @@ static bool check_headers(kvf_http_t *h, struct MHD_Connection *c, conn_req_t *c
         }
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, post_route ? "POST" : "GET, HEAD");
-        *ret = MHD_queue_response(c, MHD_HTTP_METHOD_NOT_ALLOWED, resp);
+        *ret = queue_response(h, c, MHD_HTTP_METHOD_NOT_ALLOWED, resp);
         MHD_destroy_response(resp);
         return true;
     }
@@ -1261,7 +1305,7 @@ static bool check_headers(kvf_http_t *h, struct MHD_Connection *c, conn_req_t *c
     if (protected && !authorized(h, c)) {
         set_error(&err, MHD_HTTP_UNAUTHORIZED, "authentication_error", NULL, "invalid_api_key",
                   "a valid API key is required (Authorization: Bearer KEY)");
-        *ret = respond_error(c, &err);
+        *ret = respond_error(h, c, &err);
         return true;
     }
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -1272,7 +1316,7 @@ static bool check_headers(kvf_http_t *h, struct MHD_Connection *c, conn_req_t *c
             set_error(&err, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL,
                       "request_too_large", "the request body is larger than %zu bytes",
                       h->max_body);
-            *ret = respond_error(c, &err);
+            *ret = respond_error(h, c, &err);
             return true;
         }
     }
@@ -1311,11 +1355,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (cr->too_big) {
         set_error(&err, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL,
                   "request_too_large", "the request body is larger than %zu bytes", h->max_body);
-        return respond_error(c, &err);
+        return respond_error(h, c, &err);
     }
     if (cr->body.failed) {
         set_error(&err, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL, NULL, "out of memory");
-        return respond_error(c, &err);
+        return respond_error(h, c, &err);
     }
     switch (cr->route) {
     case ROUTE_COMPLETIONS:

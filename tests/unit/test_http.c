@@ -384,6 +384,11 @@ static void test_overload_and_hangup(void **state)
                               "brief.\"}, {\"role\": \"user\", \"content\": [{\"type\": "
                               "\"text\", \"text\": \"Hi\"}]}], \"max_tokens\": 3}");
     wait_metric("kvf_num_requests_waiting", 1);
+    /* Responses by status code, from the tests before. */
+    assert_true(metric("kvf_http_responses_total{code=\"413\"}") == 2);
+    assert_true(metric("kvf_http_responses_total{code=\"401\"}") == 5);
+    assert_true(metric("kvf_http_responses_total{code=\"503\"}") >= 2);
+    assert_true(metric("kvf_http_responses_total{code=\"200\"}") >= 5);
 }
 
 int main(void)
