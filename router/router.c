@@ -446,6 +446,28 @@ static void schedule(kvf_router_t *r, req_t *q)
         dispatch(r, q, p, d);
         return;
     }
+    /* A request no live decode node could ever hold would wait in vain. */
+    uint32_t largest = 0, need = 0;
+    bool any_decode = false;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        rnode_t *n = &r->nodes[i];
+        if (!n->used || n->role != KVF__ROLE__ROLE_DECODE || n->state == NODE_DEAD)
+            continue;
+        any_decode = true;
+        need = blocks_for(tokens, n->block_size);
+        if (n->capacity_blocks >= need && (!n->max_context || tokens <= n->max_context))
+            largest = need;
+        else if (largest < need && n->capacity_blocks > largest)
+            largest = n->capacity_blocks;
+    }
+    if (any_decode && largest < need) {
+        char why[160];
+        snprintf(why, sizeof(why),
+                 "request needs %u KV blocks (%u tokens); the largest decode node holds %u",
+                 need, tokens, largest);
+        req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_TOO_BIG, why);
+        return;
+    }
     if (r->queue_len >= r->cfg.max_queue) {
         req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NO_SPACE,
                    "overloaded: no decode node has room and the wait queue is full");
@@ -940,6 +962,9 @@ uint64_t kvf_router_submit(kvf_router_t *r, const kvf_router_gen_t *g,
         }
         memcpy(ids, g->ids, g->n_ids * sizeof(*ids));
         n = g->n_ids;
+    } else if (!g->prompt || !*g->prompt) {
+        reject(r, sink, KVF_ERR_INVAL, "empty prompt");
+        return 0;
     } else if (kvf_tokenizer_encode(r->tok, g->prompt ? g->prompt : "",
                                     g->prompt ? strlen(g->prompt) : 0, true, &ids,
                                     &n) != KVF_OK) {

@@ -125,9 +125,9 @@ static void test_2_prefill_3_decode_tcp(void **state)
 }
 
 /* Two requests that cannot both fit the decode node's pool: the second is
- * refused (KvAlloc), waits, and completes after the first. A third is
- * cancelled mid-stream. Afterwards no block is in use. */
-static void test_refusal_and_cancel(void **state)
+ * refused (KvAlloc), waits, and completes after the first; one that can
+ * never fit fails at once. Afterwards no block is in use. */
+static void test_refusal(void **state)
 {
     (void)state;
     h_cluster_t c;
@@ -157,18 +157,17 @@ static void test_refusal_and_cancel(void **state)
     }
     h_wait_no_blocks_used(&c, 5000);
 
-    /* Cancel after 5 tokens of a long generation. */
-    h_gen_t cg;
-    memset(&cg, 0, sizeof(cg));
-    cg.prompt = h_prompt(50, VOCAB, 7);
-    cg.n_prompt = 50;
-    cg.max_tokens = 4000;
-    cg.ignore_eos = true;
-    int cancel_after = 5;
-    h_generate_many(&c, &cg, 1, &cancel_after, 60000);
-    assert_int_equal(cg.finish, 3 /* CANCELLED */);
-    assert_true(cg.n_out >= 5 && cg.n_out < 4000);
-    h_wait_no_blocks_used(&c, 15000);
+    /* A request larger than any decode node's pool fails at once. */
+    h_gen_t huge;
+    memset(&huge, 0, sizeof(huge));
+    huge.prompt = h_prompt(600, VOCAB, 9);
+    huge.n_prompt = 600;
+    huge.max_tokens = 100;
+    h_generate_many(&c, &huge, 1, NULL, 10000);
+    assert_int_equal(huge.finish, 4 /* ERROR */);
+    assert_int_equal(huge.status, KVF_ERR_TOO_BIG);
+    h_gen_free(&huge);
+    free(huge.prompt);
 
     /* The cluster still serves. */
     h_gen_t after = g[0];
@@ -186,9 +185,43 @@ static void test_refusal_and_cancel(void **state)
         h_gen_free(&g[i]);
         free(g[i].prompt);
     }
+    h_gen_free(&after);
+}
+
+/* A long generation cancelled mid-stream: the client gets CANCELLED, both
+ * nodes free the request's blocks, and the cluster keeps serving. */
+static void test_cancel(void **state)
+{
+    (void)state;
+    h_cluster_t c;
+    h_cluster_init(&c, model_dir, "sm,self");
+    h_start_router(&c, NULL);
+    h_start_node(&c, "decode", "decode-0", NULL);
+    h_start_node(&c, "prefill", "prefill-0", NULL);
+    h_wait_nodes(&c, 2, 30000);
+    /* Cancel after 5 tokens of a long generation. */
+    h_gen_t cg;
+    memset(&cg, 0, sizeof(cg));
+    cg.prompt = h_prompt(50, VOCAB, 7);
+    cg.n_prompt = 50;
+    cg.max_tokens = 4000;
+    cg.ignore_eos = true;
+    int cancel_after = 5;
+    h_generate_many(&c, &cg, 1, &cancel_after, 60000);
+    assert_int_equal(cg.finish, 3 /* CANCELLED */);
+    assert_true(cg.n_out >= 5 && cg.n_out < 4000);
+    h_wait_no_blocks_used(&c, 15000);
+
     h_gen_free(&cg);
     free(cg.prompt);
-    h_gen_free(&after);
+    h_generate_many(&c, reqs, 2, NULL, 60000);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(reqs[i].n_out, n_refs[i]);
+        assert_memory_equal(reqs[i].out, refs[i], n_refs[i] * sizeof(uint32_t));
+        h_gen_free(&reqs[i]);
+    }
+    h_wait_no_blocks_used(&c, 5000);
+    h_cluster_stop(&c, false);
 }
 
 static void test_decode_node_joins(void **state)
@@ -281,7 +314,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_1_prefill_1_decode_shm),
         cmocka_unit_test(test_2_prefill_3_decode_tcp),
-        cmocka_unit_test(test_refusal_and_cancel),
+        cmocka_unit_test(test_refusal),
+        cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_decode_node_joins),
         cmocka_unit_test(test_invalid_requests),
     };
