@@ -44,14 +44,16 @@ INLINE __mmask16 tail_mask(int n)
 INLINE void gemv_block(float *y, const float *x, const float *w, const float *bias, int n, int k,
                        int r, const int M, const int R, int accumulate)
 {
-    __m512 acc[R][M];
+    /* Fixed-size arrays (M and R are constants once inlined; arrays sized
+     * by them would be VLAs, which live in memory, not registers). */
+    __m512 acc[4][KVF_CPU_GEMV_MAX_M];
     _Pragma("GCC unroll 16") for (int rr = 0; rr < R; rr++)
         _Pragma("GCC unroll 16") for (int i = 0; i < M; i++)
             acc[rr][i] = _mm512_setzero_ps();
     const float *wr = w + (size_t)r * (size_t)k;
     int d = 0;
     for (; d + 16 <= k; d += 16) {
-        __m512 xv[M];
+        __m512 xv[KVF_CPU_GEMV_MAX_M];
         _Pragma("GCC unroll 16") for (int i = 0; i < M; i++)
             xv[i] = _mm512_loadu_ps(x + (size_t)i * (size_t)k + d);
         _Pragma("GCC unroll 16") for (int rr = 0; rr < R; rr++) {
@@ -62,7 +64,7 @@ INLINE void gemv_block(float *y, const float *x, const float *w, const float *bi
     }
     if (d < k) {
         __mmask16 mk = tail_mask(k - d);
-        __m512 xv[M];
+        __m512 xv[KVF_CPU_GEMV_MAX_M];
         _Pragma("GCC unroll 16") for (int i = 0; i < M; i++)
             xv[i] = _mm512_maskz_loadu_ps(mk, x + (size_t)i * (size_t)k + d);
         _Pragma("GCC unroll 16") for (int rr = 0; rr < R; rr++) {
@@ -126,7 +128,7 @@ void kvf_cpu_swiglu_row_avx512(float *out, const float *gate, const float *up, i
 INLINE void pv_regs(float *a, const float *V, const float *p, int cr, int hd, float alpha,
                     const int NC)
 {
-    __m512 acc[NC], acc2[NC];
+    __m512 acc[8], acc2[8]; /* NC <= 8; fixed size so they stay in registers */
     __m512 al = _mm512_set1_ps(alpha);
     _Pragma("GCC unroll 16") for (int c = 0; c < NC; c++)
     {
