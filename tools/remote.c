@@ -78,6 +78,7 @@ int kvf_remote_generate(const kvf_remote_generate_t *req)
         if (c->finish_reason != KVF__FINISH_REASON__FINISH_NONE) {
             if (req->print_ids || n_tokens)
                 printf("\n");
+            fflush(stdout);
             if (c->finish_reason == KVF__FINISH_REASON__FINISH_ERROR) {
                 fprintf(stderr, "kvf generate: %s (%s)\n", c->error,
                         kvf_status_str((kvf_status_t)c->status));
