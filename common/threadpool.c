@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -28,13 +29,18 @@ typedef struct {
 struct kvf_threadpool {
     int n_threads;
     worker_t *workers; /* (n_threads - 1) */
-    /* The current run. generation changes when a run is posted. */
-    _Atomic unsigned generation;
-    kvf_task_fn fn;
-    void *arg;
-    int n_tasks;
-    atomic_int next_task;
-    atomic_int active;    /* workers still inside the current run */
+    /* The current run. generation changes when a run is posted. claim
+     * holds (generation << 32 | next task index): a task is taken by a
+     * compare-and-swap that also checks the generation, so a worker that
+     * wakes late cannot take (or skip) a task of a later run. The caller
+     * waits for `done` tasks, not for workers: a worker the scheduler has
+     * parked costs nothing unless it holds a task. */
+    _Atomic uint32_t generation;
+    _Atomic(kvf_task_fn) fn;
+    _Atomic(void *) arg;
+    atomic_int n_tasks;
+    _Atomic uint64_t claim;
+    atomic_int done;
     atomic_bool stop;
     pthread_mutex_t lock; /* guards sleeping and the wakeup */
     pthread_cond_t wake;
@@ -47,13 +53,29 @@ int kvf_cpu_count(void)
     return n > 0 ? (int)n : 1;
 }
 
-static void run_tasks(struct kvf_threadpool *p, int thread)
+#define CLAIM_CLOSED 0xffffffffu
+
+/* Takes and runs tasks of run gen until none is left (or gen is over).
+ * The caller closes the claim word before it rewrites fn/arg/n_tasks for
+ * the next run, so a successful claim proves the fields read since the
+ * claim word was loaded belong to gen. Sequentially consistent atomics
+ * throughout: the argument needs a single order of these operations. */
+static void run_tasks(struct kvf_threadpool *p, uint32_t gen, int thread)
 {
+    uint64_t c = atomic_load(&p->claim);
+    if ((uint32_t)(c >> 32) != gen || (uint32_t)c == CLAIM_CLOSED)
+        return;
+    kvf_task_fn fn = atomic_load(&p->fn);
+    void *arg = atomic_load(&p->arg);
+    int n_tasks = atomic_load(&p->n_tasks);
     for (;;) {
-        int i = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
-        if (i >= p->n_tasks)
-            break;
-        p->fn(p->arg, i, thread);
+        if ((uint32_t)(c >> 32) != gen || (uint32_t)c >= (uint32_t)n_tasks)
+            return;
+        if (!atomic_compare_exchange_weak(&p->claim, &c, c + 1))
+            continue;
+        fn(arg, (int)(uint32_t)c, thread);
+        atomic_fetch_add(&p->done, 1);
+        c = atomic_load(&p->claim);
     }
 }
 
@@ -63,9 +85,9 @@ static void *worker_main(void *arg)
     struct kvf_threadpool *p = w->pool;
     /* Generation 0 is "no run yet": a run posted before this thread got
      * here must still count this worker in. */
-    unsigned seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        unsigned gen;
+        uint32_t gen;
         int spins = 0;
         while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
                !atomic_load_explicit(&p->stop, memory_order_relaxed)) {
@@ -84,8 +106,7 @@ static void *worker_main(void *arg)
         if (atomic_load_explicit(&p->stop, memory_order_relaxed))
             break;
         seen = gen;
-        run_tasks(p, w->index);
-        atomic_fetch_sub_explicit(&p->active, 1, memory_order_release);
+        run_tasks(p, gen, w->index);
     }
     return NULL;
 }
@@ -156,19 +177,23 @@ void kvf_threadpool_run(kvf_threadpool_t *p, kvf_task_fn fn, void *arg, int n_ta
             fn(arg, i, 0);
         return;
     }
-    p->fn = fn;
-    p->arg = arg;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->active, p->n_threads - 1, memory_order_relaxed);
+    uint32_t gen = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
+    if (gen == 0) /* 0 means "no run yet" to a starting worker */
+        gen = 1;
+    atomic_store(&p->claim, ((uint64_t)gen << 32) | CLAIM_CLOSED);
+    atomic_store(&p->fn, fn);
+    atomic_store(&p->arg, arg);
+    atomic_store(&p->n_tasks, n_tasks);
+    atomic_store(&p->done, 0);
+    atomic_store(&p->claim, (uint64_t)gen << 32);
     pthread_mutex_lock(&p->lock);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    atomic_store_explicit(&p->generation, gen, memory_order_release);
     if (p->sleepers > 0)
         pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
-    run_tasks(p, 0);
+    run_tasks(p, gen, 0);
     int spins = 0;
-    while (atomic_load_explicit(&p->active, memory_order_acquire) > 0) {
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks) {
         if (++spins < KVF_POOL_SPIN)
             cpu_relax();
         else
