@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -71,9 +72,10 @@ static kvf_envelope_t *next_msg(rig_t *r, int ms, bool *from_router_p)
 {
     uint64_t until = kvf_clock_ns() + (uint64_t)ms * 1000000ull;
     for (;;) {
-        kvf_xfer_progress(r->dxfer);
         kvf_xfer_event_t ev;
-        while (kvf_xfer_poll(r->dxfer, &ev) == KVF_OK) {
+        if (r->dxfer)
+            kvf_xfer_progress(r->dxfer);
+        while (r->dxfer && kvf_xfer_poll(r->dxfer, &ev) == KVF_OK) {
             if (ev.kind == KVF_XFER_EV_LANDED) {
                 r->landed_bytes += ev.bytes;
                 r->landed_last += ev.last;
@@ -108,11 +110,31 @@ static kvf_envelope_t *next_msg(rig_t *r, int ms, bool *from_router_p)
     }
 }
 
-static void rig_start(rig_t *r, const char *max_batch_tokens)
+/* The running kvf-prefill, killed by the teardown if a test failed before
+ * stopping it. */
+static pid_t child_pid;
+
+static int kill_child(void **state)
+{
+    (void)state;
+    if (child_pid > 0) {
+        kill(child_pid, SIGKILL);
+        waitpid(child_pid, NULL, 0);
+        child_pid = 0;
+    }
+    return 0;
+}
+
+/* model_dir NULL: the golden tiny Llama. */
+static void rig_start(rig_t *r, const char *model_dir, const char *kv_mem,
+                      const char *max_batch_tokens)
 {
     memset(r, 0, sizeof(*r));
     char dir[1024];
-    snprintf(dir, sizeof(dir), "%s/golden/tiny-llama-f32", KVF_TEST_DATA);
+    if (model_dir)
+        snprintf(dir, sizeof(dir), "%s", model_dir);
+    else
+        snprintf(dir, sizeof(dir), "%s/golden/tiny-llama-f32", KVF_TEST_DATA);
     assert_int_equal(kvf_model_load(dir, &r->model), KVF_OK);
     r->geo = kvf_engine_kv_geometry(r->model, 16);
     assert_int_equal(kvf_kvpool_create(&r->geo, 256, &r->dpool), KVF_OK);
@@ -139,25 +161,17 @@ static void rig_start(rig_t *r, const char *max_batch_tokens)
     r->pid = fork();
     assert_true(r->pid >= 0);
     if (r->pid == 0) {
-        const char *argv[] = {KVF_BIN_DIR "/kvf-prefill",
-                              "--router",
-                              r->router_url,
-                              "--listen",
-                              r->prefill_url,
-                              "--model",
-                              dir,
-                              "--threads",
-                              "1",
-                              "--kv-mem",
-                              "4M",
-                              "--max-batch-tokens",
-                              max_batch_tokens,
-                              "--node-id",
-                              "p-test",
-                              NULL};
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        /* clang-format off */
+        const char *argv[] = {KVF_BIN_DIR "/kvf-prefill", "--router", r->router_url,
+                              "--listen", r->prefill_url, "--model", dir, "--threads", "1",
+                              "--kv-mem", kv_mem, "--max-batch-tokens", max_batch_tokens,
+                              "--node-id", "p-test", NULL};
+        /* clang-format on */
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
+    child_pid = r->pid;
     /* Registration: answer the first Register. */
     bool from_router = false;
     kvf_envelope_t *env = NULL;
@@ -203,8 +217,10 @@ static void rig_stop(rig_t *r)
     if (w == 0) {
         kill(r->pid, SIGKILL);
         waitpid(r->pid, &status, 0);
+        child_pid = 0;
         fail_msg("kvf-prefill did not stop on SIGTERM");
     }
+    child_pid = 0;
     bool from_router;
     kvf_envelope_free(next_msg(r, 50, &from_router));
     assert_true(WIFEXITED(status));
@@ -368,7 +384,7 @@ static void test_prefill_handoff(void **state)
 {
     (void)state;
     rig_t r;
-    rig_start(&r, "24");
+    rig_start(&r, NULL, "4M", "24");
     static const uint32_t lens[N_PROMPTS] = {5, 40, 70, 17, 1};
     uint32_t ids[N_PROMPTS][80];
     ref_t ref[N_PROMPTS];
@@ -473,7 +489,7 @@ static void test_prefill_refusal_and_cancel(void **state)
 {
     (void)state;
     rig_t r;
-    rig_start(&r, "2048");
+    rig_start(&r, NULL, "4M", "2048");
     uint32_t ids[300];
     make_prompt(ids, 300, 3);
 
@@ -548,13 +564,157 @@ static void test_prefill_refusal_and_cancel(void **state)
     rig_stop(&r);
 }
 
+/* A model big enough that a long prompt takes many forwards: written to a
+ * temporary directory (removed by the caller). */
+static void write_slow_model(char *dir, size_t len)
+{
+    snprintf(dir, len, "/tmp/kvf-test-prefill-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    kvf_model_config_t cfg = {
+        .arch = KVF_ARCH_LLAMA,
+        .n_layers = 6,
+        .hidden = 256,
+        .n_heads = 4,
+        .n_kv_heads = 2,
+        .head_dim = 64,
+        .inter = 688,
+        .vocab = 512,
+        .max_pos = 2048,
+        .rope_theta = 10000.0,
+        .rms_eps = 1e-5,
+        .bos_id = 510,
+        .eos_ids = {511},
+        .n_eos = 1,
+    };
+    snprintf(cfg.arch_name, sizeof(cfg.arch_name), "LlamaForCausalLM");
+    assert_int_equal(kvf_model_write_random(dir, &cfg, KVF_DTYPE_F32, 3), KVF_OK);
+}
+
+static void remove_model(const char *dir)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Runs one long prompt (many 16-token forwards) until its first batch
+ * landed on the decode side; returns the decode block ids. */
+static uint32_t *start_long_request(rig_t *r, uint64_t req_id, uint32_t *ids, uint32_t n,
+                                    uint32_t *n_blocks_p)
+{
+    send_prefill(r, req_id, 1, ids, n);
+    uint32_t *blocks = NULL;
+    uint64_t until = kvf_clock_ns() + 20000000000ull;
+    while (r->landed_bytes == 0) {
+        bool from_router = false;
+        kvf_envelope_t *env = next_msg(r, 50, &from_router);
+        if (kvf_clock_ns() > until)
+            fail_msg("nothing landed");
+        if (!env)
+            continue;
+        if (env->body_case != KVF__ENVELOPE__BODY_KV_ALLOC)
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        answer_alloc(r, env->kv_alloc, KVF_OK, env->kv_alloc->epoch, &blocks, n_blocks_p);
+        kvf_envelope_free(env);
+    }
+    assert_non_null(blocks);
+    return blocks;
+}
+
+/* Waits until heartbeats say the prefill node holds no block. */
+static void expect_no_blocks(rig_t *r)
+{
+    uint64_t until = kvf_clock_ns() + 10000000000ull;
+    r->last_blocks_used = 1;
+    while (r->last_blocks_used != 0 && kvf_clock_ns() < until) {
+        bool fr;
+        kvf_envelope_t *env = next_msg(r, 50, &fr);
+        if (env)
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+    }
+    assert_int_equal(r->last_blocks_used, 0);
+}
+
+/* Cancel while the prompt's chunks are computing and shipping: the decode
+ * side sees an ABORT, nothing else arrives, the local blocks come back. */
+static void test_prefill_cancel_in_flight(void **state)
+{
+    (void)state;
+    char dir[256];
+    write_slow_model(dir, sizeof(dir));
+    rig_t r;
+    rig_start(&r, dir, "64M", "16");
+    static uint32_t ids[1500];
+    make_prompt(ids, 1500, 9);
+    uint32_t nb = 0;
+    uint32_t *blocks = start_long_request(&r, 7, ids, 1500, &nb);
+    send_cancel(&r, 7, 1);
+    uint64_t until = kvf_clock_ns() + 10000000000ull;
+    while (r.aborted == 0 && kvf_clock_ns() < until) {
+        bool fr;
+        kvf_envelope_t *env = next_msg(&r, 20, &fr);
+        if (env)
+            fail_msg("unexpected %s after cancel", kvf_envelope_body_name(env));
+    }
+    assert_int_equal(r.aborted, 1);
+    assert_int_equal(r.landed_last, 0);
+    expect_no_blocks(&r);
+    assert_int_equal(kvf_xfer_cancel(r.dxfer, 7, 1), KVF_OK);
+    assert_int_equal(kvf_kvpool_release(r.dpool, blocks, nb), KVF_OK);
+    free(blocks);
+    rig_stop(&r);
+    remove_model(dir);
+}
+
+/* The decode node's transport goes away mid-transfer: the router gets
+ * Error{TRANSPORT} for the request, the local blocks come back, and the
+ * node keeps serving. */
+static void test_prefill_decode_dies(void **state)
+{
+    (void)state;
+    char dir[256];
+    write_slow_model(dir, sizeof(dir));
+    rig_t r;
+    rig_start(&r, dir, "64M", "16");
+    static uint32_t ids[1500];
+    make_prompt(ids, 1500, 11);
+    uint32_t nb = 0;
+    uint32_t *blocks = start_long_request(&r, 8, ids, 1500, &nb);
+    kvf_xfer_destroy(r.dxfer);
+    r.dxfer = NULL;
+    bool got_error = false;
+    uint64_t until = kvf_clock_ns() + 30000000000ull;
+    while (!got_error && kvf_clock_ns() < until) {
+        bool from_router = false;
+        kvf_envelope_t *env = next_msg(&r, 50, &from_router);
+        if (!env)
+            continue;
+        if (env->body_case != KVF__ENVELOPE__BODY_ERROR)
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        assert_true(from_router);
+        assert_int_equal(env->error->req_id, 8);
+        assert_int_equal(env->error->status, KVF_ERR_TRANSPORT);
+        got_error = true;
+        kvf_envelope_free(env);
+    }
+    assert_true(got_error);
+    expect_no_blocks(&r);
+    assert_int_equal(kvf_kvpool_release(r.dpool, blocks, nb), KVF_OK);
+    free(blocks);
+    /* rig_stop destroys a NULL transfer handle: a no-op. */
+    rig_stop(&r);
+    remove_model(dir);
+}
+
 int main(void)
 {
     kvf_log_init("test", NULL);
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_prefill_handoff),
-        cmocka_unit_test(test_prefill_refusal_and_cancel),
+        cmocka_unit_test_teardown(test_prefill_handoff, kill_child),
+        cmocka_unit_test_teardown(test_prefill_refusal_and_cancel, kill_child),
+        cmocka_unit_test_teardown(test_prefill_cancel_in_flight, kill_child),
+        cmocka_unit_test_teardown(test_prefill_decode_dies, kill_child),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
