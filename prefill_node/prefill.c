@@ -132,12 +132,20 @@ static void send_error(kvf_prefill_t *p, uint64_t req_id, uint64_t epoch, kvf_st
                      kvf_status_str(st));
 }
 
-static pf_req_t *req_find(kvf_prefill_t *p, uint64_t req_id)
+/* The attempt (req_id, epoch), or with epoch 0 the newest attempt of
+ * req_id. Older attempts may still be in the table, aborting. */
+static pf_req_t *req_find(kvf_prefill_t *p, uint64_t req_id, uint64_t epoch)
 {
-    for (pf_req_t *r = p->head; r; r = r->next)
-        if (r->req_id == req_id)
+    pf_req_t *newest = NULL;
+    for (pf_req_t *r = p->head; r; r = r->next) {
+        if (r->req_id != req_id)
+            continue;
+        if (epoch != 0 && r->epoch == epoch)
             return r;
-    return NULL;
+        if (!newest || r->epoch > newest->epoch)
+            newest = r;
+    }
+    return epoch == 0 ? newest : NULL;
 }
 
 static bool req_computing(const pf_req_t *r)
@@ -316,7 +324,8 @@ static void req_fail(kvf_prefill_t *p, pf_req_t *r, kvf_status_t status, const c
 /* Cancels r (router's Cancel or a newer epoch): no Error to the router. */
 static void req_cancel(kvf_prefill_t *p, pf_req_t *r)
 {
-    p->count.cancelled++;
+    if (r->state != REQ_CANCELLED && r->state != REQ_ABORTING)
+        p->count.cancelled++;
     switch (r->state) {
     case REQ_WAIT_ALLOC:
         if (!r->alloc_sent) {
@@ -388,8 +397,8 @@ static kvf_status_t check_request(kvf_prefill_t *p, const Kvf__PrefillRequest *p
                                   size_t why_len)
 {
     const kvf_model_config_t *c = &p->model->cfg;
-    if (pr->req_id == 0) {
-        snprintf(why, why_len, "request id 0");
+    if (pr->req_id == 0 || pr->epoch == 0) {
+        snprintf(why, why_len, "request id or epoch 0");
         return KVF_ERR_INVAL;
     }
     if (pr->n_token_ids == 0 || pr->n_token_ids > (size_t)c->max_pos) {
@@ -437,7 +446,7 @@ static kvf_status_t check_request(kvf_prefill_t *p, const Kvf__PrefillRequest *p
 static void on_prefill_request(kvf_prefill_t *p, kvf_envelope_t *env)
 {
     const Kvf__PrefillRequest *pr = env->prefill_request;
-    pf_req_t *old = req_find(p, pr->req_id);
+    pf_req_t *old = req_find(p, pr->req_id, 0);
     if (old) {
         if (old->epoch >= pr->epoch) {
             kvf_log_warn("request %llu epoch %llu: duplicate or stale (have epoch %llu), dropped",
@@ -499,8 +508,9 @@ static void on_prefill_request(kvf_prefill_t *p, kvf_envelope_t *env)
 
 static void on_alloc_reply(kvf_prefill_t *p, const Kvf__KvAllocReply *a)
 {
-    pf_req_t *r = req_find(p, a->req_id);
-    if (!r || r->epoch != a->epoch || (r->state != REQ_WAIT_ALLOC && r->state != REQ_CANCELLED)) {
+    /* Epochs start at 1: 0 would name "the newest" here, never accepted. */
+    pf_req_t *r = a->epoch ? req_find(p, a->req_id, a->epoch) : NULL;
+    if (!r || (r->state != REQ_WAIT_ALLOC && r->state != REQ_CANCELLED)) {
         kvf_log_debug("kv alloc reply for request %llu epoch %llu: stale, dropped",
                       (unsigned long long)a->req_id, (unsigned long long)a->epoch);
         p->count.stale_dropped++;
@@ -541,8 +551,8 @@ static void on_alloc_reply(kvf_prefill_t *p, const Kvf__KvAllocReply *a)
 
 static void on_cancel(kvf_prefill_t *p, const Kvf__Cancel *c)
 {
-    pf_req_t *r = req_find(p, c->req_id);
-    if (!r || (c->epoch != 0 && c->epoch != r->epoch)) {
+    pf_req_t *r = req_find(p, c->req_id, c->epoch);
+    if (!r || r->state == REQ_CANCELLED || r->state == REQ_ABORTING) {
         kvf_log_debug("cancel of request %llu epoch %llu: not here", (unsigned long long)c->req_id,
                       (unsigned long long)c->epoch);
         return;

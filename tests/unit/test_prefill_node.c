@@ -564,6 +564,79 @@ static void test_prefill_refusal_and_cancel(void **state)
     rig_stop(&r);
 }
 
+static void expect_no_blocks(rig_t *r);
+
+/* The router re-dispatches a request (epoch 2) while epoch 1 still waits
+ * for its allocation: epoch 2 completes with epoch-2 messages only, the
+ * late epoch-1 reservation is aborted, a duplicate epoch 1 is dropped. */
+static void test_prefill_redispatch(void **state)
+{
+    (void)state;
+    rig_t r;
+    rig_start(&r, NULL, "4M", "2048");
+    uint32_t ids[50];
+    make_prompt(ids, 50, 5);
+    ref_t ref;
+    reference(&r, ids, 50, &ref);
+    send_prefill(&r, 9, 1, ids, 50);
+    kvf_envelope_t *alloc1 = NULL;
+    bool from_router = false;
+    while (!alloc1) {
+        alloc1 = next_msg(&r, 20000, &from_router);
+        assert_non_null(alloc1);
+        assert_int_equal(alloc1->body_case, KVF__ENVELOPE__BODY_KV_ALLOC);
+    }
+    assert_int_equal(alloc1->kv_alloc->epoch, 1);
+    send_prefill(&r, 9, 2, ids, 50);
+    send_prefill(&r, 9, 1, ids, 50); /* late duplicate of the old attempt */
+    uint32_t *b1 = NULL, *b2 = NULL, n1 = 0, n2 = 0;
+    bool ready = false, done = false;
+    while (!ready || !done) {
+        kvf_envelope_t *env = next_msg(&r, 20000, &from_router);
+        assert_non_null(env);
+        switch (env->body_case) {
+        case KVF__ENVELOPE__BODY_KV_ALLOC:
+            assert_int_equal(env->kv_alloc->epoch, 2);
+            answer_alloc(&r, env->kv_alloc, KVF_OK, 2, &b2, &n2);
+            break;
+        case KVF__ENVELOPE__BODY_KV_READY:
+            assert_int_equal(env->kv_ready->epoch, 2);
+            assert_int_equal(env->kv_ready->first_token, ref.first_token);
+            assert_true(compare_kv(&r, b2, &ref, 50) <= 1e-4);
+            ready = true;
+            break;
+        case KVF__ENVELOPE__BODY_PREFILL_DONE:
+            assert_int_equal(env->prefill_done->epoch, 2);
+            done = true;
+            break;
+        default:
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        }
+        kvf_envelope_free(env);
+    }
+    /* Decoding epoch 2 ends; then the old attempt's reservation comes
+     * back late: the prefill node aborts it. */
+    assert_int_equal(kvf_xfer_cancel(r.dxfer, 9, 2), KVF_OK);
+    answer_alloc(&r, alloc1->kv_alloc, KVF_OK, 1, &b1, &n1);
+    kvf_envelope_free(alloc1);
+    uint64_t until = kvf_clock_ns() + 5000000000ull;
+    while (r.aborted == 0 && kvf_clock_ns() < until) {
+        kvf_envelope_t *env = next_msg(&r, 20, &from_router);
+        if (env)
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+    }
+    assert_int_equal(r.aborted, 1);
+    assert_int_equal(r.landed_last, 1);
+    expect_no_blocks(&r);
+    assert_int_equal(kvf_xfer_cancel(r.dxfer, 9, 1), KVF_OK);
+    assert_int_equal(kvf_kvpool_release(r.dpool, b1, n1), KVF_OK);
+    assert_int_equal(kvf_kvpool_release(r.dpool, b2, n2), KVF_OK);
+    free(b1);
+    free(b2);
+    kvf_kvpool_destroy(ref.pool);
+    rig_stop(&r);
+}
+
 /* A model big enough that a long prompt takes many forwards: written to a
  * temporary directory (removed by the caller). */
 static void write_slow_model(char *dir, size_t len)
@@ -713,6 +786,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_prefill_handoff, kill_child),
         cmocka_unit_test_teardown(test_prefill_refusal_and_cancel, kill_child),
+        cmocka_unit_test_teardown(test_prefill_redispatch, kill_child),
         cmocka_unit_test_teardown(test_prefill_cancel_in_flight, kill_child),
         cmocka_unit_test_teardown(test_prefill_decode_dies, kill_child),
     };
