@@ -944,9 +944,12 @@ static int loop_timeout_ms(kvf_prefill_t *p)
         if (r->n_batches)
             batches = true;
     }
-    /* Without a transport fd, batches are driven on a short timer. */
-    if (batches && kvf_xfer_fd(p->xfer) < 0 && ms > 1)
-        ms = 1;
+    /* Without a transport fd, batches are driven on a short timer; with
+     * one, a short cap still bounds the handoff's latency should a
+     * completion not wake the fd (kvf_xfer_wait caps its sleeps the same
+     * way). */
+    if (batches && ms > (kvf_xfer_fd(p->xfer) < 0 ? 1 : 10))
+        ms = kvf_xfer_fd(p->xfer) < 0 ? 1 : 10;
     return ms < 0 ? 0 : ms;
 }
 
