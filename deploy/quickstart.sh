@@ -95,10 +95,11 @@ echo "completion (random weights, so the text is noise):"
     --ignore-eos --verbose
 echo
 
-echo "the same prompt through the OpenAI HTTP API (streaming; $http_url/health:" \
+echo "the same prompt through the OpenAI HTTP API (greedy, so the same text; streaming;" \
+    "$http_url/health:" \
     "$(curl -s --max-time 5 "$http_url/health"))"
 body=$(python3 -c 'import json, sys; print(json.dumps({"model": sys.argv[1], "prompt": sys.argv[2],
-    "max_tokens": int(sys.argv[3]), "ignore_eos": True, "stream": True,
+    "max_tokens": int(sys.argv[3]), "temperature": 0, "ignore_eos": True, "stream": True,
     "stream_options": {"include_usage": True}}))' "$(basename "$model")" "$prompt" "$max_tokens")
 echo "curl -N $http_url/v1/completions -H 'Content-Type: application/json' -d '$body'"
 curl -sSN --max-time 120 "$http_url/v1/completions" -H 'Content-Type: application/json' -d "$body" |
