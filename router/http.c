@@ -196,6 +196,8 @@ static void render_http_metrics(kvf_http_t *h, kvf_strbuf_t *sb)
 
 /* ---- the loop's side (these run on the router's loop thread) ------------------ */
 
+static void loop_cancel(kvf_router_t *r, void *arg);
+
 static void loop_on_chunk(void *arg, const kvf_router_chunk_t *c)
 {
     exch_t *e = arg;
@@ -216,14 +218,23 @@ static void loop_on_chunk(void *arg, const kvf_router_chunk_t *c)
             }
         }
     }
-    if (e->text.failed && !e->finish) {
+    bool final = c->finish != KVF__FINISH_REASON__FINISH_NONE;
+    /* Output that cannot be kept: end the request (a cancel posted to the
+     * loop, never from inside its sink) and report the error at its end. */
+    bool oom_cancel = e->text.failed && !final && !e->gone;
+    if (oom_cancel) {
+        e->gone = true;
+        e->refs++; /* the cancel task's */
+    }
+    if (e->text.failed && final) {
         e->finish = KVF__FINISH_REASON__FINISH_ERROR;
         e->status = KVF_ERR_NOMEM;
         snprintf(e->error, sizeof(e->error), "out of memory");
     }
-    bool final = c->finish != KVF__FINISH_REASON__FINISH_NONE;
     pthread_cond_broadcast(&e->cond);
     pthread_mutex_unlock(&e->lock);
+    if (oom_cancel && kvf_router_post(e->http->router, loop_cancel, e) != KVF_OK)
+        exch_unref(e);
     if (final)
         exch_unref(e); /* the sink's reference */
 }
