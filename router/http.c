@@ -483,11 +483,12 @@ static enum MHD_Result respond_error(kvf_http_t *h, struct MHD_Connection *c,
     return respond_json(h, c, err->code, error_json(err), retry);
 }
 
-/* The error a failed request answers with. */
-static void request_error(const exch_t *e, http_error_t *err)
+/* The error a request that failed with status answers with; unhealthy:
+ * refused for overload while the cluster cannot serve. */
+static void request_error(kvf_status_t status, bool unhealthy, const char *error, http_error_t *err)
 {
-    const char *msg = e->error[0] ? e->error : kvf_status_str(e->status);
-    switch (e->status) {
+    const char *msg = error && error[0] ? error : kvf_status_str(status);
+    switch (status) {
     case KVF_ERR_INVAL:
     case KVF_ERR_UNSUPPORTED:
         BAD_REQUEST(err, NULL, "%s", msg);
@@ -497,7 +498,7 @@ static void request_error(const exch_t *e, http_error_t *err)
                   "context_length_exceeded", "%s", msg);
         break;
     case KVF_ERR_NO_SPACE:
-        if (e->unhealthy)
+        if (unhealthy)
             set_error(err, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL,
                       "service_unavailable", "%s", msg);
         else
@@ -612,10 +613,8 @@ static void sse_finish(exch_t *e, int finish, kvf_status_t status, const char *e
         sse_chunk(e, e->chat ? NULL : "", finish, false);
     } else {
         http_error_t err;
-        exch_t tmp = {.status = status};
-        snprintf(tmp.error, sizeof(tmp.error), "%s",
-                 finish == KVF__FINISH_REASON__FINISH_CANCELLED ? "cancelled" : error);
-        request_error(&tmp, &err);
+        request_error(status, false,
+                      finish == KVF__FINISH_REASON__FINISH_CANCELLED ? "cancelled" : error, &err);
         sse_event(&e->sse, error_json(&err));
     }
     if (e->include_usage) {
@@ -1219,7 +1218,7 @@ static enum MHD_Result handle_generate(kvf_http_t *h, struct MHD_Connection *c, 
                   e->finish == KVF__FINISH_REASON__FINISH_CANCELLED;
     bool started = e->completion_tokens > 0;
     if (failed && (!e->stream || !started))
-        request_error(e, &err);
+        request_error(e->status, e->unhealthy, e->error, &err);
     char *text = NULL;
     if (!failed && !e->stream && kvf_strbuf_take(&e->text, &text, NULL) != KVF_OK) {
         failed = true;
