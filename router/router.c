@@ -24,7 +24,10 @@
 #define ROUTER_MAX_STOP 8
 #define ROUTER_ID_LEN 64
 #define ROUTER_URL_LEN 256
-#define ROUTER_SEND_TIMEOUT_MS 200
+/* Sends to nodes must not stall the loop: a node's outbox is connected when
+ * it registers (the reply may wait for that), later sends wait briefly. */
+#define ROUTER_SEND_TIMEOUT_MS 20
+#define ROUTER_CONNECT_TIMEOUT_MS 500
 
 typedef enum {
     NODE_LIVE = 0,
@@ -86,6 +89,12 @@ struct req {
     char *stop[ROUTER_MAX_STOP];
     size_t n_stop;
     uint64_t rng_state;  /* sampler state after the last streamed token */
+    /* Tokens of the current epoch that arrived before its first token
+     * (the decode node's chunks can overtake the prefill node's
+     * PrefillDone): positions [held_first, held_first + n_held). */
+    uint32_t *held;
+    uint32_t held_first, n_held, cap_held;
+    int held_finish;
     uint32_t gen_at_dispatch; /* n_gen when the current epoch was sent */
     /* Where. */
     int prefill_node; /* index in nodes, -1 */
@@ -256,6 +265,7 @@ static void req_free(kvf_router_t *r, req_t *q)
         free(q->stop[i]);
     free(q->prompt);
     free(q->gen);
+    free(q->held);
     free(q->text);
     free(q);
     r->n_running--;
@@ -382,6 +392,8 @@ static void dispatch(kvf_router_t *r, req_t *q, int p, int d)
     q->decode_node = d;
     q->state = REQ_PREFILL;
     q->gen_at_dispatch = q->n_gen;
+    q->n_held = 0;
+    q->held_finish = KVF__FINISH_REASON__FINISH_NONE;
     q->t_progress_ns = kvf_clock_ns();
     uint32_t n_tokens = q->n_prompt + q->n_gen;
     uint32_t remaining = q->max_tokens - q->n_gen;
@@ -398,7 +410,8 @@ static void dispatch(kvf_router_t *r, req_t *q, int p, int d)
         return;
     }
     memcpy(ids, q->prompt, (size_t)q->n_prompt * sizeof(*ids));
-    memcpy(ids + q->n_prompt, q->gen, (size_t)q->n_gen * sizeof(*ids));
+    if (q->n_gen)
+        memcpy(ids + q->n_prompt, q->gen, (size_t)q->n_gen * sizeof(*ids));
     Kvf__Sampling s = KVF__SAMPLING__INIT;
     s.temperature = q->temperature;
     s.top_p = q->top_p;
@@ -541,6 +554,56 @@ static long stop_match(const req_t *q, size_t from)
     return best;
 }
 
+/* Keeps tokens at positions [first, first + n) until the positions before
+ * them arrive. False when they do not continue what is held already. */
+static bool hold_tokens(req_t *q, uint32_t first, const uint32_t *tokens, size_t n, int finish)
+{
+    if (q->n_held == 0) {
+        q->held_first = first;
+    } else if (first > q->held_first + q->n_held || first < q->held_first) {
+        return false;
+    }
+    uint32_t skip = q->held_first + q->n_held - first; /* already held */
+    if (skip > n)
+        skip = (uint32_t)n;
+    size_t add = n - skip;
+    if (q->n_held + add > q->cap_held) {
+        uint32_t cap = q->cap_held ? q->cap_held : 16;
+        while (cap < q->n_held + add)
+            cap *= 2;
+        uint32_t *h = realloc(q->held, (size_t)cap * sizeof(*h));
+        if (!h)
+            return false;
+        q->held = h;
+        q->cap_held = cap;
+    }
+    memcpy(q->held + q->n_held, tokens + skip, add * sizeof(*tokens));
+    q->n_held += (uint32_t)add;
+    if (finish != KVF__FINISH_REASON__FINISH_NONE)
+        q->held_finish = finish;
+    return true;
+}
+
+static bool stream_tokens(kvf_router_t *r, req_t *q, uint32_t first, const uint32_t *tokens,
+                          size_t n, Kvf__FinishReason node_finish);
+
+/* Streams what was held once the gap before it is closed. Returns true
+ * when q was finished (and freed). */
+static bool release_held(kvf_router_t *r, req_t *q)
+{
+    if ((!q->n_held && q->held_finish == KVF__FINISH_REASON__FINISH_NONE) ||
+        q->held_first > q->n_gen)
+        return false;
+    uint32_t *held = q->held, first = q->held_first, n = q->n_held;
+    int finish = q->held_finish;
+    q->held = NULL;
+    q->n_held = q->cap_held = 0;
+    q->held_finish = KVF__FINISH_REASON__FINISH_NONE;
+    bool done = stream_tokens(r, q, first, held, n, (Kvf__FinishReason)finish);
+    free(held);
+    return done;
+}
+
 /* Appends tokens at positions [first, first + n) of q's generation (tokens
  * it already has are skipped), streams them to the client and checks the
  * stop conditions. Returns true when q was finished (and freed). */
@@ -548,6 +611,8 @@ static bool stream_tokens(kvf_router_t *r, req_t *q, uint32_t first, const uint3
                           size_t n, Kvf__FinishReason node_finish)
 {
     if (first > q->n_gen) {
+        if (q->n_gen == q->gen_at_dispatch && hold_tokens(q, first, tokens, n, node_finish))
+            return false; /* waits for the epoch's first token */
         /* A gap: a message of this epoch got lost. Try again from what the
          * client has. */
         redispatch(r, q, "token stream has a gap");
@@ -643,7 +708,10 @@ static void reply_register(kvf_router_t *r, const char *url, const char *node_id
     kvf_envelope_init(&env, "router");
     env.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;
     env.register_reply = &rr;
-    send_to(r, url, &env);
+    env.sender = "router";
+    kvf_status_t st = kvf_outboxes_send(r->outboxes, url, &env, ROUTER_CONNECT_TIMEOUT_MS);
+    if (st != KVF_OK)
+        kvf_log_warn("register reply to %s: %s", url, kvf_status_str(st));
 }
 
 /* Re-dispatches every request that used node idx (it died or left). */
@@ -835,8 +903,9 @@ static void on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
         q->state = REQ_DECODE;
     if (!q->t_first_ns)
         q->t_first_ns = kvf_clock_ns();
-    stream_tokens(r, q, q->gen_at_dispatch, &pd->first_token, 1,
-                  KVF__FINISH_REASON__FINISH_NONE);
+    if (!stream_tokens(r, q, q->gen_at_dispatch, &pd->first_token, 1,
+                       KVF__FINISH_REASON__FINISH_NONE))
+        release_held(r, q);
 }
 
 static void on_token_chunk(kvf_router_t *r, const Kvf__TokenChunk *c)
@@ -1211,9 +1280,13 @@ static void check_timers(kvf_router_t *r)
             node_lost(r, i, "missed its heartbeats: dead");
         }
     }
+    /* Re-dispatching above stamps requests with a newer time than now. */
+    now = kvf_clock_ns();
     req_t *next;
     for (req_t *q = r->all; q; q = next) {
         next = q->all_next;
+        if (q->t_progress_ns > now)
+            continue;
         if (now > q->deadline_ns) {
             req_cancel_nodes(r, q, "timed out");
             req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_TIMEOUT,

@@ -158,9 +158,15 @@ void h_cluster_stop(h_cluster_t *c, bool print_logs)
             kvf_clock_sleep_ms(20);
         }
     }
-    if (print_logs || getenv("KVF_TEST_LOGS"))
+    if (print_logs || getenv("KVF_TEST_LOGS")) {
         for (int i = 0; i < c->n_procs; i++)
             print_log_tail(&c->procs[i]);
+        fprintf(stderr, "harness: logs kept in %s\n", c->dir);
+    } else {
+        for (int i = 0; i < c->n_procs; i++)
+            unlink(c->procs[i].log);
+        rmdir(c->dir);
+    }
     c->n_procs = 0;
 }
 
@@ -249,14 +255,14 @@ void h_wait_no_blocks_used(h_cluster_t *c, int timeout_ms)
         n = h_stats(c, st, H_MAX_PROCS);
         int busy = 0;
         for (int i = 0; i < n && i < H_MAX_PROCS; i++)
-            busy += st[i].blocks_used != 0;
+            busy += st[i].blocks_used != 0 && strcmp(st[i].state, "dead") != 0;
         if (n > 0 && busy == 0)
             return;
         kvf_clock_sleep_ms(100);
     }
     for (int i = 0; i < n && i < H_MAX_PROCS; i++)
-        fprintf(stderr, "harness: node %s uses %u of %u blocks\n", st[i].id, st[i].blocks_used,
-                st[i].blocks_total);
+        fprintf(stderr, "harness: node %s (%s) uses %u of %u blocks\n", st[i].id, st[i].state,
+                st[i].blocks_used, st[i].blocks_total);
     h_cluster_stop(c, true);
     fail();
 }
@@ -298,6 +304,42 @@ static void send_cancel(kvf_client_t *client, uint64_t id)
 void h_generate_many(h_cluster_t *c, h_gen_t *gens, size_t n, const int *cancel_after,
                      int timeout_ms)
 {
+    h_generate_many_ex(c, gens, n, cancel_after, timeout_ms, NULL, NULL);
+}
+
+int h_terminate(h_cluster_t *c, int i, int timeout_ms)
+{
+    h_proc_t *p = &c->procs[i];
+    if (p->pid <= 0)
+        return -1;
+    kill(p->pid, SIGTERM);
+    uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (kvf_clock_ns() < deadline) {
+        int status;
+        if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
+            p->pid = 0;
+            return status;
+        }
+        kvf_clock_sleep_ms(20);
+    }
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    p->pid = 0;
+    return -1;
+}
+
+int h_find(const h_cluster_t *c, const char *name)
+{
+    for (int i = 0; i < c->n_procs; i++)
+        if (!strcmp(c->procs[i].name, name))
+            return i;
+    return -1;
+}
+
+void h_generate_many_ex(h_cluster_t *c, h_gen_t *gens, size_t n, const int *cancel_after,
+                        int timeout_ms, h_progress_fn progress, void *arg)
+{
+    size_t total_tokens = 0;
     kvf_client_t *client;
     assert_int_equal(kvf_client_create(c->client_url, &client), KVF_OK);
     uint64_t base = 1000;
@@ -334,6 +376,7 @@ void h_generate_many(h_cluster_t *c, h_gen_t *gens, size_t n, const int *cancel_
                 assert_non_null(g->out);
             }
             g->out[g->n_out++] = ch->tokens[k];
+            total_tokens++;
         }
         size_t tl = strlen(ch->text);
         if (tl) {
@@ -353,6 +396,8 @@ void h_generate_many(h_cluster_t *c, h_gen_t *gens, size_t n, const int *cancel_
             send_cancel(client, base + i);
         }
         kvf_envelope_free(in);
+        if (progress)
+            progress(c, arg, total_tokens);
     }
     free(cancelled);
     kvf_client_destroy(client);

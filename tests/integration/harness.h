@@ -97,6 +97,21 @@ typedef struct {
 void h_generate_many(h_cluster_t *c, h_gen_t *gens, size_t n, const int *cancel_after,
                      int timeout_ms);
 
+/* Called while generations run, after each received chunk, with the total
+ * number of tokens received so far (e.g. to kill a node mid-stream). */
+typedef void (*h_progress_fn)(h_cluster_t *c, void *arg, size_t tokens);
+
+/* h_generate_many with a progress hook (NULL: none). */
+void h_generate_many_ex(h_cluster_t *c, h_gen_t *gens, size_t n, const int *cancel_after,
+                        int timeout_ms, h_progress_fn progress, void *arg);
+
+/* Sends SIGTERM to process i and waits up to timeout_ms for it to exit;
+ * returns its exit status (as waitpid), or -1 if it had to be killed. */
+int h_terminate(h_cluster_t *c, int i, int timeout_ms);
+
+/* Index of the process named name, or -1. */
+int h_find(const h_cluster_t *c, const char *name);
+
 void h_gen_free(h_gen_t *g);
 
 /* The colocated reference: kvf generate --model M --prompt-ids ... --ids

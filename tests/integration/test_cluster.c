@@ -319,5 +319,8 @@ int main(void)
         cmocka_unit_test(test_decode_node_joins),
         cmocka_unit_test(test_invalid_requests),
     };
+    /* KVF_TEST_FILTER=test_name (glob) runs a subset. */
+    if (getenv("KVF_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("KVF_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }
