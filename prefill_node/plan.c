@@ -17,17 +17,41 @@ void kvf_prefill_plan_blocks(uint32_t block_size, uint32_t start, uint32_t n, ui
     *end_p = end > first ? end : first;
 }
 
-size_t kvf_prefill_plan_forward(const uint32_t *remaining, size_t n, uint32_t budget,
-                                uint32_t *take)
+/* The chunk of a prompt with `remaining` tokens that fits in `left`
+ * (< remaining) tokens, shaped as plan.h says; 0 when there is none. */
+static uint32_t chunk_size(uint32_t remaining, uint32_t left, uint32_t align, uint32_t min_tail)
 {
+    uint32_t take = left - left % align;
+    if (remaining - take < min_tail)
+        take = remaining > min_tail ? remaining - min_tail : 0;
+    return take - take % align;
+}
+
+size_t kvf_prefill_plan_forward(const uint32_t *remaining, size_t n, uint32_t budget,
+                                uint32_t align, uint32_t min_tail, uint32_t *take)
+{
+    KVF_ASSERT(align >= 1);
     size_t used = 0;
+    uint32_t left = budget;
     for (size_t i = 0; i < n; i++)
         take[i] = 0;
-    for (size_t i = 0; i < n && budget > 0; i++) {
+    for (size_t i = 0; i < n && left > 0; i++) {
         if (remaining[i] == 0)
             continue;
-        take[i] = remaining[i] < budget ? remaining[i] : budget;
-        budget -= take[i];
+        if (remaining[i] <= left) {
+            take[i] = remaining[i];
+        } else {
+            take[i] = chunk_size(remaining[i], left, align, min_tail);
+            if (take[i] == 0 && left == budget) {
+                /* Alone in the forward: progress first, aligned if it can. */
+                take[i] = left >= align ? left - left % align : left;
+            }
+            if (take[i] == 0)
+                break;
+            used = i + 1;
+            break; /* a chunked prompt ends the forward */
+        }
+        left -= take[i];
         used = i + 1;
     }
     return used;

@@ -28,11 +28,22 @@ void kvf_prefill_plan_blocks(uint32_t block_size, uint32_t start, uint32_t n, ui
 /* Splits a forward's token budget over prompts waiting in scheduling order:
  * remaining[i] tokens still to compute for prompt i; take[i] receives how
  * many of them go into this forward (0 for those that do not fit). Prompts
- * are taken whole while they fit, the first one that does not is chunked to
+ * are taken whole while they fit; the first one that does not is chunked to
  * the budget left, and the forward stops there. Returns how many prompts
- * (a prefix of the list) take part. */
+ * (a prefix of the list) take part.
+ *
+ * Chunk shapes follow the engine's so that a chunked prefill computes the
+ * same bits as one forward over the whole prompt (the colocated baseline):
+ * a chunk ends on a multiple of `align` tokens (the CPU backend's attention
+ * tile and the block size, 16), so every chunk after the first starts where
+ * the one-forward prefill starts a tile; and it leaves at least `min_tail`
+ * tokens for later, so the last chunk is not so short that the projections
+ * take another kernel path (single-row kernels, BLAS's small-matrix path).
+ * When the budget left cannot hold such a chunk, the prompt waits for the
+ * next forward, unless it is the forward's first (then the tail rule yields:
+ * progress comes first). align >= 1. */
 size_t kvf_prefill_plan_forward(const uint32_t *remaining, size_t n, uint32_t budget,
-                                uint32_t *take);
+                                uint32_t align, uint32_t min_tail, uint32_t *take);
 
 /* Byte offset of the (block, layer) slice in a pool of geometry geo: the
  * layout [block][layer][K,V][kv_head][slot][head_dim] that both ends of a

@@ -31,6 +31,16 @@
 #define PF_ALLOC_RETRY_MS 10
 /* Bounded wait for transfers to end when the node stops. */
 #define PF_STOP_DRAIN_MS 2000
+/* Chunk shapes (plan.h): chunks end on multiples of the CPU backend's
+ * attention tile (16 query tokens) and leave no tail shorter than two
+ * tiles, so a chunked prefill writes the bits a one-forward prefill would. */
+#define PF_CHUNK_ALIGN    16
+#define PF_CHUNK_MIN_TAIL 32
+/* Forwards of at most this many tokens run the CPU backend's few-row
+ * projection kernels (KVF_CPU_GEMV_MAX_M, private to the backend), larger
+ * ones BLAS; the two round differently, so pick_forward keeps prompts on
+ * the kernels their one-forward prefill would use. */
+#define PF_FEW_ROWS 8
 /* Lease margin: a request whose lease ends sooner than this is not started. */
 #define PF_LEASE_MARGIN_NS (50ull * 1000000ull)
 
@@ -787,6 +797,7 @@ static size_t pick_forward(kvf_prefill_t *p)
     uint64_t now = kvf_clock_ns();
     uint64_t budget = (uint64_t)p->cfg.max_batch_tokens, wanted = 0;
     size_t n = 0;
+    int few_rows = -1; /* the forward's kind, set by its first request */
     /* Chunks already under way first (they hold blocks), then new prompts
      * in arrival order, stopping at the first the local pool cannot hold
      * (first come, first served; it waits for blocks to free up). */
@@ -796,6 +807,18 @@ static size_t pick_forward(kvf_prefill_t *p)
             next = r->next;
             if (r->state != REQ_READY || (pass == 0) != (r->done > 0))
                 continue;
+            /* A prompt short enough that one forward over it alone (the
+             * colocated prefill) takes the few-row kernels shares forwards
+             * only with such prompts, within that size; the others never
+             * join them. Its bits then match the colocated ones. */
+            int few = r->n_prompt <= PF_FEW_ROWS;
+            if (few_rows < 0) {
+                few_rows = few;
+                if (few && budget > PF_FEW_ROWS)
+                    budget = PF_FEW_ROWS;
+            }
+            if (few != few_rows || (few && wanted + r->n_prompt - r->done > budget))
+                continue; /* a later forward of its kind */
             if (pass == 1) {
                 if (r->not_after_ns && now + PF_LEASE_MARGIN_NS >= r->not_after_ns) {
                     req_fail(p, r, KVF_ERR_TIMEOUT, "lease ended while queued");
@@ -813,7 +836,8 @@ static size_t pick_forward(kvf_prefill_t *p)
         }
     }
 picked:
-    n = kvf_prefill_plan_forward(p->remaining, n, (uint32_t)budget, p->take);
+    n = kvf_prefill_plan_forward(p->remaining, n, (uint32_t)budget, PF_CHUNK_ALIGN,
+                                 PF_CHUNK_MIN_TAIL, p->take);
     return n;
 }
 

@@ -43,6 +43,7 @@ typedef struct {
     size_t desc_len;
     kvf_inbox_t *router_in, *decode_in;
     kvf_outbox_t *to_prefill;
+    kvf_outbox_t *to_reply; /* the decode side's outbox to the prefill node */
     char router_url[64], decode_url[64], prefill_url[64];
     pid_t pid;
     char prefill_id[128];
@@ -227,6 +228,7 @@ static void rig_stop(rig_t *r)
     assert_int_equal(WEXITSTATUS(status), 0);
     assert_true(r->deregistered);
     kvf_outbox_destroy(r->to_prefill);
+    kvf_outbox_destroy(r->to_reply);
     kvf_inbox_destroy(r->router_in);
     kvf_inbox_destroy(r->decode_in);
     free(r->desc);
@@ -305,16 +307,14 @@ static void answer_alloc(rig_t *r, const Kvf__KvAlloc *a, int32_t status, uint64
     } else {
         rep.error = "no space (test)";
     }
-    kvf_outbox_t *ob = NULL;
-    assert_int_equal(kvf_outbox_create(a->reply_inbox, &ob), KVF_OK);
+    /* The decode node's own outbox to the reply inbox, kept like a node's. */
+    if (!r->to_reply)
+        assert_int_equal(kvf_outbox_create(a->reply_inbox, &r->to_reply), KVF_OK);
     kvf_envelope_t env;
     kvf_envelope_init(&env, "d-test");
     env.body_case = KVF__ENVELOPE__BODY_KV_ALLOC_REPLY;
     env.kv_alloc_reply = &rep;
-    send_to(ob, &env);
-    /* nanomsg has no linger: give the frame time to leave before closing. */
-    kvf_clock_sleep_ms(20);
-    kvf_outbox_destroy(ob);
+    send_to(r->to_reply, &env);
     *ids_p = ids;
     *n_p = n;
 }
@@ -565,6 +565,73 @@ static void test_prefill_refusal_and_cancel(void **state)
 }
 
 static void expect_no_blocks(rig_t *r);
+static void write_model(char *dir, size_t len, int n_layers);
+static void remove_model(const char *dir);
+
+/* Long and short prompts, chunked and batched together by a 50-token
+ * budget: the K/V that lands is bit for bit what a one-forward colocated
+ * prefill writes (same thread count on both sides), so the decode node
+ * continues exactly as `kvf generate` would. */
+static void test_prefill_bit_exact(void **state)
+{
+    (void)state;
+    rig_t r;
+    char dir[256];
+    write_model(dir, sizeof(dir), 2);
+    rig_start(&r, dir, "16M", "50");
+    enum { N = 7 };
+    static const uint32_t lens[N] = {100, 3, 150, 5, 90, 8, 20};
+    static uint32_t ids[N][160];
+    ref_t ref[N];
+    uint32_t *dblocks[N] = {0}, dn[N] = {0};
+    for (int i = 0; i < N; i++) {
+        make_prompt(ids[i], lens[i], 20 + (uint32_t)i);
+        reference(&r, ids[i], lens[i], &ref[i]);
+        send_prefill(&r, 200 + (uint64_t)i, 1, ids[i], lens[i]);
+    }
+    /* All reservations answered at once, so the prompts share forwards. */
+    kvf_envelope_t *allocs[N] = {0};
+    bool from_router = false;
+    for (int k = 0; k < N; k++) {
+        kvf_envelope_t *env = next_msg(&r, 20000, &from_router);
+        assert_non_null(env);
+        assert_int_equal(env->body_case, KVF__ENVELOPE__BODY_KV_ALLOC);
+        int i = (int)(env->kv_alloc->req_id - 200);
+        assert_true(i >= 0 && i < N && !allocs[i]);
+        allocs[i] = env;
+    }
+    for (int i = 0; i < N; i++) {
+        answer_alloc(&r, allocs[i]->kv_alloc, KVF_OK, 1, &dblocks[i], &dn[i]);
+        kvf_envelope_free(allocs[i]);
+    }
+    int n_ready = 0, n_done = 0;
+    while (n_ready < N || n_done < N) {
+        kvf_envelope_t *env = next_msg(&r, 20000, &from_router);
+        assert_non_null(env);
+        if (env->body_case == KVF__ENVELOPE__BODY_KV_READY) {
+            int i = (int)(env->kv_ready->req_id - 200);
+            assert_int_equal(env->kv_ready->first_token, ref[i].first_token);
+            double worst = compare_kv(&r, dblocks[i], &ref[i], lens[i]);
+            if (worst != 0.0)
+                fail_msg("request %d: K/V differs from the colocated prefill by %g", i, worst);
+            n_ready++;
+        } else if (env->body_case == KVF__ENVELOPE__BODY_PREFILL_DONE) {
+            n_done++;
+        } else {
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        }
+        kvf_envelope_free(env);
+    }
+    expect_no_blocks(&r);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(kvf_xfer_cancel(r.dxfer, 200 + (uint64_t)i, 1), KVF_OK);
+        assert_int_equal(kvf_kvpool_release(r.dpool, dblocks[i], dn[i]), KVF_OK);
+        free(dblocks[i]);
+        kvf_kvpool_destroy(ref[i].pool);
+    }
+    rig_stop(&r);
+    remove_model(dir);
+}
 
 /* The router re-dispatches a request (epoch 2) while epoch 1 still waits
  * for its allocation: epoch 2 completes with epoch-2 messages only, the
@@ -637,15 +704,16 @@ static void test_prefill_redispatch(void **state)
     rig_stop(&r);
 }
 
-/* A model big enough that a long prompt takes many forwards: written to a
- * temporary directory (removed by the caller). */
-static void write_slow_model(char *dir, size_t len)
+/* A random Llama (hidden 256, head_dim 64) written to a temporary
+ * directory (removed by the caller); with 6 layers a long prompt takes
+ * many forwards. */
+static void write_model(char *dir, size_t len, int n_layers)
 {
     snprintf(dir, len, "/tmp/kvf-test-prefill-XXXXXX");
     assert_non_null(mkdtemp(dir));
     kvf_model_config_t cfg = {
         .arch = KVF_ARCH_LLAMA,
-        .n_layers = 6,
+        .n_layers = n_layers,
         .hidden = 256,
         .n_heads = 4,
         .n_kv_heads = 2,
@@ -714,7 +782,7 @@ static void test_prefill_cancel_in_flight(void **state)
 {
     (void)state;
     char dir[256];
-    write_slow_model(dir, sizeof(dir));
+    write_model(dir, sizeof(dir), 6);
     rig_t r;
     rig_start(&r, dir, "64M", "16");
     static uint32_t ids[1500];
@@ -746,7 +814,7 @@ static void test_prefill_decode_dies(void **state)
 {
     (void)state;
     char dir[256];
-    write_slow_model(dir, sizeof(dir));
+    write_model(dir, sizeof(dir), 6);
     rig_t r;
     rig_start(&r, dir, "64M", "16");
     static uint32_t ids[1500];
@@ -787,6 +855,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefill_handoff, kill_child),
         cmocka_unit_test_teardown(test_prefill_refusal_and_cancel, kill_child),
         cmocka_unit_test_teardown(test_prefill_redispatch, kill_child),
+        cmocka_unit_test_teardown(test_prefill_bit_exact, kill_child),
         cmocka_unit_test_teardown(test_prefill_cancel_in_flight, kill_child),
         cmocka_unit_test_teardown(test_prefill_decode_dies, kill_child),
     };

@@ -79,21 +79,77 @@ static void test_forward_budget(void **state)
 {
     (void)state;
     uint32_t take[4];
+    /* Whole prompts while they fit, then one aligned chunk. */
     uint32_t rem1[] = {5, 7, 100, 3};
-    assert_int_equal(kvf_prefill_plan_forward(rem1, 4, 20, take), 3);
+    assert_int_equal(kvf_prefill_plan_forward(rem1, 4, 40, 16, 32, take), 3);
     assert_int_equal(take[0], 5);
     assert_int_equal(take[1], 7);
-    assert_int_equal(take[2], 8); /* chunked to the budget left */
+    assert_int_equal(take[2], 16); /* 28 left: chunk ends on a multiple of 16 */
     assert_int_equal(take[3], 0);
     uint32_t rem2[] = {5, 7};
-    assert_int_equal(kvf_prefill_plan_forward(rem2, 2, 2048, take), 2);
+    assert_int_equal(kvf_prefill_plan_forward(rem2, 2, 2048, 16, 32, take), 2);
     assert_int_equal(take[0] + take[1], 12);
+    /* A long prompt alone: no tail shorter than min_tail is left. */
     uint32_t rem3[] = {5000};
-    assert_int_equal(kvf_prefill_plan_forward(rem3, 1, 2048, take), 1);
+    assert_int_equal(kvf_prefill_plan_forward(rem3, 1, 2048, 16, 32, take), 1);
     assert_int_equal(take[0], 2048);
-    uint32_t rem4[] = {4, 4};
-    assert_int_equal(kvf_prefill_plan_forward(rem4, 2, 4, take), 1);
+    uint32_t rem4[] = {2053};
+    assert_int_equal(kvf_prefill_plan_forward(rem4, 1, 2048, 16, 32, take), 1);
+    assert_int_equal(take[0], 2016); /* 37 left for the next forward, not 5 */
+    /* Budget left too small for an aligned chunk: the prompt waits. */
+    uint32_t rem5[] = {30, 100};
+    assert_int_equal(kvf_prefill_plan_forward(rem5, 2, 40, 16, 32, take), 1);
+    assert_int_equal(take[0], 30);
     assert_int_equal(take[1], 0);
+    /* ...unless it is alone: then the tail rule yields to progress. */
+    uint32_t rem6[] = {40};
+    assert_int_equal(kvf_prefill_plan_forward(rem6, 1, 24, 16, 32, take), 1);
+    assert_int_equal(take[0], 16);
+    uint32_t rem7[] = {40};
+    assert_int_equal(kvf_prefill_plan_forward(rem7, 1, 5, 16, 32, take), 1);
+    assert_int_equal(take[0], 5);
+    uint32_t rem8[] = {4, 4};
+    assert_int_equal(kvf_prefill_plan_forward(rem8, 2, 4, 16, 32, take), 1);
+    assert_int_equal(take[1], 0);
+}
+
+/* Every prompt finishes, whatever the budget, and chunk starts stay on the
+ * alignment whenever the budget allows it. */
+static void test_forward_progress(void **state)
+{
+    (void)state;
+    srand(11);
+    for (int iter = 0; iter < 2000; iter++) {
+        uint32_t rem[6], take[6], budget = 1 + (uint32_t)(rand() % 300);
+        size_t n = 1 + (size_t)(rand() % 6);
+        for (size_t i = 0; i < n; i++)
+            rem[i] = 1 + (uint32_t)(rand() % 700);
+        int forwards = 0;
+        uint32_t done0 = 0;
+        while (rem[0] > 0 && forwards < 10000) {
+            size_t used = kvf_prefill_plan_forward(rem, n, budget, 16, 32, take);
+            assert_true(used >= 1);
+            uint32_t sum = 0;
+            for (size_t i = 0; i < n; i++) {
+                assert_true(take[i] <= rem[i]);
+                sum += take[i];
+            }
+            assert_true(sum >= 1 && sum <= budget);
+            if (budget >= 16 && take[0] < rem[0])
+                assert_int_equal((done0 + take[0]) % 16, 0);
+            done0 += take[0];
+            for (size_t i = 0; i < n; i++)
+                rem[i] -= take[i];
+            /* finished prompts leave the queue */
+            size_t k = 0;
+            for (size_t i = 0; i < n; i++)
+                if (rem[i] > 0 || i == 0)
+                    rem[k++] = rem[i];
+            n = k;
+            forwards++;
+        }
+        assert_int_equal(rem[0], 0);
+    }
 }
 
 static void test_slice_offsets(void **state)
@@ -125,9 +181,8 @@ static void test_slice_offsets(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_blocks_cases),
-        cmocka_unit_test(test_blocks_exactly_once),
-        cmocka_unit_test(test_forward_budget),
+        cmocka_unit_test(test_blocks_cases),   cmocka_unit_test(test_blocks_exactly_once),
+        cmocka_unit_test(test_forward_budget), cmocka_unit_test(test_forward_progress),
         cmocka_unit_test(test_slice_offsets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
