@@ -37,8 +37,9 @@ void kvf_prefill_plan_blocks(uint32_t block_size, uint32_t start, uint32_t n, ui
  * a chunk ends on a multiple of `align` tokens (the CPU backend's attention
  * tile and the block size, 16), so every chunk after the first starts where
  * the one-forward prefill starts a tile; and it leaves at least `min_tail`
- * tokens for later, so the last chunk is not so short that the projections
- * take another kernel path (single-row kernels, BLAS's small-matrix path).
+ * tokens for later, so the last chunk, should it run alone, is not so short
+ * that the projections take the backend's few-row kernels (<= 8 rows),
+ * which round differently from the BLAS path a long prompt's rows take.
  * When the budget left cannot hold such a chunk, the prompt waits for the
  * next forward, unless it is the forward's first (then the tail rule yields:
  * progress comes first). align >= 1. */
