@@ -738,12 +738,17 @@ static void remove_model(const char *dir)
     assert_int_equal(system(cmd), 0);
 }
 
-/* Runs one long prompt (many 16-token forwards) until its first batch
- * landed on the decode side; returns the decode block ids. */
-static uint32_t *start_long_request(rig_t *r, uint64_t req_id, uint32_t *ids, uint32_t n,
-                                    uint32_t *n_blocks_p)
+/* Starts kvf-prefill on a 6-layer model (written into dir) with 16-token
+ * forwards and runs one 1500-token prompt until its first batch landed on
+ * the decode side; returns the decode block ids. */
+static uint32_t *start_long_request(rig_t *r, char *dir, size_t dir_len, uint64_t req_id,
+                                    uint32_t seed, uint32_t *n_blocks_p)
 {
-    send_prefill(r, req_id, 1, ids, n);
+    static uint32_t ids[1500];
+    write_model(dir, dir_len, 6);
+    rig_start(r, dir, "64M", "16");
+    make_prompt(ids, 1500, seed);
+    send_prefill(r, req_id, 1, ids, 1500);
     uint32_t *blocks = NULL;
     uint64_t until = kvf_clock_ns() + 20000000000ull;
     while (r->landed_bytes == 0) {
@@ -782,13 +787,9 @@ static void test_prefill_cancel_in_flight(void **state)
 {
     (void)state;
     char dir[256];
-    write_model(dir, sizeof(dir), 6);
     rig_t r;
-    rig_start(&r, dir, "64M", "16");
-    static uint32_t ids[1500];
-    make_prompt(ids, 1500, 9);
     uint32_t nb = 0;
-    uint32_t *blocks = start_long_request(&r, 7, ids, 1500, &nb);
+    uint32_t *blocks = start_long_request(&r, dir, sizeof(dir), 7, 9, &nb);
     send_cancel(&r, 7, 1);
     uint64_t until = kvf_clock_ns() + 10000000000ull;
     while (r.aborted == 0 && kvf_clock_ns() < until) {
@@ -814,13 +815,9 @@ static void test_prefill_decode_dies(void **state)
 {
     (void)state;
     char dir[256];
-    write_model(dir, sizeof(dir), 6);
     rig_t r;
-    rig_start(&r, dir, "64M", "16");
-    static uint32_t ids[1500];
-    make_prompt(ids, 1500, 11);
     uint32_t nb = 0;
-    uint32_t *blocks = start_long_request(&r, 8, ids, 1500, &nb);
+    uint32_t *blocks = start_long_request(&r, dir, sizeof(dir), 8, 11, &nb);
     kvf_xfer_destroy(r.dxfer);
     r.dxfer = NULL;
     bool got_error = false;
