@@ -568,6 +568,62 @@ static void expect_no_blocks(rig_t *r);
 static void write_model(char *dir, size_t len, int n_layers);
 static void remove_model(const char *dir);
 
+/* A local pool of 8 blocks (128 tokens): prompts of 7 blocks wait for each
+ * other's blocks instead of failing, and one that can never fit is refused
+ * with NO_SPACE at once. */
+static void test_prefill_pool_full(void **state)
+{
+    (void)state;
+    rig_t r;
+    rig_start(&r, NULL, "64K", "2048");
+    enum { N = 3 };
+    static uint32_t ids[N][200];
+    ref_t ref[N];
+    uint32_t *dblocks[N] = {0}, dn[N] = {0};
+    for (int i = 0; i < N; i++) {
+        make_prompt(ids[i], 100, 30 + (uint32_t)i);
+        reference(&r, ids[i], 100, &ref[i]);
+        send_prefill(&r, 300 + (uint64_t)i, 1, ids[i], 100);
+    }
+    static uint32_t big[200];
+    make_prompt(big, 200, 40);
+    send_prefill(&r, 399, 1, big, 200);
+    int n_ready = 0, n_done = 0;
+    bool refused = false;
+    while (n_ready < N || n_done < N || !refused) {
+        bool from_router = false;
+        kvf_envelope_t *env = next_msg(&r, 20000, &from_router);
+        assert_non_null(env);
+        if (env->body_case == KVF__ENVELOPE__BODY_KV_ALLOC) {
+            int i = (int)(env->kv_alloc->req_id - 300);
+            assert_true(i >= 0 && i < N);
+            answer_alloc(&r, env->kv_alloc, KVF_OK, 1, &dblocks[i], &dn[i]);
+        } else if (env->body_case == KVF__ENVELOPE__BODY_KV_READY) {
+            int i = (int)(env->kv_ready->req_id - 300);
+            assert_int_equal(env->kv_ready->first_token, ref[i].first_token);
+            assert_true(compare_kv(&r, dblocks[i], &ref[i], 100) <= 1e-4);
+            n_ready++;
+        } else if (env->body_case == KVF__ENVELOPE__BODY_PREFILL_DONE) {
+            n_done++;
+        } else if (env->body_case == KVF__ENVELOPE__BODY_ERROR) {
+            assert_int_equal(env->error->req_id, 399);
+            assert_int_equal(env->error->status, KVF_ERR_NO_SPACE);
+            refused = true;
+        } else {
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        }
+        kvf_envelope_free(env);
+    }
+    expect_no_blocks(&r);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(kvf_xfer_cancel(r.dxfer, 300 + (uint64_t)i, 1), KVF_OK);
+        assert_int_equal(kvf_kvpool_release(r.dpool, dblocks[i], dn[i]), KVF_OK);
+        free(dblocks[i]);
+        kvf_kvpool_destroy(ref[i].pool);
+    }
+    rig_stop(&r);
+}
+
 /* Long and short prompts, chunked and batched together by a 50-token
  * budget: the K/V that lands is bit for bit what a one-forward colocated
  * prefill writes (same thread count on both sides), so the decode node
@@ -853,6 +909,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefill_refusal_and_cancel, kill_child),
         cmocka_unit_test_teardown(test_prefill_redispatch, kill_child),
         cmocka_unit_test_teardown(test_prefill_bit_exact, kill_child),
+        cmocka_unit_test_teardown(test_prefill_pool_full, kill_child),
         cmocka_unit_test_teardown(test_prefill_cancel_in_flight, kill_child),
         cmocka_unit_test_teardown(test_prefill_decode_dies, kill_child),
     };
