@@ -70,6 +70,7 @@ typedef struct {
 
 struct kvf_decode {
     kvf_decode_config_t cfg; /* strings point at the copies below */
+    bool draining;           /* SIGTERM: finishing what it holds, taking nothing new */
     char *router_url, *listen_url, *model_dir, *node_id;
     kvf_model_t *model;
     kvf_backend_t backend;
@@ -473,6 +474,11 @@ static void on_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m)
             return;
         }
     }
+    if (d->draining) {
+        d->stats.requests_refused++;
+        reply_kv_alloc(d, m, KVF_ERR_NO_SPACE, "decode node is draining", NULL);
+        return;
+    }
     if (req_releasing_reserved(d, m->req_id)) {
         d->stats.requests_refused++;
         reply_kv_alloc(d, m, KVF_ERR_NO_SPACE,
@@ -652,6 +658,9 @@ static void on_prefill_request(kvf_decode_t *d, const Kvf__PrefillRequest *m)
     if (!d->cfg.prefill_local) {
         bad = "this decode node does not prefill (no --prefill-local)";
         bad_status = KVF_ERR_UNSUPPORTED;
+    } else if (d->draining) {
+        bad = "decode node is draining";
+        bad_status = KVF_ERR_NO_SPACE;
     } else if (!m->req_id || !m->epoch) {
         bad = "bad req_id or epoch";
     } else if (strcmp(m->decode_node_id, kvf_node_id(d->node)) != 0) {
@@ -1102,7 +1111,20 @@ kvf_status_t kvf_decode_run(kvf_decode_t *d, volatile sig_atomic_t *stop)
     kvf_status_t result = KVF_OK;
     kvf_log_info("serving on %s, router %s", d->cfg.listen_url, d->cfg.router_url);
     d->next_stats_ns = kvf_clock_ns() + (uint64_t)d->cfg.stats_interval_ms * 1000000ull;
-    while (!*stop) {
+    uint64_t drain_deadline = 0;
+    while (*stop != KVF_DECODE_STOP) {
+        if (*stop == KVF_DECODE_DRAIN && !d->draining) {
+            d->draining = true;
+            kvf_node_set_draining(d->node, true);
+            uint32_t ms = d->cfg.drain_timeout_ms ? d->cfg.drain_timeout_ms : 120000;
+            drain_deadline = kvf_clock_ns() + (uint64_t)ms * 1000000ull;
+            kvf_log_info("draining: %zu requests held; no new work", d->n_reqs);
+        }
+        if (d->draining && (d->n_reqs == 0 || kvf_clock_ns() > drain_deadline)) {
+            if (d->n_reqs)
+                kvf_log_warn("drain timed out with %zu requests held", d->n_reqs);
+            break;
+        }
         kvf_status_t st = kvf_node_tick(d->node);
         if (st != KVF_OK) {
             result = st;

@@ -49,6 +49,7 @@ typedef struct {
     uint32_t max_batch_tokens;  /* tokens per forward (local prefill chunks); 0: default */
     uint32_t stats_interval_ms; /* log the counters this often when they changed; 0: 30 s */
     kvf_decode_xfer_mode_t xfer_mode;
+    uint32_t drain_timeout_ms;  /* longest graceful drain; 0: 120 s */
 } kvf_decode_config_t;
 
 /* Counters the node logs (and tests read). */
@@ -73,11 +74,17 @@ typedef struct kvf_decode kvf_decode_t;
  * caller: kvf_decode_destroy(). */
 kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **dec_p);
 
-/* Serves until *stop becomes non-zero (set by a signal handler), then
- * ends every request (the router is told, blocks go back to the pool)
- * and deregisters. Returns KVF_OK, or the router's refusal of the
- * registration (model or geometry mismatch). */
+/* Runs the node's loop. *stop is written by a signal handler:
+ *   KVF_DECODE_DRAIN (1): drain gracefully: tell the router (heartbeat
+ *       state "draining"), refuse new work, finish every sequence held,
+ *       deregister and return KVF_OK (or give up after drain_timeout_ms);
+ *   KVF_DECODE_STOP (2): stop now: every live request is reported to the
+ *       router as failed here (it dispatches them again), blocks freed.
+ * Returns KVF_OK after a clean stop, or the router's final refusal. */
 kvf_status_t kvf_decode_run(kvf_decode_t *dec, volatile sig_atomic_t *stop);
+
+#define KVF_DECODE_DRAIN 1
+#define KVF_DECODE_STOP 2
 
 /* Frees everything; NULL is a no-op. */
 void kvf_decode_destroy(kvf_decode_t *dec);

@@ -1,5 +1,5 @@
 /* kvf-decode: a decode node of a kvferry cluster. Parses flags, builds the
- * node (decode.h) and runs its loop until SIGINT or SIGTERM. */
+ * node (decode.h) and runs its loop until SIGTERM (drain) or SIGINT (stop). */
 #include "decode.h"
 
 #include "kvf/flags.h"
@@ -12,10 +12,10 @@
 /* The one mutable global: set by the signal handler, read by the loop. */
 static volatile sig_atomic_t g_stop;
 
+/* SIGTERM drains gracefully; a second SIGTERM, or SIGINT, stops now. */
 static void on_signal(int sig)
 {
-    (void)sig;
-    g_stop = 1;
+    g_stop = sig == SIGTERM && g_stop == 0 ? KVF_DECODE_DRAIN : KVF_DECODE_STOP;
 }
 
 int main(int argc, char **argv)
@@ -27,6 +27,7 @@ int main(int argc, char **argv)
     bool prefill_local = false;
     int block_size = 16;
     int lease_ms = KVF_DECODE_LEASE_MS_DEFAULT;
+    int drain_timeout_ms = 120000;
     int max_batch_tokens = KVF_DECODE_MAX_BATCH_TOKENS_DEFAULT;
     const char *xfer_mode = "auto";
     kvf_flag_t flags[] = {
@@ -43,6 +44,8 @@ int main(int argc, char **argv)
          "also serve prefill requests naming this node (the colocated baseline)", NULL},
         {"block-size", KVF_FLAG_INT, &block_size, "N",
          "tokens per KV block, 1..256; must match the cluster", NULL},
+        {"drain-timeout-ms", KVF_FLAG_INT, &drain_timeout_ms, "MS",
+         "SIGTERM drains: finish held sequences, then exit; give up after this long", NULL},
         {"lease-ms", KVF_FLAG_INT, &lease_ms, "MS",
          "how long a reservation may wait for its K/V and KvReady", NULL},
         {"max-batch-tokens", KVF_FLAG_INT, &max_batch_tokens, "N",
@@ -62,9 +65,11 @@ int main(int argc, char **argv)
             "with the router, reserves KV blocks for prefill nodes (KvAlloc), receives their\n"
             "K/V over the transport and decodes every admitted sequence in one continuous\n"
             "batch, streaming tokens to the router. With --prefill-local it also prefills\n"
-            "requests itself. SIGINT or SIGTERM stops it: requests held are reported failed\n"
-            "to the router, blocks freed, the node deregistered. Logs go to stderr (KVF_LOG\n"
-            "sets the level).",
+            "requests itself. SIGTERM drains it: the router is told, no new work is taken,\n"
+            "every sequence held is finished, then the node deregisters and exits 0. A second\n"
+            "SIGTERM, or SIGINT, stops it at once: requests held are reported failed to the\n"
+            "router (which dispatches them again) and blocks freed. Logs go to stderr\n"
+            "(KVF_LOG sets the level).",
         .flags = flags,
         .n_flags = KVF_NFLAGS(flags),
         .env = true,
@@ -115,6 +120,7 @@ int main(int argc, char **argv)
         .prefill_local = prefill_local,
         .block_size = block_size,
         .lease_ms = (uint32_t)lease_ms,
+        .drain_timeout_ms = drain_timeout_ms > 0 ? (uint32_t)drain_timeout_ms : 1,
         .max_batch_tokens = (uint32_t)max_batch_tokens,
         .xfer_mode = mode,
     };

@@ -11,10 +11,11 @@
 /* The only mutable global: set by the signal handler, read by the loop. */
 static volatile sig_atomic_t stop_requested;
 
+/* SIGTERM drains gracefully; a second SIGTERM, or SIGINT, stops now. */
 static void on_stop_signal(int sig)
 {
-    (void)sig;
-    stop_requested = 1;
+    stop_requested =
+        sig == SIGTERM && stop_requested == 0 ? KVF_PREFILL_DRAIN : KVF_PREFILL_STOP;
 }
 
 int main(int argc, char **argv)
@@ -49,7 +50,10 @@ int main(int argc, char **argv)
                    "prompts it is sent into forwards (chunking long ones), ships each layer's\n"
                    "K/V blocks to the chosen decode node while later layers compute, samples\n"
                    "the first token and hands the request to the decode node. CPU backend.\n"
-                   "SIGINT or SIGTERM stops it (requests in flight are reported to the router).",
+                   "SIGTERM drains it: new work is handed back to the router, every request\n"
+                   "held is completed and shipped, then it deregisters and exits 0. A second\n"
+                   "SIGTERM, or SIGINT, stops it at once (requests in flight are reported to\n"
+                   "the router, which sends them elsewhere).",
         .flags = flags,
         .n_flags = KVF_NFLAGS(flags),
         .env = true,

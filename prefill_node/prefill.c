@@ -31,6 +31,8 @@
 #define PF_ALLOC_RETRY_MS 10
 /* Bounded wait for transfers to end when the node stops. */
 #define PF_STOP_DRAIN_MS 2000
+/* A graceful drain (SIGTERM) gives up what is left after this long. */
+#define PF_DRAIN_TIMEOUT_MS 60000
 /* Chunk shapes (plan.h): chunks end on multiples of the CPU backend's
  * attention tile (16 query tokens) and leave no tail shorter than two
  * tiles, so a chunked prefill writes the bits a one-forward prefill would. */
@@ -110,6 +112,7 @@ struct kvf_prefill {
     kvf_node_t *node;
     kvf_kv_geometry_t geo;
     pf_req_t *head, *tail; /* request table */
+    bool draining;         /* SIGTERM: completing what it holds, taking nothing new */
     pf_peer_t *peers;
     pf_counters_t count;
     /* forward scratch */
@@ -471,6 +474,10 @@ static void on_prefill_request(kvf_prefill_t *p, kvf_envelope_t *env)
     }
     char why[256];
     kvf_status_t st = check_request(p, pr, why, sizeof(why));
+    if (st == KVF_OK && p->draining) {
+        st = KVF_ERR_CLOSED;
+        snprintf(why, sizeof(why), "prefill node is draining");
+    }
     if (st != KVF_OK) {
         kvf_log_warn("request %llu epoch %llu refused: %s", (unsigned long long)pr->req_id,
                      (unsigned long long)pr->epoch, why);
@@ -1052,7 +1059,19 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
     kvf_log_info("serving on %s (router %s): %u kv blocks of %d tokens, %d tokens per forward",
                  p->cfg.listen_url, p->cfg.router_url, kvf_kvpool_num_blocks(p->pool),
                  p->geo.block_size, p->cfg.max_batch_tokens);
-    while (!*stop) {
+    uint64_t drain_deadline = 0;
+    while (*stop != KVF_PREFILL_STOP) {
+        if (*stop == KVF_PREFILL_DRAIN && !p->draining) {
+            p->draining = true;
+            kvf_node_set_draining(p->node, true);
+            drain_deadline = kvf_clock_ns() + (uint64_t)PF_DRAIN_TIMEOUT_MS * 1000000ull;
+            kvf_log_info("draining: completing the requests held, taking no new ones");
+        }
+        if (p->draining && (!p->head || kvf_clock_ns() > drain_deadline)) {
+            if (p->head)
+                kvf_log_warn("drain timed out with requests still held");
+            break;
+        }
         kvf_status_t st = kvf_node_tick(p->node);
         if (st != KVF_OK) {
             result = st;

@@ -45,12 +45,21 @@ typedef struct kvf_prefill kvf_prefill_t;
  * kvf_prefill_destroy(). */
 kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t **prefill_p);
 
-/* Serves until *stop becomes non-zero (set from a signal handler), then
- * gives up the requests in flight (Error{CLOSED} to the router, ABORT to
- * the decode nodes), waits a bounded time for their transfers to end and
- * deregisters. Returns KVF_OK after a requested stop, or the router's
- * refusal of the registration. */
+/* Serves until *stop says otherwise (set from a signal handler):
+ *   KVF_PREFILL_DRAIN (1): drain gracefully: the router is told (state
+ *       "draining"), new prefill requests are handed back to it
+ *       (Error{CLOSED}: it sends them elsewhere), every request held is
+ *       completed (computed, shipped, KvReady sent), then the node
+ *       deregisters; after drain_timeout_ms it gives up what is left;
+ *   KVF_PREFILL_STOP (2): stop now: gives up the requests in flight
+ *       (Error{CLOSED} to the router, ABORT to the decode nodes), waits a
+ *       bounded time for their transfers to end and deregisters.
+ * Returns KVF_OK after a requested stop, or the router's refusal of the
+ * registration. */
 kvf_status_t kvf_prefill_run(kvf_prefill_t *prefill, volatile sig_atomic_t *stop);
+
+#define KVF_PREFILL_DRAIN 1
+#define KVF_PREFILL_STOP 2
 
 /* Frees every request, block and handle; NULL is a no-op. */
 void kvf_prefill_destroy(kvf_prefill_t *prefill);

@@ -141,6 +141,7 @@ struct kvf_router {
     uint64_t next_req_id;
     /* Counters. */
     uint64_t n_requests, n_running, n_failed, n_cancelled, n_completed, n_stale, n_malformed;
+    uint64_t n_redispatched;
     kvf_metrics_t *metrics; /* owned */
 };
 
@@ -512,6 +513,7 @@ static void redispatch(kvf_router_t *r, req_t *q, const char *why)
 {
     kvf_log_info("request %llu epoch %llu: %s; dispatching again", (unsigned long long)q->id,
                  (unsigned long long)q->epoch, why);
+    r->n_redispatched++;
     req_cancel_nodes(r, q, why);
     q->prefill_node = -1;
     q->decode_node = -1;
@@ -803,7 +805,8 @@ static void on_register(kvf_router_t *r, const Kvf__Register *reg)
     n->xfer_desc = reg->xfer_desc.len ? malloc(reg->xfer_desc.len) : NULL;
     if (reg->xfer_desc.len && !n->xfer_desc)
         return;
-    memcpy(n->xfer_desc, reg->xfer_desc.data, reg->xfer_desc.len);
+    if (reg->xfer_desc.len)
+        memcpy(n->xfer_desc, reg->xfer_desc.data, reg->xfer_desc.len);
     n->xfer_desc_len = reg->xfer_desc.len;
     n->used = true;
     snprintf(n->id, sizeof(n->id), "%s", reg->node_id);
@@ -1246,6 +1249,7 @@ static void on_stats(kvf_router_t *r, const Kvf__StatsRequest *sr, const kvf_cli
     rep.requests_failed = r->n_failed;
     rep.requests_cancelled = r->n_cancelled;
     rep.stale_dropped = r->n_stale;
+    rep.redispatched = r->n_redispatched;
     kvf_envelope_t env;
     kvf_envelope_init(&env, "router");
     env.body_case = KVF__ENVELOPE__BODY_STATS_REPLY;

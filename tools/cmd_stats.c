@@ -104,10 +104,12 @@ int kvf_cmd_stats(int argc, char **argv)
                    (unsigned long long)n->age_ms, (unsigned long long)n->dispatched);
         }
         printf("], \"requests\": {\"total\": %llu, \"running\": %llu, \"queued\": %llu, "
-               "\"failed\": %llu, \"cancelled\": %llu}, \"stale_dropped\": %llu}\n",
+               "\"failed\": %llu, \"cancelled\": %llu, \"redispatched\": %llu}, "
+               "\"stale_dropped\": %llu}\n",
                (unsigned long long)s->requests_total, (unsigned long long)s->requests_running,
                (unsigned long long)s->requests_queued, (unsigned long long)s->requests_failed,
-               (unsigned long long)s->requests_cancelled, (unsigned long long)s->stale_dropped);
+               (unsigned long long)s->requests_cancelled, (unsigned long long)s->redispatched,
+               (unsigned long long)s->stale_dropped);
     } else {
         printf("%-28s %-8s %-9s %12s %8s %8s\n", "node", "role", "state", "kv blocks", "running",
                "queued");

@@ -227,6 +227,15 @@ int h_stats(h_cluster_t *c, h_node_stats_t *out, int max)
     return total;
 }
 
+uint64_t h_redispatched(h_cluster_t *c)
+{
+    kvf_envelope_t *in = stats_request(c, 2000);
+    assert_non_null(in);
+    uint64_t v = in->stats_reply->redispatched;
+    kvf_envelope_free(in);
+    return v;
+}
+
 void h_wait_nodes(h_cluster_t *c, int n_nodes, int timeout_ms)
 {
     uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;

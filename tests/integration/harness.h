@@ -64,6 +64,9 @@ typedef struct {
 /* Fills up to max entries; returns how many nodes the router listed. */
 int h_stats(h_cluster_t *c, h_node_stats_t *out, int max);
 
+/* How many request attempts the router had to send again. */
+uint64_t h_redispatched(h_cluster_t *c);
+
 /* Waits until every node the router lists reports 0 KV blocks in use;
  * fails the test after timeout_ms. */
 void h_wait_no_blocks_used(h_cluster_t *c, int timeout_ms);
