@@ -12,7 +12,7 @@ static const kvf_command_t kvf_commands[] = {
     {"tokenize", "text to token ids and back", kvf_cmd_tokenize},
     {"mkmodel", "write a random-weight model directory", kvf_cmd_mkmodel},
     {"kvcalc", "KV cache bytes per token, request and batch", kvf_cmd_kvcalc},
-    {"bench", "benchmarks (transfer)", kvf_cmd_bench},
+    {"bench", "benchmarks (engine, transfer, serve)", kvf_cmd_bench},
     {"stats", "nodes, load and requests of a running cluster", kvf_cmd_stats},
     {NULL, NULL, NULL},
 };
