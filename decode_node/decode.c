@@ -1033,6 +1033,14 @@ static void log_stats(kvf_decode_t *d, bool force)
                  (unsigned long long)s.stale_dropped, (unsigned long long)s.malformed_dropped,
                  (unsigned long long)s.tokens_generated, (unsigned long long)s.steps,
                  kvf_kvpool_used_blocks(d->pool), kvf_kvpool_num_blocks(d->pool), d->n_reqs);
+    /* What is held, so a request that stays too long can be traced. */
+    for (size_t i = 0; i < d->n_reqs && i < 16; i++) {
+        const dec_req_t *r = d->reqs[i];
+        kvf_log_info("  held: request %llu epoch %llu, %s, %u blocks, %sreserved, %u generated",
+                     (unsigned long long)r->req_id, (unsigned long long)r->epoch,
+                     kvf_handoff_state_name(r->h.state), r->n_blocks, r->reserved ? "" : "not ",
+                     r->gen);
+    }
 }
 
 static void drain_inbox(kvf_decode_t *d)

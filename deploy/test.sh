@@ -34,6 +34,13 @@ if [[ "${KVF_TEST_SKIP_ASAN:-0}" != 1 ]]; then
     export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
     ctest --test-dir build-asan --output-on-failure --timeout 900 -L unit
+
+    # The whole cluster under the sanitizers, for the 1 prefill + 1 decode
+    # case: router, nodes and transport exercised by real processes, each
+    # of which must exit 0 (no leak, no UB report) when it is stopped.
+    step "cluster end to end under sanitizers (build-asan/, 1 prefill + 1 decode)"
+    KVF_TEST_FILTER=test_1_prefill_1_decode_shm \
+        ctest --test-dir build-asan --output-on-failure --timeout 900 -R '^test_cluster$'
 fi
 
 step "all tests passed"

@@ -132,27 +132,39 @@ static void print_log_tail(const h_proc_t *p)
 
 void h_cluster_stop(h_cluster_t *c, bool print_logs)
 {
+    /* Called with print_logs false on the success path: then every process
+     * must drain and exit 0 on SIGTERM (a crash, a sanitizer report or a
+     * hang fails the test). */
+    bool expect_clean = !print_logs;
+    char unclean[256] = "";
     for (int i = c->n_procs - 1; i >= 0; i--)
         if (c->procs[i].pid > 0)
             kill(c->procs[i].pid, SIGTERM);
-    uint64_t deadline = kvf_clock_ns() + 5000000000ull;
+    uint64_t deadline = kvf_clock_ns() + 10000000000ull;
     for (int i = 0; i < c->n_procs; i++) {
         h_proc_t *p = &c->procs[i];
         while (p->pid > 0) {
-            int status;
-            pid_t r = waitpid(p->pid, &status, WNOHANG);
-            if (r == p->pid || (r < 0 && errno == ECHILD)) {
+            int status = 0;
+            pid_t pid = p->pid;
+            pid_t r = waitpid(pid, &status, WNOHANG);
+            if (r == pid || (r < 0 && errno == ECHILD)) {
                 p->pid = 0;
-                if (r == p->pid && WIFSIGNALED(status))
+                if (r == pid && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
+                    fprintf(stderr, "harness: %s ended with status 0x%x\n", p->name, status);
                     print_logs = true;
+                    size_t len = strlen(unclean);
+                    snprintf(unclean + len, sizeof(unclean) - len, " %s", p->name);
+                }
                 break;
             }
             if (kvf_clock_ns() > deadline) {
-                fprintf(stderr, "harness: %s did not stop in 5 s: SIGKILL\n", p->name);
-                kill(p->pid, SIGKILL);
-                waitpid(p->pid, NULL, 0);
+                fprintf(stderr, "harness: %s did not stop in 10 s: SIGKILL\n", p->name);
+                kill(pid, SIGKILL);
+                waitpid(pid, NULL, 0);
                 p->pid = 0;
                 print_logs = true;
+                size_t len = strlen(unclean);
+                snprintf(unclean + len, sizeof(unclean) - len, " %s", p->name);
                 break;
             }
             kvf_clock_sleep_ms(20);
@@ -168,6 +180,8 @@ void h_cluster_stop(h_cluster_t *c, bool print_logs)
         rmdir(c->dir);
     }
     c->n_procs = 0;
+    if (expect_clean && unclean[0])
+        fail_msg("processes did not stop cleanly:%s", unclean);
 }
 
 /* Asks the router for its stats over a fresh client socket. */
