@@ -55,6 +55,7 @@ typedef struct {
     uint32_t chunk_seq;
     uint64_t prefill_us; /* local: forward time of the steps holding its chunks */
     uint64_t kv_bytes;   /* bytes landed by the transfer */
+    uint64_t seal_by_ns; /* transferred: the handoff must seal before this */
 } dec_req_t;
 
 /* A TokenChunk waiting for the next TokenBatch: at most one token. */
@@ -67,6 +68,10 @@ typedef struct {
     uint32_t n_generated;
     uint64_t rng_state;
 } dec_chunk_t;
+
+/* Slack after a reservation's lease before the node gives up a handoff
+ * that has not sealed (KvReady and the last batch both seen). */
+#define DECODE_SEAL_MARGIN_MS 2000
 
 struct kvf_decode {
     kvf_decode_config_t cfg; /* strings point at the copies below */
@@ -527,6 +532,10 @@ static void on_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m)
         ranges[i] = (kvf_xfer_range_t){.off = (uint64_t)r->blocks[i] * d->block_bytes,
                                        .len = d->block_bytes};
     st = kvf_xfer_reserve(d->xfer, r->req_id, r->epoch, ranges, n_prompt_blocks, d->cfg.lease_ms);
+    /* The transport's lease covers the data; this covers the KvReady
+     * message too (a lost one must not hold the blocks for ever). The
+     * margin lets the transport's own expiry speak first. */
+    r->seal_by_ns = kvf_clock_ns() + ((uint64_t)d->cfg.lease_ms + DECODE_SEAL_MARGIN_MS) * 1000000ull;
     free(ranges);
     if (st != KVF_OK)
         goto fail_ranges;
@@ -1013,6 +1022,29 @@ static void fill_load(void *arg, Kvf__Load *load)
     load->queued_tokens = queued_tokens;
 }
 
+/* Ends transferred requests whose handoff did not seal in time: the data
+ * may have landed (the transport lease then no longer runs) while the
+ * prefill node's KvReady never came. */
+static void check_seal_deadlines(kvf_decode_t *d)
+{
+    uint64_t now = kvf_clock_ns();
+    for (size_t i = 0; i < d->n_reqs; i++) {
+        dec_req_t *r = d->reqs[i];
+        if (r->local || !r->seal_by_ns || now < r->seal_by_ns ||
+            (r->h.state != KVF_HANDOFF_ALLOCATED && r->h.state != KVF_HANDOFF_WRITING))
+            continue;
+        kvf_log_warn("request %llu epoch %llu: handoff not sealed within the lease (state %s)",
+                     (unsigned long long)r->req_id, (unsigned long long)r->epoch,
+                     kvf_handoff_state_name(r->h.state));
+        send_error(d, r->req_id, r->epoch, KVF_ERR_TIMEOUT,
+                   "decode node: kv handoff not sealed within %u ms", d->cfg.lease_ms);
+        d->stats.requests_failed++;
+        r->seal_by_ns = 0;
+        req_end(d, r); /* may remove r from the table */
+        i = (size_t)-1; /* the table changed: scan again */
+    }
+}
+
 static void log_stats(kvf_decode_t *d, bool force)
 {
     uint64_t now = kvf_clock_ns();
@@ -1141,6 +1173,7 @@ kvf_status_t kvf_decode_run(kvf_decode_t *d, volatile sig_atomic_t *stop)
         drain_inbox(d);
         (void)kvf_xfer_progress(d->xfer);
         drain_events(d);
+        check_seal_deadlines(d);
         flush_chunks(d); /* chunks of sequences that ended on joining */
         if (has_work(d))
             decode_step(d);

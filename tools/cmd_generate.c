@@ -176,6 +176,17 @@ int kvf_cmd_generate(int argc, char **argv)
         fprintf(stderr, "%s: the prompt has no tokens\n", argv[0]);
         goto fail_engine;
     }
+    kvf_model_config_t mcfg;
+    if (kvf_model_config_load(model_dir, &mcfg) != KVF_OK)
+        goto fail_engine;
+    if (n_ids >= (size_t)mcfg.max_pos) {
+        fprintf(stderr, "%s: a prompt of %zu tokens does not fit the context of %d\n", argv[0],
+                n_ids, mcfg.max_pos);
+        goto fail_engine;
+    }
+    /* Generation ends when the context is full, as in the cluster. */
+    if ((size_t)max_tokens > (size_t)mcfg.max_pos - n_ids)
+        max_tokens = mcfg.max_pos - (int)n_ids;
     if (kvf_local_engine_init(&le, argv[0], model_dir, threads,
                               (uint32_t)n_ids + (uint32_t)max_tokens + 1) != KVF_OK)
         goto fail_engine;
