@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# deploy/kvf-cluster end to end on 127.0.0.1: `up` with 1 prefill + 1 decode
+# node on a small random model, a Poisson load (kvf bench serve) running
+# through the router, `scale decode 3` during it, then `scale decode 1`
+# while it still runs, then `scale prefill 2` during a second load.
+# Checks: both loads finish every request (none failed, router counts no
+# failure), the nodes added by scale receive work (dispatched > 0 in
+# `kvf stats --json`), the drained nodes exited and left the registry,
+# every node ends with 0 KV blocks in use, status/logs work, and `down`
+# exits 0 with every process gone.
+#
+# Needs KVF_BIN_DIR (ctest sets it) and python3. Every process the launcher
+# started is stopped on exit (kvf-cluster down, then by pid from its pid
+# files if anything is left).
+set -euo pipefail
+
+bin=${KVF_BIN_DIR:?KVF_BIN_DIR must name the bin directory of a build}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cluster=$root/deploy/kvf-cluster
+work=$(mktemp -d /tmp/kvf-test-deploy-scale.XXXXXX)
+run=$work/run
+load_pids=()
+kc() { "$cluster" --bin-dir "$bin" --run-dir "$run" "$@"; }
+
+cleanup() {
+    local rc=$? pid f
+    for pid in "${load_pids[@]}"; do kill -TERM "$pid" 2> /dev/null || true; done
+    if [[ -f $run/cluster.env ]]; then
+        kc down --timeout 20 > /dev/null 2>&1 || true
+    fi
+    # Anything still recorded (down failed): stop it by its pid file.
+    for f in "$run"/*.pid; do
+        [[ -f $f ]] || continue
+        pid=$(cat "$f")
+        if tr '\0' ' ' < "/proc/$pid/cmdline" 2> /dev/null | grep -q "^$bin/kvf-"; then
+            kill -KILL "$pid" 2> /dev/null || true
+        fi
+    done
+    if [[ $rc != 0 ]]; then
+        for f in "$run"/*.log "$work"/*.log; do
+            [[ -f $f ]] && { echo "---- $f"; tail -n 25 "$f"; } >&2
+        done
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pass() { echo "ok: $*"; }
+# stat EXPR: evaluates a Python expression over the router's stats (d), with
+# node(ID) giving one node's entry (None when the router does not list it).
+stat() {
+    local json
+    json=$("$bin/kvf" stats --router "$client" --json) || fail "kvf stats failed"
+    python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+def node(i):
+    return next((n for n in d["nodes"] if n["id"] == i), None)
+print(eval(sys.argv[2]))' "$json" "$1"
+}
+# wait_for SECONDS EXPR: until stat EXPR prints True.
+wait_for() {
+    local deadline=$((SECONDS + $1))
+    until [[ $(stat "$2") == True ]]; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.2
+    done
+}
+# start_load NAME REQUESTS: a Poisson load through the router, in the
+# background; its results go to NAME.json.
+start_load() {
+    "$bin/kvf" bench serve --router "$client" --model "$model" --rate 6 --requests "$2" \
+        --prompt-len 16:96 --output-len 200:600 --seed "$RANDOM" --timeout 300 \
+        --json "$work/$1.json" > "$work/$1.log" 2>&1 &
+    load_pids+=($!)
+}
+# finish_load NAME: waits for the last started load; it must exit 0 with
+# every request finished.
+finish_load() {
+    local pid=${load_pids[-1]} rc=0
+    wait "$pid" || rc=$?
+    unset 'load_pids[-1]'
+    [[ $rc == 0 ]] || fail "load $1 exited with $rc"
+    local res
+    res=$(python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["split"][0]
+print(r["requests_ok"], r["requests_failed"])' "$work/$1.json")
+    [[ ${res#* } == 0 ]] || fail "load $1: ${res#* } requests failed"
+    pass "load $1: ${res% *} requests finished, none failed"
+}
+
+model=$work/model
+"$bin/kvf" mkmodel "$model" --layers 4 --hidden 256 --heads 4 --kv-heads 2 --inter 688 \
+    --vocab 512 --max-pos 1024 --seed 5 > "$work/mkmodel.log"
+
+# 1. up: returns once both nodes are live; /health answers 200.
+http_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+kc up --model "$model" --prefill 1 --decode 1 --http "127.0.0.1:$http_port" \
+    --prefill-args "--threads 1" --decode-args "--threads 1 --kv-mem 16M" > "$work/up.out"
+client=$(awk '$1 == "client" {print $2}' "$work/up.out")
+[[ -n $client ]] || fail "up printed no client URL"
+[[ $(stat 'sorted((n["id"], n["state"]) for n in d["nodes"])') == \
+    "[('decode-0', 'live'), ('prefill-0', 'live')]" ]] || fail "up: nodes are not live"
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http_port/health")
+[[ $code == 200 ]] || fail "/health answered $code"
+kc up --model "$model" --prefill 1 --decode 1 > /dev/null 2>&1 && fail "a second up succeeded"
+pass "up: router, prefill-0 and decode-0 live, /health 200, a second up refused"
+
+# 2. scale decode 3 while the load runs: the new nodes take work.
+start_load a 150
+wait_for 30 'd["requests"]["total"] >= 5' || fail "load a does not reach the router"
+kc scale decode 3
+wait_for 60 'all((node(i) or {}).get("dispatched", 0) > 0 for i in ("decode-1", "decode-2"))' ||
+    fail "decode-1 and decode-2 received no work: $(stat 'd["nodes"]')"
+pass "scale decode 3 under load: decode-1 and decode-2 dispatched" \
+    "$(stat 'node("decode-1")["dispatched"], node("decode-2")["dispatched"]')"
+
+# 3. scale decode 1 while the load still runs: the newest two drain and exit.
+running=$(stat 'sum(n["running"] for n in d["nodes"] if n["role"] == "decode")')
+pids="$(cat "$run/decode-1.pid") $(cat "$run/decode-2.pid")"
+kc scale decode 1
+for pid in $pids; do
+    if [[ -d /proc/$pid ]] && ! grep -q '^State:.*Z' "/proc/$pid/status"; then
+        fail "drained decode node (pid $pid) still runs"
+    fi
+done
+wait_for 10 '(node("decode-1") is None and node("decode-2") is None and
+    node("decode-0")["state"] == "live")' || fail "registry after scale-down: $(stat 'd["nodes"]')"
+[[ -f $run/decode-1.pid || -f $run/decode-2.pid ]] && fail "pid files of drained nodes remain"
+grep -q 'draining' "$run/decode-1.log" || fail "decode-1 did not log its drain"
+held=$(awk '/draining: [0-9]+ requests held/ { for (i = 1; i < NF; i++)
+    if ($i == "draining:") n += $(i + 1) } END { print n + 0 }' "$run"/decode-[12].log)
+pass "scale decode 1 under load ($running sequences decoding, $held held by the drained nodes):" \
+    "decode-2, decode-1 drained, exited, deregistered"
+finish_load a
+
+# 4. scale prefill 2 during a second load: prefill-1 takes work.
+start_load b 100
+wait_for 30 'd["requests"]["total"] >= 155' || fail "load b does not reach the router"
+kc scale prefill 2
+wait_for 60 '(node("prefill-1") or {}).get("dispatched", 0) > 0' ||
+    fail "prefill-1 received no work: $(stat 'd["nodes"]')"
+pass "scale prefill 2 under load: prefill-1 dispatched $(stat 'node("prefill-1")["dispatched"]')"
+finish_load b
+
+# 5. the end state: no failure, every block back, status and logs.
+[[ $(stat 'd["requests"]["failed"]') == 0 ]] || fail "the router failed requests"
+[[ $(stat 'd["requests"]["total"]') == 250 ]] || fail "router total $(stat 'd["requests"]')"
+wait_for 10 'all(n["blocks_used"] == 0 and n["running"] == 0 for n in d["nodes"])' ||
+    fail "KV blocks still in use: $(stat 'd["nodes"]')"
+[[ $(stat 'sorted(n["id"] for n in d["nodes"])') == \
+    "['decode-0', 'prefill-0', 'prefill-1']" ]] || fail "final nodes: $(stat 'd["nodes"]')"
+pass "250 requests, 0 failed, $(stat 'd["requests"]["redispatched"]') re-dispatched;" \
+    "every node holds 0 KV blocks"
+kc status | tee "$work/status.out"
+grep -q '^prefill-1 .* live ' "$work/status.out" || fail "status table lacks prefill-1"
+kc status --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["router"]["pid"] and len(d["nodes"]) == 3, d
+assert all(n["pid"] and n["blocks_used"] == 0 for n in d["nodes"]), d' || fail "status --json"
+kc logs decode/1 -n 5 | grep -q 'stopping' || fail "logs decode/1"
+kc logs router -n 5 > /dev/null || fail "logs router"
+pass "status, status --json, logs"
+
+# 6. down: every node drains and exits, then the router; exit 0.
+mapfile -t pids < <(cat "$run"/*.pid)
+kc down || fail "down exited $?"
+for pid in "${pids[@]}"; do
+    if [[ -d /proc/$pid ]] && ! grep -q '^State:.*Z' "/proc/$pid/status"; then
+        fail "pid $pid still runs after down"
+    fi
+done
+for n in decode-0 prefill-0 prefill-1; do
+    grep -q 'stopping' "$run/$n.log" || grep -q 'drain' "$run/$n.log" ||
+        fail "$n did not drain: $(tail -n 5 "$run/$n.log")"
+done
+[[ -f $run/cluster.env ]] && fail "down left the cluster state"
+pass "down: ${#pids[@]} processes drained and exited"
+echo "deploy_scale: all checks passed"
