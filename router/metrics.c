@@ -231,5 +231,11 @@ kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapsho
     put_header(&sb, "kvf_node_running_requests", "gauge", "Sequences a node is working on.");
     for (size_t i = 0; i < snap->n_nodes; i++)
         put_node_gauge(&sb, "kvf_node_running_requests", &snap->nodes[i], snap->nodes[i].running);
+    put_header(&sb, "kvf_node_queued_tokens", "gauge",
+               "Prompt tokens a node holds queued, not yet prefilled (scaling signal of the "
+               "prefill pool).");
+    for (size_t i = 0; i < snap->n_nodes; i++)
+        put_node_gauge(&sb, "kvf_node_queued_tokens", &snap->nodes[i],
+                       (double)snap->nodes[i].queued_tokens);
     return kvf_strbuf_take(&sb, text_p, len_p);
 }
