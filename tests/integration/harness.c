@@ -25,6 +25,45 @@ static void tcp_url(char *buf, size_t len)
     snprintf(buf, len, "tcp://127.0.0.1:%d", port);
 }
 
+/* Every process started and not yet reaped, kept outside the clusters
+ * (which live on test stacks that a failed assertion unwinds). */
+#define H_MAX_PIDS 64
+static pid_t h_pids[H_MAX_PIDS];
+
+static void pid_track(pid_t pid)
+{
+    for (int k = 0; k < H_MAX_PIDS; k++) {
+        if (!h_pids[k]) {
+            h_pids[k] = pid;
+            return;
+        }
+    }
+}
+
+static void pid_untrack(pid_t pid)
+{
+    for (int k = 0; k < H_MAX_PIDS; k++)
+        if (h_pids[k] == pid)
+            h_pids[k] = 0;
+}
+
+int h_teardown(void **state)
+{
+    (void)state;
+    int n = 0;
+    for (int k = 0; k < H_MAX_PIDS; k++) {
+        if (h_pids[k] > 0) {
+            kill(h_pids[k], SIGKILL);
+            waitpid(h_pids[k], NULL, 0);
+            h_pids[k] = 0;
+            n++;
+        }
+    }
+    if (n)
+        fprintf(stderr, "harness: killed %d processes a failed test left running\n", n);
+    return 0;
+}
+
 void h_cluster_init(h_cluster_t *c, const char *model, const char *ucx_tls)
 {
     memset(c, 0, sizeof(*c));
@@ -69,6 +108,7 @@ static int spawn(h_cluster_t *c, const char *name, const char *url, char **argv)
         _exit(127);
     }
     p->pid = pid;
+    pid_track(pid);
     return c->n_procs++;
 }
 
@@ -111,6 +151,7 @@ void h_kill(h_cluster_t *c, int i)
     if (c->procs[i].pid > 0) {
         kill(c->procs[i].pid, SIGKILL);
         waitpid(c->procs[i].pid, NULL, 0);
+        pid_untrack(c->procs[i].pid);
         c->procs[i].pid = 0;
     }
 }
@@ -148,6 +189,7 @@ void h_cluster_stop(h_cluster_t *c, bool print_logs)
             pid_t pid = p->pid;
             pid_t r = waitpid(pid, &status, WNOHANG);
             if (r == pid || (r < 0 && errno == ECHILD)) {
+                pid_untrack(pid);
                 p->pid = 0;
                 if (r == pid && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
                     fprintf(stderr, "harness: %s ended with status 0x%x\n", p->name, status);
@@ -161,6 +203,7 @@ void h_cluster_stop(h_cluster_t *c, bool print_logs)
                 fprintf(stderr, "harness: %s did not stop in 10 s: SIGKILL\n", p->name);
                 kill(pid, SIGKILL);
                 waitpid(pid, NULL, 0);
+                pid_untrack(pid);
                 p->pid = 0;
                 print_logs = true;
                 size_t len = strlen(unclean);
@@ -340,6 +383,7 @@ int h_terminate(h_cluster_t *c, int i, int timeout_ms)
     while (kvf_clock_ns() < deadline) {
         int status;
         if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
+            pid_untrack(p->pid);
             p->pid = 0;
             return status;
         }
@@ -347,6 +391,7 @@ int h_terminate(h_cluster_t *c, int i, int timeout_ms)
     }
     kill(p->pid, SIGKILL);
     waitpid(p->pid, NULL, 0);
+    pid_untrack(p->pid);
     p->pid = 0;
     return -1;
 }

@@ -31,6 +31,11 @@ typedef struct {
     const char *ucx_tls;  /* UCX_TLS for the nodes, NULL: UCX's choice */
 } h_cluster_t;
 
+/* Kills (SIGKILL) every process of every cluster not yet stopped: for a
+ * test's teardown, so a failed assertion leaves nothing running. Returns
+ * 0 (a cmocka teardown). */
+int h_teardown(void **state);
+
 /* Prepares a cluster over model (nothing started). */
 void h_cluster_init(h_cluster_t *c, const char *model, const char *ucx_tls);
 

@@ -312,12 +312,12 @@ static void test_invalid_requests(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_1_prefill_1_decode_shm),
-        cmocka_unit_test(test_2_prefill_3_decode_tcp),
-        cmocka_unit_test(test_refusal),
-        cmocka_unit_test(test_cancel),
-        cmocka_unit_test(test_decode_node_joins),
-        cmocka_unit_test(test_invalid_requests),
+        cmocka_unit_test_teardown(test_1_prefill_1_decode_shm, h_teardown),
+        cmocka_unit_test_teardown(test_2_prefill_3_decode_tcp, h_teardown),
+        cmocka_unit_test_teardown(test_refusal, h_teardown),
+        cmocka_unit_test_teardown(test_cancel, h_teardown),
+        cmocka_unit_test_teardown(test_decode_node_joins, h_teardown),
+        cmocka_unit_test_teardown(test_invalid_requests, h_teardown),
     };
     /* KVF_TEST_FILTER=test_name (glob) runs a subset. */
     if (getenv("KVF_TEST_FILTER"))

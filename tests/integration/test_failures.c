@@ -343,15 +343,15 @@ static void test_thousand_cancels(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kill_prefill_2p2d),
-        cmocka_unit_test(test_kill_only_prefill_1p2d),
-        cmocka_unit_test(test_kill_decode_1p2d),
-        cmocka_unit_test(test_kill_decode_2p2d),
-        cmocka_unit_test(test_kill_both_2p2d),
-        cmocka_unit_test(test_kill_both_1p2d),
-        cmocka_unit_test(test_drain_decode),
-        cmocka_unit_test(test_drain_prefill),
-        cmocka_unit_test(test_thousand_cancels),
+        cmocka_unit_test_teardown(test_kill_prefill_2p2d, h_teardown),
+        cmocka_unit_test_teardown(test_kill_only_prefill_1p2d, h_teardown),
+        cmocka_unit_test_teardown(test_kill_decode_1p2d, h_teardown),
+        cmocka_unit_test_teardown(test_kill_decode_2p2d, h_teardown),
+        cmocka_unit_test_teardown(test_kill_both_2p2d, h_teardown),
+        cmocka_unit_test_teardown(test_kill_both_1p2d, h_teardown),
+        cmocka_unit_test_teardown(test_drain_decode, h_teardown),
+        cmocka_unit_test_teardown(test_drain_prefill, h_teardown),
+        cmocka_unit_test_teardown(test_thousand_cancels, h_teardown),
     };
     /* KVF_TEST_FILTER=test_name (glob) runs a subset. */
     if (getenv("KVF_TEST_FILTER"))
