@@ -305,7 +305,7 @@ kvf_status_t kvf_model_config_load(const char *dir, kvf_model_config_t *cfg_p)
     st = parse_rope_scaling(&cfg, root, path);
     if (st != KVF_OK)
         goto fail_parse;
-    /* Sliding-window attention is not implemented: say so when a config
+    /* Sliding-window attention is not supported: say so when a config
      * turns it on for contexts it would change. */
     int window = 0;
     const cJSON *use_sw = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window");
