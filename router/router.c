@@ -623,8 +623,6 @@ static bool stream_tokens(kvf_router_t *r, req_t *q, uint32_t first, const uint3
     q->t_progress_ns = kvf_clock_ns();
     Kvf__FinishReason finish = KVF__FINISH_REASON__FINISH_NONE;
     uint32_t gen_before = q->n_gen;
-    uint32_t new_ids[256];
-    size_t n_new = 0;
     size_t text_before = q->text_len;
     for (size_t i = 0; i < n; i++) {
         uint32_t pos = first + (uint32_t)i;
@@ -647,8 +645,6 @@ static bool stream_tokens(kvf_router_t *r, req_t *q, uint32_t first, const uint3
             q->cap_gen = cap;
         }
         q->gen[q->n_gen++] = t;
-        if (n_new < 256)
-            new_ids[n_new++] = t;
         const char *piece;
         size_t piece_len;
         if (kvf_detok_push(&q->detok, t, &piece, &piece_len) == KVF_OK && piece_len)
@@ -668,16 +664,18 @@ static bool stream_tokens(kvf_router_t *r, req_t *q, uint32_t first, const uint3
     if (finish == KVF__FINISH_REASON__FINISH_NONE &&
         node_finish != KVF__FINISH_REASON__FINISH_NONE)
         finish = node_finish;
+    /* The new tokens are q->gen[gen_before, n_gen). */
+    size_t n_new = q->n_gen - gen_before;
     if (n_new || q->text_len > q->text_sent) {
         size_t text_new = q->text_len > q->text_sent ? q->text_len - q->text_sent : 0;
         char *text = strndup(q->text ? q->text + q->text_sent : "", text_new);
         kvf_router_chunk_t chunk = {
-            .tokens = new_ids,
+            .tokens = q->gen + gen_before,
             .n_tokens = n_new,
             .text = text ? text : "",
             .text_len = text ? text_new : 0,
         };
-        if (q->n_gen == n_new && q->t_first_ns)
+        if (gen_before == 0 && q->t_first_ns)
             chunk.ttft_us = (q->t_first_ns - q->t_arrival_ns) / 1000;
         q->text_sent += text_new;
         kvf_metrics_observe_tokens(r->metrics, q->t_arrival_ns, &q->t_last_token_ns,
