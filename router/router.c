@@ -670,7 +670,7 @@ static bool stream_tokens(kvf_router_t *r, req_t *q, uint32_t first, const uint3
         size_t text_new = q->text_len > q->text_sent ? q->text_len - q->text_sent : 0;
         char *text = strndup(q->text ? q->text + q->text_sent : "", text_new);
         kvf_router_chunk_t chunk = {
-            .tokens = q->gen + gen_before,
+            .tokens = n_new ? q->gen + gen_before : NULL,
             .n_tokens = n_new,
             .text = text ? text : "",
             .text_len = text ? text_new : 0,
