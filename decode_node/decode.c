@@ -73,6 +73,10 @@ typedef struct {
  * that has not sealed (KvReady and the last batch both seen). */
 #define DECODE_SEAL_MARGIN_MS 2000
 
+/* Longest sleep while K/V is expected (the transport's fd cannot be relied
+ * on to wake the loop for it). */
+#define DECODE_HANDOFF_POLL_MS 2
+
 struct kvf_decode {
     kvf_decode_config_t cfg; /* strings point at the copies below */
     bool draining;           /* SIGTERM: finishing what it holds, taking nothing new */
@@ -1116,9 +1120,17 @@ static void wait_for_work(kvf_decode_t *d)
     int timeout = kvf_node_timeout_ms(d->node);
     timeout = min_timeout(timeout, kvf_xfer_timeout_ms(d->xfer));
     timeout = min_timeout(timeout, kvf_clock_ms_until(d->next_stats_ns));
-    /* Without a transport fd the handle needs progress on a timer. */
+    /* Without a transport fd the handle needs progress on a timer. With
+     * one, UCX 1.13's shared-memory transports still do not wake it for
+     * incoming data or connection set-up, so while a handoff is under way
+     * the loop also looks every few milliseconds (measured: a first
+     * request's handoff took up to a heartbeat period otherwise). */
     int xfd = kvf_xfer_fd(d->xfer);
-    timeout = min_timeout(timeout, xfd < 0 ? 10 : 1000);
+    bool expecting = false;
+    for (size_t i = 0; i < d->n_reqs && !expecting; i++)
+        expecting = d->reqs[i]->h.state == KVF_HANDOFF_ALLOCATED ||
+                    d->reqs[i]->h.state == KVF_HANDOFF_WRITING;
+    timeout = min_timeout(timeout, xfd < 0 || expecting ? DECODE_HANDOFF_POLL_MS : 1000);
     struct pollfd pfd[2] = {{.fd = kvf_inbox_fd(kvf_node_inbox(d->node)), .events = POLLIN},
                             {.fd = xfd, .events = POLLIN}};
     if (poll(pfd, xfd < 0 ? 1 : 2, timeout) < 0 && errno != EINTR)
