@@ -773,16 +773,57 @@ static void test_malformed_and_cancel(void **state)
     assert_int_equal(stop_node(h), 0);
 }
 
-/* SIGTERM while a request decodes: the router hears that it failed here,
- * the node deregisters and exits 0. */
-static void test_sigterm_while_decoding(void **state)
+/* Waits (pumping its messages) for the node to exit on its own. */
+static int wait_node_exit(harness_t *h, int timeout_ms)
+{
+    int status = -1;
+    uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (waitpid(h->pid, &status, WNOHANG) == 0) {
+        pump(h, 20, NULL, NULL);
+        if (kvf_clock_ns() > deadline) {
+            kill(h->pid, SIGKILL);
+            waitpid(h->pid, &status, 0);
+            status = -1;
+            break;
+        }
+    }
+    h->pid = 0;
+    pump(h, 200, NULL, NULL);
+    return status;
+}
+
+/* SIGTERM while a request decodes: the node drains: the sequence runs to
+ * its end (the golden tokens, no error), then the node deregisters and
+ * exits 0 by itself. */
+static void test_sigterm_drains(void **state)
 {
     harness_t *h = *state;
     start_node(h, NULL);
     uint64_t id = start_and_pause(h, &h->prompts[3], 600);
     assert_int_equal(kill(h->pid, SIGTERM), 0); /* taken when it resumes */
     assert_int_equal(kill(h->pid, SIGCONT), 0);
-    int status = stop_node(h);
+    int status = wait_node_exit(h, 30000);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_true(h->deregistered);
+    assert_int_equal(seen(h, id)->error, 0);
+    assert_int_equal(seen(h, id)->finish, KVF__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(seen(h, id)->n_tokens, 200 - 1);
+    for (int i = 0; i < N_GREEDY - 1; i++)
+        assert_int_equal(seen(h, id)->tokens[i], h->prompts[3].greedy[i + 1]);
+}
+
+/* SIGINT while a request decodes: the node stops at once; the router hears
+ * that the request failed here (to send it elsewhere), the node
+ * deregisters and exits 0. */
+static void test_sigint_stops(void **state)
+{
+    harness_t *h = *state;
+    start_node(h, NULL);
+    uint64_t id = start_and_pause(h, &h->prompts[3], 600);
+    assert_int_equal(kill(h->pid, SIGINT), 0); /* taken when it resumes */
+    assert_int_equal(kill(h->pid, SIGCONT), 0);
+    int status = wait_node_exit(h, 30000);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
     assert_true(h->deregistered);
@@ -801,7 +842,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lease_expiry_and_stale_epoch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_and_cancel, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_sigterm_while_decoding, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sigterm_drains, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sigint_stops, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
