@@ -273,3 +273,15 @@ kvf_status_t kvf_node_deregister(kvf_node_t *node, const char *reason)
     node->registered = false;
     return kvf_node_send_router(node, &env, 1000);
 }
+
+Kvf__KvGeometry kvf_node_wire_geometry(const kvf_kv_geometry_t *geo)
+{
+    Kvf__KvGeometry w = KVF__KV_GEOMETRY__INIT;
+    w.block_size = (uint32_t)geo->block_size;
+    w.dtype = KVF__KV_DTYPE__KV_DTYPE_F32;
+    w.layout = 1;
+    w.n_layers = (uint32_t)geo->n_layers;
+    w.n_kv_heads = (uint32_t)geo->n_kv_heads;
+    w.head_dim = (uint32_t)geo->head_dim;
+    return w;
+}

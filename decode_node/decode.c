@@ -1321,12 +1321,7 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
         .mem_type = KVF_XFER_MEM_HOST,
         .pool = kvf_kvpool_base(d->pool),
         .pool_bytes = kvf_kvpool_bytes(d->pool),
-        .geometry = {.block_size = (uint32_t)geo.block_size,
-                     .n_layers = (uint32_t)geo.n_layers,
-                     .n_kv_heads = (uint32_t)geo.n_kv_heads,
-                     .head_dim = (uint32_t)geo.head_dim,
-                     .dtype = KVF_XFER_DTYPE_F32,
-                     .layout = 1},
+        .geometry = kvf_xfer_geometry_of_pool(&geo),
         .two_sided = xfer_two_sided(d->cfg.xfer_mode),
     };
     st = kvf_xfer_create(&xc, &d->xfer);
@@ -1354,12 +1349,7 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
         .fill_load = fill_load,
         .load_arg = d,
     };
-    nc.geometry.block_size = (uint32_t)geo.block_size;
-    nc.geometry.dtype = KVF__KV_DTYPE__KV_DTYPE_F32;
-    nc.geometry.layout = 1;
-    nc.geometry.n_layers = (uint32_t)geo.n_layers;
-    nc.geometry.n_kv_heads = (uint32_t)geo.n_kv_heads;
-    nc.geometry.head_dim = (uint32_t)geo.head_dim;
+    nc.geometry = kvf_node_wire_geometry(&geo);
     st = kvf_node_create(&nc, &d->node);
     free(desc); /* the node keeps its own copy */
     if (st != KVF_OK) {

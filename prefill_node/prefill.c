@@ -1146,15 +1146,7 @@ kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t *
         .mem_type = KVF_XFER_MEM_HOST,
         .pool = kvf_kvpool_base(p->pool),
         .pool_bytes = kvf_kvpool_bytes(p->pool),
-        .geometry =
-            {
-                .block_size = (uint32_t)p->geo.block_size,
-                .n_layers = (uint32_t)p->geo.n_layers,
-                .n_kv_heads = (uint32_t)p->geo.n_kv_heads,
-                .head_dim = (uint32_t)p->geo.head_dim,
-                .dtype = KVF_XFER_DTYPE_F32,
-                .layout = 1,
-            },
+        .geometry = kvf_xfer_geometry_of_pool(&p->geo),
         .checksum = cfg->checksum,
     };
     st = kvf_xfer_create(&xc, &p->xfer);
@@ -1162,13 +1154,7 @@ kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t *
         kvf_log_error("transfer handle: %s", kvf_status_str(st));
         goto fail_xfer;
     }
-    Kvf__KvGeometry wire_geo = KVF__KV_GEOMETRY__INIT;
-    wire_geo.block_size = (uint32_t)p->geo.block_size;
-    wire_geo.dtype = KVF__KV_DTYPE__KV_DTYPE_F32;
-    wire_geo.layout = 1;
-    wire_geo.n_layers = (uint32_t)p->geo.n_layers;
-    wire_geo.n_kv_heads = (uint32_t)p->geo.n_kv_heads;
-    wire_geo.head_dim = (uint32_t)p->geo.head_dim;
+    Kvf__KvGeometry wire_geo = kvf_node_wire_geometry(&p->geo);
     kvf_node_config_t nc = {
         .role = KVF__ROLE__ROLE_PREFILL,
         .node_id = cfg->node_id,

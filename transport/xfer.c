@@ -992,3 +992,15 @@ void kvf_xfer_stats(const kvf_xfer_t *xfer, kvf_xfer_stats_t *stats_p)
 {
     *stats_p = xfer->stats;
 }
+
+kvf_xfer_geometry_t kvf_xfer_geometry_of_pool(const kvf_kv_geometry_t *geo)
+{
+    return (kvf_xfer_geometry_t){
+        .block_size = (uint32_t)geo->block_size,
+        .n_layers = (uint32_t)geo->n_layers,
+        .n_kv_heads = (uint32_t)geo->n_kv_heads,
+        .head_dim = (uint32_t)geo->head_dim,
+        .dtype = KVF_XFER_DTYPE_F32,
+        .layout = 1,
+    };
+}

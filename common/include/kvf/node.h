@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvf/kvcache.h"
 #include "kvf/msg.h"
 #include "kvf/status.h"
 
@@ -40,6 +41,9 @@ typedef struct {
     void (*fill_load)(void *arg, Kvf__Load *load);
     void *load_arg;
 } kvf_node_config_t;
+
+/* The KV geometry a node announces in Register (f32, layout 1). */
+Kvf__KvGeometry kvf_node_wire_geometry(const kvf_kv_geometry_t *geo);
 
 /* Binds the inbox and connects to the router. On success *node_p is owned
  * by the caller: kvf_node_destroy(). */

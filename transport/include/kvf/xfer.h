@@ -66,6 +66,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvf/kvcache.h"
 #include "kvf/status.h"
 
 typedef struct kvf_xfer kvf_xfer_t;             /* a local pool registered with a backend */
@@ -301,5 +302,8 @@ void kvf_xfer_stats(const kvf_xfer_t *xfer, kvf_xfer_stats_t *stats_p);
 
 /* Bytes of one block of geometry g (0 if g is invalid). */
 uint64_t kvf_xfer_block_bytes(const kvf_xfer_geometry_t *g);
+
+/* The transfer geometry of a KV pool (kvf/kvcache.h: f32, layout 1). */
+kvf_xfer_geometry_t kvf_xfer_geometry_of_pool(const kvf_kv_geometry_t *geo);
 
 #endif
