@@ -304,7 +304,16 @@ static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     kvf_xfer_peer_t *p = arg;
     (void)ep;
-    kvf_log_error("xfer/ucx: connection to peer failed: %s", ucs_status_string(status));
+    /* A peer that leaves (a decode node draining away) fails its idle
+     * connection too: that is only news when batches were in flight. */
+    size_t in_flight = 0;
+    for (const kvf_xfer_batch_t *b = p->batches; b; b = b->next)
+        in_flight += b->status == KVF_ERR_AGAIN;
+    if (in_flight)
+        kvf_log_error("xfer/ucx: connection to peer failed with %zu batches in flight: %s",
+                      in_flight, ucs_status_string(status));
+    else
+        kvf_log_info("xfer/ucx: idle connection to a peer closed: %s", ucs_status_string(status));
     kvf_xfer__peer_fail(p, KVF_ERR_PEER);
 }
 
