@@ -16,6 +16,8 @@
 #define KVF_DECODE_H
 
 #include <signal.h>
+
+#include "kvf/signals.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -83,8 +85,8 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
  * Returns KVF_OK after a clean stop, or the router's final refusal. */
 kvf_status_t kvf_decode_run(kvf_decode_t *dec, volatile sig_atomic_t *stop);
 
-#define KVF_DECODE_DRAIN 1
-#define KVF_DECODE_STOP 2
+#define KVF_DECODE_DRAIN KVF_STOP_DRAIN
+#define KVF_DECODE_STOP KVF_STOP_NOW
 
 /* Frees everything; NULL is a no-op. */
 void kvf_decode_destroy(kvf_decode_t *dec);

@@ -5,18 +5,13 @@
 #include "kvf/flags.h"
 #include "kvf/kvcache.h"
 #include "kvf/log.h"
+#include "kvf/signals.h"
 
 #include <signal.h>
 #include <string.h>
 
 /* The one mutable global: set by the signal handler, read by the loop. */
 static volatile sig_atomic_t g_stop;
-
-/* SIGTERM drains gracefully; a second SIGTERM, or SIGINT, stops now. */
-static void on_signal(int sig)
-{
-    g_stop = sig == SIGTERM && g_stop == 0 ? KVF_DECODE_DRAIN : KVF_DECODE_STOP;
-}
 
 int main(int argc, char **argv)
 {
@@ -101,13 +96,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    kvf_signals_install(&g_stop);
 
     kvf_decode_config_t cfg = {
         .router_url = router_url,

@@ -4,19 +4,13 @@
 
 #include "kvf/flags.h"
 #include "kvf/log.h"
+#include "kvf/signals.h"
 
 #include <signal.h>
 #include <string.h>
 
 /* The only mutable global: set by the signal handler, read by the loop. */
 static volatile sig_atomic_t stop_requested;
-
-/* SIGTERM drains gracefully; a second SIGTERM, or SIGINT, stops now. */
-static void on_stop_signal(int sig)
-{
-    stop_requested =
-        sig == SIGTERM && stop_requested == 0 ? KVF_PREFILL_DRAIN : KVF_PREFILL_STOP;
-}
 
 int main(int argc, char **argv)
 {
@@ -72,13 +66,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    kvf_signals_install(&stop_requested);
 
     kvf_prefill_config_t cfg = {
         .router_url = router_url,

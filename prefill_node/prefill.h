@@ -15,6 +15,8 @@
 #define KVF_PREFILL_H
 
 #include <signal.h>
+
+#include "kvf/signals.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -58,8 +60,8 @@ kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t *
  * registration. */
 kvf_status_t kvf_prefill_run(kvf_prefill_t *prefill, volatile sig_atomic_t *stop);
 
-#define KVF_PREFILL_DRAIN 1
-#define KVF_PREFILL_STOP 2
+#define KVF_PREFILL_DRAIN KVF_STOP_DRAIN
+#define KVF_PREFILL_STOP KVF_STOP_NOW
 
 /* Frees every request, block and handle; NULL is a no-op. */
 void kvf_prefill_destroy(kvf_prefill_t *prefill);

@@ -5,15 +5,10 @@
 #include "kvf/flags.h"
 #include "http.h"
 #include "kvf/log.h"
+#include "kvf/signals.h"
 #include "router.h"
 
 static volatile sig_atomic_t stop_flag;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stop_flag = 1;
-}
 
 int main(int argc, char **argv)
 {
@@ -133,12 +128,7 @@ int main(int argc, char **argv)
         if (st != KVF_OK)
             kvf_log_warn("continuing without the HTTP API (give --http HOST:PORT or --http off)");
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    kvf_signals_install(&stop_flag);
     st = kvf_router_run(router, &stop_flag);
     kvf_http_destroy(http); /* the loop has stopped: nothing holds its exchanges any more */
     kvf_router_destroy(router);

@@ -1,0 +1,26 @@
+#include "kvf/signals.h"
+
+#include <stddef.h>
+#include <string.h>
+
+/* Set once by kvf_signals_install() before any signal can arrive. */
+static volatile sig_atomic_t *stop_flag;
+
+static void on_stop_signal(int sig)
+{
+    if (!stop_flag)
+        return;
+    *stop_flag = sig == SIGTERM && *stop_flag == KVF_STOP_NONE ? KVF_STOP_DRAIN : KVF_STOP_NOW;
+}
+
+void kvf_signals_install(volatile sig_atomic_t *flag)
+{
+    stop_flag = flag;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
