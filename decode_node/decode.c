@@ -81,10 +81,7 @@ struct kvf_decode {
     kvf_decode_config_t cfg; /* strings point at the copies below */
     bool draining;           /* SIGTERM: finishing what it holds, taking nothing new */
     char *router_url, *listen_url, *model_dir, *node_id;
-    kvf_model_t *model;
-    kvf_backend_t backend;
-    kvf_kvpool_t *pool;
-    kvf_engine_t *engine;
+    kvf_engine_stack_t rt; /* model, backend, pool, engine */
     kvf_xfer_t *xfer;
     kvf_node_t *node;
     int vocab;
@@ -187,7 +184,7 @@ static uint32_t live_count(const kvf_decode_t *d)
 /* Returns r's blocks to the pool and drops it: the end of RELEASING. */
 static void req_release_blocks(kvf_decode_t *d, dec_req_t *r)
 {
-    if (kvf_kvpool_release(d->pool, r->blocks, r->n_blocks) != KVF_OK)
+    if (kvf_kvpool_release(d->rt.pool, r->blocks, r->n_blocks) != KVF_OK)
         kvf_log_error("request %llu epoch %llu: block table held blocks that were not allocated",
                       (unsigned long long)r->req_id, (unsigned long long)r->epoch);
     (void)kvf_handoff_on_released(&r->h);
@@ -359,7 +356,7 @@ static kvf_status_t req_alloc_blocks(kvf_decode_t *d, dec_req_t *r, uint32_t n_b
     r->blocks = malloc((size_t)n_blocks * sizeof(*r->blocks));
     if (!r->blocks)
         return KVF_ERR_NOMEM;
-    kvf_status_t st = kvf_kvpool_alloc(d->pool, n_blocks, r->blocks);
+    kvf_status_t st = kvf_kvpool_alloc(d->rt.pool, n_blocks, r->blocks);
     if (st != KVF_OK) {
         free(r->blocks);
         r->blocks = NULL;
@@ -372,7 +369,7 @@ static kvf_status_t req_alloc_blocks(kvf_decode_t *d, dec_req_t *r, uint32_t n_b
 static kvf_decode_admission_t admission(const kvf_decode_t *d)
 {
     kvf_decode_admission_t a = {
-        .free_blocks = kvf_kvpool_free_blocks(d->pool),
+        .free_blocks = kvf_kvpool_free_blocks(d->rt.pool),
         .live = live_count(d),
         .max_running = (uint32_t)d->cfg.max_running,
         .max_context = d->max_context,
@@ -388,7 +385,7 @@ static kvf_decode_admission_t admission(const kvf_decode_t *d)
 static void req_join(kvf_decode_t *d, dec_req_t *r)
 {
     Kvf__FinishReason fin = kvf_decode_finish_reason(
-        kvf_model_is_eos(&d->model->cfg, r->next_token), r->ignore_eos, r->gen, r->max_tokens,
+        kvf_model_is_eos(&d->rt.model->cfg, r->next_token), r->ignore_eos, r->gen, r->max_tokens,
         r->n_tokens + r->gen, d->max_context, r->n_blocks * d->block_size);
     if (fin != KVF__FINISH_REASON__FINISH_NONE) {
         emit_chunk(d, r, false, 0, fin);
@@ -559,7 +556,7 @@ fail_add:
     /* The reservation never reached the peer: nothing can land. The
      * transport still reports RELEASED, which finds no entry. */
 fail_ranges:
-    kvf_kvpool_release(d->pool, r->blocks, r->n_blocks);
+    kvf_kvpool_release(d->rt.pool, r->blocks, r->n_blocks);
 fail_blocks:
     req_free(r);
 fail_nomem:
@@ -766,7 +763,7 @@ static void on_prefill_request(kvf_decode_t *d, const Kvf__PrefillRequest *m)
     return;
 
 fail_add:
-    kvf_kvpool_release(d->pool, r->blocks, r->n_blocks);
+    kvf_kvpool_release(d->rt.pool, r->blocks, r->n_blocks);
 fail_prompt:
     req_free(r);
 fail_req:
@@ -941,7 +938,7 @@ static void decode_step(kvf_decode_t *d)
 
     kvf_engine_hooks_t hooks = {.on_layer_done = on_layer_done, .arg = d};
     uint64_t t0 = kvf_clock_ns();
-    kvf_status_t st = kvf_engine_forward(d->engine, d->seqs, n, &hooks);
+    kvf_status_t st = kvf_engine_forward(d->rt.engine, d->seqs, n, &hooks);
     uint64_t step_us = (kvf_clock_ns() - t0) / 1000;
     d->stats.steps++;
     if (st != KVF_OK) {
@@ -989,7 +986,7 @@ static void decode_step(kvf_decode_t *d)
         r->next_token = tok;
         d->stats.tokens_generated++;
         Kvf__FinishReason fin = kvf_decode_finish_reason(
-            kvf_model_is_eos(&d->model->cfg, tok), r->ignore_eos, r->gen, r->max_tokens,
+            kvf_model_is_eos(&d->rt.model->cfg, tok), r->ignore_eos, r->gen, r->max_tokens,
             r->n_tokens + r->gen, d->max_context, r->n_blocks * d->block_size);
         emit_chunk(d, r, true, tok, fin);
         if (fin != KVF__FINISH_REASON__FINISH_NONE) {
@@ -1018,9 +1015,9 @@ static void fill_load(void *arg, Kvf__Load *load)
             queued++;
         }
     }
-    load->blocks_free = kvf_kvpool_free_blocks(d->pool);
-    load->blocks_used = kvf_kvpool_used_blocks(d->pool);
-    load->blocks_total = kvf_kvpool_num_blocks(d->pool);
+    load->blocks_free = kvf_kvpool_free_blocks(d->rt.pool);
+    load->blocks_used = kvf_kvpool_used_blocks(d->rt.pool);
+    load->blocks_total = kvf_kvpool_num_blocks(d->rt.pool);
     load->running = running;
     load->queued_requests = queued;
     load->queued_tokens = queued_tokens;
@@ -1068,7 +1065,7 @@ static void log_stats(kvf_decode_t *d, bool force)
                  (unsigned long long)s.requests_failed, (unsigned long long)s.requests_released,
                  (unsigned long long)s.stale_dropped, (unsigned long long)s.malformed_dropped,
                  (unsigned long long)s.tokens_generated, (unsigned long long)s.steps,
-                 kvf_kvpool_used_blocks(d->pool), kvf_kvpool_num_blocks(d->pool), d->n_reqs);
+                 kvf_kvpool_used_blocks(d->rt.pool), kvf_kvpool_num_blocks(d->rt.pool), d->n_reqs);
     /* What is held, so a request that stays too long can be traced. */
     for (size_t i = 0; i < d->n_reqs && i < 16; i++) {
         const dec_req_t *r = d->reqs[i];
@@ -1278,49 +1275,29 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
     if (!d->cfg.stats_interval_ms)
         d->cfg.stats_interval_ms = 30000;
 
-    st = kvf_model_load(d->model_dir, &d->model);
+    /* Pool: the budget, but no more than max_running full-context
+     * sequences can ever use. */
+    kvf_engine_stack_config_t sc = {
+        .threads = d->cfg.threads,
+        .block_size = d->cfg.block_size,
+        .budget_bytes = d->cfg.kv_mem,
+        .max_full_sequences = (uint32_t)d->cfg.max_running,
+    };
+    st = kvf_engine_stack_init(&d->rt, d->model_dir, &sc);
     if (st != KVF_OK)
         goto fail_model;
-    const kvf_model_config_t *mc = &d->model->cfg;
+    const kvf_model_config_t *mc = &d->rt.model->cfg;
     d->vocab = mc->vocab;
     d->max_context = mc->max_pos > 0 ? (uint32_t)mc->max_pos : 1;
     d->block_size = (uint32_t)d->cfg.block_size;
-
-    /* Pool: the budget, but no more than max_running full-context
-     * sequences can ever use. */
-    kvf_kv_geometry_t geo = kvf_engine_kv_geometry(d->model, d->cfg.block_size);
-    st = kvf_kv_geometry_validate(&geo);
-    if (st != KVF_OK)
-        goto fail_pool;
+    kvf_kv_geometry_t geo = *kvf_kvpool_geometry(d->rt.pool);
     d->block_bytes = kvf_kv_block_bytes(&geo);
-    uint64_t want =
-        (uint64_t)d->cfg.max_running * ((d->max_context + d->block_size - 1) / d->block_size);
-    uint64_t fit = d->cfg.kv_mem / d->block_bytes;
-    uint64_t num_blocks = fit < want ? fit : want;
-    if (num_blocks > UINT32_MAX)
-        num_blocks = UINT32_MAX;
-    if (num_blocks == 0) {
-        kvf_log_error("--kv-mem %llu bytes holds no KV block of %zu bytes",
-                      (unsigned long long)d->cfg.kv_mem, d->block_bytes);
-        st = KVF_ERR_NO_SPACE;
-        goto fail_pool;
-    }
-    st = kvf_kvpool_create(&geo, (uint32_t)num_blocks, &d->pool);
-    if (st != KVF_OK)
-        goto fail_pool;
-
-    st = kvf_backend_cpu_create(d->cfg.threads, &d->backend);
-    if (st != KVF_OK)
-        goto fail_backend;
-    st = kvf_engine_create(d->model, &d->backend, d->pool, &d->engine);
-    if (st != KVF_OK)
-        goto fail_engine;
 
     kvf_xfer_config_t xc = {
         .backend = KVF_XFER_UCX,
         .mem_type = KVF_XFER_MEM_HOST,
-        .pool = kvf_kvpool_base(d->pool),
-        .pool_bytes = kvf_kvpool_bytes(d->pool),
+        .pool = kvf_kvpool_base(d->rt.pool),
+        .pool_bytes = kvf_kvpool_bytes(d->rt.pool),
         .geometry = kvf_xfer_geometry_of_pool(&geo),
         .two_sided = xfer_two_sided(d->cfg.xfer_mode),
     };
@@ -1338,9 +1315,9 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
         .node_id = d->node_id,
         .router_url = d->router_url,
         .listen_url = d->listen_url,
-        .model_fingerprint = kvf_model_fingerprint(d->model),
+        .model_fingerprint = kvf_model_fingerprint(d->rt.model),
         .geometry = KVF__KV_GEOMETRY__INIT,
-        .capacity_blocks = (uint32_t)num_blocks,
+        .capacity_blocks = kvf_kvpool_num_blocks(d->rt.pool),
         .xfer_desc = desc,
         .xfer_desc_len = desc_len,
         .max_running = (uint32_t)d->cfg.max_running,
@@ -1369,9 +1346,9 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
     kvf_log_info("model %s (%s, %d layers, vocab %d, context %u), kv pool %u blocks of %u "
                  "tokens (%.1f MiB), max running %d, %d threads, %s transfers%s",
                  d->model_dir, mc->arch_name, mc->n_layers, mc->vocab, d->max_context,
-                 (uint32_t)num_blocks, d->block_size,
-                 (double)kvf_kvpool_bytes(d->pool) / (1024.0 * 1024.0), d->cfg.max_running,
-                 kvf_backend_cpu_threads(&d->backend), xc.two_sided ? "two-sided" : "one-sided",
+                 kvf_kvpool_num_blocks(d->rt.pool), d->block_size,
+                 (double)kvf_kvpool_bytes(d->rt.pool) / (1024.0 * 1024.0), d->cfg.max_running,
+                 kvf_backend_cpu_threads(&d->rt.backend), xc.two_sided ? "two-sided" : "one-sided",
                  d->cfg.prefill_local ? ", prefills locally" : "");
     *dec_p = d;
     return KVF_OK;
@@ -1385,13 +1362,7 @@ fail_node:
 fail_desc:
     kvf_xfer_destroy(d->xfer);
 fail_xfer:
-    kvf_engine_destroy(d->engine);
-fail_engine:
-    kvf_backend_destroy(&d->backend);
-fail_backend:
-    kvf_kvpool_destroy(d->pool);
-fail_pool:
-    kvf_model_destroy(d->model);
+    kvf_engine_stack_fini(&d->rt);
 fail_model:
 fail_copy:
     free(d->node_id);
@@ -1417,10 +1388,7 @@ void kvf_decode_destroy(kvf_decode_t *d)
     /* The transport goes before the pool: its registration of the pool
      * memory ends first. */
     kvf_xfer_destroy(d->xfer);
-    kvf_engine_destroy(d->engine);
-    kvf_backend_destroy(&d->backend);
-    kvf_kvpool_destroy(d->pool);
-    kvf_model_destroy(d->model);
+    kvf_engine_stack_fini(&d->rt);
     free(d->node_id);
     free(d->model_dir);
     free(d->listen_url);

@@ -104,10 +104,7 @@ typedef struct {
 struct kvf_prefill {
     kvf_prefill_config_t cfg; /* strings: NULL, or the copies below */
     char *router_url, *listen_url;
-    kvf_model_t *model;
-    kvf_backend_t backend;
-    kvf_kvpool_t *pool;
-    kvf_engine_t *engine;
+    kvf_engine_stack_t rt; /* model, backend, pool, engine */
     kvf_xfer_t *xfer;
     kvf_node_t *node;
     kvf_kv_geometry_t geo;
@@ -256,7 +253,7 @@ static void req_destroy(kvf_prefill_t *p, pf_req_t *r)
         p->tail = r->prev;
     req_release_batches(r);
     free(r->batches);
-    kvf_block_table_release(&r->local, p->pool);
+    kvf_block_table_release(&r->local, p->rt.pool);
     kvf_block_table_fini(&r->local);
     free(r->remote_blocks);
     free(r->logits);
@@ -409,7 +406,7 @@ static void send_alloc(kvf_prefill_t *p, pf_req_t *r, int timeout_ms)
 static kvf_status_t check_request(kvf_prefill_t *p, const Kvf__PrefillRequest *pr, char *why,
                                   size_t why_len)
 {
-    const kvf_model_config_t *c = &p->model->cfg;
+    const kvf_model_config_t *c = &p->rt.model->cfg;
     if (pr->req_id == 0 || pr->epoch == 0) {
         snprintf(why, why_len, "request id or epoch 0");
         return KVF_ERR_INVAL;
@@ -447,9 +444,9 @@ static kvf_status_t check_request(kvf_prefill_t *p, const Kvf__PrefillRequest *p
         return st;
     }
     uint32_t need = kvf_kv_blocks_for_tokens(&p->geo, (uint32_t)pr->n_token_ids);
-    if (need > kvf_kvpool_num_blocks(p->pool)) {
+    if (need > kvf_kvpool_num_blocks(p->rt.pool)) {
         snprintf(why, why_len, "prompt needs %u kv blocks, this node has %u", need,
-                 kvf_kvpool_num_blocks(p->pool));
+                 kvf_kvpool_num_blocks(p->rt.pool));
         return KVF_ERR_NO_SPACE;
     }
     return KVF_OK;
@@ -772,7 +769,7 @@ static void on_layer_done(void *arg, int layer)
         if (r->hook_status != KVF_OK || r->state != REQ_READY || r->ship_first == r->ship_end)
             continue;
         bool final = r->chunk_start + r->chunk_len == r->n_prompt;
-        size_t n = kvf_prefill_plan_slices(p->pool, layer, r->local.blocks, r->remote_blocks,
+        size_t n = kvf_prefill_plan_slices(p->rt.pool, layer, r->local.blocks, r->remote_blocks,
                                            r->ship_first, r->ship_end, p->slices);
         uint32_t flags = final && last_layer ? KVF_XFER_LAST : 0;
         kvf_status_t st = req_post(p, r, p->slices, n, flags);
@@ -782,7 +779,7 @@ static void on_layer_done(void *arg, int layer)
             r->hook_status = st;
             continue;
         }
-        r->kv_bytes += (uint64_t)n * kvf_kvpool_slice_bytes(p->pool);
+        r->kv_bytes += (uint64_t)n * kvf_kvpool_slice_bytes(p->rt.pool);
         if (flags & KVF_XFER_LAST)
             r->last_posted = true;
     }
@@ -795,7 +792,7 @@ static bool req_take_local(kvf_prefill_t *p, pf_req_t *r)
 {
     if (r->local.n_blocks)
         return true;
-    return kvf_block_table_reserve(&r->local, p->pool, r->n_prompt) == KVF_OK;
+    return kvf_block_table_reserve(&r->local, p->rt.pool, r->n_prompt) == KVF_OK;
 }
 
 /* Picks the requests of the next forward into p->fwd; returns how many. */
@@ -850,7 +847,7 @@ picked:
 
 static void run_forward(kvf_prefill_t *p, size_t n)
 {
-    const int vocab = p->model->cfg.vocab;
+    const int vocab = p->rt.model->cfg.vocab;
     uint32_t bs = (uint32_t)p->geo.block_size;
     uint64_t start_ns = kvf_clock_ns();
     size_t max_ship = 0;
@@ -892,7 +889,7 @@ static void run_forward(kvf_prefill_t *p, size_t n)
     }
     p->n_fwd = n;
     kvf_engine_hooks_t hooks = {.on_layer_done = on_layer_done, .arg = p};
-    kvf_status_t st = kvf_engine_forward(p->engine, p->seqs, (int)n, &hooks);
+    kvf_status_t st = kvf_engine_forward(p->rt.engine, p->seqs, (int)n, &hooks);
     p->n_fwd = 0;
     uint64_t end_ns = kvf_clock_ns();
     kvf_log_debug("forward: %zu sequences in %llu us", n,
@@ -936,9 +933,9 @@ static void run_forward(kvf_prefill_t *p, size_t n)
 static void fill_load(void *arg, Kvf__Load *load)
 {
     kvf_prefill_t *p = arg;
-    load->blocks_free = kvf_kvpool_free_blocks(p->pool);
-    load->blocks_used = kvf_kvpool_used_blocks(p->pool);
-    load->blocks_total = kvf_kvpool_num_blocks(p->pool);
+    load->blocks_free = kvf_kvpool_free_blocks(p->rt.pool);
+    load->blocks_used = kvf_kvpool_used_blocks(p->rt.pool);
+    load->blocks_total = kvf_kvpool_num_blocks(p->rt.pool);
     uint32_t queued = 0, running = 0;
     uint64_t tokens = 0;
     for (const pf_req_t *r = p->head; r; r = r->next) {
@@ -1023,7 +1020,7 @@ static bool forward_possible(const kvf_prefill_t *p)
     for (const pf_req_t *r = p->head; r; r = r->next)
         if (r->state == REQ_READY &&
             (r->done > 0 || r->local.n_blocks ||
-             kvf_kv_blocks_for_tokens(&p->geo, r->n_prompt) <= kvf_kvpool_free_blocks(p->pool)))
+             kvf_kv_blocks_for_tokens(&p->geo, r->n_prompt) <= kvf_kvpool_free_blocks(p->rt.pool)))
             return true;
     return false;
 }
@@ -1057,7 +1054,7 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
 {
     kvf_status_t result = KVF_OK;
     kvf_log_info("serving on %s (router %s): %u kv blocks of %d tokens, %d tokens per forward",
-                 p->cfg.listen_url, p->cfg.router_url, kvf_kvpool_num_blocks(p->pool),
+                 p->cfg.listen_url, p->cfg.router_url, kvf_kvpool_num_blocks(p->rt.pool),
                  p->geo.block_size, p->cfg.max_batch_tokens);
     uint64_t drain_deadline = 0;
     while (*stop != KVF_PREFILL_STOP) {
@@ -1120,32 +1117,20 @@ kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t *
         goto fail_model;
     p->cfg.router_url = p->router_url;
     p->cfg.listen_url = p->listen_url;
-    st = kvf_model_load(cfg->model_dir, &p->model);
-    if (st != KVF_OK) {
-        kvf_log_error("model %s: %s", cfg->model_dir, kvf_status_str(st));
+    kvf_engine_stack_config_t sc = {
+        .threads = cfg->threads,
+        .block_size = cfg->block_size,
+        .budget_bytes = cfg->kv_mem,
+    };
+    st = kvf_engine_stack_init(&p->rt, cfg->model_dir, &sc);
+    if (st != KVF_OK)
         goto fail_model;
-    }
-    st = kvf_backend_cpu_create(cfg->threads, &p->backend);
-    if (st != KVF_OK)
-        goto fail_backend;
-    p->geo = kvf_engine_kv_geometry(p->model, cfg->block_size);
-    st = kvf_kv_geometry_validate(&p->geo);
-    if (st != KVF_OK)
-        goto fail_pool;
-    st = kvf_kvpool_create_budget(&p->geo, cfg->kv_mem, &p->pool);
-    if (st != KVF_OK) {
-        kvf_log_error("kv pool of %llu bytes: %s", (unsigned long long)cfg->kv_mem,
-                      kvf_status_str(st));
-        goto fail_pool;
-    }
-    st = kvf_engine_create(p->model, &p->backend, p->pool, &p->engine);
-    if (st != KVF_OK)
-        goto fail_engine;
+    p->geo = *kvf_kvpool_geometry(p->rt.pool);
     kvf_xfer_config_t xc = {
         .backend = KVF_XFER_UCX,
         .mem_type = KVF_XFER_MEM_HOST,
-        .pool = kvf_kvpool_base(p->pool),
-        .pool_bytes = kvf_kvpool_bytes(p->pool),
+        .pool = kvf_kvpool_base(p->rt.pool),
+        .pool_bytes = kvf_kvpool_bytes(p->rt.pool),
         .geometry = kvf_xfer_geometry_of_pool(&p->geo),
         .checksum = cfg->checksum,
     };
@@ -1160,10 +1145,10 @@ kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t *
         .node_id = cfg->node_id,
         .router_url = cfg->router_url,
         .listen_url = cfg->listen_url,
-        .model_fingerprint = kvf_model_fingerprint(p->model),
+        .model_fingerprint = kvf_model_fingerprint(p->rt.model),
         .geometry = wire_geo,
-        .capacity_blocks = kvf_kvpool_num_blocks(p->pool),
-        .max_context = (uint32_t)p->model->cfg.max_pos,
+        .capacity_blocks = kvf_kvpool_num_blocks(p->rt.pool),
+        .max_context = (uint32_t)p->rt.model->cfg.max_pos,
         .fill_load = fill_load,
         .load_arg = p,
     };
@@ -1179,13 +1164,7 @@ kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t *
 fail_node:
     kvf_xfer_destroy(p->xfer);
 fail_xfer:
-    kvf_engine_destroy(p->engine);
-fail_engine:
-    kvf_kvpool_destroy(p->pool);
-fail_pool:
-    kvf_backend_destroy(&p->backend);
-fail_backend:
-    kvf_model_destroy(p->model);
+    kvf_engine_stack_fini(&p->rt);
 fail_model:
     free(p->listen_url);
     free(p->router_url);
@@ -1216,10 +1195,7 @@ void kvf_prefill_destroy(kvf_prefill_t *p)
         req_destroy(p, r);
     }
     kvf_node_destroy(p->node);
-    kvf_engine_destroy(p->engine);
-    kvf_kvpool_destroy(p->pool);
-    kvf_backend_destroy(&p->backend);
-    kvf_model_destroy(p->model);
+    kvf_engine_stack_fini(&p->rt);
     free(p->fwd);
     free(p->seqs);
     free(p->remaining);

@@ -190,7 +190,7 @@ int kvf_cmd_generate(int argc, char **argv)
     if (kvf_local_engine_init(&le, argv[0], model_dir, threads,
                               (uint32_t)n_ids + (uint32_t)max_tokens + 1) != KVF_OK)
         goto fail_engine;
-    const kvf_model_config_t *cfg = &le.model->cfg;
+    const kvf_model_config_t *cfg = &le.rt.model->cfg;
     for (size_t i = 0; i < n_ids; i++) {
         if (ids[i] >= (uint32_t)cfg->vocab) {
             fprintf(stderr, "%s: prompt id %u is not below the vocabulary size %d\n", argv[0],

@@ -48,7 +48,7 @@ int kvf_cmd_logits(int argc, char **argv)
         fprintf(stderr, "%s: forward pass failed: %s\n", argv[0], kvf_status_str(st));
     } else {
         putchar('[');
-        for (int i = 0; i < le.model->cfg.vocab; i++)
+        for (int i = 0; i < le.rt.model->cfg.vocab; i++)
             printf("%s%.9g", i ? ", " : "", le.logits[i]);
         printf("]\n");
         rc = 0;

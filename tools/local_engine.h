@@ -12,10 +12,7 @@
 #include "kvf/model.h"
 
 typedef struct {
-    kvf_model_t *model;
-    kvf_backend_t be;
-    kvf_kvpool_t *pool;
-    kvf_engine_t *engine;
+    kvf_engine_stack_t rt; /* model, backend, pool, engine */
     kvf_block_table_t table;
     uint32_t n_past; /* positions already in the cache */
     float *logits;   /* (vocab) of the last position run */

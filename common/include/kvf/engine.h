@@ -57,6 +57,36 @@ void kvf_engine_destroy(kvf_engine_t *engine);
 kvf_status_t kvf_engine_forward(kvf_engine_t *engine, const kvf_engine_seq_t *seqs, int n_seqs,
                                 const kvf_engine_hooks_t *hooks);
 
+/* The compute stack a process serves from: model, CPU backend, KV pool and
+ * engine, made and torn down together (the node roles and the kvf tool). */
+typedef struct {
+    kvf_model_t *model;
+    kvf_backend_t backend;
+    kvf_kvpool_t *pool;
+    kvf_engine_t *engine;
+} kvf_engine_stack_t;
+
+/* How big a stack to make. */
+typedef struct {
+    int threads;                 /* CPU backend threads; <= 0: every core */
+    int block_size;              /* tokens per KV block */
+    uint64_t budget_bytes;       /* pool: as many blocks as this holds; 0: no budget */
+    uint64_t max_blocks;         /* ... but at most this many; 0: no cap */
+    uint32_t max_full_sequences; /* ... nor more than this many full-context
+                                    sequences need; 0: no cap */
+} kvf_engine_stack_config_t;
+
+/* Loads model_dir, creates the CPU backend, a pool sized by cfg (at least
+ * one block, else KVF_ERR_NO_SPACE) and the engine over them. Logs what
+ * failed. The caller owns *stack (init/fini); on failure it is left
+ * empty. */
+kvf_status_t kvf_engine_stack_init(kvf_engine_stack_t *stack, const char *model_dir,
+                                   const kvf_engine_stack_config_t *cfg);
+
+/* Tears the stack down (engine, backend, pool, model). Anything that
+ * registered the pool's memory (a transfer handle) must be gone first. */
+void kvf_engine_stack_fini(kvf_engine_stack_t *stack);
+
 /* The KV geometry a model needs, with the given block size (f32). */
 kvf_kv_geometry_t kvf_engine_kv_geometry(const kvf_model_t *model, int block_size);
 

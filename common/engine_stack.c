@@ -1,0 +1,72 @@
+/* The compute stack shared by the node roles and the kvf tool (engine.h). */
+#include <string.h>
+
+#include "kvf/engine.h"
+#include "kvf/log.h"
+
+kvf_status_t kvf_engine_stack_init(kvf_engine_stack_t *s, const char *model_dir,
+                                   const kvf_engine_stack_config_t *cfg)
+{
+    memset(s, 0, sizeof(*s));
+    kvf_status_t st = kvf_model_load(model_dir, &s->model);
+    if (st != KVF_OK) {
+        kvf_log_error("model %s: %s", model_dir, kvf_status_str(st));
+        return st;
+    }
+    kvf_kv_geometry_t geo = kvf_engine_kv_geometry(s->model, cfg->block_size);
+    st = kvf_kv_geometry_validate(&geo);
+    if (st != KVF_OK)
+        goto fail_pool;
+    uint64_t blocks = cfg->max_blocks ? cfg->max_blocks : UINT32_MAX;
+    if (cfg->budget_bytes && cfg->budget_bytes / kvf_kv_block_bytes(&geo) < blocks)
+        blocks = cfg->budget_bytes / kvf_kv_block_bytes(&geo);
+    if (cfg->max_full_sequences) {
+        uint32_t context = s->model->cfg.max_pos > 0 ? (uint32_t)s->model->cfg.max_pos : 1;
+        uint64_t full = (uint64_t)cfg->max_full_sequences * kvf_kv_blocks_for_tokens(&geo, context);
+        if (full < blocks)
+            blocks = full;
+    }
+    if (blocks > UINT32_MAX)
+        blocks = UINT32_MAX;
+    if (blocks == 0) {
+        kvf_log_error("a KV budget of %llu bytes holds no block of %zu bytes",
+                      (unsigned long long)cfg->budget_bytes, kvf_kv_block_bytes(&geo));
+        st = KVF_ERR_NO_SPACE;
+        goto fail_pool;
+    }
+    st = kvf_kvpool_create(&geo, (uint32_t)blocks, &s->pool);
+    if (st != KVF_OK) {
+        kvf_log_error("kv pool of %llu blocks: %s", (unsigned long long)blocks,
+                      kvf_status_str(st));
+        goto fail_pool;
+    }
+    st = kvf_backend_cpu_create(cfg->threads, &s->backend);
+    if (st != KVF_OK) {
+        kvf_log_error("cpu backend: %s", kvf_status_str(st));
+        goto fail_backend;
+    }
+    st = kvf_engine_create(s->model, &s->backend, s->pool, &s->engine);
+    if (st != KVF_OK) {
+        kvf_log_error("engine: %s", kvf_status_str(st));
+        goto fail_engine;
+    }
+    return KVF_OK;
+
+fail_engine:
+    kvf_backend_destroy(&s->backend);
+fail_backend:
+    kvf_kvpool_destroy(s->pool);
+fail_pool:
+    kvf_model_destroy(s->model);
+    memset(s, 0, sizeof(*s));
+    return st;
+}
+
+void kvf_engine_stack_fini(kvf_engine_stack_t *s)
+{
+    kvf_engine_destroy(s->engine);
+    kvf_backend_destroy(&s->backend);
+    kvf_kvpool_destroy(s->pool);
+    kvf_model_destroy(s->model);
+    memset(s, 0, sizeof(*s));
+}
