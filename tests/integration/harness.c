@@ -557,3 +557,36 @@ void h_mkmodel(const char *dir, const char *args)
     snprintf(cmd, sizeof(cmd), "%s/kvf mkmodel %s %s > /dev/null", KVF_BIN_DIR, dir, args);
     assert_int_equal(system(cmd), 0);
 }
+
+void h_check_outputs(h_cluster_t *c, const h_gen_t *gens, uint32_t *const *refs,
+                     const size_t *n_refs, size_t n, unsigned finish_mask)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const h_gen_t *g = &gens[i];
+        size_t k = 0;
+        while (k < g->n_out && k < n_refs[i] && g->out[k] == refs[i][k])
+            k++;
+        bool same = g->n_out == n_refs[i] && k == g->n_out;
+        bool finished = g->finish >= 0 && (finish_mask & (1u << g->finish));
+        if (!same || !g->seq_ok || !finished) {
+            fprintf(stderr,
+                    "request %zu (%zu prompt tokens, max %u): %zu tokens (colocated %zu), first "
+                    "difference at %zu, finish %d, chunks in order %d, error '%s'\n",
+                    i, g->n_prompt, g->max_tokens, g->n_out, n_refs[i], k, g->finish, g->seq_ok,
+                    g->error);
+            bad++;
+        }
+    }
+    if (bad) {
+        h_cluster_stop(c, true);
+        fail_msg("%d of %zu requests differ from the colocated output", bad, n);
+    }
+}
+
+int h_rmmodel(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}

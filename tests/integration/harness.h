@@ -126,6 +126,20 @@ void h_gen_free(h_gen_t *g);
  * with g's sampling; returns a malloc'd id array. */
 uint32_t *h_colocated(const char *model, const h_gen_t *g, size_t *n_p);
 
+/* Checks every generation of gens against its colocated reference
+ * (refs[i], n_refs[i] ids): the same ids, chunks in order, and a finish
+ * reason in finish_mask (bits 1 << Kvf__FinishReason). Prints each
+ * difference; if any, stops the cluster (with its logs) and fails. */
+void h_check_outputs(h_cluster_t *c, const h_gen_t *gens, uint32_t *const *refs,
+                     const size_t *n_refs, size_t n, unsigned finish_mask);
+
+#define H_FINISH_STOP (1u << 1)
+#define H_FINISH_LENGTH (1u << 2)
+
+/* Removes a model directory made by h_mkmodel; 0 on success (a cmocka
+ * teardown's result). */
+int h_rmmodel(const char *dir);
+
 /* A deterministic pseudo-random prompt of n ids in [1, vocab - 3]. */
 uint32_t *h_prompt(size_t n, uint32_t vocab, uint64_t seed);
 

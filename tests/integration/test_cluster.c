@@ -60,32 +60,7 @@ static int teardown(void **state)
         free(reqs[i].prompt);
         free(refs[i]);
     }
-    char cmd[512];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", model_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static void check_against_colocated(h_cluster_t *c)
-{
-    int bad = 0;
-    for (int i = 0; i < N_REQ; i++) {
-        h_gen_t *g = &reqs[i];
-        bool same = g->n_out == n_refs[i] &&
-                    (g->n_out == 0 || !memcmp(g->out, refs[i], g->n_out * sizeof(uint32_t)));
-        if (!same || !g->seq_ok ||
-            (g->finish != 1 /* STOP */ && g->finish != 2 /* LENGTH */)) {
-            fprintf(stderr,
-                    "request %d (%zu prompt tokens, max %u): %zu tokens (colocated %zu), "
-                    "finish %d, chunks in order %d, error '%s'\n",
-                    i, g->n_prompt, g->max_tokens, g->n_out, n_refs[i], g->finish, g->seq_ok,
-                    g->error);
-            bad++;
-        }
-    }
-    if (bad) {
-        h_cluster_stop(c, true);
-        fail_msg("%d of %d requests differ from the colocated output", bad, N_REQ);
-    }
+    return h_rmmodel(model_dir);
 }
 
 static void run_cluster(int n_prefill, int n_decode, const char *tls)
@@ -105,7 +80,7 @@ static void run_cluster(int n_prefill, int n_decode, const char *tls)
     }
     h_wait_nodes(&c, n_prefill + n_decode, 30000);
     h_generate_many(&c, reqs, N_REQ, NULL, 240000);
-    check_against_colocated(&c);
+    h_check_outputs(&c, reqs, refs, n_refs, N_REQ, H_FINISH_STOP | H_FINISH_LENGTH);
     h_wait_no_blocks_used(&c, 5000);
     h_cluster_stop(&c, false);
     for (int i = 0; i < N_REQ; i++)

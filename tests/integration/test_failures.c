@@ -57,9 +57,7 @@ static int teardown(void **state)
         free(reqs[i].prompt);
         free(refs[i]);
     }
-    char cmd[512];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", model_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return h_rmmodel(model_dir);
 }
 
 /* The kills to make: node names, each once the streams have produced the
@@ -86,29 +84,12 @@ static void on_progress(h_cluster_t *c, void *arg, size_t tokens)
     }
 }
 
+/* Every request finished with exactly its colocated output. */
 static void check_outputs(h_cluster_t *c)
 {
-    int bad = 0;
-    for (int i = 0; i < N_REQ; i++) {
-        h_gen_t *g = &reqs[i];
-        bool same = g->n_out == n_refs[i] &&
-                    !memcmp(g->out, refs[i], g->n_out * sizeof(uint32_t));
-        if (!same || !g->seq_ok || g->finish != 2 /* LENGTH */) {
-            size_t k = 0;
-            while (k < g->n_out && k < n_refs[i] && g->out[k] == refs[i][k])
-                k++;
-            fprintf(stderr,
-                    "request %d: %zu tokens (colocated %zu), first difference at %zu, finish "
-                    "%d, chunks in order %d, error '%s'\n",
-                    i, g->n_out, n_refs[i], k, g->finish, g->seq_ok, g->error);
-            bad++;
-        }
-        h_gen_free(g);
-    }
-    if (bad) {
-        h_cluster_stop(c, true);
-        fail_msg("%d of %d requests differ from the colocated output", bad, N_REQ);
-    }
+    h_check_outputs(c, reqs, refs, n_refs, N_REQ, H_FINISH_LENGTH);
+    for (int i = 0; i < N_REQ; i++)
+        h_gen_free(&reqs[i]);
 }
 
 static void run_with_kills(int n_prefill, int n_decode, kill_plan_t *plan)
