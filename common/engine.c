@@ -6,6 +6,7 @@
  * then logits = rmsnorm(x)·lm_headᵀ for the rows that want them. */
 #include "kvf/engine.h"
 #include "kvf/log.h"
+#include "kvf/sampling.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -57,6 +58,11 @@ kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend,
                       "not fit the model (%d, %d, %d, f32)",
                       g->n_layers, g->n_kv_heads, g->head_dim, kvf_dtype_name(g->dtype),
                       c->n_layers, c->n_kv_heads, c->head_dim);
+        return KVF_ERR_MISMATCH;
+    }
+    if (!backend->ops->forward && kvf_kvpool_device_base(pool)) {
+        kvf_log_error("engine: the %s backend cannot compute on a pool in device memory",
+                      backend->ops->name);
         return KVF_ERR_MISMATCH;
     }
     kvf_engine_t *e = calloc(1, sizeof(*e));
@@ -194,6 +200,8 @@ static kvf_status_t validate(const kvf_engine_t *e, const kvf_engine_seq_t *seqs
         n_tokens += q->n_tokens;
         if (q->logits)
             n_out += q->all_logits ? q->n_tokens : 1;
+        else if (q->greedy_token)
+            n_out += 1;
         if (n_tokens > (1 << 24)) {
             kvf_log_error("engine: batch of more than %d tokens", 1 << 24);
             return KVF_ERR_TOO_BIG;
@@ -224,6 +232,8 @@ kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, i
     kvf_status_t st = validate(e, seqs, n_seqs, &n, &n_out);
     if (st != KVF_OK)
         return st;
+    if (ops->forward)
+        return ops->forward(bx, e->pool, seqs, n_seqs, hooks);
     st = reserve(e, n, n_seqs, n_out);
     if (st != KVF_OK) {
         kvf_log_error("engine: no memory for a batch of %d tokens", n);
@@ -281,8 +291,8 @@ kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, i
     t = 0;
     for (int s = 0; s < n_seqs; s++) {
         const kvf_engine_seq_t *q = &seqs[s];
-        if (q->logits) {
-            uint32_t first = q->all_logits ? 0 : q->n_tokens - 1;
+        if (q->logits || q->greedy_token) {
+            uint32_t first = q->logits && q->all_logits ? 0 : q->n_tokens - 1;
             for (uint32_t i = first; i < q->n_tokens; i++, o++)
                 memcpy(e->hout + (size_t)o * hidden, e->x + (size_t)(t + (int)i) * hidden,
                        (size_t)hidden * sizeof(float));
@@ -296,10 +306,14 @@ kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, i
     o = 0;
     for (int s = 0; s < n_seqs; s++) {
         const kvf_engine_seq_t *q = &seqs[s];
-        if (!q->logits)
+        if (!q->logits && !q->greedy_token)
             continue;
-        size_t rows = q->all_logits ? q->n_tokens : 1;
-        memcpy(q->logits, e->logits + (size_t)o * c->vocab, rows * (size_t)c->vocab * sizeof(float));
+        size_t rows = q->logits && q->all_logits ? q->n_tokens : 1;
+        const float *rows_logits = e->logits + (size_t)o * c->vocab;
+        if (q->logits)
+            memcpy(q->logits, rows_logits, rows * (size_t)c->vocab * sizeof(float));
+        if (q->greedy_token)
+            *q->greedy_token = kvf_sample_argmax(rows_logits + (rows - 1) * (size_t)c->vocab, c->vocab);
         o += (int)rows;
     }
     return KVF_OK;

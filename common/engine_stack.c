@@ -1,5 +1,6 @@
 /* The compute stack shared by the node roles and the kvf tool (engine.h). */
 #include <string.h>
+#include <unistd.h>
 
 #include "kvf/engine.h"
 #include "kvf/log.h"
@@ -34,16 +35,58 @@ kvf_status_t kvf_engine_stack_init(kvf_engine_stack_t *s, const char *model_dir,
         st = KVF_ERR_NO_SPACE;
         goto fail_pool;
     }
-    st = kvf_kvpool_create(&geo, (uint32_t)blocks, &s->pool);
-    if (st != KVF_OK) {
-        kvf_log_error("kv pool of %llu blocks: %s", (unsigned long long)blocks,
-                      kvf_status_str(st));
-        goto fail_pool;
-    }
-    st = kvf_backend_cpu_create(cfg->threads, &s->backend);
-    if (st != KVF_OK) {
-        kvf_log_error("cpu backend: %s", kvf_status_str(st));
-        goto fail_backend;
+    if (cfg->backend == KVF_BACKEND_CUDA) {
+        st = kvf_backend_cuda_create(&cfg->cuda, s->model, &s->backend);
+        if (st != KVF_OK)
+            goto fail_backend;
+        /* The pool takes what the weights left, with a margin for
+         * activations, cuBLAS and the graphs. */
+        size_t free_b = 0, total_b = 0;
+        st = kvf_backend_cuda_mem_info(&s->backend, &free_b, &total_b);
+        if (st != KVF_OK)
+            goto fail_pool_cuda;
+        uint64_t fit = (uint64_t)(free_b / 10 * 9) / kvf_kv_block_bytes(&geo);
+        if (fit < blocks) {
+            if (cfg->budget_bytes || cfg->max_blocks)
+                kvf_log_warn("kv pool: %llu blocks asked for, %llu fit in the GPU's free memory",
+                             (unsigned long long)blocks, (unsigned long long)fit);
+            blocks = fit;
+        }
+        if (cfg->kv_host_mirror) {
+            /* The mirror is pinned host memory: at most half of the RAM. */
+            uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+            uint64_t host_fit = ram / 2 / kvf_kv_block_bytes(&geo);
+            if (host_fit < blocks) {
+                kvf_log_info("kv pool: %llu blocks, as many as half of the host's memory mirrors",
+                             (unsigned long long)host_fit);
+                blocks = host_fit;
+            }
+        }
+        if (blocks == 0) {
+            kvf_log_error("kv pool: no block of %zu bytes fits in the GPU's free memory",
+                          kvf_kv_block_bytes(&geo));
+            st = KVF_ERR_NO_SPACE;
+            goto fail_pool_cuda;
+        }
+        st = kvf_backend_cuda_kvpool_create(&s->backend, &geo, (uint32_t)blocks,
+                                            cfg->kv_host_mirror, &s->pool);
+        if (st != KVF_OK) {
+            kvf_log_error("kv pool of %llu blocks on the GPU: %s", (unsigned long long)blocks,
+                          kvf_status_str(st));
+            goto fail_pool_cuda;
+        }
+    } else {
+        st = kvf_kvpool_create(&geo, (uint32_t)blocks, &s->pool);
+        if (st != KVF_OK) {
+            kvf_log_error("kv pool of %llu blocks: %s", (unsigned long long)blocks,
+                          kvf_status_str(st));
+            goto fail_pool;
+        }
+        st = kvf_backend_cpu_create(cfg->threads, &s->backend);
+        if (st != KVF_OK) {
+            kvf_log_error("cpu backend: %s", kvf_status_str(st));
+            goto fail_backend_cpu;
+        }
     }
     st = kvf_engine_create(s->model, &s->backend, s->pool, &s->engine);
     if (st != KVF_OK) {
@@ -53,9 +96,16 @@ kvf_status_t kvf_engine_stack_init(kvf_engine_stack_t *s, const char *model_dir,
     return KVF_OK;
 
 fail_engine:
+    /* The pool first: a device pool lives in the backend's GPU context. */
+    kvf_kvpool_destroy(s->pool);
+    kvf_backend_destroy(&s->backend);
+    goto fail_pool;
+fail_backend_cpu:
+    kvf_kvpool_destroy(s->pool);
+    goto fail_pool;
+fail_pool_cuda:
     kvf_backend_destroy(&s->backend);
 fail_backend:
-    kvf_kvpool_destroy(s->pool);
 fail_pool:
     kvf_model_destroy(s->model);
     memset(s, 0, sizeof(*s));
@@ -65,8 +115,8 @@ fail_pool:
 void kvf_engine_stack_fini(kvf_engine_stack_t *s)
 {
     kvf_engine_destroy(s->engine);
+    kvf_kvpool_destroy(s->pool); /* before the backend: a device pool lives in its context */
     kvf_backend_destroy(&s->backend);
-    kvf_kvpool_destroy(s->pool);
     kvf_model_destroy(s->model);
     memset(s, 0, sizeof(*s));
 }

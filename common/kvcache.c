@@ -15,6 +15,7 @@ struct kvf_kvpool {
     uint32_t *free_list;   /* (num_blocks) stack of free ids; top at n_free - 1 */
     uint32_t n_free;
     uint32_t *refcount;    /* (num_blocks) 0 = free */
+    kvf_kvpool_memory_t mem; /* device pool: the mirror is base; zeroed for a host pool */
 };
 
 size_t kvf_kv_slice_bytes(const kvf_kv_geometry_t *g)
@@ -57,8 +58,10 @@ kvf_status_t kvf_kv_geometry_validate(const kvf_kv_geometry_t *g)
     return KVF_OK;
 }
 
-kvf_status_t kvf_kvpool_create(const kvf_kv_geometry_t *geo, uint32_t num_blocks,
-                               kvf_kvpool_t **pool_p)
+/* A pool of num_blocks blocks: in host memory it allocates, or over mem
+ * (owned by the caller until this succeeds). */
+static kvf_status_t pool_create(const kvf_kv_geometry_t *geo, uint32_t num_blocks,
+                                const kvf_kvpool_memory_t *mem, kvf_kvpool_t **pool_p)
 {
     kvf_status_t st = kvf_kv_geometry_validate(geo);
     if (st != KVF_OK)
@@ -77,13 +80,22 @@ kvf_status_t kvf_kvpool_create(const kvf_kv_geometry_t *geo, uint32_t num_blocks
         goto fail_base;
     }
     p->bytes = p->block_bytes * num_blocks;
-    p->base = aligned_alloc(64, (p->bytes + 63) & ~(size_t)63);
-    if (!p->base) {
-        kvf_log_error("kv pool: cannot allocate %zu bytes (%u blocks)", p->bytes, num_blocks);
-        st = KVF_ERR_NOMEM;
-        goto fail_base;
+    if (mem) {
+        if (!mem->device_base || !mem->upload || !mem->release) {
+            st = KVF_ERR_INVAL;
+            goto fail_base;
+        }
+        p->mem = *mem;
+        p->base = mem->host_base;
+    } else {
+        p->base = aligned_alloc(64, (p->bytes + 63) & ~(size_t)63);
+        if (!p->base) {
+            kvf_log_error("kv pool: cannot allocate %zu bytes (%u blocks)", p->bytes, num_blocks);
+            st = KVF_ERR_NOMEM;
+            goto fail_base;
+        }
+        memset(p->base, 0, p->bytes);
     }
-    memset(p->base, 0, p->bytes);
     p->free_list = malloc(num_blocks * sizeof(uint32_t));
     p->refcount = calloc(num_blocks, sizeof(uint32_t));
     if (!p->free_list || !p->refcount) {
@@ -100,10 +112,25 @@ kvf_status_t kvf_kvpool_create(const kvf_kv_geometry_t *geo, uint32_t num_blocks
 fail_lists:
     free(p->free_list);
     free(p->refcount);
-    free(p->base);
+    if (!mem)
+        free(p->base);
 fail_base:
     free(p);
     return st;
+}
+
+kvf_status_t kvf_kvpool_create(const kvf_kv_geometry_t *geo, uint32_t num_blocks,
+                               kvf_kvpool_t **pool_p)
+{
+    return pool_create(geo, num_blocks, NULL, pool_p);
+}
+
+kvf_status_t kvf_kvpool_create_on(const kvf_kv_geometry_t *geo, uint32_t num_blocks,
+                                  const kvf_kvpool_memory_t *mem, kvf_kvpool_t **pool_p)
+{
+    if (!mem)
+        return KVF_ERR_INVAL;
+    return pool_create(geo, num_blocks, mem, pool_p);
 }
 
 kvf_status_t kvf_kvpool_create_budget(const kvf_kv_geometry_t *geo, uint64_t budget_bytes,
@@ -129,8 +156,40 @@ void kvf_kvpool_destroy(kvf_kvpool_t *pool)
         return;
     free(pool->free_list);
     free(pool->refcount);
-    free(pool->base);
+    if (pool->mem.release)
+        pool->mem.release(pool->mem.arg);
+    else
+        free(pool->base);
     free(pool);
+}
+
+void *kvf_kvpool_device_base(const kvf_kvpool_t *pool)
+{
+    return pool->mem.device_base;
+}
+
+kvf_status_t kvf_kvpool_upload(kvf_kvpool_t *pool, const uint32_t *ids, uint32_t n)
+{
+    if (!pool->mem.upload)
+        return KVF_OK;
+    if (!pool->base)
+        return KVF_ERR_INVAL; /* no host memory to upload from */
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] >= pool->num_blocks)
+            return KVF_ERR_INVAL;
+    /* Runs of consecutive ids are one contiguous copy (a block holds every
+     * layer). */
+    for (uint32_t i = 0; i < n;) {
+        uint32_t j = i + 1;
+        while (j < n && ids[j] == ids[j - 1] + 1)
+            j++;
+        kvf_status_t st = pool->mem.upload(pool->mem.arg, (size_t)ids[i] * pool->block_bytes,
+                                           (size_t)(j - i) * pool->block_bytes);
+        if (st != KVF_OK)
+            return st;
+        i = j;
+    }
+    return KVF_OK;
 }
 
 const kvf_kv_geometry_t *kvf_kvpool_geometry(const kvf_kvpool_t *pool)

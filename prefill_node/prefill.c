@@ -888,7 +888,7 @@ static void run_forward(kvf_prefill_t *p, size_t n)
         p->cap_slices = max_ship;
     }
     p->n_fwd = n;
-    kvf_engine_hooks_t hooks = {.on_layer_done = on_layer_done, .arg = p};
+    kvf_engine_hooks_t hooks = {.on_layer_done = on_layer_done, .arg = p, .kv_to_host = true};
     kvf_status_t st = kvf_engine_forward(p->rt.engine, p->seqs, (int)n, &hooks);
     p->n_fwd = 0;
     uint64_t end_ns = kvf_clock_ns();

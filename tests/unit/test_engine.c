@@ -489,7 +489,7 @@ static void test_hook_and_validation(void **state)
     kvf_block_table_init(&bt);
     assert_int_equal(kvf_block_table_reserve(&bt, r.pool, 20), KVF_OK);
     hook_state_t hs = {0, 0};
-    kvf_engine_hooks_t hooks = {on_layer, &hs};
+    kvf_engine_hooks_t hooks = {.on_layer_done = on_layer, .arg = &hs};
     kvf_engine_seq_t q = {.tokens = ids, .n_tokens = 20, .start_pos = 0,
                           .block_ids = bt.blocks, .n_blocks = bt.n_blocks};
     assert_int_equal(kvf_engine_forward(r.engine, &q, 1, &hooks), KVF_OK);

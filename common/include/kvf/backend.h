@@ -15,8 +15,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvf/dtype.h"
 #include "kvf/kvcache.h"
 #include "kvf/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kvf_model;
+struct kvf_engine_seq;
+struct kvf_engine_hooks;
 
 /* Where each token of a batch sits: its sequence and position, and every
  * sequence's block table. Token t attends to positions 0..pos[t] of
@@ -64,6 +73,14 @@ typedef struct kvf_backend_ops {
     /* out(m, n) = silu(gu[:, :n]) * gu[:, n:], gu (m, 2n). */
     kvf_status_t (*swiglu)(void *ctx, float *out, const float *gu, int m, int n);
 
+    /* (optional) The whole forward pass of kvf_engine_forward(), for a
+     * backend that keeps the model and activations in its own memory (the
+     * CUDA backend): when set, the engine validates the batch and hands it
+     * over, and the per-op slots above are not used. pool must be one the
+     * backend made (its blocks in the backend's memory). */
+    kvf_status_t (*forward)(void *ctx, kvf_kvpool_t *pool, const struct kvf_engine_seq *seqs,
+                            int n_seqs, const struct kvf_engine_hooks *hooks);
+
     /* (optional, NULL when ops complete on return) waits for queued ops. */
     kvf_status_t (*synchronize)(void *ctx);
 
@@ -90,7 +107,63 @@ kvf_status_t kvf_backend_cpu_create_ex(int n_threads, bool allow_simd, kvf_backe
 /* Threads the CPU backend runs (the pool size); 0 for another backend. */
 int kvf_backend_cpu_threads(const kvf_backend_t *be);
 
+/* Which backend a process computes with (--backend). */
+typedef enum {
+    KVF_BACKEND_CPU = 0,
+    KVF_BACKEND_CUDA = 1,
+} kvf_backend_kind_t;
+
+/* "cpu" or "cuda": KVF_ERR_INVAL (logged) for anything else. */
+kvf_status_t kvf_backend_kind_parse(const char *name, kvf_backend_kind_t *kind_p);
+const char *kvf_backend_kind_name(kvf_backend_kind_t kind);
+
+/* The CUDA backend (common/backend/cuda/). */
+typedef struct {
+    int device;          /* CUDA device index (--device) */
+    kvf_dtype_t wdtype;  /* weights and GEMM inputs on the device: bf16 (default), f16
+                            or f32 (exact comparisons against the CPU backend) */
+    bool cuda_graphs;    /* replay captured graphs for repeating decode shapes */
+} kvf_cuda_config_t;
+
+/* Default: device 0, bf16, graphs on. */
+kvf_cuda_config_t kvf_cuda_config_default(void);
+
+/* Creates the CUDA backend on cfg->device and uploads model's weights in
+ * cfg->wdtype (model stays the caller's and must outlive the backend).
+ * KVF_ERR_UNSUPPORTED in a build without CUDA, KVF_ERR_DEVICE when there is
+ * no such GPU, KVF_ERR_NOMEM when the weights do not fit; each logged with
+ * the reason. On success be_p->ctx is owned by the backend:
+ * kvf_backend_destroy(). */
+kvf_status_t kvf_backend_cuda_create(const kvf_cuda_config_t *cfg, const struct kvf_model *model,
+                                     kvf_backend_t *be_p);
+
+/* True when be is the CUDA backend. */
+bool kvf_backend_is_cuda(const kvf_backend_t *be);
+
+/* Creates a pool of num_blocks blocks in be's device memory (zeroed), laid
+ * out as every pool. With host_mirror, a pinned host mirror of the same
+ * size is kvf_kvpool_base() (what the transport registers and ships) and
+ * the device copy is what the kernels read: the CUDA forward copies the
+ * blocks a batch wrote to the mirror, layer by layer, when its hooks ask
+ * for it (kv_to_host), and kvf_kvpool_upload() copies landed blocks the
+ * other way. Without it (a process that ships nothing) kvf_kvpool_base()
+ * is NULL. On success *pool_p is owned by the caller: kvf_kvpool_destroy(),
+ * before the backend. */
+kvf_status_t kvf_backend_cuda_kvpool_create(kvf_backend_t *be, const kvf_kv_geometry_t *geo,
+                                            uint32_t num_blocks, bool host_mirror,
+                                            kvf_kvpool_t **pool_p);
+
+/* Free and total device memory of be's GPU. */
+kvf_status_t kvf_backend_cuda_mem_info(const kvf_backend_t *be, size_t *free_p, size_t *total_p);
+
+/* Bytes of weights be holds on the device. */
+size_t kvf_backend_cuda_weight_bytes(const kvf_backend_t *be);
+
 /* Destroys the backend context; a zeroed backend is a no-op. */
 void kvf_backend_destroy(kvf_backend_t *be);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -4,6 +4,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Nanoseconds on the monotonic clock (arbitrary origin). */
 uint64_t kvf_clock_ns(void);
 
@@ -23,5 +27,9 @@ int kvf_clock_ms_until(uint64_t deadline_ns);
 
 /* Sleeps for ms milliseconds, resuming after signals. */
 void kvf_clock_sleep_ms(unsigned ms);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -12,6 +12,10 @@
 
 #include "kvf/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     KVF_DTYPE_F32 = 0,
     KVF_DTYPE_F16 = 1,
@@ -53,5 +57,9 @@ uint16_t kvf_f32_to_f16(float f);
 /* Converts n elements of src (type dtype, little-endian, any alignment) to
  * f32 in dst. */
 void kvf_dtype_to_f32(float *dst, const void *src, kvf_dtype_t dtype, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -19,10 +19,14 @@
 #include "kvf/model.h"
 #include "kvf/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct kvf_engine kvf_engine_t;
 
 /* One sequence of a batch. */
-typedef struct {
+typedef struct kvf_engine_seq {
     const uint32_t *tokens;    /* (n_tokens) new token ids */
     uint32_t n_tokens;         /* >= 1 */
     uint32_t start_pos;        /* position of tokens[0] */
@@ -31,14 +35,23 @@ typedef struct {
     bool all_logits;           /* logits for every new token, not just the last */
     float *logits;             /* out, caller's memory: (vocab) or (n_tokens, vocab) with
                                   all_logits; NULL: no logits wanted */
+    uint32_t *greedy_token;    /* out, or NULL: the id of the last token's largest logit
+                                  (the lowest id on ties), found where the logits are
+                                  computed; with logits NULL the vocab row never leaves
+                                  the backend (greedy decoding on a GPU) */
 } kvf_engine_seq_t;
 
 /* Called after layer l's K/V for the whole batch is in the pool, while
  * layers l+1... still have to run (the prefill node ships layer l from
- * here). Runs on the compute thread; must not touch the engine. */
-typedef struct {
+ * here). Runs on the compute thread; must not touch the engine. Layers are
+ * reported in order, each once. */
+typedef struct kvf_engine_hooks {
     void (*on_layer_done)(void *arg, int layer);
     void *arg;
+    /* With a device pool: the batch's blocks of layer l must be in the
+     * pool's host memory (kvf_kvpool_base) when on_layer_done(l) runs. The
+     * CUDA backend then copies them out while later layers compute. */
+    bool kv_to_host;
 } kvf_engine_hooks_t;
 
 /* Binds model, backend and pool (borrowed: they must outlive the engine).
@@ -66,18 +79,24 @@ typedef struct {
     kvf_engine_t *engine;
 } kvf_engine_stack_t;
 
-/* How big a stack to make. */
+/* How big a stack to make, on which backend. */
 typedef struct {
+    kvf_backend_kind_t backend;  /* cpu (default) or cuda */
+    kvf_cuda_config_t cuda;      /* with cuda: device, weight dtype, graphs */
     int threads;                 /* CPU backend threads; <= 0: every core */
     int block_size;              /* tokens per KV block */
     uint64_t budget_bytes;       /* pool: as many blocks as this holds; 0: no budget */
     uint64_t max_blocks;         /* ... but at most this many; 0: no cap */
     uint32_t max_full_sequences; /* ... nor more than this many full-context
                                     sequences need; 0: no cap */
+    bool kv_host_mirror;         /* cuda: keep a host mirror of the pool (nodes that
+                                    ship K/V over the transport) */
 } kvf_engine_stack_config_t;
 
-/* Loads model_dir, creates the CPU backend, a pool sized by cfg (at least
- * one block, else KVF_ERR_NO_SPACE) and the engine over them. Logs what
+/* Loads model_dir, creates the backend cfg names, a pool sized by cfg (at
+ * least one block, else KVF_ERR_NO_SPACE; with cuda, in device memory and
+ * never more than 90% of what is free after the weights) and the engine
+ * over them. Logs what
  * failed. The caller owns *stack (init/fini); on failure it is left
  * empty. */
 kvf_status_t kvf_engine_stack_init(kvf_engine_stack_t *stack, const char *model_dir,
@@ -95,5 +114,9 @@ kvf_kv_geometry_t kvf_engine_kv_geometry(const kvf_model_t *model, int block_siz
  * lm_head for n_logits rows): for benchmarks. */
 double kvf_engine_flops(const kvf_model_config_t *cfg, uint32_t start_pos, uint32_t n_new,
                         uint32_t n_logits);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

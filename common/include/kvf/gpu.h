@@ -7,6 +7,10 @@
 
 #include "kvf/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     char name[128];
     int major, minor;          /* compute capability */
@@ -28,5 +32,9 @@ void kvf_gpu_describe(char *buf, size_t len);
 
 /* Whether this build contains the CUDA backend. */
 int kvf_gpu_built_with_cuda(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -19,6 +19,10 @@
 #include "kvf/dtype.h"
 #include "kvf/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define KVF_KV_BLOCK_SIZE_DEFAULT 16
 #define KVF_KV_BLOCK_SIZE_MAX 256
 
@@ -54,8 +58,39 @@ kvf_status_t kvf_kvpool_create(const kvf_kv_geometry_t *geo, uint32_t num_blocks
 kvf_status_t kvf_kvpool_create_budget(const kvf_kv_geometry_t *geo, uint64_t budget_bytes,
                                       kvf_kvpool_t **pool_p);
 
+/* Memory for a pool whose blocks live on a device (kvf/backend.h,
+ * kvf_backend_cuda_kvpool_create): host_base is a host mirror of the same
+ * size, device_base the copy the kernels use, both zeroed. */
+typedef struct {
+    void *host_base;   /* (bytes) host memory, 64-byte aligned; NULL: none (nothing
+                          reads the pool on the host) */
+    void *device_base; /* (bytes) device memory */
+    void *arg;
+    /* Copies [off, off + bytes) of the mirror to the device and returns
+     * when the copy is done. */
+    kvf_status_t (*upload)(void *arg, size_t off, size_t bytes);
+    /* Frees both copies and arg. */
+    void (*release)(void *arg);
+} kvf_kvpool_memory_t;
+
+/* A pool over memory the caller provides (mem->host_base and device_base
+ * must hold num_blocks blocks). On success the pool owns the memory and
+ * releases it in kvf_kvpool_destroy(); on failure the caller still owns
+ * it. */
+kvf_status_t kvf_kvpool_create_on(const kvf_kv_geometry_t *geo, uint32_t num_blocks,
+                                  const kvf_kvpool_memory_t *mem, kvf_kvpool_t **pool_p);
+
 /* Frees the pool; NULL is a no-op. */
 void kvf_kvpool_destroy(kvf_kvpool_t *pool);
+
+/* The device copy of the blocks; NULL for a host pool. */
+void *kvf_kvpool_device_base(const kvf_kvpool_t *pool);
+
+/* Copies blocks ids[0..n) (every layer) from the host memory to the device
+ * copy, for blocks whose K/V landed in the host memory (a transfer). A
+ * no-op for a host pool. KVF_ERR_INVAL for an out-of-range id (nothing
+ * copied). */
+kvf_status_t kvf_kvpool_upload(kvf_kvpool_t *pool, const uint32_t *ids, uint32_t n);
 
 const kvf_kv_geometry_t *kvf_kvpool_geometry(const kvf_kvpool_t *pool);
 
@@ -124,5 +159,9 @@ void kvf_block_table_release(kvf_block_table_t *bt, kvf_kvpool_t *pool);
 
 /* Blocks needed for n_tokens positions. */
 uint32_t kvf_kv_blocks_for_tokens(const kvf_kv_geometry_t *geo, uint32_t n_tokens);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

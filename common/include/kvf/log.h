@@ -11,6 +11,13 @@
 
 #include <stdbool.h>
 
+#ifdef __cplusplus
+#define KVF_NORETURN [[noreturn]]
+extern "C" {
+#else
+#define KVF_NORETURN _Noreturn
+#endif
+
 typedef enum {
     KVF_LOG_DEBUG = 0,
     KVF_LOG_INFO = 1,
@@ -57,6 +64,10 @@ void kvf_log_write(kvf_log_level_t level, const char *fmt, ...)
             kvf_assert_fail(#expr, __FILE__, __LINE__);                                            \
     } while (0)
 
-_Noreturn void kvf_assert_fail(const char *expr, const char *file, int line);
+KVF_NORETURN void kvf_assert_fail(const char *expr, const char *file, int line);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

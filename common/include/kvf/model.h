@@ -18,6 +18,10 @@
 #include "kvf/dtype.h"
 #include "kvf/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     KVF_ARCH_LLAMA = 0,
     KVF_ARCH_MISTRAL = 1,
@@ -74,7 +78,7 @@ typedef struct {
     float *wdown;     /* (hidden, inter) down_proj */
 } kvf_layer_weights_t;
 
-typedef struct {
+typedef struct kvf_model {
     kvf_model_config_t cfg;
     float *slab;              /* every weight, f32, one allocation */
     size_t slab_bytes;
@@ -121,5 +125,9 @@ size_t kvf_model_weight_bytes(const kvf_model_t *model);
  * benchmarks. dtype: F32, F16 or BF16 weights. */
 kvf_status_t kvf_model_write_random(const char *dir, const kvf_model_config_t *cfg,
                                     kvf_dtype_t dtype, uint64_t seed);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

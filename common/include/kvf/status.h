@@ -7,6 +7,10 @@
 #ifndef KVF_STATUS_H
 #define KVF_STATUS_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     KVF_OK = 0,
     KVF_ERR_NOMEM = -1,      /* allocation failed */
@@ -35,5 +39,9 @@ const char *kvf_status_str(kvf_status_t status);
 
 /* Converts a positive errno value to the closest status. */
 kvf_status_t kvf_status_from_errno(int err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,0 +1,174 @@
+/* The CUDA backend's ops: one .cu file per op, each with a host launcher
+ * that checks shapes (the kvf_cuda_check_* functions below, plain C, so
+ * tests run them on machines without a GPU), launches on an explicit stream
+ * and checks the launch error.
+ *
+ * Conventions (all pointers are device memory unless said otherwise):
+ *  - the residual stream x, q/k/v, GEMM outputs and the KV pool are f32;
+ *  - "act" buffers (GEMM inputs: normed rows, attention output, SwiGLU
+ *    output) are in the weight dtype adt: bf16, f16 or f32;
+ *  - row strides ("ld") are in elements;
+ *  - a KV layer is addressed by kv_layer = pool + layer * 2 * kv_heads *
+ *    block_size * head_dim (elements) and block_stride = elements from one
+ *    block to the next, so K of (block b, kv head h, slot s) starts at
+ *    kv_layer + b * block_stride + (h * block_size + s) * head_dim and V at
+ *    that plus kv_heads * block_size * head_dim (DESIGN.md layout). */
+#ifndef KVF_CUDA_OPS_H
+#define KVF_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvf/dtype.h"
+#include "kvf/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest head_dim the attention kernels take (a multiple of 8 up to this). */
+#define KVF_CUDA_MAX_HEAD_DIM 256
+/* Largest query-head group (n_heads / n_kv_heads) the attention kernels take. */
+#define KVF_CUDA_MAX_GROUP 32
+/* Prefill attention: queries per tile (tokens x heads of one kv group). */
+#define KVF_CUDA_PREFILL_ROWS 64
+/* Decode attention: threads per CTA. */
+#define KVF_CUDA_DECODE_THREADS 128
+
+/* Attention over a paged pool for a batch's tokens (both kernels). */
+typedef struct {
+    const float *kv_layer;  /* one layer of the pool, see above */
+    int64_t block_stride;   /* elements per block (every layer) */
+    int n_pool_blocks;      /* blocks in the pool (ids below this) */
+    int n_heads, n_kv_heads, head_dim, block_size;
+    float scale;            /* 1 / sqrt(head_dim) */
+    const float *q;         /* (n_tokens, n_heads * head_dim) rows of stride ld_q */
+    int ld_q;
+    void *out;              /* (n_tokens, n_heads * head_dim) in adt, row stride ld_out */
+    int ld_out;
+    kvf_dtype_t adt;
+    int n_tokens;           /* rows of q / out in the batch */
+    const int32_t *pos;     /* (n_tokens) position of each token: it attends to 0..pos */
+    const int32_t *seq;     /* (n_tokens) sequence of each token */
+    const int32_t *block_tables; /* (n_seqs, bt_stride) block ids in position order */
+    int bt_stride;
+    int n_seqs;
+} kvf_cuda_attn_t;
+
+/* Prefill tiles: runs of consecutive tokens of one sequence (consecutive
+ * positions). tiles[2 i] = first token (batch row), tiles[2 i + 1] = count,
+ * 1..kvf_cuda_prefill_tile_tokens(group). */
+typedef struct {
+    const int32_t *tiles; /* (n_tiles, 2) */
+    int n_tiles;
+    int max_tile_pos;     /* host: largest position in any tile (bounds the key loop) */
+} kvf_cuda_prefill_tiles_t;
+
+/* Tokens per prefill tile for a query-head group: rows / group (>= 1). */
+static inline int kvf_cuda_prefill_tile_tokens(int group)
+{
+    int t = KVF_CUDA_PREFILL_ROWS / (group > 0 ? group : 1);
+    return t > 0 ? t : 1;
+}
+
+/* Decode attention, split over the context (flash-decoding): CTA (i, g, s)
+ * handles token tokens[i], kv head g and keys [s * split_keys, (s + 1) *
+ * split_keys) for all group query heads, and a second kernel merges the
+ * splits. ws holds n_dec * n_heads * n_splits * (head_dim + 2) floats. */
+typedef struct {
+    const int32_t *tokens; /* (n_dec) batch rows to compute */
+    int n_dec;
+    int n_splits;          /* >= ceil((max pos + 1) / split_keys); splits past a token's
+                              context do nothing */
+    int split_keys;        /* keys per split, a multiple of block_size */
+    float *ws;             /* workspace, see above */
+} kvf_cuda_decode_plan_t;
+
+/* Keys per decode split for a geometry: a multiple of block_size that keeps
+ * the CTA's score buffer (group * split_keys floats) within 16 KiB. */
+int kvf_cuda_decode_split_keys(int group, int block_size);
+
+/* Workspace floats a decode plan needs. */
+size_t kvf_cuda_decode_ws_floats(int n_dec, int n_heads, int n_splits, int head_dim);
+
+/* ---- shape checks (plain C; each logs what is wrong) ---- */
+
+kvf_status_t kvf_cuda_check_embed(int n_tokens, int hidden, int vocab);
+kvf_status_t kvf_cuda_check_rmsnorm(int m, int dim, int ld_out, kvf_dtype_t adt, float eps);
+kvf_status_t kvf_cuda_check_rope(int m, int ld, int n_heads, int head_dim);
+kvf_status_t kvf_cuda_check_bias(int m, int n, int ld);
+kvf_status_t kvf_cuda_check_kv_write(int n_tokens, int ld, int n_kv_heads, int head_dim,
+                                     int block_size, int n_pool_blocks);
+kvf_status_t kvf_cuda_check_attention(const kvf_cuda_attn_t *a);
+kvf_status_t kvf_cuda_check_prefill_tiles(const kvf_cuda_attn_t *a,
+                                          const kvf_cuda_prefill_tiles_t *t);
+kvf_status_t kvf_cuda_check_decode_plan(const kvf_cuda_attn_t *a, const kvf_cuda_decode_plan_t *p);
+kvf_status_t kvf_cuda_check_swiglu(int m, int n, kvf_dtype_t adt);
+kvf_status_t kvf_cuda_check_argmax(int m, int n);
+kvf_status_t kvf_cuda_check_gather(size_t row_bytes, int n_rows);
+kvf_status_t kvf_cuda_check_gemm(int m, int n, int k, kvf_dtype_t wdt);
+
+#ifdef __cplusplus
+}
+#endif
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+
+/* ---- launchers (CUDA translation units only) ---- */
+
+/* x(n_tokens, hidden) f32 = embed[tokens[t]] (weights in wdt). */
+kvf_status_t kvf_cuda_embed(cudaStream_t st, float *x, const void *embed, kvf_dtype_t wdt,
+                            const int32_t *tokens, int n_tokens, int hidden, int vocab);
+
+/* For each of m rows: if delta, x += delta (stored back to x); then
+ * out = w * x / sqrt(mean(x^2) + eps) in adt (row stride ld_out). w is f32
+ * (dim). The residual add fused with the norm that follows it. */
+kvf_status_t kvf_cuda_add_rmsnorm(cudaStream_t st, float *x, const float *delta, const float *w,
+                                  void *out, int ld_out, kvf_dtype_t adt, int m, int dim,
+                                  float eps);
+
+/* Rotates in place n_heads heads of each of m rows of x (row stride ld),
+ * half-split pairs (i, i + head_dim/2); cos_sin(m, head_dim) holds per row
+ * cos(a_i) for i < head_dim/2, then sin(a_i) (the host computes the angles
+ * in double, as for the CPU backend). */
+kvf_status_t kvf_cuda_rope(cudaStream_t st, float *x, int ld, const float *cos_sin, int m,
+                           int n_heads, int head_dim);
+
+/* x(m, n) += bias(n), row stride ld. */
+kvf_status_t kvf_cuda_bias_add(cudaStream_t st, float *x, int ld, const float *bias, int m, int n);
+
+/* Writes each token's k and v rows (n_kv_heads * head_dim, row stride ld)
+ * into its (block, slot): block = tok_block[t], slot = pos[t] % block_size. */
+kvf_status_t kvf_cuda_kv_write(cudaStream_t st, float *pool, int64_t block_stride,
+                               int64_t layer_off, const float *k, const float *v, int ld,
+                               const int32_t *tok_block, const int32_t *pos, int n_tokens,
+                               int n_kv_heads, int head_dim, int block_size, int n_pool_blocks);
+
+/* Causal attention for prefill tiles (tiled, online softmax). */
+kvf_status_t kvf_cuda_attention_prefill(cudaStream_t st, const kvf_cuda_attn_t *a,
+                                        const kvf_cuda_prefill_tiles_t *t);
+
+/* Attention for single tokens (decode), split over the context. */
+kvf_status_t kvf_cuda_attention_decode(cudaStream_t st, const kvf_cuda_attn_t *a,
+                                       const kvf_cuda_decode_plan_t *p);
+
+/* out(m, n) = silu(gu[:, :n]) * gu[:, n:] in adt; gu (m, 2n) f32. */
+kvf_status_t kvf_cuda_swiglu(cudaStream_t st, void *out, kvf_dtype_t adt, const float *gu, int m,
+                             int n);
+
+/* dst row i = src row rows[i] (n_rows rows of row_bytes, a multiple of 2). */
+kvf_status_t kvf_cuda_gather_rows(cudaStream_t st, void *dst, const void *src, size_t row_bytes,
+                                  const int32_t *rows, int n_rows);
+
+/* ids[r] = first index of the largest of row r of x(m, n) (f32). */
+kvf_status_t kvf_cuda_argmax(cudaStream_t st, int32_t *ids, const float *x, int m, int n);
+
+/* Converts the CUDA error of a launch (or a call) to a status, logging it
+ * with what failed; KVF_OK for cudaSuccess. */
+kvf_status_t kvf_cuda_status(cudaError_t err, const char *what, const char *file, int line);
+#define KVF_CUDA_TRY(call, what) kvf_cuda_status((call), (what), __FILE__, __LINE__)
+#define KVF_CUDA_LAUNCHED(what) kvf_cuda_status(cudaGetLastError(), (what), __FILE__, __LINE__)
+#endif
+
+#endif

@@ -1,0 +1,21 @@
+// CUDA errors to kvf statuses: the one place the backend converts them.
+#include "cuda_ops.h"
+
+#include "kvf/log.h"
+
+kvf_status_t kvf_cuda_status(cudaError_t err, const char *what, const char *file, int line)
+{
+    if (err == cudaSuccess)
+        return KVF_OK;
+    kvf_log_error("cuda: %s failed at %s:%d: %s (%s)", what, file, line, cudaGetErrorString(err),
+                  cudaGetErrorName(err));
+    switch (err) {
+    case cudaErrorMemoryAllocation:
+        return KVF_ERR_NOMEM;
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidConfiguration:
+        return KVF_ERR_INVAL;
+    default:
+        return KVF_ERR_DEVICE;
+    }
+}
