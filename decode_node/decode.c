@@ -56,6 +56,7 @@ typedef struct {
     uint64_t prefill_us; /* local: forward time of the steps holding its chunks */
     uint64_t kv_bytes;   /* bytes landed by the transfer */
     uint64_t seal_by_ns; /* transferred: the handoff must seal before this */
+    bool kv_on_device;   /* transferred K/V copied from the host mirror (device pools) */
 } dec_req_t;
 
 /* A TokenChunk waiting for the next TokenBatch: at most one token. */
@@ -902,6 +903,21 @@ static void decode_step(kvf_decode_t *d)
         dec_req_t *r = d->reqs[i];
         if (r->h.state != KVF_HANDOFF_DECODING)
             continue;
+        if (!r->local && !r->kv_on_device) {
+            /* A device pool computes from its device copy: the transfer
+             * landed in the host mirror (a no-op for a host pool). */
+            uint32_t nb = (r->n_tokens + d->block_size - 1) / d->block_size;
+            kvf_status_t st = kvf_kvpool_upload(d->rt.pool, r->blocks, nb);
+            if (st != KVF_OK) {
+                kvf_log_error("request %llu: kv upload to the device failed: %s",
+                              (unsigned long long)r->req_id, kvf_status_str(st));
+                send_error(d, r->req_id, r->epoch, st, "decode node: kv upload failed");
+                d->stats.requests_failed++;
+                req_end(d, r); /* (the next request may wait a step: the table shifted) */
+                continue;
+            }
+            r->kv_on_device = true;
+        }
         d->seqs[n] = (kvf_engine_seq_t){.tokens = &r->next_token,
                                         .n_tokens = 1,
                                         .start_pos = r->pos,
@@ -1283,6 +1299,10 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
         .budget_bytes = d->cfg.kv_mem,
         .max_full_sequences = (uint32_t)d->cfg.max_running,
     };
+    sc.kv_host_mirror = true; /* the transport ships from host memory */
+    st = kvf_backend_flags_apply(&d->cfg.backend, &sc);
+    if (st != KVF_OK)
+        goto fail_model;
     st = kvf_engine_stack_init(&d->rt, d->model_dir, &sc);
     if (st != KVF_OK)
         goto fail_model;

@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kvf/engine.h"
 #include "kvf/status.h"
 
 #define KVF_DECODE_KV_MEM_DEFAULT           (256ull << 20)
@@ -45,6 +46,7 @@ typedef struct {
     uint64_t kv_mem;            /* KV pool budget in bytes; 0: default */
     int max_running;            /* most live requests; <= 0: default */
     int threads;                /* compute threads; <= 0: one per CPU */
+    kvf_backend_flags_t backend; /* --backend, --device, ...: zeroed is the CPU */
     bool prefill_local;         /* also serve PrefillRequests naming this node */
     int block_size;             /* tokens per KV block; <= 0: 16 */
     uint32_t lease_ms;          /* reservation lease; 0: default */

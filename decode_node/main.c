@@ -19,6 +19,7 @@ int main(int argc, char **argv)
     uint64_t kv_mem = KVF_DECODE_KV_MEM_DEFAULT;
     int max_running = KVF_DECODE_MAX_RUNNING_DEFAULT;
     int threads = 0;
+    kvf_backend_flags_t bf = {0};
     bool prefill_local = false;
     int block_size = 16;
     int lease_ms = KVF_DECODE_LEASE_MS_DEFAULT;
@@ -35,6 +36,7 @@ int main(int argc, char **argv)
         {"max-running", KVF_FLAG_INT, &max_running, "N",
          "most requests held at once, reserved or decoding", NULL},
         {"threads", KVF_FLAG_INT, &threads, "N", "compute threads, 0: one per CPU", NULL},
+        KVF_BACKEND_FLAG_ENTRIES(&bf),
         {"prefill-local", KVF_FLAG_BOOL, &prefill_local, NULL,
          "also serve prefill requests naming this node (the colocated baseline)", NULL},
         {"block-size", KVF_FLAG_INT, &block_size, "N",
@@ -106,6 +108,7 @@ int main(int argc, char **argv)
         .kv_mem = kv_mem,
         .max_running = max_running,
         .threads = threads,
+        .backend = bf,
         .prefill_local = prefill_local,
         .block_size = block_size,
         .lease_ms = (uint32_t)lease_ms,

@@ -16,6 +16,7 @@ int main(int argc, char **argv)
 {
     const char *router_url = NULL, *listen_url = NULL, *model_dir = NULL, *node_id = NULL;
     int threads = 0, max_batch_tokens = KVF_PREFILL_MAX_BATCH_TOKENS_DEFAULT;
+    kvf_backend_flags_t bf = {0};
     int block_size = 16, alloc_timeout_ms = KVF_PREFILL_ALLOC_TIMEOUT_MS_DEFAULT;
     uint64_t kv_mem = KVF_PREFILL_KV_MEM_DEFAULT;
     bool checksum = false;
@@ -25,6 +26,7 @@ int main(int argc, char **argv)
         {"model", KVF_FLAG_STRING, &model_dir, "DIR", "Hugging Face model directory (required)",
          NULL},
         {"threads", KVF_FLAG_INT, &threads, "N", "compute threads; 0: one per CPU", NULL},
+        KVF_BACKEND_FLAG_ENTRIES(&bf),
         {"kv-mem", KVF_FLAG_SIZE, &kv_mem, "BYTES", "local KV pool size", NULL},
         {"max-batch-tokens", KVF_FLAG_INT, &max_batch_tokens, "N",
          "prompt tokens per forward; longer prompts are chunked", NULL},
@@ -74,6 +76,7 @@ int main(int argc, char **argv)
         .model_dir = model_dir,
         .node_id = node_id,
         .threads = threads,
+        .backend = bf,
         .kv_mem = kv_mem,
         .max_batch_tokens = max_batch_tokens,
         .block_size = block_size,

@@ -1122,6 +1122,10 @@ kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t *
         .block_size = cfg->block_size,
         .budget_bytes = cfg->kv_mem,
     };
+    sc.kv_host_mirror = true; /* the transport ships from host memory */
+    st = kvf_backend_flags_apply(&cfg->backend, &sc);
+    if (st != KVF_OK)
+        goto fail_model;
     st = kvf_engine_stack_init(&p->rt, cfg->model_dir, &sc);
     if (st != KVF_OK)
         goto fail_model;

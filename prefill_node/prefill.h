@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kvf/engine.h"
 #include "kvf/status.h"
 
 #define KVF_PREFILL_KV_MEM_DEFAULT           (256ull << 20)
@@ -32,6 +33,7 @@ typedef struct {
     const char *model_dir;  /* Hugging Face model directory */
     const char *node_id;    /* NULL: generated */
     int threads;            /* compute threads; <= 0: one per CPU */
+    kvf_backend_flags_t backend; /* --backend, --device, ...: zeroed is the CPU */
     uint64_t kv_mem;        /* bytes of the local KV pool */
     int max_batch_tokens;   /* tokens per forward (chunked prefill) */
     int block_size;         /* tokens per KV block; must match the decode nodes */

@@ -73,6 +73,7 @@ int kvf_cmd_generate(int argc, char **argv)
     const char *model_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *stop = NULL;
     const char *router = NULL;
     int max_tokens = 128, top_k = 0, threads = 0, timeout_ms = 60000;
+    kvf_backend_flags_t bf = {0};
     double temperature = 0, top_p = 1;
     uint64_t seed = 0;
     bool ignore_eos = false, print_ids = false, seed_seen = false, verbose = false;
@@ -94,6 +95,7 @@ int kvf_cmd_generate(int argc, char **argv)
         {"ids", KVF_FLAG_BOOL, &print_ids, NULL,
          "print only the generated ids, comma-separated, on one line", NULL},
         {"threads", KVF_FLAG_INT, &threads, "N", "compute threads (default: all cores)", NULL},
+        KVF_BACKEND_FLAG_ENTRIES(&bf),
         {"router", KVF_FLAG_STRING, &router, "URL",
          "generate through a running cluster's router (client URL) instead of locally", NULL},
         {"timeout-ms", KVF_FLAG_INT, &timeout_ms, "MS", "with --router: give up after MS of "
@@ -187,7 +189,7 @@ int kvf_cmd_generate(int argc, char **argv)
     /* Generation ends when the context is full, as in the cluster. */
     if ((size_t)max_tokens > (size_t)mcfg.max_pos - n_ids)
         max_tokens = mcfg.max_pos - (int)n_ids;
-    if (kvf_local_engine_init(&le, argv[0], model_dir, threads,
+    if (kvf_local_engine_init(&le, argv[0], model_dir, threads, &bf,
                               (uint32_t)n_ids + (uint32_t)max_tokens + 1) != KVF_OK)
         goto fail_engine;
     const kvf_model_config_t *cfg = &le.rt.model->cfg;

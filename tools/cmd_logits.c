@@ -10,10 +10,12 @@ int kvf_cmd_logits(int argc, char **argv)
 {
     const char *model_dir = NULL, *prompt_ids = NULL;
     int threads = 0;
+    kvf_backend_flags_t bf = {0};
     const kvf_flag_t flags[] = {
         {"model", KVF_FLAG_STRING, &model_dir, "DIR", "Hugging Face model directory", NULL},
         {"prompt-ids", KVF_FLAG_STRING, &prompt_ids, "IDS", "comma-separated token ids", NULL},
         {"threads", KVF_FLAG_INT, &threads, "N", "compute threads (default: all cores)", NULL},
+        KVF_BACKEND_FLAG_ENTRIES(&bf),
     };
     kvf_flagset_t set = {
         .prog = argv[0],
@@ -41,7 +43,7 @@ int kvf_cmd_logits(int argc, char **argv)
     }
     kvf_local_engine_t le;
     rc = 1;
-    if (kvf_local_engine_init(&le, argv[0], model_dir, threads, (uint32_t)n) != KVF_OK)
+    if (kvf_local_engine_init(&le, argv[0], model_dir, threads, &bf, (uint32_t)n) != KVF_OK)
         goto fail_engine;
     kvf_status_t st = kvf_local_engine_feed(&le, ids, (uint32_t)n);
     if (st != KVF_OK) {

@@ -6,7 +6,8 @@
 #include <string.h>
 
 kvf_status_t kvf_local_engine_init(kvf_local_engine_t *le, const char *prog,
-                                   const char *model_dir, int threads, uint32_t max_positions)
+                                   const char *model_dir, int threads,
+                                   const kvf_backend_flags_t *backend, uint32_t max_positions)
 {
     memset(le, 0, sizeof(*le));
     kvf_block_table_init(&le->table);
@@ -17,6 +18,8 @@ kvf_status_t kvf_local_engine_init(kvf_local_engine_t *le, const char *prog,
         .max_blocks =
             (max_positions + KVF_KV_BLOCK_SIZE_DEFAULT - 1) / KVF_KV_BLOCK_SIZE_DEFAULT + 1,
     };
+    if (backend && kvf_backend_flags_apply(backend, &cfg) != KVF_OK)
+        return KVF_ERR_INVAL;
     kvf_status_t st = kvf_engine_stack_init(&le->rt, model_dir, &cfg);
     if (st != KVF_OK) {
         fprintf(stderr, "%s: cannot set up the engine for %s: %s\n", prog, model_dir,

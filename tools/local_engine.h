@@ -1,5 +1,5 @@
-/* A single-process engine for kvf generate and kvf logits: model, CPU
- * backend, a KV pool sized for one sequence, and that sequence's block
+/* A single-process engine for kvf generate and kvf logits: model, backend
+ * (CPU, or CUDA with --backend cuda), a KV pool sized for one sequence, and that sequence's block
  * table. */
 #ifndef KVF_TOOLS_LOCAL_ENGINE_H
 #define KVF_TOOLS_LOCAL_ENGINE_H
@@ -18,10 +18,11 @@ typedef struct {
     float *logits;   /* (vocab) of the last position run */
 } kvf_local_engine_t;
 
-/* Loads model_dir and sizes the pool for max_positions tokens. Errors are
+/* Loads model_dir on the backend the flags name (NULL: CPU) and sizes the pool for max_positions tokens. Errors are
  * printed to stderr with prog. Caller owns *le (init/fini). */
 kvf_status_t kvf_local_engine_init(kvf_local_engine_t *le, const char *prog,
-                                   const char *model_dir, int threads, uint32_t max_positions);
+                                   const char *model_dir, int threads,
+                                   const kvf_backend_flags_t *backend, uint32_t max_positions);
 
 /* Appends n tokens at the current position and computes the logits of the
  * last into le->logits. */

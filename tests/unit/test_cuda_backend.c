@@ -1,0 +1,602 @@
+/* The CUDA backend against the CPU backend and the golden data (label gpu).
+ * Exits 77 (ctest: skipped) with a message where there is no GPU or the
+ * build has no CUDA.
+ *
+ *  - golden: both golden models with f32 weights on the GPU: last logits
+ *    within 1e-4 of expected.json, every position's argmax and 24 greedy
+ *    ids identical; with bf16 weights, logits within bf16 tolerance of the
+ *    CPU backend;
+ *  - a model with Llama-1B-like heads (head_dim 64, 4 query heads per kv
+ *    head) over 1,100 positions: prefill tiles and several decode splits,
+ *    CPU vs CUDA;
+ *  - invariances on the GPU: cache == recompute, chunked == one prefill,
+ *    mixed prefill+decode batch == separate runs, block sizes 1/16/256,
+ *    graphs on == off bit for bit, greedy_token == argmax(logits);
+ *  - the host mirror: after a forward with kv_to_host, the hooks ran in
+ *    layer order and the mirror holds the CPU backend's K/V; blocks copied
+ *    into another pool's mirror and uploaded decode as the original. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "kvf/backend.h"
+#include "kvf/engine.h"
+#include "kvf/gpu.h"
+#include "kvf/kvcache.h"
+#include "kvf/log.h"
+#include "kvf/model.h"
+#include "kvf/sampling.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_data[1024];
+
+/* ---- rigs ------------------------------------------------------------ */
+
+typedef struct {
+    kvf_model_t *model;
+    kvf_backend_t be;
+    kvf_kvpool_t *pool;
+    kvf_engine_t *engine;
+} rig_t;
+
+static void rig_cpu(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks)
+{
+    memset(r, 0, sizeof(*r));
+    r->model = model;
+    assert_int_equal(kvf_backend_cpu_create(2, &r->be), KVF_OK);
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size);
+    assert_int_equal(kvf_kvpool_create(&g, num_blocks, &r->pool), KVF_OK);
+    assert_int_equal(kvf_engine_create(model, &r->be, r->pool, &r->engine), KVF_OK);
+}
+
+static void rig_cuda(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks,
+                     kvf_dtype_t wdt, bool graphs, bool mirror)
+{
+    memset(r, 0, sizeof(*r));
+    r->model = model;
+    kvf_cuda_config_t cc = kvf_cuda_config_default();
+    cc.wdtype = wdt;
+    cc.cuda_graphs = graphs;
+    assert_int_equal(kvf_backend_cuda_create(&cc, model, &r->be), KVF_OK);
+    assert_true(kvf_backend_is_cuda(&r->be));
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size);
+    assert_int_equal(kvf_backend_cuda_kvpool_create(&r->be, &g, num_blocks, mirror, &r->pool),
+                     KVF_OK);
+    assert_non_null(kvf_kvpool_device_base(r->pool));
+    assert_int_equal(kvf_engine_create(model, &r->be, r->pool, &r->engine), KVF_OK);
+}
+
+static void rig_close(rig_t *r)
+{
+    kvf_engine_destroy(r->engine);
+    kvf_kvpool_destroy(r->pool);
+    kvf_backend_destroy(&r->be);
+}
+
+static kvf_model_t *load_golden(const char *name)
+{
+    char dir[1200];
+    snprintf(dir, sizeof(dir), "%s/golden/%s", g_data, name);
+    kvf_model_t *m = NULL;
+    assert_int_equal(kvf_model_load(dir, &m), KVF_OK);
+    return m;
+}
+
+static cJSON *load_expected(void)
+{
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/golden/expected.json", g_data);
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    rewind(fp);
+    char *text = malloc((size_t)n + 1);
+    assert_non_null(text);
+    assert_int_equal(fread(text, 1, (size_t)n, fp), (size_t)n);
+    text[n] = 0;
+    fclose(fp);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    assert_non_null(root);
+    return root;
+}
+
+static uint32_t *json_ids(const cJSON *arr, int *n_p)
+{
+    int n = cJSON_GetArraySize(arr);
+    uint32_t *ids = malloc((size_t)n * sizeof(*ids));
+    assert_non_null(ids);
+    for (int i = 0; i < n; i++)
+        ids[i] = (uint32_t)cJSON_GetArrayItem(arr, i)->valueint;
+    *n_p = n;
+    return ids;
+}
+
+/* max |a-b| / max(1, max|b|). */
+static float rel_diff(const float *a, const float *b, size_t n)
+{
+    float scale = 1, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        scale = fabsf(b[i]) > scale ? fabsf(b[i]) : scale;
+        float d = fabsf(a[i] - b[i]);
+        m = d > m || isnan(d) ? d : m;
+    }
+    return m / scale;
+}
+
+/* One forward of tokens [s, s + c) of ids for the table bt. */
+static void forward(rig_t *r, kvf_block_table_t *bt, const uint32_t *ids, int s, int c,
+                    float *logits, bool all)
+{
+    assert_int_equal(kvf_block_table_reserve(bt, r->pool, (uint32_t)(s + c)), KVF_OK);
+    kvf_engine_seq_t q = {.tokens = ids + s, .n_tokens = (uint32_t)c, .start_pos = (uint32_t)s,
+                          .block_ids = bt->blocks, .n_blocks = bt->n_blocks, .all_logits = all,
+                          .logits = logits};
+    assert_int_equal(kvf_engine_forward(r->engine, &q, 1, NULL), KVF_OK);
+}
+
+static void random_ids(uint32_t *ids, int n, int vocab, uint32_t seed)
+{
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        ids[i] = (seed >> 8) % (uint32_t)vocab;
+    }
+}
+
+static kvf_model_t *random_model(int layers, int hidden, int heads, int kv_heads, int head_dim,
+                                 int inter, int vocab, bool qwen2)
+{
+    char dir[] = "/tmp/kvf_cuda_model_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    kvf_model_config_t c;
+    memset(&c, 0, sizeof(c));
+    c.arch = qwen2 ? KVF_ARCH_QWEN2 : KVF_ARCH_LLAMA;
+    c.qkv_bias = qwen2;
+    c.tie_embeddings = qwen2;
+    c.n_layers = layers;
+    c.n_heads = heads;
+    c.n_kv_heads = kv_heads;
+    c.head_dim = head_dim;
+    c.hidden = hidden;
+    c.inter = inter;
+    c.vocab = vocab;
+    c.max_pos = 4096;
+    c.rope_theta = 500000;
+    c.rms_eps = 1e-5;
+    c.bos_id = 1;
+    c.eos_ids[0] = 2;
+    c.n_eos = 1;
+    assert_int_equal(kvf_model_write_random(dir, &c, KVF_DTYPE_F32, 7), KVF_OK);
+    kvf_model_t *m = NULL;
+    assert_int_equal(kvf_model_load(dir, &m), KVF_OK);
+    char path[256];
+    const char *files[] = {"config.json", "generation_config.json", "model.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+    return m;
+}
+
+/* ---- golden ---------------------------------------------------------- */
+
+static void golden(const char *name)
+{
+    cJSON *root = load_expected();
+    const cJSON *mj = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"), name);
+    assert_non_null(mj);
+    kvf_model_t *model = load_golden(name);
+    const int V = model->cfg.vocab;
+    rig_t r32, r16, cpu;
+    rig_cuda(&r32, model, 16, 64, KVF_DTYPE_F32, true, false);
+    rig_cuda(&r16, model, 16, 64, KVF_DTYPE_BF16, true, false);
+    rig_cpu(&cpu, model, 16, 64);
+    const cJSON *pj;
+    int n_prompts = 0, bf16_greedy_same = 0, bf16_greedy_total = 0;
+    float worst_bf16 = 0;
+    cJSON_ArrayForEach(pj, cJSON_GetObjectItem(mj, "prompts"))
+    {
+        int n, n_greedy;
+        uint32_t *ids = json_ids(cJSON_GetObjectItem(pj, "ids"), &n);
+        uint32_t *greedy = json_ids(cJSON_GetObjectItem(pj, "greedy_ids"), &n_greedy);
+        float *all = malloc((size_t)n * V * sizeof(float));
+        float *all16 = malloc((size_t)n * V * sizeof(float));
+        float *allc = malloc((size_t)n * V * sizeof(float));
+        float *last = malloc((size_t)V * sizeof(float));
+        kvf_block_table_t bt, bt16, btc;
+        kvf_block_table_init(&bt);
+        kvf_block_table_init(&bt16);
+        kvf_block_table_init(&btc);
+        forward(&r32, &bt, ids, 0, n, all, true);
+        forward(&r16, &bt16, ids, 0, n, all16, true);
+        forward(&cpu, &btc, ids, 0, n, allc, true);
+        const cJSON *ll = cJSON_GetObjectItem(pj, "last_logits");
+        const float *l32 = all + (size_t)(n - 1) * V;
+        float worst = 0;
+        for (int i = 0; i < V; i++) {
+            float d = fabsf(l32[i] - (float)cJSON_GetArrayItem(ll, i)->valuedouble);
+            worst = d > worst || isnan(d) ? d : worst;
+        }
+        if (!(worst <= 1e-4f))
+            fail_msg("%s prompt %d (f32 weights on the GPU): max |logit - expected| = %g", name,
+                     n_prompts, worst);
+        const cJSON *pa = cJSON_GetObjectItem(pj, "position_argmax");
+        for (int i = 0; i < n; i++)
+            assert_int_equal(kvf_sample_argmax(all + (size_t)i * V, V),
+                             cJSON_GetArrayItem(pa, i)->valueint);
+        float rd = rel_diff(all16, allc, (size_t)n * V);
+        worst_bf16 = rd > worst_bf16 || isnan(rd) ? rd : worst_bf16;
+        /* 24 greedy steps with the cache, f32 (asserted) and bf16 (counted) */
+        uint32_t tok = kvf_sample_argmax(l32, V), tok16 = kvf_sample_argmax(all16 + (size_t)(n - 1) * V, V);
+        for (int s = 0; s < n_greedy; s++) {
+            assert_int_equal(tok, greedy[s]);
+            bf16_greedy_same += tok16 == greedy[s];
+            bf16_greedy_total++;
+            uint32_t g = UINT32_MAX;
+            assert_int_equal(kvf_block_table_reserve(&bt, r32.pool, (uint32_t)(n + s + 1)), KVF_OK);
+            kvf_engine_seq_t q = {.tokens = &tok, .n_tokens = 1, .start_pos = (uint32_t)(n + s),
+                                  .block_ids = bt.blocks, .n_blocks = bt.n_blocks,
+                                  .logits = last, .greedy_token = &g};
+            assert_int_equal(kvf_engine_forward(r32.engine, &q, 1, NULL), KVF_OK);
+            tok = kvf_sample_argmax(last, V);
+            assert_int_equal(g, tok); /* the device argmax agrees with the host's */
+            /* bf16 follows the expected ids (teacher forcing) and only
+             * reports its own argmax. */
+            assert_int_equal(kvf_block_table_reserve(&bt16, r16.pool, (uint32_t)(n + s + 1)),
+                             KVF_OK);
+            kvf_engine_seq_t q16 = {.tokens = &greedy[s], .n_tokens = 1,
+                                    .start_pos = (uint32_t)(n + s), .block_ids = bt16.blocks,
+                                    .n_blocks = bt16.n_blocks, .greedy_token = &tok16};
+            assert_int_equal(kvf_engine_forward(r16.engine, &q16, 1, NULL), KVF_OK);
+        }
+        kvf_block_table_release(&bt, r32.pool);
+        kvf_block_table_release(&bt16, r16.pool);
+        kvf_block_table_release(&btc, cpu.pool);
+        kvf_block_table_fini(&bt);
+        kvf_block_table_fini(&bt16);
+        kvf_block_table_fini(&btc);
+        free(greedy);
+        free(all);
+        free(all16);
+        free(allc);
+        free(last);
+        free(ids);
+        n_prompts++;
+    }
+    assert_int_equal(n_prompts, 4);
+    printf("%s: bf16 weights: max |logit - cpu| / max|logit| = %.4f; greedy ids equal to the "
+           "f32 reference at %d of %d steps\n",
+           name, (double)worst_bf16, bf16_greedy_same, bf16_greedy_total);
+    if (!(worst_bf16 <= 3e-2f))
+        fail_msg("%s: bf16 logits off the CPU backend's by %g of their scale", name,
+                 (double)worst_bf16);
+    rig_close(&r32);
+    rig_close(&r16);
+    rig_close(&cpu);
+    kvf_model_destroy(model);
+    cJSON_Delete(root);
+}
+
+static void test_golden_llama(void **state)
+{
+    (void)state;
+    golden("tiny-llama-f32");
+}
+
+static void test_golden_qwen2(void **state)
+{
+    (void)state;
+    golden("tiny-qwen2-bf16");
+}
+
+/* ---- production-like heads, long context ------------------------------- */
+
+/* head_dim 64, 4 query heads per kv head (as Llama 3.2 1B), 1,100
+ * positions: several prefill tiles per sequence and 3 decode splits. */
+static void test_long_context_vs_cpu(void **state)
+{
+    (void)state;
+    kvf_model_t *m = random_model(2, 512, 8, 2, 64, 1024, 1000, false);
+    const int V = m->cfg.vocab, n = 1100;
+    uint32_t ids[1104];
+    random_ids(ids, n + 4, V, 99);
+    rig_t g32, g16, cpu;
+    rig_cuda(&g32, m, 16, 80, KVF_DTYPE_F32, true, false);
+    rig_cuda(&g16, m, 16, 80, KVF_DTYPE_BF16, true, false);
+    rig_cpu(&cpu, m, 16, 80);
+    float *lg = malloc((size_t)V * sizeof(float)), *lg16 = malloc((size_t)V * sizeof(float)),
+          *lc = malloc((size_t)V * sizeof(float));
+    kvf_block_table_t a, b, c;
+    kvf_block_table_init(&a);
+    kvf_block_table_init(&b);
+    kvf_block_table_init(&c);
+    /* prefill in chunks of 300 (the last one 200), then 4 decode steps */
+    for (int s = 0; s < n; s += 300) {
+        int k = n - s < 300 ? n - s : 300;
+        forward(&g32, &a, ids, s, k, lg, false);
+        forward(&g16, &b, ids, s, k, lg16, false);
+        forward(&cpu, &c, ids, s, k, lc, false);
+    }
+    for (int s = n; s <= n + 4; s++) {
+        float r32 = rel_diff(lg, lc, (size_t)V), r16 = rel_diff(lg16, lc, (size_t)V);
+        if (!(r32 <= 1e-4f) || !(r16 <= 3e-2f))
+            fail_msg("position %d: f32 off by %g, bf16 by %g (relative)", s - 1, (double)r32,
+                     (double)r16);
+        if (s == n + 4)
+            break;
+        forward(&g32, &a, ids, s, 1, lg, false);
+        forward(&g16, &b, ids, s, 1, lg16, false);
+        forward(&cpu, &c, ids, s, 1, lc, false);
+    }
+    kvf_block_table_release(&a, g32.pool);
+    kvf_block_table_release(&b, g16.pool);
+    kvf_block_table_release(&c, cpu.pool);
+    kvf_block_table_fini(&a);
+    kvf_block_table_fini(&b);
+    kvf_block_table_fini(&c);
+    free(lg);
+    free(lg16);
+    free(lc);
+    rig_close(&g32);
+    rig_close(&g16);
+    rig_close(&cpu);
+    kvf_model_destroy(m);
+}
+
+/* ---- invariances on the GPU ------------------------------------------- */
+
+static void test_cache_chunks_blocks(void **state)
+{
+    (void)state;
+    kvf_model_t *m = random_model(2, 256, 4, 2, 64, 512, 700, true);
+    const int V = m->cfg.vocab, n = 150;
+    uint32_t ids[150];
+    random_ids(ids, n, V, 5);
+    float *ref = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
+    float *all = malloc((size_t)n * V * sizeof(float));
+    /* reference: one prefill, block size 16 */
+    rig_t r;
+    rig_cuda(&r, m, 16, 32, KVF_DTYPE_F32, true, false);
+    kvf_block_table_t bt;
+    kvf_block_table_init(&bt);
+    forward(&r, &bt, ids, 0, n, all, true);
+    memcpy(ref, all + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+    kvf_block_table_release(&bt, r.pool);
+    /* cache == recompute: token by token */
+    for (int s = 0; s < n; s++)
+        forward(&r, &bt, ids, s, 1, got, false);
+    assert_true(rel_diff(got, ref, (size_t)V) <= 1e-4f);
+    kvf_block_table_release(&bt, r.pool);
+    /* chunks of 37 */
+    for (int s = 0; s < n; s += 37)
+        forward(&r, &bt, ids, s, n - s < 37 ? n - s : 37, got, false);
+    assert_true(rel_diff(got, ref, (size_t)V) <= 1e-4f);
+    kvf_block_table_release(&bt, r.pool);
+    rig_close(&r);
+    /* block sizes */
+    const int sizes[] = {1, 256};
+    for (int i = 0; i < 2; i++) {
+        rig_cuda(&r, m, sizes[i], sizes[i] == 1 ? 200 : 2, KVF_DTYPE_F32, true, false);
+        forward(&r, &bt, ids, 0, n - 1, got, false);
+        forward(&r, &bt, ids, n - 1, 1, got, false);
+        float d = rel_diff(got, ref, (size_t)V);
+        if (!(d <= 1e-4f))
+            fail_msg("block size %d: off by %g", sizes[i], (double)d);
+        kvf_block_table_release(&bt, r.pool);
+        rig_close(&r);
+    }
+    kvf_block_table_fini(&bt);
+    free(ref);
+    free(got);
+    free(all);
+    kvf_model_destroy(m);
+}
+
+/* A batch mixing decodes and a prompt chunk equals each run alone; decode
+ * steps replayed from graphs equal launched ones bit for bit. */
+static void test_mixed_batch_and_graphs(void **state)
+{
+    (void)state;
+    kvf_model_t *m = random_model(2, 256, 4, 1, 64, 512, 700, false);
+    const int V = m->cfg.vocab;
+    enum { NS = 3 };
+    const int lens[NS] = {40, 700, 90};
+    uint32_t ids[NS][760];
+    for (int s = 0; s < NS; s++)
+        random_ids(ids[s], 760, V, 11 + s);
+    rig_t gr, ng;
+    rig_cuda(&gr, m, 16, 200, KVF_DTYPE_BF16, true, false);
+    rig_cuda(&ng, m, 16, 200, KVF_DTYPE_BF16, false, false);
+    kvf_block_table_t tg[NS], tn[NS];
+    float *lg = malloc((size_t)NS * V * sizeof(float)), *ln = malloc((size_t)NS * V * sizeof(float));
+    for (int s = 0; s < NS; s++) {
+        kvf_block_table_init(&tg[s]);
+        kvf_block_table_init(&tn[s]);
+        forward(&gr, &tg[s], ids[s], 0, lens[s], lg, false);
+        forward(&ng, &tn[s], ids[s], 0, lens[s], ln, false);
+    }
+    /* 40 decode steps of all three at once: contexts cross table-width
+     * buckets (and so graph shapes) on the way. */
+    for (int step = 0; step < 40; step++) {
+        kvf_engine_seq_t qg[NS], qn[NS];
+        uint32_t gg[NS], gn[NS];
+        for (int s = 0; s < NS; s++) {
+            int p = lens[s] + step;
+            assert_int_equal(kvf_block_table_reserve(&tg[s], gr.pool, (uint32_t)p + 1), KVF_OK);
+            assert_int_equal(kvf_block_table_reserve(&tn[s], ng.pool, (uint32_t)p + 1), KVF_OK);
+            qg[s] = (kvf_engine_seq_t){.tokens = &ids[s][p], .n_tokens = 1,
+                                       .start_pos = (uint32_t)p, .block_ids = tg[s].blocks,
+                                       .n_blocks = tg[s].n_blocks,
+                                       .logits = lg + (size_t)s * V, .greedy_token = &gg[s]};
+            qn[s] = qg[s];
+            qn[s].block_ids = tn[s].blocks;
+            qn[s].n_blocks = tn[s].n_blocks;
+            qn[s].logits = ln + (size_t)s * V;
+            qn[s].greedy_token = &gn[s];
+        }
+        assert_int_equal(kvf_engine_forward(gr.engine, qg, NS, NULL), KVF_OK);
+        assert_int_equal(kvf_engine_forward(ng.engine, qn, NS, NULL), KVF_OK);
+        if (memcmp(lg, ln, (size_t)NS * V * sizeof(float)) != 0)
+            fail_msg("step %d: graph replay differs from launched kernels", step);
+        for (int s = 0; s < NS; s++) {
+            assert_int_equal(gg[s], gn[s]);
+            assert_int_equal(gg[s], kvf_sample_argmax(lg + (size_t)s * V, V));
+        }
+    }
+    /* Mixed: sequence 0 decodes while sequence 1 takes 16 prompt tokens,
+     * against the two runs apart on the other rig (other GEMM shapes, so
+     * within tolerance, not bit for bit). */
+    int p0 = lens[0] + 40, p1 = lens[1] + 40;
+    assert_int_equal(kvf_block_table_reserve(&tg[0], gr.pool, (uint32_t)p0 + 1), KVF_OK);
+    assert_int_equal(kvf_block_table_reserve(&tg[1], gr.pool, (uint32_t)p1 + 16), KVF_OK);
+    assert_int_equal(kvf_block_table_reserve(&tn[0], ng.pool, (uint32_t)p0 + 1), KVF_OK);
+    assert_int_equal(kvf_block_table_reserve(&tn[1], ng.pool, (uint32_t)p1 + 16), KVF_OK);
+    kvf_engine_seq_t mix[2] = {
+        {.tokens = &ids[0][p0], .n_tokens = 1, .start_pos = (uint32_t)p0,
+         .block_ids = tg[0].blocks, .n_blocks = tg[0].n_blocks, .logits = lg},
+        {.tokens = &ids[1][p1], .n_tokens = 16, .start_pos = (uint32_t)p1,
+         .block_ids = tg[1].blocks, .n_blocks = tg[1].n_blocks, .logits = lg + V}};
+    assert_int_equal(kvf_engine_forward(gr.engine, mix, 2, NULL), KVF_OK);
+    kvf_engine_seq_t one = mix[0];
+    one.block_ids = tn[0].blocks;
+    one.n_blocks = tn[0].n_blocks;
+    one.logits = ln;
+    assert_int_equal(kvf_engine_forward(ng.engine, &one, 1, NULL), KVF_OK);
+    one = mix[1];
+    one.block_ids = tn[1].blocks;
+    one.n_blocks = tn[1].n_blocks;
+    one.logits = ln + V;
+    assert_int_equal(kvf_engine_forward(ng.engine, &one, 1, NULL), KVF_OK);
+    assert_true(rel_diff(lg, ln, (size_t)V) <= 2e-2f);
+    assert_true(rel_diff(lg + V, ln + V, (size_t)V) <= 2e-2f);
+    for (int s = 0; s < NS; s++) {
+        kvf_block_table_release(&tg[s], gr.pool);
+        kvf_block_table_release(&tn[s], ng.pool);
+        kvf_block_table_fini(&tg[s]);
+        kvf_block_table_fini(&tn[s]);
+    }
+    assert_int_equal(kvf_kvpool_used_blocks(gr.pool), 0);
+    free(lg);
+    free(ln);
+    rig_close(&gr);
+    rig_close(&ng);
+    kvf_model_destroy(m);
+}
+
+/* ---- host mirror -------------------------------------------------------- */
+
+typedef struct {
+    int next;
+    int bad;
+} hook_order_t;
+
+static void on_layer(void *arg, int layer)
+{
+    hook_order_t *h = arg;
+    if (layer != h->next)
+        h->bad++;
+    h->next = layer + 1;
+}
+
+static void test_mirror_and_upload(void **state)
+{
+    (void)state;
+    kvf_model_t *m = random_model(3, 256, 4, 2, 64, 512, 700, false);
+    const int V = m->cfg.vocab, n = 100;
+    uint32_t ids[101];
+    random_ids(ids, n + 1, V, 3);
+    rig_t src, dst, cpu;
+    rig_cuda(&src, m, 16, 16, KVF_DTYPE_F32, true, true);
+    rig_cuda(&dst, m, 16, 16, KVF_DTYPE_F32, true, true);
+    rig_cpu(&cpu, m, 16, 16);
+    kvf_block_table_t bs, bd, bc;
+    kvf_block_table_init(&bs);
+    kvf_block_table_init(&bd);
+    kvf_block_table_init(&bc);
+    assert_int_equal(kvf_block_table_reserve(&bs, src.pool, n + 1), KVF_OK);
+    hook_order_t ho = {0, 0};
+    kvf_engine_hooks_t hooks = {.on_layer_done = on_layer, .arg = &ho, .kv_to_host = true};
+    kvf_engine_seq_t q = {.tokens = ids, .n_tokens = n, .start_pos = 0, .block_ids = bs.blocks,
+                          .n_blocks = bs.n_blocks};
+    assert_int_equal(kvf_engine_forward(src.engine, &q, 1, &hooks), KVF_OK);
+    assert_int_equal(ho.bad, 0);
+    assert_int_equal(ho.next, m->cfg.n_layers);
+    float *lc = malloc((size_t)V * sizeof(float)), *ld = malloc((size_t)V * sizeof(float)),
+          *ls = malloc((size_t)V * sizeof(float));
+    forward(&cpu, &bc, ids, 0, n, lc, false);
+    /* The mirror holds the CPU's K/V for every written position. */
+    const kvf_kv_geometry_t *g = kvf_kvpool_geometry(src.pool);
+    float worst = 0;
+    for (int p = 0; p < n; p++)
+        for (int l = 0; l < g->n_layers; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int h = 0; h < g->n_kv_heads; h++) {
+                    const float *a = kvf_kvpool_head(src.pool, bs.blocks[p / 16], l, kv, h) +
+                                     (size_t)(p % 16) * g->head_dim;
+                    const float *b = kvf_kvpool_head(cpu.pool, bc.blocks[p / 16], l, kv, h) +
+                                     (size_t)(p % 16) * g->head_dim;
+                    float d = rel_diff(a, b, (size_t)g->head_dim);
+                    worst = d > worst || isnan(d) ? d : worst;
+                }
+    if (!(worst <= 1e-4f))
+        fail_msg("host mirror K/V off the CPU backend's by %g", (double)worst);
+    /* "Ship" the blocks into dst's mirror, upload, decode: same logits as
+     * decoding on src. */
+    assert_int_equal(kvf_block_table_reserve(&bd, dst.pool, n + 1), KVF_OK);
+    size_t bb = kvf_kv_block_bytes(g);
+    for (uint32_t b = 0; b < bs.n_blocks; b++)
+        memcpy((uint8_t *)kvf_kvpool_base(dst.pool) + (size_t)bd.blocks[b] * bb,
+               (const uint8_t *)kvf_kvpool_base(src.pool) + (size_t)bs.blocks[b] * bb, bb);
+    assert_int_equal(kvf_kvpool_upload(dst.pool, bd.blocks, bd.n_blocks), KVF_OK);
+    uint32_t bad_id = kvf_kvpool_num_blocks(dst.pool);
+    assert_int_equal(kvf_kvpool_upload(dst.pool, &bad_id, 1), KVF_ERR_INVAL);
+    forward(&src, &bs, ids, n, 1, ls, false);
+    forward(&dst, &bd, ids, n, 1, ld, false);
+    assert_memory_equal(ls, ld, (size_t)V * sizeof(float));
+    kvf_block_table_release(&bs, src.pool);
+    kvf_block_table_release(&bd, dst.pool);
+    kvf_block_table_release(&bc, cpu.pool);
+    kvf_block_table_fini(&bs);
+    kvf_block_table_fini(&bd);
+    kvf_block_table_fini(&bc);
+    free(lc);
+    free(ld);
+    free(ls);
+    rig_close(&src);
+    rig_close(&dst);
+    rig_close(&cpu);
+    kvf_model_destroy(m);
+}
+
+int main(void)
+{
+    const char *env = getenv("KVF_TEST_DATA");
+    snprintf(g_data, sizeof(g_data), "%s", env && *env ? env : KVF_TEST_DATA);
+    if (!kvf_gpu_built_with_cuda()) {
+        printf("test_cuda_backend: skipped: this build has no CUDA backend\n");
+        return 77;
+    }
+    if (kvf_gpu_count() == 0) {
+        char d[256];
+        kvf_gpu_describe(d, sizeof(d));
+        printf("test_cuda_backend: skipped: no GPU here (%s)\n", d);
+        return 77;
+    }
+    kvf_log_set_level(KVF_LOG_WARN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_llama),         cmocka_unit_test(test_golden_qwen2),
+        cmocka_unit_test(test_long_context_vs_cpu),  cmocka_unit_test(test_cache_chunks_blocks),
+        cmocka_unit_test(test_mixed_batch_and_graphs), cmocka_unit_test(test_mirror_and_upload),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
