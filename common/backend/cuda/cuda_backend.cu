@@ -92,7 +92,7 @@ typedef struct {
 
 typedef struct {
     bool used;
-    int n, bt_stride, n_out, n_splits;
+    int n, bt_stride, n_out, n_splits, split_keys;
     uint64_t last_use;
     cudaGraphExec_t exec;
 } graph_entry_t;
@@ -136,6 +136,8 @@ typedef struct cuda_ctx {
     cudaEvent_t *copy_done;  // (n_layers) layer l's K/V in the host mirror
     uint32_t *touched;       // (cap_touched) blocks a batch writes (host)
     size_t cap_touched;
+
+    int n_sms; // multiprocessors: sizes the decode split
 
     graph_entry_t graphs[GRAPH_CACHE];
     uint64_t use_clock;
@@ -317,9 +319,24 @@ static void plan_batch(const cuda_ctx_t *c, const kvf_kv_geometry_t *g,
     }
     // Graphs replay one shape: bucket the table width (and with it the
     // number of decode splits) so growing contexts reuse a graph.
-    p->bt_stride = p->decode_only ? next_pow2(need_blocks) : need_blocks;
-    p->split_keys = kvf_cuda_decode_split_keys(group, g->block_size);
-    int keys = p->decode_only ? p->bt_stride * g->block_size : max_dec_pos + 1;
+    int bucket = next_pow2(need_blocks);
+    p->bt_stride = p->decode_only ? bucket : need_blocks;
+    // Decode splits: enough CTAs to fill the GPU twice over (a batch of one
+    // sequence has only n_kv_heads of them per split), each split at most
+    // the score buffer's keys and a whole number of blocks. Chosen from the
+    // bucket in every mode, so a replayed graph and launched kernels split
+    // (and sum) the same way; splits past a token's context do nothing.
+    int max_keys = kvf_cuda_decode_split_keys(group, g->block_size);
+    int bucket_keys = bucket * g->block_size;
+    int want = p->n_dec > 0 ? (2 * c->n_sms + p->n_dec * m->n_kv_heads - 1) /
+                                  (p->n_dec * m->n_kv_heads)
+                            : 1;
+    int keys_per = (bucket_keys + want - 1) / want;
+    keys_per = (keys_per + g->block_size - 1) / g->block_size * g->block_size;
+    if (keys_per < 64)
+        keys_per = (64 + g->block_size - 1) / g->block_size * g->block_size;
+    p->split_keys = keys_per < max_keys ? keys_per : max_keys;
+    int keys = p->decode_only ? bucket_keys : max_dec_pos + 1;
     p->n_splits = (keys + p->split_keys - 1) / p->split_keys;
     if (p->n_splits < 1)
         p->n_splits = 1;
@@ -574,7 +591,7 @@ static graph_entry_t *graph_find(cuda_ctx_t *c, const batch_plan_t *p)
     for (int i = 0; i < GRAPH_CACHE; i++) {
         graph_entry_t *e = &c->graphs[i];
         if (e->used && e->n == p->n && e->bt_stride == p->bt_stride && e->n_out == p->n_out &&
-            e->n_splits == p->n_splits)
+            e->n_splits == p->n_splits && e->split_keys == p->split_keys)
             return e;
     }
     return NULL;
@@ -617,6 +634,7 @@ static kvf_status_t graph_capture(cuda_ctx_t *c, kvf_kvpool_t *pool, const batch
     e->bt_stride = p->bt_stride;
     e->n_out = p->n_out;
     e->n_splits = p->n_splits;
+    e->split_keys = p->split_keys;
     *e_p = e;
     return KVF_OK;
 }
@@ -877,6 +895,8 @@ static kvf_status_t create(const kvf_cuda_config_t *cfg, const kvf_model_t *mode
         return KVF_ERR_UNSUPPORTED;
     }
     TRY(cudaSetDevice(cfg->device), "set device");
+    TRY(cudaDeviceGetAttribute(&c->n_sms, cudaDevAttrMultiProcessorCount, cfg->device),
+        "device attribute");
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "stream create");
     TRY(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking), "stream create");
     CHECK(blas_status(cublasCreate(&c->blas), "create"));
