@@ -108,11 +108,16 @@ static void sort_ids(int32_t *ids, int n, const float *p)
     }
 }
 
+bool kvf_sampler_is_greedy(const kvf_sampler_t *s)
+{
+    return s->params.temperature < 1e-6f || s->params.top_k == 1;
+}
+
 uint32_t kvf_sampler_sample(kvf_sampler_t *s, const float *logits)
 {
     const kvf_sampling_params_t *p = &s->params;
     const int V = s->vocab;
-    if (p->temperature < 1e-6f || p->top_k == 1)
+    if (kvf_sampler_is_greedy(s))
         return kvf_sample_argmax(logits, V);
     uint64_t draw = kvf_splitmix64(&s->rng);
     double u = (double)(draw >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */

@@ -97,6 +97,7 @@ struct kvf_decode {
     kvf_engine_seq_t *seqs;
     dec_req_t **step_reqs;
     float *logits; /* (max_running, vocab) */
+    uint32_t *greedy; /* (max_running) tokens of greedy rows, found by the engine */
 
     dec_chunk_t *chunks; /* (n_chunks) pending for the next TokenBatch */
     size_t n_chunks, cap_chunks;
@@ -918,12 +919,16 @@ static void decode_step(kvf_decode_t *d)
             }
             r->kv_on_device = true;
         }
+        /* Greedy rows take the engine's argmax: on a GPU their logits
+         * never leave it. */
+        bool greedy = r->has_sampler && kvf_sampler_is_greedy(&r->sampler);
         d->seqs[n] = (kvf_engine_seq_t){.tokens = &r->next_token,
                                         .n_tokens = 1,
                                         .start_pos = r->pos,
                                         .block_ids = r->blocks,
                                         .n_blocks = r->n_blocks,
-                                        .logits = d->logits + (size_t)n * d->vocab};
+                                        .logits = greedy ? NULL : d->logits + (size_t)n * d->vocab,
+                                        .greedy_token = greedy ? &d->greedy[n] : NULL};
         d->step_reqs[n++] = r;
     }
     uint32_t budget = d->cfg.max_batch_tokens > (uint32_t)n ? d->cfg.max_batch_tokens - n : 0;
@@ -996,7 +1001,7 @@ static void decode_step(kvf_decode_t *d)
             req_join(d, r); /* may free r */
             continue;
         }
-        uint32_t tok = kvf_sampler_sample(&r->sampler, logits);
+        uint32_t tok = logits ? kvf_sampler_sample(&r->sampler, logits) : d->greedy[i];
         r->gen++;
         r->pos++;
         r->next_token = tok;
@@ -1359,21 +1364,25 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
     d->seqs = calloc(rows, sizeof(*d->seqs));
     d->step_reqs = calloc(rows, sizeof(*d->step_reqs));
     d->logits = malloc(rows * (size_t)d->vocab * sizeof(float));
-    if (!d->seqs || !d->step_reqs || !d->logits) {
+    d->greedy = calloc(rows, sizeof(*d->greedy));
+    if (!d->seqs || !d->step_reqs || !d->logits || !d->greedy) {
         st = KVF_ERR_NOMEM;
         goto fail_scratch;
     }
     kvf_log_info("model %s (%s, %d layers, vocab %d, context %u), kv pool %u blocks of %u "
-                 "tokens (%.1f MiB), max running %d, %d threads, %s transfers%s",
+                 "tokens (%.1f MiB), max running %d, %s backend (%d threads), %s transfers%s",
                  d->model_dir, mc->arch_name, mc->n_layers, mc->vocab, d->max_context,
                  kvf_kvpool_num_blocks(d->rt.pool), d->block_size,
-                 (double)kvf_kvpool_bytes(d->rt.pool) / (1024.0 * 1024.0), d->cfg.max_running,
+                 (double)kvf_kvpool_num_blocks(d->rt.pool) * (double)d->block_bytes /
+                     (1024.0 * 1024.0),
+                 d->cfg.max_running, d->rt.backend.ops->name,
                  kvf_backend_cpu_threads(&d->rt.backend), xc.two_sided ? "two-sided" : "one-sided",
                  d->cfg.prefill_local ? ", prefills locally" : "");
     *dec_p = d;
     return KVF_OK;
 
 fail_scratch:
+    free(d->greedy);
     free(d->logits);
     free(d->step_reqs);
     free(d->seqs);
@@ -1401,6 +1410,7 @@ void kvf_decode_destroy(kvf_decode_t *d)
         req_release_blocks(d, d->reqs[d->n_reqs - 1]);
     free(d->reqs);
     free(d->chunks);
+    free(d->greedy);
     free(d->logits);
     free(d->step_reqs);
     free(d->seqs);

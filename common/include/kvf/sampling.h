@@ -40,6 +40,11 @@ typedef struct {
 kvf_status_t kvf_sampler_init(kvf_sampler_t *s, const kvf_sampling_params_t *params, int vocab);
 void kvf_sampler_fini(kvf_sampler_t *s);
 
+/* True when the sampler always takes the largest logit (temperature 0 or
+ * top_k 1): the engine can then find the token where the logits are
+ * (kvf_engine_seq_t.greedy_token) and nothing is drawn. */
+bool kvf_sampler_is_greedy(const kvf_sampler_t *s);
+
 /* Picks a token from logits (vocab floats, unchanged). */
 uint32_t kvf_sampler_sample(kvf_sampler_t *s, const float *logits);
 
