@@ -281,8 +281,21 @@ static double best_of(double a, double b)
     return a < b ? a : b;
 }
 
+/* True when argv asks for the CUDA engine (--backend cuda, --backend=cuda). */
+static bool wants_cuda(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--backend=cuda") ||
+            (!strcmp(argv[i], "--backend") && i + 1 < argc && !strcmp(argv[i + 1], "cuda")))
+            return true;
+    }
+    return false;
+}
+
 int kvf_bench_engine(int argc, char **argv)
 {
+    if (wants_cuda(argc, argv))
+        return kvf_bench_engine_cuda(argc, argv);
     const char *model_dir = NULL, *json = NULL;
     int threads = 0;
     bool quick = false;
@@ -298,7 +311,9 @@ int kvf_bench_engine(int argc, char **argv)
         .usage = "--model DIR [--threads N] [--json FILE] [--quick]",
         .summary = "Measures memory read bandwidth and the OpenBLAS sgemm rate, then decode "
                    "latency (batch 1, 8, 32) against the memory roofline, prefill throughput "
-                   "against the sgemm rate, and generation with vs without the KV cache.",
+                   "against the sgemm rate, and generation with vs without the KV cache. "
+                   "With --backend cuda: the CUDA engine against the GPU's ceilings (see "
+                   "--backend cuda --help).",
         .flags = flags,
         .n_flags = KVF_NFLAGS(flags),
     };

@@ -18,6 +18,15 @@
 #include "kvf/clock.h"
 #include "kvf/msg.h"
 
+
+/* Where the binaries are: $KVF_BIN_DIR (a relocated build, e.g. the GPU
+ * check's bundle) or this build's. */
+static const char *bin_dir(void)
+{
+    const char *e = getenv("KVF_BIN_DIR");
+    return e && *e ? e : KVF_BIN_DIR;
+}
+
 static void tcp_url(char *buf, size_t len)
 {
     int port;
@@ -103,7 +112,7 @@ static int spawn(h_cluster_t *c, const char *name, const char *url, char **argv)
         if (!getenv("KVF_LOG"))
             setenv("KVF_LOG", "info", 1);
         char path[512];
-        snprintf(path, sizeof(path), "%s/%s", KVF_BIN_DIR, argv[0]);
+        snprintf(path, sizeof(path), "%s/%s", bin_dir(), argv[0]);
         execv(path, argv);
         _exit(127);
     }
@@ -495,7 +504,17 @@ uint32_t *h_colocated(const char *model, const h_gen_t *g, size_t *n_p)
     char *cmd = malloc(cap);
     assert_non_null(cmd);
     int off = snprintf(cmd, cap, "%s/kvf generate --model %s --threads 1 --ids --max-tokens %u",
-                       KVF_BIN_DIR, model, g->max_tokens);
+                       bin_dir(), model, g->max_tokens);
+    /* The nodes read KVF_BACKEND / KVF_GPU_DTYPE / KVF_DEVICE from the
+     * environment (a cluster test on a GPU): the reference runs on the same
+     * backend. */
+    const char *env_flags[][2] = {
+        {"KVF_BACKEND", "backend"}, {"KVF_GPU_DTYPE", "gpu-dtype"}, {"KVF_DEVICE", "device"}};
+    for (size_t i = 0; i < sizeof(env_flags) / sizeof(env_flags[0]); i++) {
+        const char *v = getenv(env_flags[i][0]);
+        if (v && *v)
+            off += snprintf(cmd + off, cap - (size_t)off, " --%s %s", env_flags[i][1], v);
+    }
     if (g->temperature > 0)
         off += snprintf(cmd + off, cap - (size_t)off, " --temperature %.9g", g->temperature);
     if (g->top_k)
@@ -554,7 +573,7 @@ uint32_t *h_prompt(size_t n, uint32_t vocab, uint64_t seed)
 void h_mkmodel(const char *dir, const char *args)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s/kvf mkmodel %s %s > /dev/null", KVF_BIN_DIR, dir, args);
+    snprintf(cmd, sizeof(cmd), "%s/kvf mkmodel %s %s > /dev/null", bin_dir(), dir, args);
     assert_int_equal(system(cmd), 0);
 }
 
