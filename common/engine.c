@@ -19,20 +19,20 @@ struct kvf_engine {
     int q_dim, kv_dim, qkv_dim;
     /* scratch for cap_tokens tokens */
     int cap_tokens;
-    float *x;        /* (cap_tokens, hidden) residual stream */
-    float *h;        /* (cap_tokens, hidden) normed input of a block */
-    float *qkv;      /* (cap_tokens, qkv_dim) q | k | v per row */
-    float *att;      /* (cap_tokens, q_dim) attention output */
-    float *gu;       /* (cap_tokens, 2 * inter) gate | up per row */
-    float *act;      /* (cap_tokens, inter) silu(gate) * up */
-    float *cos_sin;  /* (cap_tokens, head_dim) cos then sin of each rotation angle */
-    int32_t *pos;    /* (cap_tokens) */
-    int32_t *seq;    /* (cap_tokens) */
+    float *x;       /* (cap_tokens, hidden) residual stream */
+    float *h;       /* (cap_tokens, hidden) normed input of a block */
+    float *qkv;     /* (cap_tokens, qkv_dim) q | k | v per row */
+    float *att;     /* (cap_tokens, q_dim) attention output */
+    float *gu;      /* (cap_tokens, 2 * inter) gate | up per row */
+    float *act;     /* (cap_tokens, inter) silu(gate) * up */
+    float *cos_sin; /* (cap_tokens, head_dim) cos then sin of each rotation angle */
+    int32_t *pos;   /* (cap_tokens) */
+    int32_t *seq;   /* (cap_tokens) */
     int cap_seqs;
     const uint32_t **tables; /* (cap_seqs) */
     int cap_out;
-    float *hout;     /* (cap_out, hidden) final-normed rows that want logits */
-    float *logits;   /* (cap_out, vocab) */
+    float *hout;   /* (cap_out, hidden) final-normed rows that want logits */
+    float *logits; /* (cap_out, vocab) */
 };
 
 kvf_kv_geometry_t kvf_engine_kv_geometry(const kvf_model_t *model, int block_size)
@@ -47,8 +47,8 @@ kvf_kv_geometry_t kvf_engine_kv_geometry(const kvf_model_t *model, int block_siz
     return g;
 }
 
-kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend,
-                               kvf_kvpool_t *pool, kvf_engine_t **engine_p)
+kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend, kvf_kvpool_t *pool,
+                               kvf_engine_t **engine_p)
 {
     const kvf_model_config_t *c = &model->cfg;
     const kvf_kv_geometry_t *g = kvf_kvpool_geometry(pool);
@@ -125,8 +125,8 @@ static kvf_status_t reserve(kvf_engine_t *e, int n_tokens, int n_seqs, int n_out
         e->cos_sin = alloc_floats(n * (size_t)c->head_dim);
         e->pos = malloc(n * sizeof(int32_t));
         e->seq = malloc(n * sizeof(int32_t));
-        if (!e->x || !e->h || !e->qkv || !e->att || !e->gu || !e->act || !e->cos_sin ||
-            !e->pos || !e->seq) {
+        if (!e->x || !e->h || !e->qkv || !e->att || !e->gu || !e->act || !e->cos_sin || !e->pos ||
+            !e->seq) {
             free_token_scratch(e);
             return KVF_ERR_NOMEM;
         }
@@ -216,7 +216,7 @@ static kvf_status_t validate(const kvf_engine_t *e, const kvf_engine_seq_t *seqs
     do {                                                                                           \
         kvf_status_t st_ = (call);                                                                 \
         if (st_ != KVF_OK) {                                                                       \
-            kvf_log_error("engine: %s failed: %s", #call, kvf_status_str(st_));                   \
+            kvf_log_error("engine: %s failed: %s", #call, kvf_status_str(st_));                    \
             return st_;                                                                            \
         }                                                                                          \
     } while (0)
@@ -313,7 +313,8 @@ kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, i
         if (q->logits)
             memcpy(q->logits, rows_logits, rows * (size_t)c->vocab * sizeof(float));
         if (q->greedy_token)
-            *q->greedy_token = kvf_sample_argmax(rows_logits + (rows - 1) * (size_t)c->vocab, c->vocab);
+            *q->greedy_token =
+                kvf_sample_argmax(rows_logits + (rows - 1) * (size_t)c->vocab, c->vocab);
         o += (int)rows;
     }
     return KVF_OK;
@@ -324,8 +325,8 @@ double kvf_engine_flops(const kvf_model_config_t *c, uint32_t start_pos, uint32_
 {
     double q_dim = (double)c->n_heads * c->head_dim, kv_dim = (double)c->n_kv_heads * c->head_dim;
     double per_token_layer = 2.0 * c->hidden * (q_dim + 2 * kv_dim) /* qkv */
-                             + 2.0 * q_dim * c->hidden               /* o */
-                             + 2.0 * 3.0 * c->hidden * c->inter;     /* gate, up, down */
+                             + 2.0 * q_dim * c->hidden              /* o */
+                             + 2.0 * 3.0 * c->hidden * c->inter;    /* gate, up, down */
     /* attention: each new token at position p reads p + 1 keys and values:
      * 2 flops per element for q·k and for p·v, per query head. */
     double ctx = 0;

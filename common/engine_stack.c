@@ -127,8 +127,8 @@ kvf_status_t kvf_backend_flags_apply(const kvf_backend_flags_t *f, kvf_engine_st
     if (f->backend && kvf_backend_kind_parse(f->backend, &kind) != KVF_OK)
         return KVF_ERR_INVAL;
     kvf_cuda_config_t cc = kvf_cuda_config_default();
-    if (f->gpu_dtype && (kvf_dtype_parse(f->gpu_dtype, &cc.wdtype) != KVF_OK ||
-                         cc.wdtype == KVF_DTYPE_UNKNOWN)) {
+    if (f->gpu_dtype &&
+        (kvf_dtype_parse(f->gpu_dtype, &cc.wdtype) != KVF_OK || cc.wdtype == KVF_DTYPE_UNKNOWN)) {
         kvf_log_error("unknown --gpu-dtype '%s' (bf16, f16 or f32)", f->gpu_dtype);
         return KVF_ERR_INVAL;
     }

@@ -7,14 +7,14 @@
 
 struct kvf_kvpool {
     kvf_kv_geometry_t geo;
-    uint8_t *base;         /* (num_blocks, block_bytes), 64-byte aligned */
+    uint8_t *base; /* (num_blocks, block_bytes), 64-byte aligned */
     size_t bytes;
     size_t block_bytes;
     size_t slice_bytes;
     uint32_t num_blocks;
-    uint32_t *free_list;   /* (num_blocks) stack of free ids; top at n_free - 1 */
+    uint32_t *free_list; /* (num_blocks) stack of free ids; top at n_free - 1 */
     uint32_t n_free;
-    uint32_t *refcount;    /* (num_blocks) 0 = free */
+    uint32_t *refcount;      /* (num_blocks) 0 = free */
     kvf_kvpool_memory_t mem; /* device pool: the mirror is base; zeroed for a host pool */
 };
 
@@ -326,8 +326,7 @@ kvf_status_t kvf_block_table_append(kvf_block_table_t *bt, const uint32_t *ids, 
     return KVF_OK;
 }
 
-kvf_status_t kvf_block_table_reserve(kvf_block_table_t *bt, kvf_kvpool_t *pool,
-                                     uint32_t n_tokens)
+kvf_status_t kvf_block_table_reserve(kvf_block_table_t *bt, kvf_kvpool_t *pool, uint32_t n_tokens)
 {
     uint32_t need = kvf_kv_blocks_for_tokens(&pool->geo, n_tokens);
     if (need <= bt->n_blocks)

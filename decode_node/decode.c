@@ -96,7 +96,7 @@ struct kvf_decode {
     /* step scratch, max_running rows */
     kvf_engine_seq_t *seqs;
     dec_req_t **step_reqs;
-    float *logits; /* (max_running, vocab) */
+    float *logits;    /* (max_running, vocab) */
     uint32_t *greedy; /* (max_running) tokens of greedy rows, found by the engine */
 
     dec_chunk_t *chunks; /* (n_chunks) pending for the next TokenBatch */
@@ -538,7 +538,8 @@ static void on_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m)
     /* The transport's lease covers the data; this covers the KvReady
      * message too (a lost one must not hold the blocks for ever). The
      * margin lets the transport's own expiry speak first. */
-    r->seal_by_ns = kvf_clock_ns() + ((uint64_t)d->cfg.lease_ms + DECODE_SEAL_MARGIN_MS) * 1000000ull;
+    r->seal_by_ns =
+        kvf_clock_ns() + ((uint64_t)d->cfg.lease_ms + DECODE_SEAL_MARGIN_MS) * 1000000ull;
     free(ranges);
     if (st != KVF_OK)
         goto fail_ranges;
@@ -1062,7 +1063,7 @@ static void check_seal_deadlines(kvf_decode_t *d)
                    "decode node: kv handoff not sealed within %u ms", d->cfg.lease_ms);
         d->stats.requests_failed++;
         r->seal_by_ns = 0;
-        req_end(d, r); /* may remove r from the table */
+        req_end(d, r);  /* may remove r from the table */
         i = (size_t)-1; /* the table changed: scan again */
     }
 }
@@ -1369,15 +1370,14 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
         st = KVF_ERR_NOMEM;
         goto fail_scratch;
     }
-    kvf_log_info("model %s (%s, %d layers, vocab %d, context %u), kv pool %u blocks of %u "
-                 "tokens (%.1f MiB), max running %d, %s backend (%d threads), %s transfers%s",
-                 d->model_dir, mc->arch_name, mc->n_layers, mc->vocab, d->max_context,
-                 kvf_kvpool_num_blocks(d->rt.pool), d->block_size,
-                 (double)kvf_kvpool_num_blocks(d->rt.pool) * (double)d->block_bytes /
-                     (1024.0 * 1024.0),
-                 d->cfg.max_running, d->rt.backend.ops->name,
-                 kvf_backend_cpu_threads(&d->rt.backend), xc.two_sided ? "two-sided" : "one-sided",
-                 d->cfg.prefill_local ? ", prefills locally" : "");
+    kvf_log_info(
+        "model %s (%s, %d layers, vocab %d, context %u), kv pool %u blocks of %u "
+        "tokens (%.1f MiB), max running %d, %s backend (%d threads), %s transfers%s",
+        d->model_dir, mc->arch_name, mc->n_layers, mc->vocab, d->max_context,
+        kvf_kvpool_num_blocks(d->rt.pool), d->block_size,
+        (double)kvf_kvpool_num_blocks(d->rt.pool) * (double)d->block_bytes / (1024.0 * 1024.0),
+        d->cfg.max_running, d->rt.backend.ops->name, kvf_backend_cpu_threads(&d->rt.backend),
+        xc.two_sided ? "two-sided" : "one-sided", d->cfg.prefill_local ? ", prefills locally" : "");
     *dec_p = d;
     return KVF_OK;
 

@@ -18,7 +18,6 @@
 #include "kvf/clock.h"
 #include "kvf/msg.h"
 
-
 /* Where the binaries are: $KVF_BIN_DIR (a relocated build, e.g. the GPU
  * check's bundle) or this build's. */
 static const char *bin_dir(void)
@@ -132,8 +131,8 @@ static int collect_args(char **argv, int n, va_list ap)
 
 void h_start_router(h_cluster_t *c, ...)
 {
-    char *argv[64] = {"kvf-router", "--listen", c->router_url, "--client", c->client_url,
-                      "--model", (char *)c->model};
+    char *argv[64] = {"kvf-router",  "--listen", c->router_url,   "--client",
+                      c->client_url, "--model",  (char *)c->model};
     va_list ap;
     va_start(ap, c);
     collect_args(argv, 7, ap);
@@ -146,8 +145,9 @@ int h_start_node(h_cluster_t *c, const char *role, const char *name, ...)
     char url[64], bin[32];
     tcp_url(url, sizeof(url));
     snprintf(bin, sizeof(bin), "kvf-%s", role);
-    char *argv[64] = {bin, "--router", c->router_url, "--listen", url, "--model",
-                      (char *)c->model, "--node-id", (char *)name, "--threads", "1"};
+    char *argv[64] = {bin,       "--router",       c->router_url, "--listen",   url,
+                      "--model", (char *)c->model, "--node-id",   (char *)name, "--threads",
+                      "1"};
     va_list ap;
     va_start(ap, name);
     collect_args(argv, 11, ap);
@@ -479,8 +479,7 @@ void h_generate_many_ex(h_cluster_t *c, h_gen_t *gens, size_t n, const int *canc
     free(cancelled);
     kvf_client_destroy(client);
     if (done < n) {
-        fprintf(stderr, "harness: %zu of %zu generations finished in %d ms\n", done, n,
-                timeout_ms);
+        fprintf(stderr, "harness: %zu of %zu generations finished in %d ms\n", done, n, timeout_ms);
         for (size_t i = 0; i < n; i++)
             if (gens[i].finish < 0)
                 fprintf(stderr, "  #%zu: %zu tokens so far\n", i, gens[i].n_out);
@@ -522,8 +521,7 @@ uint32_t *h_colocated(const char *model, const h_gen_t *g, size_t *n_p)
     if (g->top_p > 0 && g->top_p < 1)
         off += snprintf(cmd + off, cap - (size_t)off, " --top-p %.9g", g->top_p);
     if (g->has_seed)
-        off += snprintf(cmd + off, cap - (size_t)off, " --seed %llu",
-                        (unsigned long long)g->seed);
+        off += snprintf(cmd + off, cap - (size_t)off, " --seed %llu", (unsigned long long)g->seed);
     if (g->ignore_eos)
         off += snprintf(cmd + off, cap - (size_t)off, " --ignore-eos");
     off += snprintf(cmd + off, cap - (size_t)off, " --prompt-ids ");

@@ -138,8 +138,12 @@ static void forward(rig_t *r, kvf_block_table_t *bt, const uint32_t *ids, int s,
                     float *logits, bool all)
 {
     assert_int_equal(kvf_block_table_reserve(bt, r->pool, (uint32_t)(s + c)), KVF_OK);
-    kvf_engine_seq_t q = {.tokens = ids + s, .n_tokens = (uint32_t)c, .start_pos = (uint32_t)s,
-                          .block_ids = bt->blocks, .n_blocks = bt->n_blocks, .all_logits = all,
+    kvf_engine_seq_t q = {.tokens = ids + s,
+                          .n_tokens = (uint32_t)c,
+                          .start_pos = (uint32_t)s,
+                          .block_ids = bt->blocks,
+                          .n_blocks = bt->n_blocks,
+                          .all_logits = all,
                           .logits = logits};
     assert_int_equal(kvf_engine_forward(r->engine, &q, 1, NULL), KVF_OK);
 }
@@ -237,16 +241,21 @@ static void golden(const char *name)
         float rd = rel_diff(all16, allc, (size_t)n * V);
         worst_bf16 = rd > worst_bf16 || isnan(rd) ? rd : worst_bf16;
         /* 24 greedy steps with the cache, f32 (asserted) and bf16 (counted) */
-        uint32_t tok = kvf_sample_argmax(l32, V), tok16 = kvf_sample_argmax(all16 + (size_t)(n - 1) * V, V);
+        uint32_t tok = kvf_sample_argmax(l32, V),
+                 tok16 = kvf_sample_argmax(all16 + (size_t)(n - 1) * V, V);
         for (int s = 0; s < n_greedy; s++) {
             assert_int_equal(tok, greedy[s]);
             bf16_greedy_same += tok16 == greedy[s];
             bf16_greedy_total++;
             uint32_t g = UINT32_MAX;
             assert_int_equal(kvf_block_table_reserve(&bt, r32.pool, (uint32_t)(n + s + 1)), KVF_OK);
-            kvf_engine_seq_t q = {.tokens = &tok, .n_tokens = 1, .start_pos = (uint32_t)(n + s),
-                                  .block_ids = bt.blocks, .n_blocks = bt.n_blocks,
-                                  .logits = last, .greedy_token = &g};
+            kvf_engine_seq_t q = {.tokens = &tok,
+                                  .n_tokens = 1,
+                                  .start_pos = (uint32_t)(n + s),
+                                  .block_ids = bt.blocks,
+                                  .n_blocks = bt.n_blocks,
+                                  .logits = last,
+                                  .greedy_token = &g};
             assert_int_equal(kvf_engine_forward(r32.engine, &q, 1, NULL), KVF_OK);
             tok = kvf_sample_argmax(last, V);
             assert_int_equal(g, tok); /* the device argmax agrees with the host's */
@@ -254,9 +263,12 @@ static void golden(const char *name)
              * reports its own argmax. */
             assert_int_equal(kvf_block_table_reserve(&bt16, r16.pool, (uint32_t)(n + s + 1)),
                              KVF_OK);
-            kvf_engine_seq_t q16 = {.tokens = &greedy[s], .n_tokens = 1,
-                                    .start_pos = (uint32_t)(n + s), .block_ids = bt16.blocks,
-                                    .n_blocks = bt16.n_blocks, .greedy_token = &tok16};
+            kvf_engine_seq_t q16 = {.tokens = &greedy[s],
+                                    .n_tokens = 1,
+                                    .start_pos = (uint32_t)(n + s),
+                                    .block_ids = bt16.blocks,
+                                    .n_blocks = bt16.n_blocks,
+                                    .greedy_token = &tok16};
             assert_int_equal(kvf_engine_forward(r16.engine, &q16, 1, NULL), KVF_OK);
         }
         kvf_block_table_release(&bt, r32.pool);
@@ -418,7 +430,8 @@ static void test_mixed_batch_and_graphs(void **state)
     rig_cuda(&gr, m, 16, 200, KVF_DTYPE_BF16, true, false);
     rig_cuda(&ng, m, 16, 200, KVF_DTYPE_BF16, false, false);
     kvf_block_table_t tg[NS], tn[NS];
-    float *lg = malloc((size_t)NS * V * sizeof(float)), *ln = malloc((size_t)NS * V * sizeof(float));
+    float *lg = malloc((size_t)NS * V * sizeof(float)),
+          *ln = malloc((size_t)NS * V * sizeof(float));
     for (int s = 0; s < NS; s++) {
         kvf_block_table_init(&tg[s]);
         kvf_block_table_init(&tn[s]);
@@ -434,10 +447,13 @@ static void test_mixed_batch_and_graphs(void **state)
             int p = lens[s] + step;
             assert_int_equal(kvf_block_table_reserve(&tg[s], gr.pool, (uint32_t)p + 1), KVF_OK);
             assert_int_equal(kvf_block_table_reserve(&tn[s], ng.pool, (uint32_t)p + 1), KVF_OK);
-            qg[s] = (kvf_engine_seq_t){.tokens = &ids[s][p], .n_tokens = 1,
-                                       .start_pos = (uint32_t)p, .block_ids = tg[s].blocks,
+            qg[s] = (kvf_engine_seq_t){.tokens = &ids[s][p],
+                                       .n_tokens = 1,
+                                       .start_pos = (uint32_t)p,
+                                       .block_ids = tg[s].blocks,
                                        .n_blocks = tg[s].n_blocks,
-                                       .logits = lg + (size_t)s * V, .greedy_token = &gg[s]};
+                                       .logits = lg + (size_t)s * V,
+                                       .greedy_token = &gg[s]};
             qn[s] = qg[s];
             qn[s].block_ids = tn[s].blocks;
             qn[s].n_blocks = tn[s].n_blocks;
@@ -461,11 +477,18 @@ static void test_mixed_batch_and_graphs(void **state)
     assert_int_equal(kvf_block_table_reserve(&tg[1], gr.pool, (uint32_t)p1 + 16), KVF_OK);
     assert_int_equal(kvf_block_table_reserve(&tn[0], ng.pool, (uint32_t)p0 + 1), KVF_OK);
     assert_int_equal(kvf_block_table_reserve(&tn[1], ng.pool, (uint32_t)p1 + 16), KVF_OK);
-    kvf_engine_seq_t mix[2] = {
-        {.tokens = &ids[0][p0], .n_tokens = 1, .start_pos = (uint32_t)p0,
-         .block_ids = tg[0].blocks, .n_blocks = tg[0].n_blocks, .logits = lg},
-        {.tokens = &ids[1][p1], .n_tokens = 16, .start_pos = (uint32_t)p1,
-         .block_ids = tg[1].blocks, .n_blocks = tg[1].n_blocks, .logits = lg + V}};
+    kvf_engine_seq_t mix[2] = {{.tokens = &ids[0][p0],
+                                .n_tokens = 1,
+                                .start_pos = (uint32_t)p0,
+                                .block_ids = tg[0].blocks,
+                                .n_blocks = tg[0].n_blocks,
+                                .logits = lg},
+                               {.tokens = &ids[1][p1],
+                                .n_tokens = 16,
+                                .start_pos = (uint32_t)p1,
+                                .block_ids = tg[1].blocks,
+                                .n_blocks = tg[1].n_blocks,
+                                .logits = lg + V}};
     assert_int_equal(kvf_engine_forward(gr.engine, mix, 2, NULL), KVF_OK);
     kvf_engine_seq_t one = mix[0];
     one.block_ids = tn[0].blocks;
@@ -526,7 +549,10 @@ static void test_mirror_and_upload(void **state)
     assert_int_equal(kvf_block_table_reserve(&bs, src.pool, n + 1), KVF_OK);
     hook_order_t ho = {0, 0};
     kvf_engine_hooks_t hooks = {.on_layer_done = on_layer, .arg = &ho, .kv_to_host = true};
-    kvf_engine_seq_t q = {.tokens = ids, .n_tokens = n, .start_pos = 0, .block_ids = bs.blocks,
+    kvf_engine_seq_t q = {.tokens = ids,
+                          .n_tokens = n,
+                          .start_pos = 0,
+                          .block_ids = bs.blocks,
                           .n_blocks = bs.n_blocks};
     assert_int_equal(kvf_engine_forward(src.engine, &q, 1, &hooks), KVF_OK);
     assert_int_equal(ho.bad, 0);
@@ -594,8 +620,8 @@ int main(void)
     }
     kvf_log_set_level(KVF_LOG_WARN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_golden_llama),         cmocka_unit_test(test_golden_qwen2),
-        cmocka_unit_test(test_long_context_vs_cpu),  cmocka_unit_test(test_cache_chunks_blocks),
+        cmocka_unit_test(test_golden_llama),           cmocka_unit_test(test_golden_qwen2),
+        cmocka_unit_test(test_long_context_vs_cpu),    cmocka_unit_test(test_cache_chunks_blocks),
         cmocka_unit_test(test_mixed_batch_and_graphs), cmocka_unit_test(test_mirror_and_upload),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

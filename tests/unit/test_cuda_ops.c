@@ -71,11 +71,25 @@ static kvf_cuda_attn_t attn_ok(void)
 {
     static float dummy[4];
     static int32_t ids[4];
-    kvf_cuda_attn_t a = {
-        .kv_layer = dummy, .block_stride = 4 * 2 * 2 * 16 * 64, .n_pool_blocks = 10,
-        .n_heads = 8, .n_kv_heads = 2, .head_dim = 64, .block_size = 16, .scale = 0.125f,
-        .q = dummy, .ld_q = 768, .out = dummy, .ld_out = 512, .adt = KVF_DTYPE_BF16,
-        .n_tokens = 3, .pos = ids, .seq = ids, .block_tables = ids, .bt_stride = 4, .n_seqs = 2};
+    kvf_cuda_attn_t a = {.kv_layer = dummy,
+                         .block_stride = 4 * 2 * 2 * 16 * 64,
+                         .n_pool_blocks = 10,
+                         .n_heads = 8,
+                         .n_kv_heads = 2,
+                         .head_dim = 64,
+                         .block_size = 16,
+                         .scale = 0.125f,
+                         .q = dummy,
+                         .ld_q = 768,
+                         .out = dummy,
+                         .ld_out = 512,
+                         .adt = KVF_DTYPE_BF16,
+                         .n_tokens = 3,
+                         .pos = ids,
+                         .seq = ids,
+                         .block_tables = ids,
+                         .bt_stride = 4,
+                         .n_seqs = 2};
     return a;
 }
 
@@ -191,14 +205,17 @@ static void fake_release(void *arg)
 static void test_device_pool(void **state)
 {
     (void)state;
-    kvf_kv_geometry_t g = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 8, .block_size = 4,
-                           .dtype = KVF_DTYPE_F32};
+    kvf_kv_geometry_t g = {
+        .n_layers = 2, .n_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = KVF_DTYPE_F32};
     size_t bb = kvf_kv_block_bytes(&g);
     fake_mem_t f = {0};
     f.host = calloc(8, bb);
     f.dev = calloc(8, bb);
-    kvf_kvpool_memory_t mem = {.host_base = f.host, .device_base = f.dev, .arg = &f,
-                               .upload = fake_upload, .release = fake_release};
+    kvf_kvpool_memory_t mem = {.host_base = f.host,
+                               .device_base = f.dev,
+                               .arg = &f,
+                               .upload = fake_upload,
+                               .release = fake_release};
     kvf_kvpool_t *pool = NULL;
     assert_int_equal(kvf_kvpool_create_on(&g, 8, &mem, &pool), KVF_OK);
     assert_ptr_equal(kvf_kvpool_base(pool), f.host);
@@ -245,16 +262,22 @@ static void test_device_pool(void **state)
     /* memory without an upload callback is refused, and stays the caller's */
     fake_mem_t f2 = {0};
     f2.dev = malloc(bb);
-    kvf_kvpool_memory_t m2 = {.host_base = NULL, .device_base = f2.dev, .arg = &f2,
-                              .upload = NULL, .release = fake_release};
+    kvf_kvpool_memory_t m2 = {.host_base = NULL,
+                              .device_base = f2.dev,
+                              .arg = &f2,
+                              .upload = NULL,
+                              .release = fake_release};
     assert_int_equal(kvf_kvpool_create_on(&g, 1, &m2, &pool), KVF_ERR_INVAL);
     assert_int_equal(f2.released, 0);
     free(f2.dev);
     /* no mirror: upload has nothing to copy from */
     fake_mem_t f3 = {0};
     f3.dev = calloc(1, bb);
-    kvf_kvpool_memory_t m3 = {.host_base = NULL, .device_base = f3.dev, .arg = &f3,
-                              .upload = fake_upload, .release = fake_release};
+    kvf_kvpool_memory_t m3 = {.host_base = NULL,
+                              .device_base = f3.dev,
+                              .arg = &f3,
+                              .upload = fake_upload,
+                              .release = fake_release};
     assert_int_equal(kvf_kvpool_create_on(&g, 1, &m3, &pool), KVF_OK);
     assert_null(kvf_kvpool_base(pool));
     uint32_t zero = 0;
@@ -299,8 +322,13 @@ static void test_greedy_token_cpu(void **state)
     float *logits = malloc(300 * sizeof(float));
     uint32_t g1 = 999, g2 = 999;
     /* logits and greedy token of the prompt's last position */
-    kvf_engine_seq_t q = {.tokens = ids, .n_tokens = 20, .start_pos = 0, .block_ids = bt.blocks,
-                          .n_blocks = bt.n_blocks, .logits = logits, .greedy_token = &g1};
+    kvf_engine_seq_t q = {.tokens = ids,
+                          .n_tokens = 20,
+                          .start_pos = 0,
+                          .block_ids = bt.blocks,
+                          .n_blocks = bt.n_blocks,
+                          .logits = logits,
+                          .greedy_token = &g1};
     assert_int_equal(kvf_engine_forward(st.engine, &q, 1, NULL), KVF_OK);
     assert_int_equal(g1, kvf_sample_argmax(logits, 300));
     /* greedy token alone (no logits row wanted), next to a sequence that
@@ -308,15 +336,25 @@ static void test_greedy_token_cpu(void **state)
     kvf_block_table_t bt2;
     kvf_block_table_init(&bt2);
     assert_int_equal(kvf_block_table_reserve(&bt2, st.pool, 3), KVF_OK);
-    kvf_engine_seq_t two[2] = {
-        {.tokens = ids + 20, .n_tokens = 1, .start_pos = 20, .block_ids = bt.blocks,
-         .n_blocks = bt.n_blocks, .greedy_token = &g2},
-        {.tokens = ids, .n_tokens = 3, .start_pos = 0, .block_ids = bt2.blocks,
-         .n_blocks = bt2.n_blocks}};
+    kvf_engine_seq_t two[2] = {{.tokens = ids + 20,
+                                .n_tokens = 1,
+                                .start_pos = 20,
+                                .block_ids = bt.blocks,
+                                .n_blocks = bt.n_blocks,
+                                .greedy_token = &g2},
+                               {.tokens = ids,
+                                .n_tokens = 3,
+                                .start_pos = 0,
+                                .block_ids = bt2.blocks,
+                                .n_blocks = bt2.n_blocks}};
     assert_int_equal(kvf_engine_forward(st.engine, two, 2, NULL), KVF_OK);
     /* the same step with logits: the same token */
-    q = (kvf_engine_seq_t){.tokens = ids + 20, .n_tokens = 1, .start_pos = 20,
-                           .block_ids = bt.blocks, .n_blocks = bt.n_blocks, .logits = logits};
+    q = (kvf_engine_seq_t){.tokens = ids + 20,
+                           .n_tokens = 1,
+                           .start_pos = 20,
+                           .block_ids = bt.blocks,
+                           .n_blocks = bt.n_blocks,
+                           .logits = logits};
     assert_int_equal(kvf_engine_forward(st.engine, &q, 1, NULL), KVF_OK);
     assert_int_equal(g2, kvf_sample_argmax(logits, 300));
     kvf_block_table_release(&bt, st.pool);
@@ -356,8 +394,8 @@ static void test_backend_flags(void **state)
     kvf_backend_flags_t f = {0};
     assert_int_equal(kvf_backend_flags_apply(&f, &sc), KVF_OK);
     assert_int_equal(sc.backend, KVF_BACKEND_CPU);
-    f = (kvf_backend_flags_t){.backend = "cuda", .device = 1, .gpu_dtype = "f16",
-                              .no_graphs = true};
+    f = (kvf_backend_flags_t){
+        .backend = "cuda", .device = 1, .gpu_dtype = "f16", .no_graphs = true};
     assert_int_equal(kvf_backend_flags_apply(&f, &sc), KVF_OK);
     assert_int_equal(sc.backend, KVF_BACKEND_CUDA);
     assert_int_equal(sc.cuda.device, 1);

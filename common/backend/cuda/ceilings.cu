@@ -172,15 +172,6 @@ fail_src:
 
 // ---- GEMM rate -----------------------------------------------------------
 
-// The one place this file converts cuBLAS statuses; logs what failed.
-static kvf_status_t ceil_cublas_status(cublasStatus_t s, const char *what)
-{
-    if (s == CUBLAS_STATUS_SUCCESS)
-        return KVF_OK;
-    kvf_log_error("gpu bench: %s failed: %s", what, cublasGetStatusString(s));
-    return s == CUBLAS_STATUS_ALLOC_FAILED ? KVF_ERR_NOMEM : KVF_ERR_DEVICE;
-}
-
 static bool ceil_cuda_type(kvf_dtype_t dtype, cudaDataType_t *type_p)
 {
     switch (dtype) {
@@ -204,10 +195,10 @@ static kvf_status_t ceil_gemm(cublasHandle_t h, int m, int n, int k, const void 
                               cudaDataType_t ab_type, void *y, cudaDataType_t c_type)
 {
     const float alpha = 1.0f, beta = 0.0f;
-    return ceil_cublas_status(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, ab_type,
-                                           k, x, ab_type, k, &beta, y, c_type, n,
-                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                              "cublasGemmEx");
+    return kvf_cuda_blas_status(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w,
+                                             ab_type, k, x, ab_type, k, &beta, y, c_type, n,
+                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                "cublasGemmEx");
 }
 
 extern "C" kvf_status_t kvf_gpu_gemm_rate(int device, int m, int n, int k, kvf_dtype_t dtype,
@@ -238,10 +229,10 @@ extern "C" kvf_status_t kvf_gpu_gemm_rate(int device, int m, int n, int k, kvf_d
     st = KVF_CUDA_TRY(cudaMalloc(&y, (size_t)m * n * sizeof(float)), "cudaMalloc (GEMM y)");
     if (st != KVF_OK)
         goto fail_y;
-    st = ceil_cublas_status(cublasCreate(&h), "cublasCreate");
+    st = kvf_cuda_blas_status(cublasCreate(&h), "cublasCreate");
     if (st != KVF_OK)
         goto fail_handle;
-    st = ceil_cublas_status(cublasSetStream(h, r.stream), "cublasSetStream");
+    st = kvf_cuda_blas_status(cublasSetStream(h, r.stream), "cublasSetStream");
     if (st == KVF_OK)
         st = ceil_fill(r.stream, x, dtype, (size_t)m * k, 0x1234u);
     if (st == KVF_OK)

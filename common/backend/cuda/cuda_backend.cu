@@ -54,17 +54,9 @@
             return st_;                                                                            \
     } while (0)
 
-#define GRAPH_CACHE 16
+#define GRAPH_CACHE          16
 #define BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
-#define UPLOAD_CHUNK_BYTES ((size_t)64 << 20)
-
-static kvf_status_t blas_status(cublasStatus_t s, const char *what)
-{
-    if (s == CUBLAS_STATUS_SUCCESS)
-        return KVF_OK;
-    kvf_log_error("cublas: %s failed: %s", what, cublasGetStatusString(s));
-    return s == CUBLAS_STATUS_ALLOC_FAILED ? KVF_ERR_NOMEM : KVF_ERR_DEVICE;
-}
+#define UPLOAD_CHUNK_BYTES   ((size_t)64 << 20)
 
 typedef struct {
     float *attn_norm, *ffn_norm; // (hidden) f32
@@ -124,17 +116,17 @@ typedef struct cuda_ctx {
     void *att;    // (cap, q_dim) adt
     void *act;    // (cap, inter) adt
     int cap_out;
-    void *hout;       // (cap_out, hidden) adt
-    float *logits;    // (cap_out, vocab)
-    int32_t *ids;     // (cap_out) device argmax
+    void *hout;        // (cap_out, hidden) adt
+    float *logits;     // (cap_out, vocab)
+    int32_t *ids;      // (cap_out) device argmax
     int32_t *ids_host; // (cap_out) pinned
     size_t cap_ws;
     float *dec_ws; // decode split partials
     size_t cap_meta;
     void *meta_dev, *meta_host; // per-batch inputs (pinned host copy)
-    cudaEvent_t *layer_done; // (n_layers) compute of layer l's K/V done
-    cudaEvent_t *copy_done;  // (n_layers) layer l's K/V in the host mirror
-    uint32_t *touched;       // (cap_touched) blocks a batch writes (host)
+    cudaEvent_t *layer_done;    // (n_layers) compute of layer l's K/V done
+    cudaEvent_t *copy_done;     // (n_layers) layer l's K/V in the host mirror
+    uint32_t *touched;          // (cap_touched) blocks a batch writes (host)
     size_t cap_touched;
 
     int n_sms; // multiprocessors: sizes the decode split
@@ -328,9 +320,9 @@ static void plan_batch(const cuda_ctx_t *c, const kvf_kv_geometry_t *g,
     // (and sum) the same way; splits past a token's context do nothing.
     int max_keys = kvf_cuda_decode_split_keys(group, g->block_size);
     int bucket_keys = bucket * g->block_size;
-    int want = p->n_dec > 0 ? (2 * c->n_sms + p->n_dec * m->n_kv_heads - 1) /
-                                  (p->n_dec * m->n_kv_heads)
-                            : 1;
+    int want = p->n_dec > 0
+                   ? (2 * c->n_sms + p->n_dec * m->n_kv_heads - 1) / (p->n_dec * m->n_kv_heads)
+                   : 1;
     int keys_per = (bucket_keys + want - 1) / want;
     keys_per = (keys_per + g->block_size - 1) / g->block_size * g->block_size;
     if (keys_per < 64)
@@ -365,8 +357,8 @@ static void plan_batch(const cuda_ctx_t *c, const kvf_kv_geometry_t *g,
 }
 
 // Fills the pinned metadata buffer for the batch.
-static void fill_meta(const cuda_ctx_t *c, const kvf_kv_geometry_t *g,
-                      const kvf_engine_seq_t *seqs, const batch_plan_t *p)
+static void fill_meta(const cuda_ctx_t *c, const kvf_kv_geometry_t *g, const kvf_engine_seq_t *seqs,
+                      const batch_plan_t *p)
 {
     const kvf_model_t *m = c->model;
     const int hd = m->cfg.head_dim, half = hd / 2;
@@ -413,8 +405,7 @@ static void fill_meta(const cuda_ctx_t *c, const kvf_kv_geometry_t *g,
 
 // ---- forward --------------------------------------------------------------
 
-static kvf_status_t gemm(cuda_ctx_t *c, float *y, const void *x, const void *w, int m, int n,
-                         int k)
+static kvf_status_t gemm(cuda_ctx_t *c, float *y, const void *x, const void *w, int m, int n, int k)
 {
     CHECK(kvf_cuda_check_gemm(m, n, k, c->wdt));
     if (m == 0)
@@ -425,10 +416,10 @@ static kvf_status_t gemm(cuda_ctx_t *c, float *y, const void *x, const void *w, 
                        : c->wdt == KVF_DTYPE_F16 ? CUDA_R_16F
                                                  : CUDA_R_32F;
     const float one = 1.0f, zero = 0.0f;
-    return blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, t, k, x,
-                                    t, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
-                                    CUBLAS_GEMM_DEFAULT),
-                       "gemm");
+    return kvf_cuda_blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, t,
+                                             k, x, t, k, &zero, y, CUDA_R_32F, n,
+                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                "gemm");
 }
 
 // Copies the batch's blocks of layer l to the host mirror on the copy
@@ -568,8 +559,8 @@ static kvf_status_t enqueue_forward(cuda_ctx_t *c, kvf_kvpool_t *pool, const bat
             CHECK(kvf_cuda_attention_decode(st, &a, &dp));
         }
         CHECK(gemm(c, c->delta, c->att, L->wo, n, hidden, c->q_dim));
-        CHECK(kvf_cuda_add_rmsnorm(st, c->x, c->delta, L->ffn_norm, c->h, hidden, c->wdt, n,
-                                   hidden, eps));
+        CHECK(kvf_cuda_add_rmsnorm(st, c->x, c->delta, L->ffn_norm, c->h, hidden, c->wdt, n, hidden,
+                                   eps));
         CHECK(gemm(c, c->gu, c->h, L->wgu, n, 2 * m->inter, hidden));
         CHECK(kvf_cuda_swiglu(st, c->act, c->wdt, c->gu, n, m->inter));
         CHECK(gemm(c, c->delta, c->act, L->wdown, n, hidden, m->inter));
@@ -787,10 +778,10 @@ static const kvf_backend_ops_t cuda_ops = {
 
 typedef struct {
     cuda_ctx_t *c;
-    uint8_t *dev;     // slab cursor base
-    size_t off;       // bytes used
-    void *stage;      // pinned staging buffer (UPLOAD_CHUNK_BYTES)
-    bool dry;         // only count bytes
+    uint8_t *dev; // slab cursor base
+    size_t off;   // bytes used
+    void *stage;  // pinned staging buffer (UPLOAD_CHUNK_BYTES)
+    bool dry;     // only count bytes
 } uploader_t;
 
 // Places n f32 values (converted to dtype) at the slab's next 256-byte
@@ -864,8 +855,7 @@ static kvf_status_t upload_model(uploader_t *u)
     return KVF_OK;
 }
 
-static kvf_status_t create(const kvf_cuda_config_t *cfg, const kvf_model_t *model,
-                           cuda_ctx_t *c)
+static kvf_status_t create(const kvf_cuda_config_t *cfg, const kvf_model_t *model, cuda_ctx_t *c)
 {
     const kvf_model_config_t *m = &model->cfg;
     int n_dev = 0;
@@ -899,16 +889,16 @@ static kvf_status_t create(const kvf_cuda_config_t *cfg, const kvf_model_t *mode
         "device attribute");
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "stream create");
     TRY(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking), "stream create");
-    CHECK(blas_status(cublasCreate(&c->blas), "create"));
-    CHECK(blas_status(cublasSetStream(c->blas, c->stream), "set stream"));
+    CHECK(kvf_cuda_blas_status(cublasCreate(&c->blas), "create"));
+    CHECK(kvf_cuda_blas_status(cublasSetStream(c->blas, c->stream), "set stream"));
     // A fixed workspace: cuBLAS must not allocate while a graph captures.
     CHECK(dev_alloc(&c->blas_ws, BLAS_WORKSPACE_BYTES, "cublas workspace"));
-    CHECK(blas_status(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE_BYTES),
-                      "set workspace"));
-    CHECK(blas_status(cublasSetMathMode(c->blas, c->wdt == KVF_DTYPE_F32
-                                                     ? CUBLAS_PEDANTIC_MATH
-                                                     : CUBLAS_DEFAULT_MATH),
-                      "math mode"));
+    CHECK(kvf_cuda_blas_status(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE_BYTES),
+                               "set workspace"));
+    CHECK(kvf_cuda_blas_status(cublasSetMathMode(c->blas, c->wdt == KVF_DTYPE_F32
+                                                              ? CUBLAS_PEDANTIC_MATH
+                                                              : CUBLAS_DEFAULT_MATH),
+                               "math mode"));
     c->layers = (cuda_layer_t *)calloc((size_t)m->n_layers, sizeof(cuda_layer_t));
     c->layer_done = (cudaEvent_t *)calloc((size_t)m->n_layers, sizeof(cudaEvent_t));
     c->copy_done = (cudaEvent_t *)calloc((size_t)m->n_layers, sizeof(cudaEvent_t));

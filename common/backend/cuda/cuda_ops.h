@@ -37,19 +37,19 @@ extern "C" {
 
 /* Attention over a paged pool for a batch's tokens (both kernels). */
 typedef struct {
-    const float *kv_layer;  /* one layer of the pool, see above */
-    int64_t block_stride;   /* elements per block (every layer) */
-    int n_pool_blocks;      /* blocks in the pool (ids below this) */
+    const float *kv_layer; /* one layer of the pool, see above */
+    int64_t block_stride;  /* elements per block (every layer) */
+    int n_pool_blocks;     /* blocks in the pool (ids below this) */
     int n_heads, n_kv_heads, head_dim, block_size;
-    float scale;            /* 1 / sqrt(head_dim) */
-    const float *q;         /* (n_tokens, n_heads * head_dim) rows of stride ld_q */
+    float scale;    /* 1 / sqrt(head_dim) */
+    const float *q; /* (n_tokens, n_heads * head_dim) rows of stride ld_q */
     int ld_q;
-    void *out;              /* (n_tokens, n_heads * head_dim) in adt, row stride ld_out */
+    void *out; /* (n_tokens, n_heads * head_dim) in adt, row stride ld_out */
     int ld_out;
     kvf_dtype_t adt;
-    int n_tokens;           /* rows of q / out in the batch */
-    const int32_t *pos;     /* (n_tokens) position of each token: it attends to 0..pos */
-    const int32_t *seq;     /* (n_tokens) sequence of each token */
+    int n_tokens;                /* rows of q / out in the batch */
+    const int32_t *pos;          /* (n_tokens) position of each token: it attends to 0..pos */
+    const int32_t *seq;          /* (n_tokens) sequence of each token */
     const int32_t *block_tables; /* (n_seqs, bt_stride) block ids in position order */
     int bt_stride;
     int n_seqs;
@@ -61,7 +61,7 @@ typedef struct {
 typedef struct {
     const int32_t *tiles; /* (n_tiles, 2) */
     int n_tiles;
-    int max_tile_pos;     /* host: largest position in any tile (bounds the key loop) */
+    int max_tile_pos; /* host: largest position in any tile (bounds the key loop) */
 } kvf_cuda_prefill_tiles_t;
 
 /* Tokens per prefill tile for a query-head group: rows / group (>= 1). */
@@ -78,10 +78,10 @@ static inline int kvf_cuda_prefill_tile_tokens(int group)
 typedef struct {
     const int32_t *tokens; /* (n_dec) batch rows to compute */
     int n_dec;
-    int n_splits;          /* >= ceil((max pos + 1) / split_keys); splits past a token's
-                              context do nothing */
-    int split_keys;        /* keys per split, a multiple of block_size */
-    float *ws;             /* workspace, see above */
+    int n_splits;   /* >= ceil((max pos + 1) / split_keys); splits past a token's
+                       context do nothing */
+    int split_keys; /* keys per split, a multiple of block_size */
+    float *ws;      /* workspace, see above */
 } kvf_cuda_decode_plan_t;
 
 /* Keys per decode split for a geometry: a multiple of block_size that keeps
@@ -167,8 +167,12 @@ kvf_status_t kvf_cuda_argmax(cudaStream_t st, int32_t *ids, const float *x, int 
 /* Converts the CUDA error of a launch (or a call) to a status, logging it
  * with what failed; KVF_OK for cudaSuccess. */
 kvf_status_t kvf_cuda_status(cudaError_t err, const char *what, const char *file, int line);
+/* Converts a cuBLAS status (a cublasStatus_t) the same way, logging what
+ * failed. */
+kvf_status_t kvf_cuda_blas_status(int status, const char *what);
+
 #define KVF_CUDA_TRY(call, what) kvf_cuda_status((call), (what), __FILE__, __LINE__)
-#define KVF_CUDA_LAUNCHED(what) kvf_cuda_status(cudaGetLastError(), (what), __FILE__, __LINE__)
+#define KVF_CUDA_LAUNCHED(what)  kvf_cuda_status(cudaGetLastError(), (what), __FILE__, __LINE__)
 #endif
 
 #endif

@@ -18,8 +18,7 @@ kvf_status_t kvf_cuda_embed(cudaStream_t st, float *x, const void *embed, kvf_dt
     if (s != KVF_OK || n_tokens == 0)
         return s;
     // Token ids were checked against vocab by the engine before upload.
-    KVF_DISPATCH_ADT(wdt, W,
-                     kvf_embed_kernel<W><<<n_tokens, 256, 0, st>>>(x, (const W *)embed, tokens,
-                                                                   hidden));
+    KVF_DISPATCH_ADT(
+        wdt, W, kvf_embed_kernel<W><<<n_tokens, 256, 0, st>>>(x, (const W *)embed, tokens, hidden));
     return KVF_CUDA_LAUNCHED("embed");
 }

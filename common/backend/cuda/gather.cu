@@ -18,10 +18,10 @@ kvf_status_t kvf_cuda_gather_rows(cudaStream_t st, void *dst, const void *src, s
     if (s != KVF_OK || n_rows == 0)
         return s;
     if (row_bytes % 4 == 0)
-        kvf_gather_kernel<uint32_t><<<n_rows, 256, 0, st>>>(
-            (uint32_t *)dst, (const uint32_t *)src, row_bytes / 4, rows);
+        kvf_gather_kernel<uint32_t>
+            <<<n_rows, 256, 0, st>>>((uint32_t *)dst, (const uint32_t *)src, row_bytes / 4, rows);
     else
-        kvf_gather_kernel<uint16_t><<<n_rows, 256, 0, st>>>(
-            (uint16_t *)dst, (const uint16_t *)src, row_bytes / 2, rows);
+        kvf_gather_kernel<uint16_t>
+            <<<n_rows, 256, 0, st>>>((uint16_t *)dst, (const uint16_t *)src, row_bytes / 2, rows);
     return KVF_CUDA_LAUNCHED("gather_rows");
 }

@@ -36,7 +36,7 @@ kvf_status_t kvf_cuda_kv_write(cudaStream_t st, float *pool, int64_t block_strid
     if (s != KVF_OK || n_tokens == 0)
         return s;
     kvf_kv_write_kernel<<<n_tokens, 128, 0, st>>>(pool, block_stride, layer_off, k, v, ld,
-                                                  tok_block, pos, n_kv_heads, head_dim,
-                                                  block_size, n_pool_blocks);
+                                                  tok_block, pos, n_kv_heads, head_dim, block_size,
+                                                  n_pool_blocks);
     return KVF_CUDA_LAUNCHED("kv_write");
 }

@@ -29,14 +29,13 @@ __global__ void kvf_add_rmsnorm_kernel(float *x, const float *delta, const float
 }
 
 kvf_status_t kvf_cuda_add_rmsnorm(cudaStream_t st, float *x, const float *delta, const float *w,
-                                  void *out, int ld_out, kvf_dtype_t adt, int m, int dim,
-                                  float eps)
+                                  void *out, int ld_out, kvf_dtype_t adt, int m, int dim, float eps)
 {
     kvf_status_t s = kvf_cuda_check_rmsnorm(m, dim, ld_out, adt, eps);
     if (s != KVF_OK || m == 0)
         return s;
     KVF_DISPATCH_ADT(adt, T,
-                     kvf_add_rmsnorm_kernel<T><<<m, RMSNORM_THREADS, 0, st>>>(
-                         x, delta, w, (T *)out, ld_out, dim, eps));
+                     kvf_add_rmsnorm_kernel<T>
+                     <<<m, RMSNORM_THREADS, 0, st>>>(x, delta, w, (T *)out, ld_out, dim, eps));
     return KVF_CUDA_LAUNCHED("add_rmsnorm");
 }

@@ -37,8 +37,8 @@ kvf_status_t kvf_cuda_check_rope(int m, int ld, int n_heads, int head_dim)
 {
     if (m < 0 || n_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
         (long long)n_heads * head_dim > ld) {
-        kvf_log_error("cuda rope: bad shape (%d rows of stride %d, %d heads of %d)", m, ld,
-                      n_heads, head_dim);
+        kvf_log_error("cuda rope: bad shape (%d rows of stride %d, %d heads of %d)", m, ld, n_heads,
+                      head_dim);
         return KVF_ERR_INVAL;
     }
     return KVF_OK;
@@ -56,8 +56,8 @@ kvf_status_t kvf_cuda_check_bias(int m, int n, int ld)
 kvf_status_t kvf_cuda_check_kv_write(int n_tokens, int ld, int n_kv_heads, int head_dim,
                                      int block_size, int n_pool_blocks)
 {
-    if (n_tokens < 0 || n_kv_heads <= 0 || head_dim <= 0 || block_size <= 0 ||
-        n_pool_blocks <= 0 || (long long)n_kv_heads * head_dim > ld) {
+    if (n_tokens < 0 || n_kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || n_pool_blocks <= 0 ||
+        (long long)n_kv_heads * head_dim > ld) {
         kvf_log_error("cuda kv write: bad shape (%d tokens, stride %d, %d kv heads of %d, block "
                       "size %d, %d blocks)",
                       n_tokens, ld, n_kv_heads, head_dim, block_size, n_pool_blocks);
@@ -174,8 +174,8 @@ kvf_status_t kvf_cuda_check_decode_plan(const kvf_cuda_attn_t *a, const kvf_cuda
                       p->split_keys, group);
         return KVF_ERR_INVAL;
     }
-    if ((long long)p->n_splits * p->split_keys > (long long)a->bt_stride * a->block_size +
-                                                     p->split_keys) {
+    if ((long long)p->n_splits * p->split_keys >
+        (long long)a->bt_stride * a->block_size + p->split_keys) {
         kvf_log_error("cuda decode attention: %d splits of %d keys reach past a table of %d "
                       "blocks",
                       p->n_splits, p->split_keys, a->bt_stride);
