@@ -58,8 +58,9 @@ int main(int argc, char **argv)
         .prog = "kvf-decode",
         .usage = "--router URL --listen URL --model DIR [options]",
         .summary =
-            "Decode node of a kvferry cluster. Loads the model on the CPU backend, registers\n"
-            "with the router, reserves KV blocks for prefill nodes (KvAlloc), receives their\n"
+            "Decode node of a kvferry cluster. Loads the model on its backend (the CPU, or a\n"
+            "GPU with --backend cuda), registers with the router, reserves KV blocks for\n"
+            "prefill nodes (KvAlloc), receives their\n"
             "K/V over the transport and decodes every admitted sequence in one continuous\n"
             "batch, streaming tokens to the router. With --prefill-local it also prefills\n"
             "requests itself. SIGTERM drains it: the router is told, no new work is taken,\n"
