@@ -60,14 +60,13 @@ int main(int argc, char **argv)
         .summary =
             "Decode node of a kvferry cluster. Loads the model on its backend (the CPU, or a\n"
             "GPU with --backend cuda), registers with the router, reserves KV blocks for\n"
-            "prefill nodes (KvAlloc), receives their\n"
-            "K/V over the transport and decodes every admitted sequence in one continuous\n"
-            "batch, streaming tokens to the router. With --prefill-local it also prefills\n"
-            "requests itself. SIGTERM drains it: the router is told, no new work is taken,\n"
-            "every sequence held is finished, then the node deregisters and exits 0. A second\n"
-            "SIGTERM, or SIGINT, stops it at once: requests held are reported failed to the\n"
-            "router (which dispatches them again) and blocks freed. Logs go to stderr\n"
-            "(KVF_LOG sets the level).",
+            "prefill nodes (KvAlloc), receives their K/V over the transport and decodes\n"
+            "every admitted sequence in one continuous batch, streaming tokens to the\n"
+            "router. With --prefill-local it also prefills requests itself. SIGTERM drains\n"
+            "it: the router is told, no new work is taken, every sequence held is finished,\n"
+            "then the node deregisters and exits 0. A second SIGTERM, or SIGINT, stops it\n"
+            "at once: requests held are reported failed to the router (which dispatches\n"
+            "them again) and blocks freed. Logs go to stderr (KVF_LOG sets the level).",
         .flags = flags,
         .n_flags = KVF_NFLAGS(flags),
         .env = true,
