@@ -409,6 +409,10 @@ def start(role):
     if role != "router":
         env["KVF_KV_MEM"] = "8M"
         env["KVF_THREADS"] = "1"
+        # The pods ask for a GPU (KVF_BACKEND=cuda); this machine may have
+        # none, and the reference below runs on the CPU: emulate them there.
+        if env.get("KVF_BACKEND") == "cuda":
+            env["KVF_BACKEND"] = "cpu"
     env["UCX_NET_DEVICES"] = "lo"
     env["UCX_TLS"] = "tcp,self"
     argv = [localize(a, role) for a in argv]

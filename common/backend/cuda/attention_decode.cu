@@ -193,10 +193,15 @@ __global__ void __launch_bounds__(DEC_THREADS)
         }
         if (n_kg == 1) {
             // One key group: thread cl holds the whole sum of its column.
+            // Where width does not divide DEC_THREADS (head_dim 96, 80, ...)
+            // threads tid >= width have kg >= n_kg and cl wrapped around:
+            // their zero acc must not race the owners of columns 0...
+            if (kg < n_kg) {
 #pragma unroll
-            for (int h = 0; h < GCAP; h++)
-                if (h < group)
-                    rec0[h * rec_head + c0 + cl] = acc[h];
+                for (int h = 0; h < GCAP; h++)
+                    if (h < group)
+                        rec0[h * rec_head + c0 + cl] = acc[h];
+            }
         } else {
             // red (n_kg, group, width): the key groups' parts, summed per column.
             if (kg < n_kg) {
