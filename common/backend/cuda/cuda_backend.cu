@@ -9,8 +9,8 @@
 // rows x (DESIGN.md; engine.c has the same math for the CPU ops):
 //
 //   h = rmsnorm(x += delta)          add_rmsnorm (delta: previous MLP out)
-//   qkv = h . Wqkv^T (+ b)           cuBLAS
-//   rope(q), rope(k); kv_write       own kernels
+//   qkv = h . Wqkv^T                 cuBLAS
+//   + b, rope(q), rope(k), kv write  qkv_rope_write (one kernel)
 //   att = attention(q, pool)         attention_prefill.cu / _decode.cu
 //   delta = att . Wo^T               cuBLAS
 //   h = rmsnorm(x += delta)          add_rmsnorm
@@ -516,17 +516,14 @@ static kvf_status_t enqueue_forward(cuda_ctx_t *c, kvf_kvpool_t *pool, const bat
     CHECK(kvf_cuda_embed(st, c->x, c->embed, c->wdt, tokens, n, hidden, m->vocab));
     for (int l = 0; l < m->n_layers; l++) {
         const cuda_layer_t *L = &c->layers[l];
-        float *q = c->qkv, *k = c->qkv + c->q_dim, *v = k + c->kv_dim;
+        float *q = c->qkv;
         CHECK(kvf_cuda_add_rmsnorm(st, c->x, l > 0 ? c->delta : NULL, L->attn_norm, c->h, hidden,
                                    c->wdt, n, hidden, eps));
         CHECK(gemm(c, c->qkv, c->h, L->wqkv, n, c->qkv_dim, hidden));
-        if (L->bqkv)
-            CHECK(kvf_cuda_bias_add(st, c->qkv, c->qkv_dim, L->bqkv, n, c->qkv_dim));
-        CHECK(kvf_cuda_rope(st, q, c->qkv_dim, cos_sin, n, m->n_heads, hd));
-        CHECK(kvf_cuda_rope(st, k, c->qkv_dim, cos_sin, n, m->n_kv_heads, hd));
-        CHECK(kvf_cuda_kv_write(st, pool_dev, block_stride, (int64_t)l * slice_elems, k, v,
-                                c->qkv_dim, tok_block, pos, n, m->n_kv_heads, hd, g->block_size,
-                                n_pool_blocks));
+        CHECK(kvf_cuda_qkv_rope_write(st, c->qkv, c->qkv_dim, L->bqkv, cos_sin, pool_dev,
+                                      block_stride, (int64_t)l * slice_elems, tok_block, pos, n,
+                                      m->n_heads, m->n_kv_heads, hd, g->block_size,
+                                      n_pool_blocks));
         if (n_touched > 0)
             CHECK(copy_layer_to_host(c, pool, l, n_touched));
         kvf_cuda_attn_t a;

@@ -99,6 +99,8 @@ kvf_status_t kvf_cuda_check_rope(int m, int ld, int n_heads, int head_dim);
 kvf_status_t kvf_cuda_check_bias(int m, int n, int ld);
 kvf_status_t kvf_cuda_check_kv_write(int n_tokens, int ld, int n_kv_heads, int head_dim,
                                      int block_size, int n_pool_blocks);
+kvf_status_t kvf_cuda_check_qkv_rope_write(int n_tokens, int ld, int n_heads, int n_kv_heads,
+                                           int head_dim, int block_size, int n_pool_blocks);
 kvf_status_t kvf_cuda_check_attention(const kvf_cuda_attn_t *a);
 kvf_status_t kvf_cuda_check_prefill_tiles(const kvf_cuda_attn_t *a,
                                           const kvf_cuda_prefill_tiles_t *t);
@@ -144,6 +146,18 @@ kvf_status_t kvf_cuda_kv_write(cudaStream_t st, float *pool, int64_t block_strid
                                int64_t layer_off, const float *k, const float *v, int ld,
                                const int32_t *tok_block, const int32_t *pos, int n_tokens,
                                int n_kv_heads, int head_dim, int block_size, int n_pool_blocks);
+
+/* After the qkv GEMM, per token row of qkv (q | k | v, row stride ld): adds
+ * bias (NULL: none), rotates q in place and k (cos_sin as for rope), and
+ * writes k and v to the token's block tok_block[t], slot pos[t] %
+ * block_size, of the pool layer at layer_off. Bias, rope and kv_write in
+ * one launch. */
+kvf_status_t kvf_cuda_qkv_rope_write(cudaStream_t st, float *qkv, int ld, const float *bias,
+                                     const float *cos_sin, float *pool, int64_t block_stride,
+                                     int64_t layer_off, const int32_t *tok_block,
+                                     const int32_t *pos, int n_tokens, int n_heads,
+                                     int n_kv_heads, int head_dim, int block_size,
+                                     int n_pool_blocks);
 
 /* Causal attention for prefill tiles (tiled, online softmax). */
 kvf_status_t kvf_cuda_attention_prefill(cudaStream_t st, const kvf_cuda_attn_t *a,

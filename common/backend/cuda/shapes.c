@@ -66,6 +66,20 @@ kvf_status_t kvf_cuda_check_kv_write(int n_tokens, int ld, int n_kv_heads, int h
     return KVF_OK;
 }
 
+kvf_status_t kvf_cuda_check_qkv_rope_write(int n_tokens, int ld, int n_heads, int n_kv_heads,
+                                           int head_dim, int block_size, int n_pool_blocks)
+{
+    if (n_tokens < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
+        block_size <= 0 || n_pool_blocks <= 0 ||
+        (long long)(n_heads + 2 * n_kv_heads) * head_dim > ld) {
+        kvf_log_error("cuda qkv rope write: bad shape (%d tokens, stride %d, %d + 2 x %d heads "
+                      "of %d, block size %d, %d blocks)",
+                      n_tokens, ld, n_heads, n_kv_heads, head_dim, block_size, n_pool_blocks);
+        return KVF_ERR_INVAL;
+    }
+    return KVF_OK;
+}
+
 kvf_status_t kvf_cuda_check_attention(const kvf_cuda_attn_t *a)
 {
     if (!a->kv_layer || !a->q || !a->out || !a->pos || !a->seq || !a->block_tables) {
