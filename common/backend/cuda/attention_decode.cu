@@ -194,8 +194,8 @@ __global__ void __launch_bounds__(DEC_THREADS)
         if (n_kg == 1) {
             // One key group: thread cl holds the whole sum of its column.
             // Where width does not divide DEC_THREADS (head_dim 96, 80, ...)
-            // threads tid >= width have kg >= n_kg and cl wrapped around:
-            // their zero acc must not race the owners of columns 0...
+            // the threads tid >= width have kg >= n_kg and a wrapped cl: their
+            // zero acc must not overwrite columns 0 .. DEC_THREADS - width - 1.
             if (kg < n_kg) {
 #pragma unroll
                 for (int h = 0; h < GCAP; h++)

@@ -11,7 +11,7 @@
 //   h = rmsnorm(x += delta)          add_rmsnorm (delta: previous MLP out)
 //   qkv = h . Wqkv^T                 cuBLAS
 //   + b, rope(q), rope(k), kv write  qkv_rope_write (one kernel)
-//   att = attention(q, pool)         attention_prefill.cu / _decode.cu
+//   att = attention(q, pool)         attention_prefill(_tc).cu / _decode.cu
 //   delta = att . Wo^T               cuBLAS
 //   h = rmsnorm(x += delta)          add_rmsnorm
 //   act = swiglu(h . Wgu^T)          cuBLAS + swiglu
@@ -522,8 +522,7 @@ static kvf_status_t enqueue_forward(cuda_ctx_t *c, kvf_kvpool_t *pool, const bat
         CHECK(gemm(c, c->qkv, c->h, L->wqkv, n, c->qkv_dim, hidden));
         CHECK(kvf_cuda_qkv_rope_write(st, c->qkv, c->qkv_dim, L->bqkv, cos_sin, pool_dev,
                                       block_stride, (int64_t)l * slice_elems, tok_block, pos, n,
-                                      m->n_heads, m->n_kv_heads, hd, g->block_size,
-                                      n_pool_blocks));
+                                      m->n_heads, m->n_kv_heads, hd, g->block_size, n_pool_blocks));
         if (n_touched > 0)
             CHECK(copy_layer_to_host(c, pool, l, n_touched));
         kvf_cuda_attn_t a;
@@ -549,7 +548,8 @@ static kvf_status_t enqueue_forward(cuda_ctx_t *c, kvf_kvpool_t *pool, const bat
         a.n_seqs = p->n_seqs;
         if (p->n_tiles > 0) {
             kvf_cuda_prefill_tiles_t t = {tiles, p->n_tiles, p->max_tile_pos};
-            CHECK(kvf_cuda_attention_prefill(st, &a, &t));
+            CHECK(kvf_cuda_prefill_tc_ok(&a) ? kvf_cuda_attention_prefill_tc(st, &a, &t)
+                                             : kvf_cuda_attention_prefill(st, &a, &t));
         }
         if (p->n_dec > 0) {
             kvf_cuda_decode_plan_t dp = {dec, p->n_dec, p->n_splits, p->split_keys, c->dec_ws};

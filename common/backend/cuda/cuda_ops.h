@@ -16,6 +16,7 @@
 #ifndef KVF_CUDA_OPS_H
 #define KVF_CUDA_OPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -104,6 +105,9 @@ kvf_status_t kvf_cuda_check_qkv_rope_write(int n_tokens, int ld, int n_heads, in
 kvf_status_t kvf_cuda_check_attention(const kvf_cuda_attn_t *a);
 kvf_status_t kvf_cuda_check_prefill_tiles(const kvf_cuda_attn_t *a,
                                           const kvf_cuda_prefill_tiles_t *t);
+/* True when the tensor-core prefill kernel takes this attention: bf16 or
+ * f16 activations and a head dim that is a multiple of 16, at most 128. */
+bool kvf_cuda_prefill_tc_ok(const kvf_cuda_attn_t *a);
 kvf_status_t kvf_cuda_check_decode_plan(const kvf_cuda_attn_t *a, const kvf_cuda_decode_plan_t *p);
 kvf_status_t kvf_cuda_check_swiglu(int m, int n, kvf_dtype_t adt);
 kvf_status_t kvf_cuda_check_argmax(int m, int n);
@@ -155,13 +159,17 @@ kvf_status_t kvf_cuda_kv_write(cudaStream_t st, float *pool, int64_t block_strid
 kvf_status_t kvf_cuda_qkv_rope_write(cudaStream_t st, float *qkv, int ld, const float *bias,
                                      const float *cos_sin, float *pool, int64_t block_stride,
                                      int64_t layer_off, const int32_t *tok_block,
-                                     const int32_t *pos, int n_tokens, int n_heads,
-                                     int n_kv_heads, int head_dim, int block_size,
-                                     int n_pool_blocks);
+                                     const int32_t *pos, int n_tokens, int n_heads, int n_kv_heads,
+                                     int head_dim, int block_size, int n_pool_blocks);
 
 /* Causal attention for prefill tiles (tiled, online softmax). */
 kvf_status_t kvf_cuda_attention_prefill(cudaStream_t st, const kvf_cuda_attn_t *a,
                                         const kvf_cuda_prefill_tiles_t *t);
+
+/* The same on tensor cores (attention_prefill_tc.cu), for the attentions
+ * kvf_cuda_prefill_tc_ok() accepts (KVF_ERR_UNSUPPORTED otherwise). */
+kvf_status_t kvf_cuda_attention_prefill_tc(cudaStream_t st, const kvf_cuda_attn_t *a,
+                                           const kvf_cuda_prefill_tiles_t *t);
 
 /* Attention for single tokens (decode), split over the context. */
 kvf_status_t kvf_cuda_attention_decode(cudaStream_t st, const kvf_cuda_attn_t *a,

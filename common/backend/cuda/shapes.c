@@ -238,3 +238,9 @@ kvf_status_t kvf_cuda_check_gather(size_t row_bytes, int n_rows)
     }
     return KVF_OK;
 }
+
+bool kvf_cuda_prefill_tc_ok(const kvf_cuda_attn_t *a)
+{
+    return (a->adt == KVF_DTYPE_BF16 || a->adt == KVF_DTYPE_F16) && a->head_dim % 16 == 0 &&
+           a->head_dim <= 128;
+}
