@@ -28,6 +28,7 @@
 #include "kvf/log.h"
 #include "kvf/model.h"
 #include "kvf/sampling.h"
+#include "support.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -81,58 +82,6 @@ static void rig_close(rig_t *r)
     kvf_backend_destroy(&r->be);
 }
 
-static kvf_model_t *load_golden(const char *name)
-{
-    char dir[1200];
-    snprintf(dir, sizeof(dir), "%s/golden/%s", g_data, name);
-    kvf_model_t *m = NULL;
-    assert_int_equal(kvf_model_load(dir, &m), KVF_OK);
-    return m;
-}
-
-static cJSON *load_expected(void)
-{
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/golden/expected.json", g_data);
-    FILE *fp = fopen(path, "rb");
-    assert_non_null(fp);
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    rewind(fp);
-    char *text = malloc((size_t)n + 1);
-    assert_non_null(text);
-    assert_int_equal(fread(text, 1, (size_t)n, fp), (size_t)n);
-    text[n] = 0;
-    fclose(fp);
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    assert_non_null(root);
-    return root;
-}
-
-static uint32_t *json_ids(const cJSON *arr, int *n_p)
-{
-    int n = cJSON_GetArraySize(arr);
-    uint32_t *ids = malloc((size_t)n * sizeof(*ids));
-    assert_non_null(ids);
-    for (int i = 0; i < n; i++)
-        ids[i] = (uint32_t)cJSON_GetArrayItem(arr, i)->valueint;
-    *n_p = n;
-    return ids;
-}
-
-/* max |a-b| / max(1, max|b|). */
-static float rel_diff(const float *a, const float *b, size_t n)
-{
-    float scale = 1, m = 0;
-    for (size_t i = 0; i < n; i++) {
-        scale = fabsf(b[i]) > scale ? fabsf(b[i]) : scale;
-        float d = fabsf(a[i] - b[i]);
-        m = d > m || isnan(d) ? d : m;
-    }
-    return m / scale;
-}
-
 /* One forward of tokens [s, s + c) of ids for the table bt. */
 static void forward(rig_t *r, kvf_block_table_t *bt, const uint32_t *ids, int s, int c,
                     float *logits, bool all)
@@ -148,58 +97,29 @@ static void forward(rig_t *r, kvf_block_table_t *bt, const uint32_t *ids, int s,
     assert_int_equal(kvf_engine_forward(r->engine, &q, 1, NULL), KVF_OK);
 }
 
-static void random_ids(uint32_t *ids, int n, int vocab, uint32_t seed)
-{
-    for (int i = 0; i < n; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        ids[i] = (seed >> 8) % (uint32_t)vocab;
-    }
-}
-
+/* A random model of this geometry (support.h), 4096 positions. */
 static kvf_model_t *random_model(int layers, int hidden, int heads, int kv_heads, int head_dim,
                                  int inter, int vocab, bool qwen2)
 {
-    char dir[] = "/tmp/kvf_cuda_model_XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    kvf_model_config_t c;
-    memset(&c, 0, sizeof(c));
-    c.arch = qwen2 ? KVF_ARCH_QWEN2 : KVF_ARCH_LLAMA;
-    c.qkv_bias = qwen2;
-    c.tie_embeddings = qwen2;
+    kvf_model_config_t c = kvf_test_model_config(heads, kv_heads, qwen2);
     c.n_layers = layers;
-    c.n_heads = heads;
-    c.n_kv_heads = kv_heads;
-    c.head_dim = head_dim;
     c.hidden = hidden;
+    c.head_dim = head_dim;
     c.inter = inter;
     c.vocab = vocab;
     c.max_pos = 4096;
     c.rope_theta = 500000;
-    c.rms_eps = 1e-5;
-    c.bos_id = 1;
-    c.eos_ids[0] = 2;
-    c.n_eos = 1;
-    assert_int_equal(kvf_model_write_random(dir, &c, KVF_DTYPE_F32, 7), KVF_OK);
-    kvf_model_t *m = NULL;
-    assert_int_equal(kvf_model_load(dir, &m), KVF_OK);
-    char path[256];
-    const char *files[] = {"config.json", "generation_config.json", "model.safetensors"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
-        unlink(path);
-    }
-    rmdir(dir);
-    return m;
+    return kvf_test_random_model(&c, 7);
 }
 
 /* ---- golden ---------------------------------------------------------- */
 
 static void golden(const char *name)
 {
-    cJSON *root = load_expected();
+    cJSON *root = kvf_test_load_expected(g_data);
     const cJSON *mj = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"), name);
     assert_non_null(mj);
-    kvf_model_t *model = load_golden(name);
+    kvf_model_t *model = kvf_test_load_golden(g_data, name);
     const int V = model->cfg.vocab;
     rig_t r32, r16, cpu;
     rig_cuda(&r32, model, 16, 64, KVF_DTYPE_F32, true, false);
@@ -211,8 +131,8 @@ static void golden(const char *name)
     cJSON_ArrayForEach(pj, cJSON_GetObjectItem(mj, "prompts"))
     {
         int n, n_greedy;
-        uint32_t *ids = json_ids(cJSON_GetObjectItem(pj, "ids"), &n);
-        uint32_t *greedy = json_ids(cJSON_GetObjectItem(pj, "greedy_ids"), &n_greedy);
+        uint32_t *ids = kvf_test_json_ids(cJSON_GetObjectItem(pj, "ids"), &n);
+        uint32_t *greedy = kvf_test_json_ids(cJSON_GetObjectItem(pj, "greedy_ids"), &n_greedy);
         float *all = malloc((size_t)n * V * sizeof(float));
         float *all16 = malloc((size_t)n * V * sizeof(float));
         float *allc = malloc((size_t)n * V * sizeof(float));
@@ -238,7 +158,7 @@ static void golden(const char *name)
         for (int i = 0; i < n; i++)
             assert_int_equal(kvf_sample_argmax(all + (size_t)i * V, V),
                              cJSON_GetArrayItem(pa, i)->valueint);
-        float rd = rel_diff(all16, allc, (size_t)n * V);
+        float rd = kvf_test_rel_diff(all16, allc, (size_t)n * V);
         worst_bf16 = rd > worst_bf16 || isnan(rd) ? rd : worst_bf16;
         /* 24 greedy steps with the cache, f32 (asserted) and bf16 (counted) */
         uint32_t tok = kvf_sample_argmax(l32, V),
@@ -321,7 +241,7 @@ static void test_long_context_vs_cpu(void **state)
     kvf_model_t *m = random_model(2, 512, 8, 2, 64, 1024, 1000, false);
     const int V = m->cfg.vocab, n = 1100;
     uint32_t ids[1104];
-    random_ids(ids, n + 4, V, 99);
+    kvf_test_random_ids(ids, n + 4, V, 99);
     rig_t g32, g16, cpu;
     rig_cuda(&g32, m, 16, 80, KVF_DTYPE_F32, true, false);
     rig_cuda(&g16, m, 16, 80, KVF_DTYPE_BF16, true, false);
@@ -340,7 +260,8 @@ static void test_long_context_vs_cpu(void **state)
         forward(&cpu, &c, ids, s, k, lc, false);
     }
     for (int s = n; s <= n + 4; s++) {
-        float r32 = rel_diff(lg, lc, (size_t)V), r16 = rel_diff(lg16, lc, (size_t)V);
+        float r32 = kvf_test_rel_diff(lg, lc, (size_t)V),
+              r16 = kvf_test_rel_diff(lg16, lc, (size_t)V);
         if (!(r32 <= 1e-4f) || !(r16 <= 3e-2f))
             fail_msg("position %d: f32 off by %g, bf16 by %g (relative)", s - 1, (double)r32,
                      (double)r16);
@@ -373,7 +294,7 @@ static void test_cache_chunks_blocks(void **state)
     kvf_model_t *m = random_model(2, 256, 4, 2, 64, 512, 700, true);
     const int V = m->cfg.vocab, n = 150;
     uint32_t ids[150];
-    random_ids(ids, n, V, 5);
+    kvf_test_random_ids(ids, n, V, 5);
     float *ref = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
     float *all = malloc((size_t)n * V * sizeof(float));
     /* reference: one prefill, block size 16 */
@@ -387,12 +308,12 @@ static void test_cache_chunks_blocks(void **state)
     /* cache == recompute: token by token */
     for (int s = 0; s < n; s++)
         forward(&r, &bt, ids, s, 1, got, false);
-    assert_true(rel_diff(got, ref, (size_t)V) <= 1e-4f);
+    assert_true(kvf_test_rel_diff(got, ref, (size_t)V) <= 1e-4f);
     kvf_block_table_release(&bt, r.pool);
     /* chunks of 37 */
     for (int s = 0; s < n; s += 37)
         forward(&r, &bt, ids, s, n - s < 37 ? n - s : 37, got, false);
-    assert_true(rel_diff(got, ref, (size_t)V) <= 1e-4f);
+    assert_true(kvf_test_rel_diff(got, ref, (size_t)V) <= 1e-4f);
     kvf_block_table_release(&bt, r.pool);
     rig_close(&r);
     /* block sizes */
@@ -401,7 +322,7 @@ static void test_cache_chunks_blocks(void **state)
         rig_cuda(&r, m, sizes[i], sizes[i] == 1 ? 200 : 2, KVF_DTYPE_F32, true, false);
         forward(&r, &bt, ids, 0, n - 1, got, false);
         forward(&r, &bt, ids, n - 1, 1, got, false);
-        float d = rel_diff(got, ref, (size_t)V);
+        float d = kvf_test_rel_diff(got, ref, (size_t)V);
         if (!(d <= 1e-4f))
             fail_msg("block size %d: off by %g", sizes[i], (double)d);
         kvf_block_table_release(&bt, r.pool);
@@ -425,7 +346,7 @@ static void test_mixed_batch_and_graphs(void **state)
     const int lens[NS] = {40, 700, 90};
     uint32_t ids[NS][760];
     for (int s = 0; s < NS; s++)
-        random_ids(ids[s], 760, V, 11 + s);
+        kvf_test_random_ids(ids[s], 760, V, 11 + s);
     rig_t gr, ng;
     rig_cuda(&gr, m, 16, 200, KVF_DTYPE_BF16, true, false);
     rig_cuda(&ng, m, 16, 200, KVF_DTYPE_BF16, false, false);
@@ -500,8 +421,8 @@ static void test_mixed_batch_and_graphs(void **state)
     one.n_blocks = tn[1].n_blocks;
     one.logits = ln + V;
     assert_int_equal(kvf_engine_forward(ng.engine, &one, 1, NULL), KVF_OK);
-    assert_true(rel_diff(lg, ln, (size_t)V) <= 2e-2f);
-    assert_true(rel_diff(lg + V, ln + V, (size_t)V) <= 2e-2f);
+    assert_true(kvf_test_rel_diff(lg, ln, (size_t)V) <= 2e-2f);
+    assert_true(kvf_test_rel_diff(lg + V, ln + V, (size_t)V) <= 2e-2f);
     for (int s = 0; s < NS; s++) {
         kvf_block_table_release(&tg[s], gr.pool);
         kvf_block_table_release(&tn[s], ng.pool);
@@ -537,7 +458,7 @@ static void test_mirror_and_upload(void **state)
     kvf_model_t *m = random_model(3, 256, 4, 2, 64, 512, 700, false);
     const int V = m->cfg.vocab, n = 100;
     uint32_t ids[101];
-    random_ids(ids, n + 1, V, 3);
+    kvf_test_random_ids(ids, n + 1, V, 3);
     rig_t src, dst, cpu;
     rig_cuda(&src, m, 16, 16, KVF_DTYPE_F32, true, true);
     rig_cuda(&dst, m, 16, 16, KVF_DTYPE_F32, true, true);
@@ -571,7 +492,7 @@ static void test_mirror_and_upload(void **state)
                                      (size_t)(p % 16) * g->head_dim;
                     const float *b = kvf_kvpool_head(cpu.pool, bc.blocks[p / 16], l, kv, h) +
                                      (size_t)(p % 16) * g->head_dim;
-                    float d = rel_diff(a, b, (size_t)g->head_dim);
+                    float d = kvf_test_rel_diff(a, b, (size_t)g->head_dim);
                     worst = d > worst || isnan(d) ? d : worst;
                 }
     if (!(worst <= 1e-4f))

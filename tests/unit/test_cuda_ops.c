@@ -18,6 +18,7 @@
 #include "kvf/log.h"
 #include "kvf/model.h"
 #include "kvf/sampling.h"
+#include "support.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -292,24 +293,10 @@ static void test_greedy_token_cpu(void **state)
 {
     (void)state;
     char dir[] = "/tmp/kvf_cuda_ops_XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    kvf_model_config_t c;
-    memset(&c, 0, sizeof(c));
-    c.arch = KVF_ARCH_LLAMA;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 16;
-    c.hidden = 64;
-    c.inter = 96;
+    kvf_model_config_t c = kvf_test_model_config(4, 2, false);
     c.vocab = 300;
     c.max_pos = 256;
-    c.rope_theta = 10000;
-    c.rms_eps = 1e-5;
-    c.bos_id = 1;
-    c.eos_ids[0] = 2;
-    c.n_eos = 1;
-    assert_int_equal(kvf_model_write_random(dir, &c, KVF_DTYPE_F32, 4), KVF_OK);
+    kvf_test_write_model(dir, &c, 4);
     kvf_engine_stack_t st;
     kvf_engine_stack_config_t sc = {.threads = 1, .block_size = 16, .max_blocks = 8};
     assert_int_equal(kvf_engine_stack_init(&st, dir, &sc), KVF_OK);
@@ -377,13 +364,7 @@ static void test_greedy_token_cpu(void **state)
         assert_null(st2.engine);
     }
     kvf_engine_stack_fini(&st);
-    char path[256];
-    const char *files[] = {"config.json", "generation_config.json", "model.safetensors"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
-        unlink(path);
-    }
-    rmdir(dir);
+    kvf_test_remove_model(dir);
 }
 
 static void test_backend_flags(void **state)

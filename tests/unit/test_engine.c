@@ -14,6 +14,7 @@
 #include "kvf/log.h"
 #include "kvf/model.h"
 #include "kvf/sampling.h"
+#include "support.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -31,8 +32,7 @@ typedef struct {
     kvf_engine_t *engine;
 } rig_t;
 
-static void rig_open(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks,
-                     bool simd)
+static void rig_open(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks, bool simd)
 {
     memset(r, 0, sizeof(*r));
     r->model = model;
@@ -49,46 +49,6 @@ static void rig_close(rig_t *r)
     kvf_backend_destroy(&r->be);
 }
 
-static kvf_model_t *load_golden(const char *name)
-{
-    char dir[1024];
-    snprintf(dir, sizeof(dir), "%s/golden/%s", KVF_TEST_DATA, name);
-    kvf_model_t *m = NULL;
-    assert_int_equal(kvf_model_load(dir, &m), KVF_OK);
-    return m;
-}
-
-static cJSON *load_expected(void)
-{
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/golden/expected.json", KVF_TEST_DATA);
-    FILE *fp = fopen(path, "rb");
-    assert_non_null(fp);
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    rewind(fp);
-    char *text = malloc((size_t)n + 1);
-    assert_non_null(text);
-    assert_int_equal(fread(text, 1, (size_t)n, fp), (size_t)n);
-    text[n] = 0;
-    fclose(fp);
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    assert_non_null(root);
-    return root;
-}
-
-static uint32_t *json_ids(const cJSON *arr, int *n_p)
-{
-    int n = cJSON_GetArraySize(arr);
-    uint32_t *ids = malloc((size_t)n * sizeof(*ids));
-    assert_non_null(ids);
-    for (int i = 0; i < n; i++)
-        ids[i] = (uint32_t)cJSON_GetArrayItem(arr, i)->valueint;
-    *n_p = n;
-    return ids;
-}
-
 /* Runs a sequence of `chunks` forward calls over prompt (sizes chunk each,
  * last one smaller) into a fresh block table; returns logits of every
  * position in all (n, vocab) when all != NULL, and the last position's in
@@ -100,9 +60,12 @@ static void run_chunked(rig_t *r, kvf_block_table_t *bt, const uint32_t *ids, in
     assert_int_equal(kvf_block_table_reserve(bt, r->pool, (uint32_t)n), KVF_OK);
     for (int s = 0; s < n; s += chunk) {
         int c = n - s < chunk ? n - s : chunk;
-        kvf_engine_seq_t q = {.tokens = ids + s, .n_tokens = (uint32_t)c,
-                              .start_pos = (uint32_t)s, .block_ids = bt->blocks,
-                              .n_blocks = bt->n_blocks, .all_logits = all != NULL,
+        kvf_engine_seq_t q = {.tokens = ids + s,
+                              .n_tokens = (uint32_t)c,
+                              .start_pos = (uint32_t)s,
+                              .block_ids = bt->blocks,
+                              .n_blocks = bt->n_blocks,
+                              .all_logits = all != NULL,
                               .logits = all ? all + (size_t)s * V : NULL};
         if (!all && s + c == n)
             q.logits = last;
@@ -112,33 +75,14 @@ static void run_chunked(rig_t *r, kvf_block_table_t *bt, const uint32_t *ids, in
         memcpy(last, all + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
 }
 
-static float max_abs_diff(const float *a, const float *b, size_t n)
-{
-    float m = 0;
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        m = d > m ? d : m;
-    }
-    return m;
-}
-
-/* max |a-b| / max(1, max|b|): relative to the logits' scale. */
-static float rel_diff(const float *a, const float *b, size_t n)
-{
-    float scale = 1;
-    for (size_t i = 0; i < n; i++)
-        scale = fabsf(b[i]) > scale ? fabsf(b[i]) : scale;
-    return max_abs_diff(a, b, n) / scale;
-}
-
 /* ---- golden --------------------------------------------------------- */
 
 static void check_golden(const char *name, bool simd)
 {
-    cJSON *root = load_expected();
+    cJSON *root = kvf_test_load_expected(KVF_TEST_DATA);
     const cJSON *mj = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"), name);
     assert_non_null(mj);
-    kvf_model_t *model = load_golden(name);
+    kvf_model_t *model = kvf_test_load_golden(KVF_TEST_DATA, name);
     rig_t r;
     rig_open(&r, model, 16, 64, simd);
     const int V = model->cfg.vocab;
@@ -147,7 +91,7 @@ static void check_golden(const char *name, bool simd)
     cJSON_ArrayForEach(pj, cJSON_GetObjectItem(mj, "prompts"))
     {
         int n;
-        uint32_t *ids = json_ids(cJSON_GetObjectItem(pj, "ids"), &n);
+        uint32_t *ids = kvf_test_json_ids(cJSON_GetObjectItem(pj, "ids"), &n);
         float *all = malloc((size_t)n * V * sizeof(float));
         float *last = malloc((size_t)V * sizeof(float));
         kvf_block_table_t bt;
@@ -171,14 +115,17 @@ static void check_golden(const char *name, bool simd)
                              cJSON_GetArrayItem(pa, i)->valueint);
         /* 24 greedy steps with the cache */
         int n_greedy;
-        uint32_t *greedy = json_ids(cJSON_GetObjectItem(pj, "greedy_ids"), &n_greedy);
+        uint32_t *greedy = kvf_test_json_ids(cJSON_GetObjectItem(pj, "greedy_ids"), &n_greedy);
         uint32_t tok = kvf_sample_argmax(last, V);
         for (int s = 0; s < n_greedy; s++) {
             assert_int_equal(tok, greedy[s]);
             uint32_t pos = (uint32_t)(n + s);
             assert_int_equal(kvf_block_table_reserve(&bt, r.pool, pos + 1), KVF_OK);
-            kvf_engine_seq_t q = {.tokens = &tok, .n_tokens = 1, .start_pos = pos,
-                                  .block_ids = bt.blocks, .n_blocks = bt.n_blocks,
+            kvf_engine_seq_t q = {.tokens = &tok,
+                                  .n_tokens = 1,
+                                  .start_pos = pos,
+                                  .block_ids = bt.blocks,
+                                  .n_blocks = bt.n_blocks,
                                   .logits = last};
             assert_int_equal(kvf_engine_forward(r.engine, &q, 1, NULL), KVF_OK);
             tok = kvf_sample_argmax(last, V);
@@ -219,49 +166,11 @@ static void test_golden_portable(void **state)
 
 /* ---- invariance on random models ------------------------------------ */
 
-/* Writes a random model with n_heads / n_kv_heads into a temp dir, loads it,
- * removes the files. */
+/* A random 2-layer model with n_heads / n_kv_heads (support.h). */
 static kvf_model_t *random_model(int n_heads, int n_kv_heads, bool qwen2, uint64_t seed)
 {
-    char dir[] = "/tmp/kvf_test_model_XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    kvf_model_config_t c;
-    memset(&c, 0, sizeof(c));
-    c.arch = qwen2 ? KVF_ARCH_QWEN2 : KVF_ARCH_LLAMA;
-    c.qkv_bias = qwen2;
-    c.tie_embeddings = qwen2;
-    c.n_layers = 2;
-    c.n_heads = n_heads;
-    c.n_kv_heads = n_kv_heads;
-    c.head_dim = 16;
-    c.hidden = 64;
-    c.inter = 96;
-    c.vocab = 200;
-    c.max_pos = 512;
-    c.rope_theta = 10000;
-    c.rms_eps = 1e-5;
-    c.bos_id = 1;
-    c.eos_ids[0] = 2;
-    c.n_eos = 1;
-    assert_int_equal(kvf_model_write_random(dir, &c, KVF_DTYPE_F32, seed), KVF_OK);
-    kvf_model_t *m = NULL;
-    assert_int_equal(kvf_model_load(dir, &m), KVF_OK);
-    char path[256];
-    const char *files[] = {"config.json", "generation_config.json", "model.safetensors"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
-        unlink(path);
-    }
-    rmdir(dir);
-    return m;
-}
-
-static void random_ids(uint32_t *ids, int n, int vocab, uint32_t seed)
-{
-    for (int i = 0; i < n; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        ids[i] = (seed >> 8) % (uint32_t)vocab;
-    }
+    kvf_model_config_t c = kvf_test_model_config(n_heads, n_kv_heads, qwen2);
+    return kvf_test_random_model(&c, seed);
 }
 
 #define RTOL 1e-5f
@@ -273,7 +182,7 @@ static void check_cache_vs_recompute(kvf_model_t *m, int block_size)
     rig_open(&r, m, block_size, 256, true);
     const int V = m->cfg.vocab, n_prompt = 13, n_steps = 6;
     uint32_t ids[32];
-    random_ids(ids, n_prompt, V, 7);
+    kvf_test_random_ids(ids, n_prompt, V, 7);
     float *cached = malloc((size_t)V * sizeof(float));
     float *full = malloc((size_t)V * sizeof(float));
     kvf_block_table_t bt;
@@ -287,13 +196,17 @@ static void check_cache_vs_recompute(kvf_model_t *m, int block_size)
         run_chunked(&r, &bt2, ids, n, n, NULL, full);
         kvf_block_table_release(&bt2, r.pool);
         kvf_block_table_fini(&bt2);
-        float d = rel_diff(cached, full, (size_t)V);
+        float d = kvf_test_rel_diff(cached, full, (size_t)V);
         if (d > RTOL)
             fail_msg("block size %d, step %d: cached vs recompute rel diff %g", block_size, s, d);
         ids[n] = kvf_sample_argmax(cached, V);
         assert_int_equal(kvf_block_table_reserve(&bt, r.pool, (uint32_t)n + 1), KVF_OK);
-        kvf_engine_seq_t q = {.tokens = &ids[n], .n_tokens = 1, .start_pos = (uint32_t)n,
-                              .block_ids = bt.blocks, .n_blocks = bt.n_blocks, .logits = cached};
+        kvf_engine_seq_t q = {.tokens = &ids[n],
+                              .n_tokens = 1,
+                              .start_pos = (uint32_t)n,
+                              .block_ids = bt.blocks,
+                              .n_blocks = bt.n_blocks,
+                              .logits = cached};
         assert_int_equal(kvf_engine_forward(r.engine, &q, 1, NULL), KVF_OK);
     }
     kvf_block_table_release(&bt, r.pool);
@@ -326,7 +239,7 @@ static void test_chunked_prefill_and_block_sizes(void **state)
     kvf_model_t *m = random_model(4, 2, false, 5);
     const int V = m->cfg.vocab, n = 37;
     uint32_t ids[37];
-    random_ids(ids, n, V, 3);
+    kvf_test_random_ids(ids, n, V, 3);
     float *ref = malloc((size_t)n * V * sizeof(float));
     float *got = malloc((size_t)n * V * sizeof(float));
     rig_t r;
@@ -339,7 +252,7 @@ static void test_chunked_prefill_and_block_sizes(void **state)
     for (int c = 0; c < 3; c++) {
         run_chunked(&r, &bt, ids, n, chunks[c], got, NULL);
         kvf_block_table_release(&bt, r.pool);
-        float d = rel_diff(got, ref, (size_t)n * V);
+        float d = kvf_test_rel_diff(got, ref, (size_t)n * V);
         if (d > RTOL)
             fail_msg("chunk %d vs one prefill: rel diff %g", chunks[c], d);
     }
@@ -350,7 +263,7 @@ static void test_chunked_prefill_and_block_sizes(void **state)
         run_chunked(&r, &bt, ids, n, 7, got, NULL);
         kvf_block_table_release(&bt, r.pool);
         assert_int_equal(kvf_kvpool_used_blocks(r.pool), 0);
-        float d = rel_diff(got, ref, (size_t)n * V);
+        float d = kvf_test_rel_diff(got, ref, (size_t)n * V);
         if (d > RTOL)
             fail_msg("block size %d vs 16: rel diff %g", sizes[b], d);
         rig_close(&r);
@@ -373,9 +286,9 @@ static void test_mixed_batch(void **state)
     rig_t r;
     rig_open(&r, m, 16, 128, true);
     uint32_t a[10], b[20], c[25];
-    random_ids(a, 10, V, 1);
-    random_ids(b, 20, V, 2);
-    random_ids(c, 25, V, 3);
+    kvf_test_random_ids(a, 10, V, 1);
+    kvf_test_random_ids(b, 20, V, 2);
+    kvf_test_random_ids(c, 25, V, 3);
     /* Alone: A prefill 10; B 19 then 1; C 8 then 17 (all logits). */
     float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
     float *lc = malloc((size_t)17 * V * sizeof(float));
@@ -398,23 +311,42 @@ static void test_mixed_batch(void **state)
     assert_int_equal(kvf_block_table_reserve(&tb, r.pool, 20), KVF_OK);
     assert_int_equal(kvf_block_table_reserve(&tc, r.pool, 25), KVF_OK);
     kvf_engine_seq_t pre[2] = {
-        {.tokens = b, .n_tokens = 19, .start_pos = 0, .block_ids = tb.blocks,
+        {.tokens = b,
+         .n_tokens = 19,
+         .start_pos = 0,
+         .block_ids = tb.blocks,
          .n_blocks = tb.n_blocks},
-        {.tokens = c, .n_tokens = 8, .start_pos = 0, .block_ids = tc.blocks,
+        {.tokens = c,
+         .n_tokens = 8,
+         .start_pos = 0,
+         .block_ids = tc.blocks,
          .n_blocks = tc.n_blocks},
     };
     assert_int_equal(kvf_engine_forward(r.engine, pre, 2, NULL), KVF_OK);
     kvf_engine_seq_t mix[3] = {
-        {.tokens = b + 19, .n_tokens = 1, .start_pos = 19, .block_ids = tb.blocks,
-         .n_blocks = tb.n_blocks, .logits = mb},
-        {.tokens = a, .n_tokens = 10, .start_pos = 0, .block_ids = ta.blocks,
-         .n_blocks = ta.n_blocks, .logits = ma},
-        {.tokens = c + 8, .n_tokens = 17, .start_pos = 8, .block_ids = tc.blocks,
-         .n_blocks = tc.n_blocks, .all_logits = true, .logits = mc},
+        {.tokens = b + 19,
+         .n_tokens = 1,
+         .start_pos = 19,
+         .block_ids = tb.blocks,
+         .n_blocks = tb.n_blocks,
+         .logits = mb},
+        {.tokens = a,
+         .n_tokens = 10,
+         .start_pos = 0,
+         .block_ids = ta.blocks,
+         .n_blocks = ta.n_blocks,
+         .logits = ma},
+        {.tokens = c + 8,
+         .n_tokens = 17,
+         .start_pos = 8,
+         .block_ids = tc.blocks,
+         .n_blocks = tc.n_blocks,
+         .all_logits = true,
+         .logits = mc},
     };
     assert_int_equal(kvf_engine_forward(r.engine, mix, 3, NULL), KVF_OK);
-    float da = rel_diff(ma, la, (size_t)V), db = rel_diff(mb, lb, (size_t)V);
-    float dc = rel_diff(mc, lc, (size_t)17 * V);
+    float da = kvf_test_rel_diff(ma, la, (size_t)V), db = kvf_test_rel_diff(mb, lb, (size_t)V);
+    float dc = kvf_test_rel_diff(mc, lc, (size_t)17 * V);
     if (da > RTOL || db > RTOL || dc > RTOL)
         fail_msg("mixed batch vs alone: rel diffs %g %g %g", da, db, dc);
     kvf_block_table_release(&ta, r.pool);
@@ -443,7 +375,7 @@ static void test_simd_vs_portable(void **state)
     kvf_model_t *m = random_model(8, 2, true, 13);
     const int V = m->cfg.vocab, n = 40;
     uint32_t ids[40];
-    random_ids(ids, n, V, 9);
+    kvf_test_random_ids(ids, n, V, 9);
     float *a = malloc((size_t)n * V * sizeof(float)), *b = malloc((size_t)n * V * sizeof(float));
     for (int pass = 0; pass < 2; pass++) {
         rig_t r;
@@ -455,7 +387,7 @@ static void test_simd_vs_portable(void **state)
         kvf_block_table_fini(&bt);
         rig_close(&r);
     }
-    float d = rel_diff(a, b, (size_t)n * V);
+    float d = kvf_test_rel_diff(a, b, (size_t)n * V);
     if (d > RTOL)
         fail_msg("avx-512 vs portable: rel diff %g", d);
     free(a);
@@ -484,14 +416,17 @@ static void test_hook_and_validation(void **state)
     rig_t r;
     rig_open(&r, m, 16, 8, true);
     uint32_t ids[20];
-    random_ids(ids, 20, m->cfg.vocab, 4);
+    kvf_test_random_ids(ids, 20, m->cfg.vocab, 4);
     kvf_block_table_t bt;
     kvf_block_table_init(&bt);
     assert_int_equal(kvf_block_table_reserve(&bt, r.pool, 20), KVF_OK);
     hook_state_t hs = {0, 0};
     kvf_engine_hooks_t hooks = {.on_layer_done = on_layer, .arg = &hs};
-    kvf_engine_seq_t q = {.tokens = ids, .n_tokens = 20, .start_pos = 0,
-                          .block_ids = bt.blocks, .n_blocks = bt.n_blocks};
+    kvf_engine_seq_t q = {.tokens = ids,
+                          .n_tokens = 20,
+                          .start_pos = 0,
+                          .block_ids = bt.blocks,
+                          .n_blocks = bt.n_blocks};
     assert_int_equal(kvf_engine_forward(r.engine, &q, 1, &hooks), KVF_OK);
     assert_int_equal(hs.calls, m->cfg.n_layers);
     /* table too short, bad token, bad block id */
@@ -530,28 +465,26 @@ static void test_generate_cli(void **state)
     snprintf(kvf, sizeof(kvf), "%s/kvf", KVF_BIN_DIR);
     if (access(kvf, X_OK) != 0)
         skip();
-    cJSON *root = load_expected();
+    cJSON *root = kvf_test_load_expected(KVF_TEST_DATA);
     const char *names[] = {"tiny-llama-f32", "tiny-qwen2-bf16"};
     for (int mi = 0; mi < 2; mi++) {
         const cJSON *pj = cJSON_GetArrayItem(
-            cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"),
-                                                    names[mi]),
+            cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"), names[mi]),
                                 "prompts"),
             1);
         char cmd[4096], want[1024] = "";
-        int len = snprintf(cmd, sizeof(cmd), "%s generate --model %s/golden/%s --threads 2 "
-                                             "--ids --ignore-eos --max-tokens 24 --prompt-ids ",
+        int len = snprintf(cmd, sizeof(cmd),
+                           "%s generate --model %s/golden/%s --threads 2 "
+                           "--ids --ignore-eos --max-tokens 24 --prompt-ids ",
                            kvf, KVF_TEST_DATA, names[mi]);
         const cJSON *e;
         int i = 0;
-        cJSON_ArrayForEach(e, cJSON_GetObjectItem(pj, "ids"))
-            len += snprintf(cmd + len, sizeof(cmd) - (size_t)len, "%s%d", i++ ? "," : "",
-                            e->valueint);
+        cJSON_ArrayForEach(e, cJSON_GetObjectItem(pj, "ids")) len +=
+            snprintf(cmd + len, sizeof(cmd) - (size_t)len, "%s%d", i++ ? "," : "", e->valueint);
         i = 0;
         size_t wl = 0;
-        cJSON_ArrayForEach(e, cJSON_GetObjectItem(pj, "greedy_ids"))
-            wl += (size_t)snprintf(want + wl, sizeof(want) - wl, "%s%d", i++ ? "," : "",
-                                   e->valueint);
+        cJSON_ArrayForEach(e, cJSON_GetObjectItem(pj, "greedy_ids")) wl +=
+            (size_t)snprintf(want + wl, sizeof(want) - wl, "%s%d", i++ ? "," : "", e->valueint);
         FILE *p = popen(cmd, "r");
         assert_non_null(p);
         char got[1024] = "";

@@ -1,0 +1,134 @@
+/* Shared test helpers. See support.h. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "support.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+kvf_model_t *kvf_test_load_golden(const char *data_dir, const char *name)
+{
+    char dir[1200];
+    snprintf(dir, sizeof(dir), "%s/golden/%s", data_dir, name);
+    kvf_model_t *m = NULL;
+    assert_int_equal(kvf_model_load(dir, &m), KVF_OK);
+    return m;
+}
+
+cJSON *kvf_test_load_expected(const char *data_dir)
+{
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/golden/expected.json", data_dir);
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    rewind(fp);
+    char *text = malloc((size_t)n + 1);
+    assert_non_null(text);
+    assert_int_equal(fread(text, 1, (size_t)n, fp), (size_t)n);
+    text[n] = 0;
+    fclose(fp);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    assert_non_null(root);
+    return root;
+}
+
+uint32_t *kvf_test_json_ids(const cJSON *arr, int *n_p)
+{
+    int n = cJSON_GetArraySize(arr);
+    uint32_t *ids = malloc((size_t)(n > 0 ? n : 1) * sizeof(*ids));
+    assert_non_null(ids);
+    for (int i = 0; i < n; i++)
+        ids[i] = (uint32_t)cJSON_GetArrayItem(arr, i)->valueint;
+    *n_p = n;
+    return ids;
+}
+
+kvf_model_config_t kvf_test_model_config(int n_heads, int n_kv_heads, bool qwen2)
+{
+    kvf_model_config_t c;
+    memset(&c, 0, sizeof(c));
+    c.arch = qwen2 ? KVF_ARCH_QWEN2 : KVF_ARCH_LLAMA;
+    c.qkv_bias = qwen2;
+    c.tie_embeddings = qwen2;
+    c.n_layers = 2;
+    c.n_heads = n_heads;
+    c.n_kv_heads = n_kv_heads;
+    c.head_dim = 16;
+    c.hidden = 64;
+    c.inter = 96;
+    c.vocab = 200;
+    c.max_pos = 512;
+    c.rope_theta = 10000;
+    c.rms_eps = 1e-5;
+    c.bos_id = 1;
+    c.eos_ids[0] = 2;
+    c.n_eos = 1;
+    return c;
+}
+
+void kvf_test_write_model(char *dir_template, const kvf_model_config_t *cfg, uint64_t seed)
+{
+    assert_non_null(mkdtemp(dir_template));
+    assert_int_equal(kvf_model_write_random(dir_template, cfg, KVF_DTYPE_F32, seed), KVF_OK);
+}
+
+void kvf_test_remove_model(const char *dir)
+{
+    char path[1200];
+    const char *files[] = {"config.json", "generation_config.json", "model.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+kvf_model_t *kvf_test_random_model(const kvf_model_config_t *cfg, uint64_t seed)
+{
+    char dir[] = "/tmp/kvf_test_model_XXXXXX";
+    kvf_test_write_model(dir, cfg, seed);
+    kvf_model_t *m = NULL;
+    kvf_status_t st = kvf_model_load(dir, &m);
+    kvf_test_remove_model(dir);
+    assert_int_equal(st, KVF_OK);
+    return m;
+}
+
+void kvf_test_random_ids(uint32_t *ids, int n, int vocab, uint32_t seed)
+{
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        ids[i] = (seed >> 8) % (uint32_t)vocab;
+    }
+}
+
+float kvf_test_max_abs_diff(const float *a, const float *b, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (isnan(d))
+            return NAN;
+        m = d > m ? d : m;
+    }
+    return m;
+}
+
+float kvf_test_rel_diff(const float *a, const float *b, size_t n)
+{
+    float scale = 1;
+    for (size_t i = 0; i < n; i++)
+        scale = fabsf(b[i]) > scale ? fabsf(b[i]) : scale;
+    return kvf_test_max_abs_diff(a, b, n) / scale;
+}

@@ -1,0 +1,52 @@
+/* Helpers the engine and backend tests share: golden data, random models,
+ * token ids, logit comparisons. cmocka assertions: a failure fails the
+ * calling test. */
+#ifndef KVF_TEST_SUPPORT_H
+#define KVF_TEST_SUPPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "kvf/model.h"
+
+/* Loads <data_dir>/golden/<name> (data_dir: tests/data). Owned by the
+ * caller: kvf_model_destroy(). */
+kvf_model_t *kvf_test_load_golden(const char *data_dir, const char *name);
+
+/* Parses <data_dir>/golden/expected.json. Owned by the caller:
+ * cJSON_Delete(). */
+cJSON *kvf_test_load_expected(const char *data_dir);
+
+/* The ints of a JSON array as token ids, in a malloc'd array (caller
+ * frees); *n_p receives the count. */
+uint32_t *kvf_test_json_ids(const cJSON *arr, int *n_p);
+
+/* A geometry for random models: 2 layers, head_dim 16, hidden 64, inter 96,
+ * vocab 200, 512 positions, Llama (qwen2: q/k/v biases and tied
+ * embeddings). Callers change what they need. */
+kvf_model_config_t kvf_test_model_config(int n_heads, int n_kv_heads, bool qwen2);
+
+/* Writes a model with random f32 weights for cfg into a new directory made
+ * from template (mkdtemp: ends in XXXXXX, modified in place). */
+void kvf_test_write_model(char *dir_template, const kvf_model_config_t *cfg, uint64_t seed);
+
+/* Removes what kvf_test_write_model wrote, and the directory. */
+void kvf_test_remove_model(const char *dir);
+
+/* Writes, loads and removes a random model. Owned by the caller:
+ * kvf_model_destroy(). */
+kvf_model_t *kvf_test_random_model(const kvf_model_config_t *cfg, uint64_t seed);
+
+/* n pseudo-random ids below vocab, a function of seed. */
+void kvf_test_random_ids(uint32_t *ids, int n, int vocab, uint32_t seed);
+
+/* max |a - b|; NaN anywhere gives NaN. */
+float kvf_test_max_abs_diff(const float *a, const float *b, size_t n);
+
+/* max |a - b| / max(1, max |b|): relative to the logits' scale. */
+float kvf_test_rel_diff(const float *a, const float *b, size_t n);
+
+#endif
