@@ -30,7 +30,7 @@
 // Block ids are checked against the pool on the device as well: an id
 // outside it (or a position past the table row) reads as zero K and V,
 // as in the prefill kernel, instead of being dereferenced.
-#include "cuda_common.cuh"
+#include "attention_common.cuh"
 
 #include <math.h>
 
@@ -50,19 +50,6 @@ static size_t kvf_attn_decode_smem_bytes(int group, int hd, int split_keys)
 {
     int cols = hd > DEC_THREADS ? hd : DEC_THREADS;
     return sizeof(float) * ((size_t)group * (size_t)cols + (size_t)group * (size_t)split_keys);
-}
-
-// Offset in the layer of (block table entry bi, head g, slot 0) of K, or -1
-// where the entry is past the row or the id is outside the pool.
-static __device__ __forceinline__ long long
-kvf_attn_decode_block_off(const kvf_cuda_attn_t &a, const int32_t *bt, int bi, int g)
-{
-    if (!bt || bi >= a.bt_stride)
-        return -1;
-    int blk = bt[bi];
-    if (blk < 0 || blk >= a.n_pool_blocks)
-        return -1;
-    return (long long)blk * a.block_stride + (long long)g * a.block_size * a.head_dim;
 }
 
 // GCAP: group rounded up to a power of two; step 4 keeps GCAP sums per
@@ -98,8 +85,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
     }
     const int n = k1 - k0; // keys of this split, 1 .. split_keys
     const int seq = a.seq[t];
-    const int32_t *bt =
-        seq >= 0 && seq < a.n_seqs ? a.block_tables + (size_t)seq * (size_t)a.bt_stride : nullptr;
+    const int32_t *bt = kvf_attn_table(a, seq);
     const long long v_delta = (long long)a.n_kv_heads * bs * hd; // K row -> V row
 
     float *q_s = kvf_decode_smem;                                        // (group, hd)
@@ -116,13 +102,12 @@ __global__ void __launch_bounds__(DEC_THREADS)
     //    d = lane + 32 c of the key in registers, reused by every head.
     for (int j = warp; j < n; j += DEC_WARPS) {
         const int p = k0 + j;
-        long long off = kvf_attn_decode_block_off(a, bt, p / bs, g);
+        long long off = kvf_attn_key_off(a, bt, p, g);
         float kr[DEC_D_PER_LANE];
 #pragma unroll
         for (int c = 0; c < DEC_D_PER_LANE; c++) {
             int d = lane + 32 * c;
-            kr[c] =
-                off >= 0 && d < hd ? __ldg(a.kv_layer + off + (long long)(p % bs) * hd + d) : 0.0f;
+            kr[c] = off >= 0 && d < hd ? __ldg(a.kv_layer + off + d) : 0.0f;
         }
         for (int h = 0; h < group; h++) {
             const float *qh = q_s + h * hd;
@@ -176,7 +161,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
         if (kg < n_kg) {
             // Block by block, so the table is read once per block.
             for (int bi = k0 / bs; bi <= (k1 - 1) / bs; bi++) {
-                long long off = kvf_attn_decode_block_off(a, bt, bi, g);
+                long long off = kvf_attn_key_off(a, bt, bi * bs, g);
                 if (off < 0)
                     continue; // zero V: adds nothing (its p still counts in l, as in step 2)
                 const float *vb = a.kv_layer + off + v_delta + c0 + cl;

@@ -30,7 +30,7 @@
 // Block ids are checked against the pool here as well as on the host: an
 // id outside the pool (or a position past the table row) reads as zero K and
 // V instead of being dereferenced.
-#include "cuda_common.cuh"
+#include "attention_common.cuh"
 
 #include <math.h>
 
@@ -83,17 +83,13 @@ __global__ void __launch_bounds__(PF_THREADS)
 
     // The host checks tiles; clamp anyway so a bad one cannot reach outside
     // the batch or past PF_ROWS rows. Every thread takes the same branch.
-    const int first = tiles[2 * blockIdx.x];
-    int count = tiles[2 * blockIdx.x + 1];
-    if (first < 0 || first >= a.n_tokens)
-        return;
-    count = min(count, min(PF_ROWS / group, a.n_tokens - first));
+    int first = 0;
+    const int count = kvf_attn_prefill_tile(a, tiles, PF_ROWS, group, &first);
     if (count <= 0)
         return;
     const int n_rows = count * group;
     const int seq = a.seq[first];
-    const bool seq_ok = seq >= 0 && seq < a.n_seqs;
-    const int32_t *bt = a.block_tables + (seq_ok ? (size_t)seq * (size_t)a.bt_stride : 0);
+    const int32_t *bt = kvf_attn_table(a, seq);
     // K of (block b, head g, slot s) at kv_layer + b * block_stride +
     // (g * bs + s) * hd; V at that + v_delta.
     const long long v_delta = (long long)a.n_kv_heads * bs * hd;
@@ -153,13 +149,7 @@ __global__ void __launch_bounds__(PF_THREADS)
         // chunk's second barrier.
         if (tid < KC) {
             int p = k0 + tid;
-            long long off = -1;
-            if (p < n_keys && seq_ok && p / bs < a.bt_stride) {
-                int blk = bt[p / bs];
-                if (blk >= 0 && blk < a.n_pool_blocks)
-                    off = (long long)blk * a.block_stride + ((long long)g * bs + p % bs) * hd;
-            }
-            key_off[tid] = off;
+            key_off[tid] = p < n_keys ? kvf_attn_key_off(a, bt, p, g) : -1;
         }
         // Also orders the previous chunk's P V reads of v_s and s_s before
         // this chunk's writes.

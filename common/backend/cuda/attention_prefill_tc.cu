@@ -26,7 +26,7 @@
 // the per-row rescale is done there.
 #include <mma.h>
 
-#include "cuda_common.cuh"
+#include "attention_common.cuh"
 #include "kvf/log.h"
 
 #include <math.h>
@@ -113,17 +113,13 @@ __global__ void __launch_bounds__(TC_THREADS)
     float *alpha_s = (float *)(kvf_tc_smem + L.alpha);           // (TC_ROWS) this chunk's rescale
 
     // The host checks tiles; clamp anyway (the same branch in every thread).
-    const int first = tiles[2 * blockIdx.x];
-    int count = tiles[2 * blockIdx.x + 1];
-    if (first < 0 || first >= a.n_tokens)
-        return;
-    count = min(count, min(TC_ROWS / group, a.n_tokens - first));
+    int first = 0;
+    const int count = kvf_attn_prefill_tile(a, tiles, TC_ROWS, group, &first);
     if (count <= 0)
         return;
     const int n_rows = count * group;
     const int seq = a.seq[first];
-    const bool seq_ok = seq >= 0 && seq < a.n_seqs;
-    const int32_t *bt = a.block_tables + (seq_ok ? (size_t)seq * (size_t)a.bt_stride : 0);
+    const int32_t *bt = kvf_attn_table(a, seq);
     const long long v_delta = (long long)a.n_kv_heads * bs * hd;
 
     // Q rows (inactive ones zero), O = 0, softmax state.
@@ -152,13 +148,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     for (int k0 = 0; k0 < n_keys; k0 += TC_KEYS) {
         if (tid < TC_KEYS) {
             int p = k0 + tid;
-            long long off = -1;
-            if (p < n_keys && seq_ok && p / bs < a.bt_stride) {
-                int blk = bt[p / bs];
-                if (blk >= 0 && blk < a.n_pool_blocks)
-                    off = (long long)blk * a.block_stride + ((long long)g * bs + p % bs) * hd;
-            }
-            key_off[tid] = off;
+            key_off[tid] = p < n_keys ? kvf_attn_key_off(a, bt, p, g) : -1;
         }
         // Also: every warp is done with the previous chunk's k_s / v_s.
         __syncthreads();

@@ -1,0 +1,48 @@
+// What the attention kernels share: finding a sequence's table row, a
+// key's place in the pool, and a prefill CTA's tile. Ids are checked here
+// as well as on the host: a bad sequence id, a position past the table row
+// or a block id outside the pool is never dereferenced (the key then reads
+// as zeros).
+#ifndef KVF_ATTENTION_COMMON_CUH
+#define KVF_ATTENTION_COMMON_CUH
+
+#include "cuda_common.cuh"
+
+// The table row of sequence seq, or NULL for an id outside the batch.
+__device__ __forceinline__ const int32_t *kvf_attn_table(const kvf_cuda_attn_t &a, int seq)
+{
+    return seq >= 0 && seq < a.n_seqs ? a.block_tables + (size_t)seq * (size_t)a.bt_stride
+                                      : nullptr;
+}
+
+// Offset in the layer (elements) of K at position p of kv head g for the
+// table row bt, or -1 where there is none. V is n_kv_heads * block_size *
+// head_dim further on.
+__device__ __forceinline__ long long kvf_attn_key_off(const kvf_cuda_attn_t &a, const int32_t *bt,
+                                                      int p, int g)
+{
+    const int bs = a.block_size;
+    if (!bt || p < 0 || p / bs >= a.bt_stride)
+        return -1;
+    const int blk = bt[p / bs];
+    if (blk < 0 || blk >= a.n_pool_blocks)
+        return -1;
+    return (long long)blk * a.block_stride + ((long long)g * bs + p % bs) * a.head_dim;
+}
+
+// The prefill tile of this CTA (blockIdx.x): its first batch row in
+// *first_p and its token count, clamped to the batch and to rows_cap query
+// rows (the host checks tiles; a bad one cannot reach outside). <= 0:
+// nothing to do. The same in every thread of the CTA.
+__device__ __forceinline__ int kvf_attn_prefill_tile(const kvf_cuda_attn_t &a, const int32_t *tiles,
+                                                     int rows_cap, int group, int *first_p)
+{
+    const int first = tiles[2 * blockIdx.x];
+    const int count = tiles[2 * blockIdx.x + 1];
+    if (first < 0 || first >= a.n_tokens)
+        return 0;
+    *first_p = first;
+    return min(count, min(rows_cap / group, a.n_tokens - first));
+}
+
+#endif
