@@ -488,9 +488,10 @@ static kvf_status_t collect_touched(cuda_ctx_t *c, const kvf_kv_geometry_t *g,
 
 // Enqueues the whole forward (after the metadata upload) on c->stream:
 // what a graph captures. With n_touched > 0 it also enqueues the per-layer
-// copies to the host mirror.
+// copies to the host mirror; with mark_layers, it records layer_done[l]
+// once layer l's K/V is in the pool (for the hooks).
 static kvf_status_t enqueue_forward(cuda_ctx_t *c, kvf_kvpool_t *pool, const batch_plan_t *p,
-                                    size_t n_touched)
+                                    size_t n_touched, bool mark_layers)
 {
     const kvf_model_t *mdl = c->model;
     const kvf_model_config_t *m = &mdl->cfg;
@@ -525,6 +526,8 @@ static kvf_status_t enqueue_forward(cuda_ctx_t *c, kvf_kvpool_t *pool, const bat
                                       m->n_heads, m->n_kv_heads, hd, g->block_size, n_pool_blocks));
         if (n_touched > 0)
             CHECK(copy_layer_to_host(c, pool, l, n_touched));
+        else if (mark_layers)
+            TRY(cudaEventRecord(c->layer_done[l], st), "event record");
         kvf_cuda_attn_t a;
         memset(&a, 0, sizeof(a));
         a.kv_layer = pool_dev + (int64_t)l * slice_elems;
@@ -603,7 +606,7 @@ static kvf_status_t graph_capture(cuda_ctx_t *c, kvf_kvpool_t *pool, const batch
         memset(e, 0, sizeof(*e));
     }
     TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), "graph capture");
-    kvf_status_t st = enqueue_forward(c, pool, p, 0);
+    kvf_status_t st = enqueue_forward(c, pool, p, 0, false);
     cudaGraph_t graph = NULL;
     cudaError_t err = cudaStreamEndCapture(c->stream, &graph);
     if (st != KVF_OK || err != cudaSuccess) {
@@ -673,7 +676,8 @@ static kvf_status_t cuda_forward(void *ctx, kvf_kvpool_t *pool, const kvf_engine
         }
     }
     if (!replayed) {
-        kvf_status_t st = enqueue_forward(c, pool, &p, n_touched);
+        kvf_status_t st =
+            enqueue_forward(c, pool, &p, n_touched, hooks && hooks->on_layer_done);
         if (st != KVF_OK) {
             cudaStreamSynchronize(c->stream);
             cudaStreamSynchronize(c->copy_stream);
@@ -698,12 +702,17 @@ static kvf_status_t cuda_forward(void *ctx, kvf_kvpool_t *pool, const kvf_engine
         TRY(cudaMemcpyAsync(c->ids_host, c->ids, (size_t)p.n_out * sizeof(int32_t),
                             cudaMemcpyDeviceToHost, c->stream),
             "ids download");
-    // Hooks in layer order: with host copies, each as its layer's K/V lands
-    // in the mirror while later layers still compute.
+    // Hooks in layer order, each once its layer's K/V is in the pool (and,
+    // with host copies, in the mirror) while later layers still compute. A
+    // replayed graph has no per-layer marks: its hooks run once it is done.
     if (hooks && hooks->on_layer_done) {
+        if (replayed)
+            TRY(cudaStreamSynchronize(c->stream), "forward");
         for (int l = 0; l < m->n_layers; l++) {
             if (n_touched > 0)
                 TRY(cudaEventSynchronize(c->copy_done[l]), "kv copy wait");
+            else if (!replayed)
+                TRY(cudaEventSynchronize(c->layer_done[l]), "layer wait");
             hooks->on_layer_done(hooks->arg, l);
         }
     }
