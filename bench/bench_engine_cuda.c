@@ -353,8 +353,9 @@ static int run_cuda_bench(const char *prog, const cuda_bench_opts_t *o)
         fprintf(stderr, "%s: cannot create the KV pool and engine: %s\n", prog, kvf_status_str(st));
         goto done;
     }
-    if (!o->greedy)
-        r.logits = malloc((size_t)MAX_BATCH * (size_t)c->vocab * sizeof(float));
+    if (!o->greedy) /* pinned, as the decode node's */
+        r.logits =
+            kvf_backend_host_alloc(&r.be, (size_t)MAX_BATCH * (size_t)c->vocab * sizeof(float));
     r.tokens = malloc((size_t)(PREFILL_TOKENS + MAX_BATCH) * sizeof(uint32_t));
     if ((!o->greedy && !r.logits) || !r.tokens) {
         fprintf(stderr, "%s: out of host memory\n", prog);
@@ -488,7 +489,7 @@ done:
         release_tables(&r);
     for (int i = 0; i < MAX_BATCH; i++)
         kvf_block_table_fini(&r.bts[i]);
-    free(r.logits);
+    kvf_backend_host_free(&r.be, r.logits);
     free(r.tokens);
     kvf_engine_destroy(r.engine);
     kvf_kvpool_destroy(r.pool);

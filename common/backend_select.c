@@ -3,6 +3,7 @@
 #include "kvf/backend.h"
 #include "kvf/log.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 kvf_status_t kvf_backend_kind_parse(const char *name, kvf_backend_kind_t *kind_p)
@@ -22,6 +23,23 @@ kvf_status_t kvf_backend_kind_parse(const char *name, kvf_backend_kind_t *kind_p
 const char *kvf_backend_kind_name(kvf_backend_kind_t kind)
 {
     return kind == KVF_BACKEND_CUDA ? "cuda" : "cpu";
+}
+
+void *kvf_backend_host_alloc(const kvf_backend_t *be, size_t bytes)
+{
+    if (be && be->ops && be->ops->host_alloc)
+        return be->ops->host_alloc(be->ctx, bytes);
+    return malloc(bytes);
+}
+
+void kvf_backend_host_free(const kvf_backend_t *be, void *p)
+{
+    if (!p)
+        return;
+    if (be && be->ops && be->ops->host_free)
+        be->ops->host_free(be->ctx, p);
+    else
+        free(p);
 }
 
 kvf_cuda_config_t kvf_cuda_config_default(void)

@@ -1364,7 +1364,8 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
     size_t rows = (size_t)d->cfg.max_running;
     d->seqs = calloc(rows, sizeof(*d->seqs));
     d->step_reqs = calloc(rows, sizeof(*d->step_reqs));
-    d->logits = malloc(rows * (size_t)d->vocab * sizeof(float));
+    /* Pinned on a GPU: sampled rows come back at full copy speed. */
+    d->logits = kvf_backend_host_alloc(&d->rt.backend, rows * (size_t)d->vocab * sizeof(float));
     d->greedy = calloc(rows, sizeof(*d->greedy));
     if (!d->seqs || !d->step_reqs || !d->logits || !d->greedy) {
         st = KVF_ERR_NOMEM;
@@ -1383,7 +1384,7 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
 
 fail_scratch:
     free(d->greedy);
-    free(d->logits);
+    kvf_backend_host_free(&d->rt.backend, d->logits);
     free(d->step_reqs);
     free(d->seqs);
     kvf_node_destroy(d->node);
@@ -1411,7 +1412,7 @@ void kvf_decode_destroy(kvf_decode_t *d)
     free(d->reqs);
     free(d->chunks);
     free(d->greedy);
-    free(d->logits);
+    kvf_backend_host_free(&d->rt.backend, d->logits);
     free(d->step_reqs);
     free(d->seqs);
     kvf_node_destroy(d->node);

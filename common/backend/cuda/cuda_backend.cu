@@ -676,8 +676,7 @@ static kvf_status_t cuda_forward(void *ctx, kvf_kvpool_t *pool, const kvf_engine
         }
     }
     if (!replayed) {
-        kvf_status_t st =
-            enqueue_forward(c, pool, &p, n_touched, hooks && hooks->on_layer_done);
+        kvf_status_t st = enqueue_forward(c, pool, &p, n_touched, hooks && hooks->on_layer_done);
         if (st != KVF_OK) {
             cudaStreamSynchronize(c->stream);
             cudaStreamSynchronize(c->copy_stream);
@@ -776,8 +775,39 @@ static void cuda_destroy(void *ctx)
     free(c);
 }
 
+static void *cuda_host_alloc(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        kvf_log_error("cuda: cannot allocate %zu bytes of pinned host memory", bytes);
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(void *ctx, void *p)
+{
+    (void)ctx;
+    cudaFreeHost(p);
+}
+
+// Positional: nvcc's C++ takes designated initializers only in order, and
+// the per-op slots are unused (forward owns the whole pass).
 static const kvf_backend_ops_t cuda_ops = {
-    "cuda", NULL, NULL, NULL, NULL, NULL, NULL, cuda_forward, cuda_synchronize, cuda_destroy,
+    "cuda",
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    cuda_forward,
+    cuda_synchronize,
+    cuda_destroy,
+    cuda_host_alloc,
+    cuda_host_free,
 };
 
 // ---- weights --------------------------------------------------------------

@@ -86,6 +86,11 @@ typedef struct kvf_backend_ops {
 
     /* Frees the context. */
     void (*destroy)(void *ctx);
+
+    /* (optional) Host memory the backend copies results into fastest
+     * (pinned memory for a GPU), and its release. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
 } kvf_backend_ops_t;
 
 typedef struct {
@@ -158,6 +163,13 @@ kvf_status_t kvf_backend_cuda_mem_info(const kvf_backend_t *be, size_t *free_p, 
 
 /* Bytes of weights be holds on the device. */
 size_t kvf_backend_cuda_weight_bytes(const kvf_backend_t *be);
+
+/* bytes of host memory for arrays the engine fills every step (logits
+ * rows): pinned on a GPU backend, so the copies run at full speed; plain
+ * malloc otherwise. NULL when out of memory. Free with
+ * kvf_backend_host_free() on the same backend, before it is destroyed. */
+void *kvf_backend_host_alloc(const kvf_backend_t *be, size_t bytes);
+void kvf_backend_host_free(const kvf_backend_t *be, void *p);
 
 /* Destroys the backend context; a zeroed backend is a no-op. */
 void kvf_backend_destroy(kvf_backend_t *be);
