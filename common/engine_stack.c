@@ -39,6 +39,9 @@ kvf_status_t kvf_engine_stack_init(kvf_engine_stack_t *s, const char *model_dir,
         st = kvf_backend_cuda_create(&cfg->cuda, s->model, &s->backend);
         if (st != KVF_OK)
             goto fail_backend;
+        /* The GPU has the weights now: the f32 host copy (4 bytes a
+         * parameter) would only hold the host's memory. */
+        kvf_model_drop_weights(s->model);
         /* The pool takes what the weights left, with a margin for
          * activations, cuBLAS and the graphs. */
         size_t free_b = 0, total_b = 0;

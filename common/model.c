@@ -751,6 +751,15 @@ void kvf_model_destroy(kvf_model_t *model)
     free(model);
 }
 
+void kvf_model_drop_weights(kvf_model_t *model)
+{
+    free(model->slab);
+    model->slab = NULL;
+    model->slab_bytes = 0;
+    model->embed = model->final_norm = model->lm_head = NULL;
+    memset(model->layers, 0, (size_t)model->cfg.n_layers * sizeof(*model->layers));
+}
+
 const char *kvf_model_fingerprint(const kvf_model_t *model)
 {
     return model->fingerprint;

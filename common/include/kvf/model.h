@@ -108,6 +108,12 @@ kvf_status_t kvf_model_load(const char *dir, kvf_model_t **model_p);
 /* Frees the model; NULL is a no-op. */
 void kvf_model_destroy(kvf_model_t *model);
 
+/* Frees the host copy of the weights once a backend holds its own (the
+ * CUDA backend after its upload): config, rotation frequencies and
+ * fingerprint stay; every weight pointer becomes NULL and the weight bytes
+ * 0. Nothing may compute on the model's host weights afterwards. */
+void kvf_model_drop_weights(kvf_model_t *model);
+
 /* 16 hex digits identifying the model: a hash of the config geometry and
  * every safetensors header. Nodes compare fingerprints to be sure they
  * serve the same weights. Owned by the model. */
