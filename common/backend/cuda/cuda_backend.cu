@@ -683,7 +683,23 @@ static kvf_status_t cuda_forward(void *ctx, kvf_kvpool_t *pool, const kvf_engine
             return st;
         }
     }
-    // Results: logits rows into the callers' arrays, greedy ids.
+    // Hooks in layer order, each once its layer's K/V is in the pool (and,
+    // with host copies, in the mirror) while later layers still compute. A
+    // replayed graph has no per-layer marks: its hooks run once it is done.
+    if (hooks && hooks->on_layer_done) {
+        if (replayed)
+            TRY(cudaStreamSynchronize(c->stream), "forward");
+        for (int l = 0; l < m->n_layers; l++) {
+            if (n_touched > 0)
+                TRY(cudaEventSynchronize(c->copy_done[l]), "kv copy wait");
+            else if (!replayed)
+                TRY(cudaEventSynchronize(c->layer_done[l]), "layer wait");
+            hooks->on_layer_done(hooks->arg, l);
+        }
+    }
+    // Results, after the hooks: a copy into pageable memory (the callers'
+    // logits arrays, unless pinned) blocks the host until the stream gets
+    // there, which would hold every hook back to the end of the forward.
     int o = 0;
     bool any_ids = false;
     for (int s = 0; s < n_seqs; s++) {
@@ -701,20 +717,6 @@ static kvf_status_t cuda_forward(void *ctx, kvf_kvpool_t *pool, const kvf_engine
         TRY(cudaMemcpyAsync(c->ids_host, c->ids, (size_t)p.n_out * sizeof(int32_t),
                             cudaMemcpyDeviceToHost, c->stream),
             "ids download");
-    // Hooks in layer order, each once its layer's K/V is in the pool (and,
-    // with host copies, in the mirror) while later layers still compute. A
-    // replayed graph has no per-layer marks: its hooks run once it is done.
-    if (hooks && hooks->on_layer_done) {
-        if (replayed)
-            TRY(cudaStreamSynchronize(c->stream), "forward");
-        for (int l = 0; l < m->n_layers; l++) {
-            if (n_touched > 0)
-                TRY(cudaEventSynchronize(c->copy_done[l]), "kv copy wait");
-            else if (!replayed)
-                TRY(cudaEventSynchronize(c->layer_done[l]), "layer wait");
-            hooks->on_layer_done(hooks->arg, l);
-        }
-    }
     TRY(cudaStreamSynchronize(c->stream), "forward");
     if (n_touched > 0)
         TRY(cudaStreamSynchronize(c->copy_stream), "kv copy");
