@@ -332,6 +332,16 @@ void print_where(const fiber *f)
     fprintf(stderr, ": ");
 }
 
+// The rest of a fault's line (after where it happened), counted; err
+// becomes the last error.
+void count_fault(cudaError_t err, const char *fmt, va_list ap)
+{
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    g.n_faults++;
+    g.error = err;
+}
+
 // A kernel error: printed, the launch stops. From a fiber, switches to the
 // host for good.
 void fault(const char *fmt, ...)
@@ -339,12 +349,9 @@ void fault(const char *fmt, ...)
     print_where(g.cur);
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    count_fault(cudaErrorLaunchFailure, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
-    g.n_faults++;
     g.aborted = true;
-    g.error = cudaErrorLaunchFailure;
     if (g.cur)
         switch_to(g.cur, nullptr, true);
 }
@@ -526,7 +533,21 @@ cudaError_t set_max_dynamic_smem(const void *kernel, int bytes)
     return cudaSuccess;
 }
 
-void run(const void *kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body)
+void set_last_error(cudaError_t err)
+{
+    g.error = err;
+}
+
+void host_fault(cudaError_t err, const char *fmt, ...)
+{
+    fprintf(stderr, "cuda emu: fault: ");
+    va_list ap;
+    va_start(ap, fmt);
+    count_fault(err, fmt, ap);
+    va_end(ap);
+}
+
+bool admit(const void *kernel, dim3 grid, dim3 block, size_t smem)
 {
     g.st.launches++;
     if (g.cur) {
@@ -541,11 +562,28 @@ void run(const void *kernel, dim3 grid, dim3 block, size_t smem, const std::func
         g.error = cudaErrorInvalidConfiguration;
         if (strncmp(bad, "dynamic", 7) == 0)
             g.error = cudaErrorInvalidValue;
-        return;
+        return false;
     }
     if (smem > g.st.max_dynamic_smem)
         g.st.max_dynamic_smem = smem;
+    return true;
+}
 
+void run(const void *kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body)
+{
+    if (admit(kernel, grid, block, smem))
+        execute(kernel, grid, block, smem, body);
+}
+
+void execute(const void *kernel, dim3 grid, dim3 block, size_t smem,
+             const std::function<void()> &body)
+{
+    (void)kernel;
+    if (g.cur) {
+        fprintf(stderr, "cuda emu: a kernel launched a kernel (not emulated)\n");
+        abort();
+    }
+    g.st.grids++;
     const unsigned n = block.x * block.y * block.z;
     while (g.slots.size() < n)
         g.slots.push_back(slot_create());
@@ -667,36 +705,61 @@ void *static_smem(shared_slot *slot, size_t bytes, size_t align)
 
 // ---- runtime API -------------------------------------------------------------
 
+// Name and text of each error the emulator gives, as the runtime spells
+// them.
+static const struct {
+    cudaError_t err;
+    const char *name, *text;
+} k_errors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidPitchValue, "cudaErrorInvalidPitchValue", "invalid pitch argument"},
+    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
+     "invalid copy direction for memcpy"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState",
+     "the operation cannot be performed in the present state"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
+     "an illegal memory access was encountered (emulator fault, see above)"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure",
+     "unspecified launch failure (emulator fault, see above)"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureUnmatched, "cudaErrorStreamCaptureUnmatched",
+     "capture was not initiated in this stream"},
+    {cudaErrorStreamCaptureUnjoined, "cudaErrorStreamCaptureUnjoined",
+     "capturing stream has unjoined work"},
+    {cudaErrorStreamCaptureIsolation, "cudaErrorStreamCaptureIsolation",
+     "dependency created on uncaptured work in another stream"},
+    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorCapturedEvent, "cudaErrorCapturedEvent",
+     "operation not permitted on an event last recorded in a capturing stream"},
+    {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
+     "attempt to terminate a thread-local capture sequence from another thread"},
+};
+
 const char *cudaGetErrorName(cudaError_t err)
 {
-    switch (err) {
-    case cudaSuccess:
-        return "cudaSuccess";
-    case cudaErrorInvalidValue:
-        return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-        return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration:
-        return "cudaErrorInvalidConfiguration";
-    case cudaErrorLaunchFailure:
-        return "cudaErrorLaunchFailure";
-    }
+    for (const auto &e : k_errors)
+        if (e.err == err)
+            return e.name;
     return "cudaErrorUnknown";
 }
 
 const char *cudaGetErrorString(cudaError_t err)
 {
-    switch (err) {
-    case cudaSuccess:
-        return "no error";
-    case cudaErrorInvalidValue:
-        return "invalid argument";
-    case cudaErrorMemoryAllocation:
-        return "out of memory";
-    case cudaErrorInvalidConfiguration:
-        return "invalid configuration argument";
-    case cudaErrorLaunchFailure:
-        return "unspecified launch failure (emulator fault, see above)";
-    }
+    for (const auto &e : k_errors)
+        if (e.err == err)
+            return e.text;
     return "unknown error";
 }

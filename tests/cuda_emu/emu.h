@@ -1,14 +1,17 @@
-// A CPU emulator for the part of CUDA our kernels use, so that CI machines
-// without a GPU run the real kernel code of common/backend/cuda/*.cu. The
-// .cu files are compiled as C++ against this header: cu_to_cc.cmake rewrites
-// the launch and __shared__ syntax, include/ stands in for <cuda_runtime.h>,
-// <cuda_bf16.h>, <cuda_fp16.h>, <mma.h> (warp matrix products) and the
-// status part of <cublas_v2.h>. The host launchers run unchanged, on host
-// memory.
+// A CPU emulator for the part of CUDA our code uses, so that CI machines
+// without a GPU run the real code of common/backend/cuda/*.cu: the kernels
+// and the backend that drives them. The .cu files are compiled as C++
+// against this header: cu_to_cc.cmake rewrites the launch and __shared__
+// syntax, include/ stands in for <cuda_runtime.h>, <cuda_bf16.h>,
+// <cuda_fp16.h>, <mma.h> (warp matrix products) and <cublas_v2.h>. Device
+// code runs here (emu.cc); the host API (memory, streams, events, graphs,
+// device queries, cuBLAS) is emu_runtime.h / emu_runtime.cc.
 //
 // What is emulated:
-//  - A launch runs synchronously on the calling thread, CTA after CTA
-//    (blockIdx.x fastest, then y, then z); the stream is ignored.
+//  - A launch runs on the calling thread, CTA after CTA (blockIdx.x
+//    fastest, then y, then z), when its stream runs it (emu_runtime.h): at
+//    once on the legacy stream (nullptr, what the kernel tests use), queued
+//    or recorded into a graph on a created stream.
 //  - Every CUDA thread of a CTA is a fiber with its own stack, on one OS
 //    thread. Fibers switch only at synchronization points (__syncthreads,
 //    __syncwarp, warp shuffles, mma_sync, thread exit), so a thread runs
@@ -30,7 +33,9 @@
 //    grid.y and grid.z at most 65535, dynamic shared memory above 48 KiB only
 //    after cudaFuncSetAttribute(MaxDynamicSharedMemorySize), at most 227 KiB.
 //    A refused launch runs nothing and its error comes back from
-//    cudaGetLastError(), as on the device.
+//    cudaGetLastError(), as on the device. On a created stream, a pointer
+//    argument must be device memory (cudaMalloc) or pinned host memory, as
+//    a GPU can reach no other (a fault otherwise).
 //  - Faults: threads waiting at different barriers (a deadlock on the
 //    device), a warp operation one of whose lanes exited or that the lanes
 //    reach with different masks, a partial-warp mask. Each is printed with
@@ -46,8 +51,7 @@
 //    another CTA (a grid-wide spin) never finishes.
 //  - Not provided, so a kernel using them does not compile: atomics, warp
 //    votes and matches, shuffles other than xor, textures, cooperative
-//    groups, cudaMalloc and the rest of the memory API ("device" pointers
-//    are host pointers), streams and events.
+//    groups.
 //  - Device math is the host's libm (expf, sqrtf): within an ulp or two of
 //    the device's, not bit-equal; nvcc contracts a * b + c into fmaf where
 //    g++ does not; tensor cores round their sums their own way. Comparisons
@@ -101,7 +105,24 @@ enum cudaError {
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidPitchValue = 12,
+    cudaErrorInvalidDevicePointer = 17,
+    cudaErrorInvalidMemcpyDirection = 21,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
+    cudaErrorNotReady = 600,
+    cudaErrorIllegalAddress = 700,
     cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureUnmatched = 903,
+    cudaErrorStreamCaptureUnjoined = 904,
+    cudaErrorStreamCaptureIsolation = 905,
+    cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorCapturedEvent = 907,
+    cudaErrorStreamCaptureWrongThread = 908,
 };
 typedef enum cudaError cudaError_t;
 
@@ -126,6 +147,7 @@ void set_order(order o);
 
 struct stats {
     unsigned long long launches; // launch attempts, refused ones included
+    unsigned long long grids;    // launches run (a replayed graph's count again)
     unsigned long long ctas;     // CTAs run
     unsigned long long switches; // fiber switches
     size_t max_dynamic_smem;     // largest dynamic shared memory of a launch (bytes)
@@ -153,18 +175,49 @@ void *dynamic_smem();
 void *static_smem(shared_slot *slot, size_t bytes, size_t align);
 cudaError_t set_max_dynamic_smem(const void *kernel, int bytes);
 cudaError_t last_error(bool clear);
+// Sets the error the next cudaGetLastError() returns (emu_runtime.cc).
+void set_last_error(cudaError_t err);
+// A fault found on the host side (emu_runtime.cc: a launch or a cuBLAS
+// call given memory the device cannot reach): printed, counted in faults(),
+// and err becomes the last error.
+void host_fault(cudaError_t err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-// Runs the grid: body() is the kernel call with its arguments, run once per
-// thread. Sets the error cudaGetLastError() returns.
+// A launch in two steps, as the device takes it: admit() checks the
+// configuration when the launch is made (counted in stats; a refused one
+// sets the error and returns false), execute() runs the grid when the
+// stream gets to it: body() is the kernel call with its arguments, run once
+// per thread; a fault sets the error.
+bool admit(const void *kernel, dim3 grid, dim3 block, size_t smem);
+void execute(const void *kernel, dim3 grid, dim3 block, size_t smem,
+             const std::function<void()> &body);
+// Both at once.
 void run(const void *kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
+
+// Gives work to a stream (emu_runtime.cc): op runs now, later or on every
+// replay of the graph the stream is capturing, as the stream dictates.
+// what names it in messages. Returns the error a launch into that stream
+// gets (a capture broken by it, a destroyed stream).
+cudaError_t submit(cudaStream_t stream, std::function<void()> op, const char *what);
+// On a created stream, a kernel's pointer argument i must be memory the
+// device reaches: false (after a host_fault) when it is not.
+bool device_reachable_arg(cudaStream_t stream, const void *kernel, int i, const void *p);
+
+template <typename T> bool reachable_arg(cudaStream_t, const void *, int, const T &)
+{
+    return true;
+}
+template <typename T> bool reachable_arg(cudaStream_t s, const void *kernel, int i, T *p)
+{
+    return device_reachable_arg(s, kernel, i, (const void *)p);
+}
 
 // kernel<<<grid, block, smem, stream>>>(args) is rewritten to
 // launch(kernel, grid, block, smem, stream)(args).
 template <typename... P> class launcher
 {
   public:
-    launcher(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem)
-        : kernel_(kernel), grid_(grid), block_(block), smem_(smem)
+    launcher(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream)
+        : kernel_(kernel), grid_(grid), block_(block), smem_(smem), stream_(stream)
     {
     }
     template <typename... A> void operator()(A &&...args) const
@@ -172,21 +225,41 @@ template <typename... P> class launcher
         // Converted to the parameter types once, as a launch copies them to
         // the device; every thread then gets its own by-value copy.
         std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
-        run((const void *)kernel_, grid_, block_, smem_, [&] { std::apply(kernel_, params); });
+        if (!admit((const void *)kernel_, grid_, block_, smem_) ||
+            !args_reachable(params, std::index_sequence_for<P...>{}))
+            return;
+        void (*kernel)(P...) = kernel_;
+        const dim3 grid = grid_, block = block_;
+        const size_t smem = smem_;
+        cudaError_t err = submit(
+            stream_,
+            [=] {
+                execute((const void *)kernel, grid, block, smem,
+                        [&] { std::apply(kernel, params); });
+            },
+            "kernel launch");
+        if (err != cudaSuccess)
+            set_last_error(err);
     }
 
   private:
+    template <typename T, size_t... I>
+    bool args_reachable(const T &params, std::index_sequence<I...>) const
+    {
+        return (reachable_arg(stream_, (const void *)kernel_, (int)I, std::get<I>(params)) && ...);
+    }
+
     void (*kernel_)(P...);
     dim3 grid_, block_;
     size_t smem_;
+    cudaStream_t stream_;
 };
 
 template <typename... P>
 launcher<P...> launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0,
                       cudaStream_t stream = nullptr)
 {
-    (void)stream;
-    return launcher<P...>(kernel, grid, block, smem);
+    return launcher<P...>(kernel, grid, block, smem, stream);
 }
 
 // Lane of the running thread in its warp (warps are runs of 32 linear

@@ -5,14 +5,12 @@
 //
 //   kvf_cuda_embed               dtype.c's conversions (exact)
 //   kvf_cuda_add_rmsnorm         CPU backend rmsnorm after x += delta
-//   kvf_cuda_rope                CPU backend rope, same cos|sin table
-//   kvf_cuda_bias_add            a loop (exact)
-//   kvf_cuda_kv_write            CPU backend kv_write into a kvf_kvpool_t (exact)
 //   kvf_cuda_qkv_rope_write      a loop for the bias, then CPU rope and kv_write
-//   kvf_cuda_attention_prefill,  CPU backend attention over the pool the two
-//   kvf_cuda_attention_prefill_tc, kv_writes filled (mixed prefill tiles and
-//   kvf_cuda_attention_decode    decode tokens), and a double loop for tables
-//                                with ids outside the pool (read as zero K, V)
+//   kvf_cuda_attention_prefill,  CPU backend attention over pools filled by
+//   kvf_cuda_attention_prefill_tc, qkv_rope_write and the CPU kv_write (mixed
+//   kvf_cuda_attention_decode    prefill tiles and decode tokens), and a double
+//                                loop for tables with ids outside the pool
+//                                (read as zero K, V)
 //   kvf_cuda_swiglu              CPU backend swiglu
 //   kvf_cuda_argmax              kvf_sample_argmax (ties, NaN, infinities)
 //   kvf_cuda_gather_rows         memcpy (exact)
@@ -26,9 +24,16 @@
 //
 // The emulator itself is checked first: its f16/bf16 conversions against
 // dtype.c, and small kernels that break the rules on purpose (a race, a
-// missing barrier, a deadlock, ...) must be caught.
+// missing barrier, a deadlock, ...) must be caught. Then the emulated
+// runtime (emu_runtime.h) against what CUDA documents: device memory
+// (poison, bounds, copy directions, host access and use after free crash),
+// deferred streams and events, graph capture and replay and the calls a
+// capture forbids, the device queries; and cublasGemmEx against a double
+// loop (every transpose, f32/f16/bf16, padded leading dimensions, beta 0
+// not reading C) with cuBLAS' answers to bad arguments.
 //
 // Prints PASS or FAIL per case and exits 1 when any failed.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 
@@ -42,12 +47,15 @@ extern "C" {
 #include "kvf/sampling.h"
 }
 
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <random>
@@ -577,6 +585,456 @@ void test_emulator()
     }
 }
 
+// ---- the emulated runtime and cuBLAS (emu_runtime.h, include/cublas_v2.h) ------
+
+// x[i] += v for i < n (one CTA of 64 threads per 64 elements).
+__global__ void emu_add_kernel(float *x, float v, int n)
+{
+    int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n)
+        x[i] += v;
+}
+
+void add_on(cudaStream_t s, float *x, float v, int n)
+{
+    kvf_emu::launch(emu_add_kernel, (unsigned)(n + 63) / 64, 64, 0, s)(x, v, n);
+}
+
+std::vector<float> download(const float *dev, size_t n)
+{
+    std::vector<float> h(n);
+    if (cudaMemcpy(h.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess)
+        h.assign(n, -12345.0f);
+    return h;
+}
+
+void upload(float *dev, const std::vector<float> &h)
+{
+    cudaMemcpy(dev, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice);
+}
+
+// Runs f in a child process (its stderr silenced): true when the child
+// dies (a signal, or a sanitizer's exit) rather than returning.
+template <typename F> bool child_crashes(F f)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        if (fd >= 0)
+            dup2(fd, 2);
+        f();
+        _exit(0);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid)
+        return false;
+    return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+void test_runtime_memory()
+{
+    check c("emulated runtime: device memory (poison, bounds, direction, counts, host access)");
+    kvf_emu::runtime_stats st0 = kvf_emu::get_runtime_stats();
+    size_t free0 = 0, total = 0;
+    if (cudaMemGetInfo(&free0, &total) != cudaSuccess || total != (size_t)16 << 30)
+        c.fail("cudaMemGetInfo: %zu of %zu bytes", free0, total);
+    float *d = nullptr;
+    if (cudaMalloc(&d, 100 * sizeof(float)) != cudaSuccess || !d || (uintptr_t)d % 256 != 0)
+        c.fail("cudaMalloc of 400 bytes: %p", (void *)d);
+    size_t free1 = 0;
+    cudaMemGetInfo(&free1, &total);
+    if (free0 - free1 != 400)
+        c.fail("cudaMemGetInfo: free went from %zu to %zu", free0, free1);
+    for (float v : download(d, 100))
+        if (!isnan(v)) {
+            c.fail("fresh device memory reads %g, not the NaN poison", v);
+            break;
+        }
+    std::vector<float> h(101, 1.0f);
+    printf("      (4 refused copies and 2 refused frees expected below)\n");
+    if (cudaMemcpy(d, h.data(), 101 * sizeof(float), cudaMemcpyHostToDevice) !=
+        cudaErrorInvalidValue)
+        c.fail("a copy past the end of an allocation was not refused");
+    if (cudaGetLastError() != cudaErrorInvalidValue)
+        c.fail("a refused copy left no error for cudaGetLastError");
+    if (cudaMemcpy(h.data(), d, 4, cudaMemcpyHostToDevice) != cudaErrorInvalidValue)
+        c.fail("a copy against its direction was not refused");
+    if (cudaMemcpy(d + 1, h.data(), 4, cudaMemcpyDeviceToHost) != cudaErrorInvalidValue)
+        c.fail("a device-to-host copy from host memory was not refused");
+    if (cudaMemcpyAsync(d, h.data(), 4, cudaMemcpyHostToDevice, (cudaStream_t)h.data()) !=
+        cudaErrorInvalidResourceHandle)
+        c.fail("a copy on a stream that is not one was not refused");
+    if (cudaFree(d + 1) != cudaErrorInvalidValue || cudaFreeHost(d) != cudaErrorInvalidValue)
+        c.fail("freeing what is not an allocation's start (or of the other kind) was not refused");
+    cudaGetLastError();
+    upload(d, std::vector<float>(100, 2.5f));
+    if (cudaMemset(d + 50, 0, 50 * sizeof(float)) != cudaSuccess)
+        c.fail("cudaMemset failed");
+    std::vector<float> back = download(d, 100);
+    if (back[49] != 2.5f || back[50] != 0.0f || back[99] != 0.0f)
+        c.fail("upload / memset / download: %g %g %g", back[49], back[50], back[99]);
+    // On a GPU the host cannot touch device memory, a run past an
+    // allocation faults, freed memory is gone: all three crash here too.
+    if (!child_crashes([&] { *(volatile float *)d = 1.0f; }))
+        c.fail("a host write to device memory did not crash");
+    // (400 bytes end where a page ends, 512 rounded: index 128 is past it.)
+    if (!child_crashes([&] { add_on(nullptr, d, 1.0f, 129); }))
+        c.fail("a kernel writing past an allocation did not crash");
+    float *pinned = nullptr;
+    if (cudaMallocHost(&pinned, 8 * sizeof(float)) != cudaSuccess)
+        c.fail("cudaMallocHost failed");
+    pinned[0] = 3.0f; // the host's own memory
+    if (cudaFree(d) != cudaSuccess || cudaFreeHost(pinned) != cudaSuccess)
+        c.fail("cudaFree / cudaFreeHost failed");
+    if (!child_crashes([&] { add_on(nullptr, d, 1.0f, 8); }))
+        c.fail("a kernel writing freed device memory did not crash");
+    kvf_emu::fail_allocation_after(1);
+    float *a = nullptr, *b = nullptr;
+    cudaError_t ea = cudaMalloc(&a, 64), eb = cudaMalloc(&b, 64);
+    if (ea != cudaSuccess || eb != cudaErrorMemoryAllocation ||
+        cudaGetLastError() != cudaErrorMemoryAllocation)
+        c.fail("fail_allocation_after(1): %s, %s", cudaGetErrorName(ea), cudaGetErrorName(eb));
+    cudaFree(a);
+    kvf_emu::runtime_stats st1 = kvf_emu::get_runtime_stats();
+    if (st1.device_allocations != st0.device_allocations ||
+        st1.pinned_allocations != st0.pinned_allocations || st1.device_bytes != st0.device_bytes)
+        c.fail("live allocations: %zu device, %zu pinned after, %zu and %zu before",
+               st1.device_allocations, st1.pinned_allocations, st0.device_allocations,
+               st0.pinned_allocations);
+}
+
+void test_runtime_streams()
+{
+    check c("emulated runtime: deferred streams, events, pinned copies, kernel arguments");
+    kvf_emu::set_stream_mode(kvf_emu::stream_mode::deferred);
+    cudaStream_t s1 = nullptr, s2 = nullptr;
+    cudaEvent_t e = nullptr;
+    float *d = nullptr, *pinned = nullptr;
+    if (cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess ||
+        cudaMalloc(&d, 64 * sizeof(float)) != cudaSuccess ||
+        cudaMallocHost(&pinned, 64 * sizeof(float)) != cudaSuccess) {
+        c.fail("setup failed");
+        return;
+    }
+    cudaMemsetAsync(d, 0, 64 * sizeof(float), s1);
+    add_on(s1, d, 1.5f, 64);
+    if (cudaGetLastError() != cudaSuccess)
+        c.fail("a launch on a stream failed");
+    cudaEventRecord(e, s1);
+    cudaStreamWaitEvent(s2, e, 0);
+    cudaMemcpyAsync(pinned, d, 64 * sizeof(float), cudaMemcpyDeviceToHost, s2);
+    if (!isnan(pinned[0]))
+        c.fail("deferred: the copy into pinned memory ran before the host waited (%g)", pinned[0]);
+    if (cudaStreamSynchronize(s2) != cudaSuccess || pinned[0] != 1.5f || pinned[63] != 1.5f)
+        c.fail("s2 waited for s1's event: %g %g, want 1.5", pinned[0], pinned[63]);
+    // An event recorded before more work on s1: waiting for it leaves that
+    // work queued.
+    add_on(s1, d, 1.0f, 64);
+    cudaEventRecord(e, s1);
+    add_on(s1, d, 100.0f, 64);
+    cudaEventSynchronize(e);
+    cudaMemcpyAsync(pinned, d, 4, cudaMemcpyDeviceToHost, s2); // no wait: races s1
+    cudaStreamSynchronize(s2);
+    if (pinned[0] != 2.5f)
+        c.fail("the copy saw %g, want s1 up to the event (2.5)", pinned[0]);
+    cudaStreamSynchronize(s1);
+    if (download(d, 1)[0] != 102.5f)
+        c.fail("s1 after its sync: %g, want 102.5", download(d, 1)[0]);
+    // The legacy stream's memset is asynchronous: a non-blocking stream does
+    // not wait for it.
+    cudaMemset(d, 0, 4);
+    cudaMemcpyAsync(pinned, d, 4, cudaMemcpyDeviceToHost, s2);
+    cudaStreamSynchronize(s2);
+    if (pinned[0] != 102.5f)
+        c.fail("a non-blocking stream waited for the legacy stream (%g)", pinned[0]);
+    cudaDeviceSynchronize();
+    if (download(d, 1)[0] != 0.0f)
+        c.fail("the legacy memset did not run by cudaDeviceSynchronize");
+    // A kernel argument on a created stream must be memory the device
+    // reaches.
+    std::vector<float> host(64, 0.0f);
+    unsigned long long faults = kvf_emu::faults();
+    printf("      (1 emulator fault message expected below)\n");
+    add_on(s1, host.data(), 1.0f, 64);
+    add_on(s1, pinned, 1.0f, 64); // pinned: reachable
+    cudaStreamSynchronize(s1);
+    if (kvf_emu::faults() != faults + 1 || cudaGetLastError() != cudaErrorIllegalAddress)
+        c.fail("a pageable host pointer given to a kernel on a stream was not a fault");
+    if (host[0] != 0.0f || pinned[0] != 103.5f)
+        c.fail("the refused launch ran (%g), or the pinned one did not (%g)", host[0], pinned[0]);
+    kvf_emu::set_stream_mode(kvf_emu::stream_mode::immediate);
+    if (cudaEventDestroy(e) != cudaSuccess || cudaStreamDestroy(s1) != cudaSuccess ||
+        cudaStreamDestroy(s2) != cudaSuccess || cudaFree(d) != cudaSuccess ||
+        cudaFreeHost(pinned) != cudaSuccess)
+        c.fail("teardown failed");
+}
+
+void test_runtime_graphs()
+{
+    check c("emulated runtime: graph capture, replay and the calls a capture forbids");
+    cudaStream_t s = nullptr, s2 = nullptr;
+    cudaEvent_t outside = nullptr, fork = nullptr, join = nullptr;
+    float *d = nullptr;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+    cudaEventCreate(&outside);
+    cudaEventCreate(&fork);
+    cudaEventCreate(&join);
+    cudaMalloc(&d, 64 * sizeof(float));
+    upload(d, std::vector<float>(64, 0.0f));
+    kvf_emu::runtime_stats st0 = kvf_emu::get_runtime_stats();
+
+    // Recorded, not run; every replay runs it again, on what memory holds
+    // then.
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t x = nullptr;
+    if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        c.fail("cudaStreamBeginCapture failed");
+    cudaStreamCaptureStatus cs;
+    if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusActive)
+        c.fail("the stream does not say it is capturing");
+    add_on(s, d, 1.0f, 64);
+    add_on(s, d, 2.0f, 32);
+    if (cudaStreamEndCapture(s, &g) != cudaSuccess || !g)
+        c.fail("cudaStreamEndCapture failed");
+    if (download(d, 1)[0] != 0.0f)
+        c.fail("a captured launch ran");
+    if (cudaGraphInstantiate(&x, g, 0) != cudaSuccess)
+        c.fail("cudaGraphInstantiate failed");
+    cudaGraphDestroy(g); // the executable graph keeps its nodes
+    cudaGraphLaunch(x, s);
+    cudaGraphLaunch(x, s);
+    cudaStreamSynchronize(s);
+    std::vector<float> v = download(d, 64);
+    if (v[0] != 6.0f || v[40] != 2.0f)
+        c.fail("two replays: %g and %g, want 6 and 2", v[0], v[40]);
+
+    // What a capture forbids: it fails and the end gives no graph.
+    printf("      (7 refused calls expected below)\n");
+    struct forbidden {
+        const char *what;
+        cudaError_t want;
+        std::function<cudaError_t()> call;
+    };
+    float *extra = nullptr;
+    cudaEventRecord(outside, s2);
+    const forbidden cases[] = {
+        {"cudaMalloc", cudaErrorStreamCaptureUnsupported, [&] { return cudaMalloc(&extra, 256); }},
+        {"cudaStreamSynchronize", cudaErrorStreamCaptureUnsupported,
+         [&] { return cudaStreamSynchronize(s); }},
+        {"cudaMemcpy", cudaErrorStreamCaptureUnsupported,
+         [&] {
+             float one = 1.0f;
+             return cudaMemcpy(d, &one, 4, cudaMemcpyHostToDevice);
+         }},
+        {"cudaFree", cudaErrorStreamCaptureUnsupported, [&] { return cudaFree(d); }},
+        {"a wait for an event recorded outside the capture", cudaErrorStreamCaptureIsolation,
+         [&] { return cudaStreamWaitEvent(s, outside, 0); }},
+    };
+    for (const forbidden &f : cases) {
+        g = nullptr;
+        cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+        add_on(s, d, 1.0f, 64);
+        cudaError_t err = f.call();
+        cudaError_t end = cudaStreamEndCapture(s, &g);
+        if (err != f.want || end != cudaErrorStreamCaptureInvalidated || g)
+            c.fail("%s during a capture: %s, the end %s", f.what, cudaGetErrorName(err),
+                   cudaGetErrorName(end));
+        cudaGetLastError();
+    }
+    if (extra)
+        c.fail("cudaMalloc during a capture allocated");
+    // A fork not joined back.
+    g = nullptr;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    cudaEventRecord(fork, s);
+    cudaStreamWaitEvent(s2, fork, 0);
+    add_on(s2, d, 10.0f, 64);
+    if (cudaStreamEndCapture(s, &g) != cudaErrorStreamCaptureUnjoined || g)
+        c.fail("an unjoined fork was not refused");
+    cudaGetLastError();
+    // Joined: both branches replay.
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    cudaEventRecord(fork, s);
+    cudaStreamWaitEvent(s2, fork, 0);
+    add_on(s2, d, 10.0f, 64);
+    cudaEventRecord(join, s2);
+    cudaStreamWaitEvent(s, join, 0);
+    add_on(s, d, 1.0f, 64);
+    if (cudaEventSynchronize(join) != cudaErrorCapturedEvent)
+        c.fail("waiting on the host for an event recorded in an open capture was allowed");
+    cudaGetLastError();
+    if (cudaStreamEndCapture(s, &g) != cudaSuccess || !g)
+        c.fail("a joined fork was refused");
+    cudaGraphExec_t x2 = nullptr;
+    cudaGraphInstantiate(&x2, g, 0);
+    cudaGraphLaunch(x2, s);
+    cudaStreamSynchronize(s);
+    if (download(d, 1)[0] != 17.0f)
+        c.fail("the forked capture replayed to %g, want 17", download(d, 1)[0]);
+    kvf_emu::runtime_stats st1 = kvf_emu::get_runtime_stats();
+    if (st1.captures - st0.captures != 2 || st1.replays - st0.replays != 3)
+        c.fail("%llu captures and %llu replays counted, want 2 and 3", st1.captures - st0.captures,
+               st1.replays - st0.replays);
+    cudaGraphDestroy(g);
+    cudaGraphExecDestroy(x);
+    cudaGraphExecDestroy(x2);
+    cudaEventDestroy(outside);
+    cudaEventDestroy(fork);
+    cudaEventDestroy(join);
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(s2);
+    cudaFree(d);
+    if (cudaGetLastError() != cudaSuccess)
+        c.fail("an error was left behind");
+}
+
+void test_runtime_device()
+{
+    check c("emulated runtime: one device (sm_90, 8 SMs), or none");
+    int n = -1, sms = 0, major = 0;
+    cudaDeviceProp p;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n != 1 ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess ||
+        sms != 8 || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) ||
+        major != 9 || cudaGetDeviceProperties(&p, 0) != cudaSuccess || p.major != 9 ||
+        p.multiProcessorCount != 8)
+        c.fail("device 0: count %d, %d SMs, sm_%d", n, sms, major);
+    if (cudaSetDevice(1) != cudaErrorInvalidDevice)
+        c.fail("cudaSetDevice(1) succeeded");
+    cudaGetLastError();
+    kvf_emu::set_device_count(0);
+    float *d = nullptr;
+    if (cudaGetDeviceCount(&n) != cudaErrorNoDevice || n != 0 ||
+        cudaMalloc(&d, 4) != cudaErrorNoDevice)
+        c.fail("without a device: count %d", n);
+    kvf_emu::set_device_count(1);
+    cudaGetLastError();
+}
+
+// C = alpha op(A) op(B) + beta C against a double loop, column-major as
+// cuBLAS documents it.
+void test_gemm()
+{
+    const cudaDataType_t types[] = {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF};
+    cublasHandle_t h = nullptr;
+    cudaStream_t s = nullptr;
+    cublasCreate(&h);
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cublasSetStream(h, s);
+    for (cudaDataType_t t : types)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (float beta : {0.0f, 0.5f}) {
+                    const char *tn = t == CUDA_R_32F ? "f32" : t == CUDA_R_16F ? "f16" : "bf16";
+                    check c(fmt("cublasGemmEx %s op(A)=%s op(B)=%s beta %g", tn, ta ? "T" : "N",
+                                tb ? "T" : "N", (double)beta));
+                    const int m = 37, n = 5, k = 70;
+                    const int a_rows = ta ? k : m, a_cols = ta ? m : k;
+                    const int b_rows = tb ? n : k, b_cols = tb ? k : n;
+                    const int lda = a_rows + 3, ldb = b_rows + 1, ldc = m + 2;
+                    const size_t esz = t == CUDA_R_32F ? 4 : 2;
+                    std::vector<float> af = random_floats((size_t)lda * a_cols);
+                    std::vector<float> bf = random_floats((size_t)ldb * b_cols);
+                    std::vector<float> c0 = random_floats((size_t)ldc * n);
+                    // Stored in the type, and read back as the exact inputs.
+                    std::vector<unsigned char> ab(af.size() * esz), bb(bf.size() * esz);
+                    auto store = [&](std::vector<float> &f, std::vector<unsigned char> &b) {
+                        for (size_t i = 0; i < f.size(); i++) {
+                            if (t == CUDA_R_32F) {
+                                memcpy(&b[4 * i], &f[i], 4);
+                                continue;
+                            }
+                            uint16_t x =
+                                t == CUDA_R_16F ? kvf_f32_to_f16(f[i]) : kvf_f32_to_bf16(f[i]);
+                            memcpy(&b[2 * i], &x, 2);
+                            f[i] = t == CUDA_R_16F ? kvf_f16_to_f32(x) : kvf_bf16_to_f32(x);
+                        }
+                    };
+                    store(af, ab);
+                    store(bf, bb);
+                    if (beta == 0.0f) // not read: a NaN must not reach the result
+                        for (int j = 0; j < n; j++)
+                            c0[(size_t)j * ldc + 3] = NAN;
+                    void *da = nullptr, *db = nullptr;
+                    float *dc = nullptr;
+                    cudaMalloc(&da, ab.size());
+                    cudaMalloc(&db, bb.size());
+                    cudaMalloc(&dc, c0.size() * sizeof(float));
+                    cudaMemcpy(da, ab.data(), ab.size(), cudaMemcpyHostToDevice);
+                    cudaMemcpy(db, bb.data(), bb.size(), cudaMemcpyHostToDevice);
+                    upload(dc, c0);
+                    const float alpha = 1.5f;
+                    cublasStatus_t st = cublasGemmEx(
+                        h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+                        &alpha, da, t, lda, db, t, ldb, &beta, dc, CUDA_R_32F, ldc,
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                    if (st != CUBLAS_STATUS_SUCCESS)
+                        c.fail("cublasGemmEx: %s", cublasGetStatusString(st));
+                    cudaStreamSynchronize(s);
+                    std::vector<float> got = download(dc, c0.size());
+                    int shown = 0;
+                    for (int j = 0; j < n; j++)
+                        for (int i = 0; i < ldc; i++) {
+                            size_t at = (size_t)j * ldc + i;
+                            if (i >= m) { // padding rows of C: untouched
+                                if (memcmp(&got[at], &c0[at], 4) != 0 && shown++ < 3)
+                                    c.fail("C(%d, %d) past m was written", i, j);
+                                continue;
+                            }
+                            double acc = 0;
+                            for (int l = 0; l < k; l++) {
+                                double a = ta ? af[(size_t)i * lda + l] : af[(size_t)l * lda + i];
+                                double b = tb ? bf[(size_t)l * ldb + j] : bf[(size_t)j * ldb + l];
+                                acc += a * b;
+                            }
+                            double want = alpha * acc + (beta != 0.0f ? beta * c0[at] : 0.0);
+                            if (!c.near(got[at], want, 1e-5 * (1 + fabs(want))) && shown++ < 3)
+                                c.fail("C(%d, %d) = %.9g, want %.9g", i, j, got[at], want);
+                        }
+                    cudaFree(da);
+                    cudaFree(db);
+                    cudaFree(dc);
+                }
+    check c("cublasGemmEx: bad arguments refused as cuBLAS does, host operands a fault");
+    float *dev = nullptr;
+    cudaMalloc(&dev, 64 * sizeof(float));
+    std::vector<float> host(64);
+    const float one = 1.0f, zero = 0.0f;
+    auto gemm = [&](int m, int lda, const void *a, cudaDataType_t at, cudaDataType_t ct) {
+        return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, 4, 4, &one, a, at, lda, dev, at, 4,
+                            &zero, dev, ct, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    };
+    if (gemm(4, 4, dev, CUDA_R_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
+        c.fail("a good call was refused");
+    if (gemm(8, 4, dev, CUDA_R_32F, CUDA_R_32F) != CUBLAS_STATUS_INVALID_VALUE)
+        c.fail("lda below m was accepted");
+    if (gemm(4, 4, dev, CUDA_R_32F, CUDA_R_16F) != CUBLAS_STATUS_NOT_SUPPORTED)
+        c.fail("an f16 output was accepted");
+    if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, dev, CUDA_R_16F, 4, dev,
+                     CUDA_R_32F, 4, &zero, dev, CUDA_R_32F, 4, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_NOT_SUPPORTED)
+        c.fail("mixed input types were accepted");
+    unsigned long long faults = kvf_emu::faults();
+    printf("      (1 emulator fault message expected below)\n");
+    if (gemm(4, 4, host.data(), CUDA_R_32F, CUDA_R_32F) != CUBLAS_STATUS_EXECUTION_FAILED ||
+        kvf_emu::faults() != faults + 1)
+        c.fail("a host operand was not a fault");
+    cudaGetLastError();
+    cudaStreamSynchronize(s);
+    cudaFree(dev);
+    cublasDestroy(h);
+    cudaStreamDestroy(s);
+    kvf_emu::runtime_stats rs = kvf_emu::get_runtime_stats();
+    if (rs.blas_handles != 0 || rs.streams != 0 || rs.device_allocations != 0 || rs.events != 0 ||
+        rs.graphs != 0 || rs.graph_execs != 0)
+        c.fail("resources left after the runtime tests");
+}
+
 // ---- elementwise ops ---------------------------------------------------------
 
 void test_embed()
@@ -702,70 +1160,6 @@ std::vector<float> rope_table(const std::vector<int32_t> &pos, int hd)
             cs[t * hd + half + d] = (float)sin(a);
         }
     return cs;
-}
-
-void test_rope()
-{
-    const std::vector<int32_t> pos = {0, 1, 17, 300, 4095};
-    const int m = (int)pos.size();
-    // (n_heads, n_kv_heads, head_dim): the golden model, Llama 1B's 64, 128,
-    // and the head dims that do not divide the 128 threads.
-    const int shapes[][3] = {{4, 2, 16}, {8, 2, 64}, {4, 4, 128}, {4, 2, 96}, {6, 2, 80}};
-    for (auto &sh : shapes) {
-        const int nh = sh[0], nkv = sh[1], hd = sh[2];
-        check c(fmt("rope q %d + k %d heads of %d", nh, nkv, hd));
-        const int ld = (nh + 2 * nkv) * hd + 3; // a fused qkv row, padded
-        std::vector<float> cs = rope_table(pos, hd);
-        std::vector<float> qkv0 = random_floats((size_t)m * ld, -2, 2);
-        auto got = both_orders(c, [&] {
-            std::vector<float> qkv = qkv0;
-            launch_ok(c, "rope q",
-                      [&] { return kvf_cuda_rope(nullptr, qkv.data(), ld, cs.data(), m, nh, hd); });
-            launch_ok(c, "rope k", [&] {
-                return kvf_cuda_rope(nullptr, qkv.data() + nh * hd, ld, cs.data(), m, nkv, hd);
-            });
-            return bytes_of(qkv);
-        });
-        std::vector<float> want = qkv0;
-        g_cpu.ops->rope(g_cpu.ctx, want.data(), ld, cs.data(), m, nh, hd);
-        g_cpu.ops->rope(g_cpu.ctx, want.data() + nh * hd, ld, cs.data(), m, nkv, hd);
-        // The same f32 products and sums: equal, or an ulp off where a
-        // compiler contracted them into an FMA.
-        compare_rows(c, "qkv", got, KVF_DTYPE_F32, m, ld, ld, want.data(), ld, 3e-7);
-    }
-    check c("rope: bad shapes refused, empty batch launches nothing");
-    float x[64] = {0}, cs[16] = {0};
-    refused(c, "odd head_dim", KVF_ERR_INVAL,
-            [&] { return kvf_cuda_rope(nullptr, x, 64, cs, 1, 4, 15); });
-    refused(c, "heads past the row", KVF_ERR_INVAL,
-            [&] { return kvf_cuda_rope(nullptr, x, 60, cs, 1, 4, 16); });
-    empty_ok(c, "rope", [&] { return kvf_cuda_rope(nullptr, x, 64, cs, 0, 4, 16); });
-}
-
-void test_bias_add()
-{
-    const int m = 4;
-    for (int n : {48, 300}) {
-        check c(fmt("bias_add %d x %d", m, n));
-        const int ld = n + 10;
-        std::vector<float> x0 = random_floats((size_t)m * ld), bias = random_floats((size_t)n);
-        auto got = both_orders(c, [&] {
-            std::vector<float> x = x0;
-            launch_ok(c, "bias_add",
-                      [&] { return kvf_cuda_bias_add(nullptr, x.data(), ld, bias.data(), m, n); });
-            return bytes_of(x);
-        });
-        std::vector<float> want = x0;
-        for (int r = 0; r < m; r++)
-            for (int j = 0; j < n; j++)
-                want[(size_t)r * ld + j] += bias[j];
-        compare_rows(c, "x", got, KVF_DTYPE_F32, m, ld, ld, want.data(), ld, 0);
-    }
-    check c("bias_add: bad shapes refused, empty batch launches nothing");
-    float x[16] = {0}, b[16] = {0};
-    refused(c, "ld < n", KVF_ERR_INVAL, [&] { return kvf_cuda_bias_add(nullptr, x, 8, b, 1, 16); });
-    refused(c, "n 0", KVF_ERR_INVAL, [&] { return kvf_cuda_bias_add(nullptr, x, 8, b, 1, 0); });
-    empty_ok(c, "bias_add", [&] { return kvf_cuda_bias_add(nullptr, x, 16, b, 0, 16); });
 }
 
 void test_swiglu()
@@ -1037,65 +1431,6 @@ void compare_pools(check &c, const kv_batch &b, const std::vector<unsigned char>
             c.fail("pool float %zu is %.9g, the CPU backend's %.9g", i, got[i], want[i]);
 }
 
-void test_kv_write()
-{
-    struct kv_case {
-        geometry g;
-        std::vector<seq_spec> seqs;
-    };
-    const kv_case cases[] = {
-        {{4, 2, 16, 16}, {{0, 20}, {37, 9}, {5, 1}}},
-        {{8, 2, 64, 16}, {{100, 17}, {3, 1}, {0, 33}}},
-        {{4, 2, 96, 1}, {{0, 5}, {9, 1}}},
-        {{4, 1, 80, 256}, {{250, 12}, {0, 3}}},
-    };
-    for (const kv_case &kc : cases) {
-        kv_batch b(kc.g, kc.seqs);
-        check c("kv_write " + b.describe());
-        const int kv_dim = b.g.n_kv_heads * b.g.head_dim, ld = 3 * kv_dim + 5;
-        std::vector<float> kv = random_floats((size_t)b.n_tokens * ld);
-        const float *k = kv.data(), *v = kv.data() + kv_dim;
-        // Two more tokens whose blocks are outside the pool: never written.
-        std::vector<int32_t> tok_block = b.tok_block, pos = b.pos;
-        tok_block.push_back(-1);
-        tok_block.push_back((int32_t)b.n_blocks);
-        pos.push_back(0);
-        pos.push_back(1);
-        std::vector<float> kv_ext = kv;
-        kv_ext.resize((size_t)(b.n_tokens + 2) * ld, 9.0f);
-        const auto start = b.emu_pool_bytes();
-        auto got = both_orders(c, [&] {
-            b.reset_emu_pool(start);
-            launch_ok(c, "kv_write", [&] {
-                return kvf_cuda_kv_write(
-                    nullptr, b.emu_base(), b.block_stride(), b.layer_off(), kv_ext.data(),
-                    kv_ext.data() + kv_dim, ld, tok_block.data(), pos.data(), b.n_tokens + 2,
-                    b.g.n_kv_heads, b.g.head_dim, b.g.block_size, (int)b.n_blocks);
-            });
-            return b.emu_pool_bytes();
-        });
-        auto ptrs = b.table_ptrs();
-        kvf_batch_layout_t lay = b.layout(ptrs);
-        g_cpu.ops->kv_write(g_cpu.ctx, b.cpu_pool, b.layer, k, v, ld, &lay);
-        compare_pools(c, b, got, 0);
-    }
-    check c("kv_write: bad shapes refused, empty batch launches nothing");
-    float pool[64] = {0}, kv[64] = {0};
-    int32_t ids[1] = {0}, pos[1] = {0};
-    refused(c, "block size 0", KVF_ERR_INVAL, [&] {
-        return kvf_cuda_kv_write(nullptr, pool, 64, 0, kv, kv, 16, ids, pos, 1, 1, 16, 0, 1);
-    });
-    refused(c, "ld < kv dim", KVF_ERR_INVAL, [&] {
-        return kvf_cuda_kv_write(nullptr, pool, 64, 0, kv, kv, 8, ids, pos, 1, 1, 16, 1, 1);
-    });
-    refused(c, "no pool blocks", KVF_ERR_INVAL, [&] {
-        return kvf_cuda_kv_write(nullptr, pool, 64, 0, kv, kv, 16, ids, pos, 1, 1, 16, 1, 0);
-    });
-    empty_ok(c, "kv_write", [&] {
-        return kvf_cuda_kv_write(nullptr, pool, 64, 0, kv, kv, 16, ids, pos, 0, 1, 16, 1, 1);
-    });
-}
-
 void test_qkv_rope_write()
 {
     struct qkv_case {
@@ -1115,9 +1450,17 @@ void test_qkv_rope_write()
         check c("qkv_rope_write " + b.describe() + (qc.bias ? " bias" : ""));
         const int hd = b.g.head_dim, q_dim = b.g.n_heads * hd, kv_dim = b.g.n_kv_heads * hd;
         const int ld = q_dim + 2 * kv_dim + 3;
-        std::vector<float> qkv0 = random_floats((size_t)b.n_tokens * ld, -2, 2);
+        // Two more tokens whose blocks are outside the pool: their q is
+        // rotated, their k and v are never written.
+        std::vector<int32_t> tok_block = b.tok_block, pos = b.pos;
+        tok_block.push_back(-1);
+        tok_block.push_back((int32_t)b.n_blocks);
+        pos.push_back(3);
+        pos.push_back(b.g.block_size + 1);
+        const int n_rows = b.n_tokens + 2;
+        std::vector<float> qkv0 = random_floats((size_t)n_rows * ld, -2, 2);
         std::vector<float> bias = random_floats((size_t)(q_dim + 2 * kv_dim));
-        std::vector<float> cs = rope_table(b.pos, hd);
+        std::vector<float> cs = rope_table(pos, hd);
         const auto start = b.emu_pool_bytes();
         std::vector<float> q_after;
         auto got = both_orders(c, [&] {
@@ -1126,8 +1469,8 @@ void test_qkv_rope_write()
             launch_ok(c, "qkv_rope_write", [&] {
                 return kvf_cuda_qkv_rope_write(
                     nullptr, qkv.data(), ld, qc.bias ? bias.data() : nullptr, cs.data(),
-                    b.emu_base(), b.block_stride(), b.layer_off(), b.tok_block.data(), b.pos.data(),
-                    b.n_tokens, b.g.n_heads, b.g.n_kv_heads, hd, b.g.block_size, (int)b.n_blocks);
+                    b.emu_base(), b.block_stride(), b.layer_off(), tok_block.data(), pos.data(),
+                    n_rows, b.g.n_heads, b.g.n_kv_heads, hd, b.g.block_size, (int)b.n_blocks);
             });
             q_after = qkv;
             auto out = b.emu_pool_bytes();
@@ -1137,12 +1480,11 @@ void test_qkv_rope_write()
         // The reference: bias (a loop), then the CPU backend's rope and kv_write.
         std::vector<float> want = qkv0;
         if (qc.bias)
-            for (int t = 0; t < b.n_tokens; t++)
+            for (int t = 0; t < n_rows; t++)
                 for (int j = 0; j < q_dim + 2 * kv_dim; j++)
                     want[(size_t)t * ld + j] += bias[j];
-        g_cpu.ops->rope(g_cpu.ctx, want.data(), ld, cs.data(), b.n_tokens, b.g.n_heads, hd);
-        g_cpu.ops->rope(g_cpu.ctx, want.data() + q_dim, ld, cs.data(), b.n_tokens, b.g.n_kv_heads,
-                        hd);
+        g_cpu.ops->rope(g_cpu.ctx, want.data(), ld, cs.data(), n_rows, b.g.n_heads, hd);
+        g_cpu.ops->rope(g_cpu.ctx, want.data() + q_dim, ld, cs.data(), n_rows, b.g.n_kv_heads, hd);
         auto ptrs = b.table_ptrs();
         kvf_batch_layout_t lay = b.layout(ptrs);
         g_cpu.ops->kv_write(g_cpu.ctx, b.cpu_pool, b.layer, want.data() + q_dim,
@@ -1151,7 +1493,7 @@ void test_qkv_rope_write()
         compare_pools(c, b, got, 3e-7);
         // q, rotated in place; the padding past q|k|v untouched.
         int shown = 0;
-        for (int t = 0; t < b.n_tokens; t++) {
+        for (int t = 0; t < n_rows; t++) {
             for (int j = 0; j < q_dim; j++) {
                 size_t i = (size_t)t * ld + j;
                 if (!c.near(q_after[i], want[i], 3e-7 * std::max(1.0f, fabsf(want[i]))) &&
@@ -1188,7 +1530,7 @@ enum class prefill_kernel { cores, tensor_cores };
 
 // A mixed batch as the engine builds one: sequences of several tokens
 // (prefill, chunked when start_pos > 0) go to prefill tiles, single tokens
-// to decode. K/V of the batch is written by both kv_writes first, then both
+// to decode. K/V of the batch is written into both pools first, then both
 // attentions read their pool. split_keys 0: kvf_cuda_decode_split_keys();
 // extra_splits: splits past every context.
 void attention_case(geometry g, std::vector<seq_spec> specs, kvf_dtype_t adt, int split_keys,
@@ -1230,15 +1572,26 @@ void attention_case(geometry g, std::vector<seq_spec> specs, kvf_dtype_t adt, in
         for (int j = 0; j < q_dim; j++)
             qkv[(size_t)r * ld_qkv + j] *= 3.0f;
     const float *q = qkv.data(), *k = q + q_dim, *v = k + kv_dim;
+    // K/V go into the pool through qkv_rope_write with a rotation by 0 (cos
+    // 1, sin 0: x * 1 - y * 0 is x exactly, FMA or not), so the pool holds
+    // the k and v rows as the CPU backend's kv_write stores them and q keeps
+    // its bits.
+    std::vector<float> identity((size_t)b.n_tokens * hd, 0.0f);
+    for (int r = 0; r < b.n_tokens; r++)
+        std::fill_n(identity.begin() + (long)r * hd, hd / 2, 1.0f);
 
     const auto start = b.emu_pool_bytes();
     auto got = both_orders(c, [&] {
         b.reset_emu_pool(start);
-        launch_ok(c, "kv_write", [&] {
-            return kvf_cuda_kv_write(nullptr, b.emu_base(), b.block_stride(), b.layer_off(), k, v,
-                                     ld_qkv, b.tok_block.data(), b.pos.data(), b.n_tokens,
-                                     g.n_kv_heads, hd, g.block_size, (int)b.n_blocks);
+        std::vector<float> qkv_dev = qkv;
+        launch_ok(c, "qkv_rope_write", [&] {
+            return kvf_cuda_qkv_rope_write(
+                nullptr, qkv_dev.data(), ld_qkv, nullptr, identity.data(), b.emu_base(),
+                b.block_stride(), b.layer_off(), b.tok_block.data(), b.pos.data(), b.n_tokens,
+                g.n_heads, g.n_kv_heads, hd, g.block_size, (int)b.n_blocks);
         });
+        if (qkv_dev != qkv)
+            c.fail("a rotation by 0 changed q");
         auto out = sentinel_buffer((size_t)b.n_tokens * ld_out, adt);
         kvf_cuda_attn_t a{};
         a.kv_layer = b.emu_base() + b.layer_off();
@@ -1746,11 +2099,13 @@ int main(void)
     }
     test_conversions();
     test_emulator();
+    test_runtime_memory();
+    test_runtime_streams();
+    test_runtime_graphs();
+    test_runtime_device();
+    test_gemm();
     test_embed();
     test_add_rmsnorm();
-    test_rope();
-    test_bias_add();
-    test_kv_write();
     test_qkv_rope_write();
     test_swiglu();
     test_argmax();

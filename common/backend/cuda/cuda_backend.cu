@@ -85,6 +85,9 @@ typedef struct {
 typedef struct {
     bool used;
     int n, bt_stride, n_out, n_splits, split_keys;
+    const void *pool_dev; // the pool the graph's kernels address (base, size, layout)
+    uint32_t pool_blocks;
+    int pool_block_size;
     uint64_t last_use;
     cudaGraphExec_t exec;
 } graph_entry_t;
@@ -577,12 +580,18 @@ static kvf_status_t enqueue_forward(cuda_ctx_t *c, kvf_kvpool_t *pool, const bat
     return KVF_OK;
 }
 
-static graph_entry_t *graph_find(cuda_ctx_t *c, const batch_plan_t *p)
+// A graph for plan p over pool: the same shape and the same pool (a graph
+// bakes in the pool's address, size and layout).
+static graph_entry_t *graph_find(cuda_ctx_t *c, const kvf_kvpool_t *pool, const batch_plan_t *p)
 {
+    const void *dev = kvf_kvpool_device_base(pool);
+    uint32_t blocks = kvf_kvpool_num_blocks(pool);
+    int block_size = kvf_kvpool_geometry(pool)->block_size;
     for (int i = 0; i < GRAPH_CACHE; i++) {
         graph_entry_t *e = &c->graphs[i];
         if (e->used && e->n == p->n && e->bt_stride == p->bt_stride && e->n_out == p->n_out &&
-            e->n_splits == p->n_splits && e->split_keys == p->split_keys)
+            e->n_splits == p->n_splits && e->split_keys == p->split_keys && e->pool_dev == dev &&
+            e->pool_blocks == blocks && e->pool_block_size == block_size)
             return e;
     }
     return NULL;
@@ -626,6 +635,9 @@ static kvf_status_t graph_capture(cuda_ctx_t *c, kvf_kvpool_t *pool, const batch
     e->n_out = p->n_out;
     e->n_splits = p->n_splits;
     e->split_keys = p->split_keys;
+    e->pool_dev = kvf_kvpool_device_base(pool);
+    e->pool_blocks = kvf_kvpool_num_blocks(pool);
+    e->pool_block_size = kvf_kvpool_geometry(pool)->block_size;
     *e_p = e;
     return KVF_OK;
 }
@@ -663,7 +675,7 @@ static kvf_status_t cuda_forward(void *ctx, kvf_kvpool_t *pool, const kvf_engine
 
     bool replayed = false;
     if (p.decode_only) {
-        graph_entry_t *e = graph_find(c, &p);
+        graph_entry_t *e = graph_find(c, pool, &p);
         if (!e && graph_capture(c, pool, &p, &e) != KVF_OK) {
             kvf_log_warn("cuda forward: graph capture failed; running without graphs");
             c->cfg.cuda_graphs = false;
@@ -1066,15 +1078,18 @@ extern "C" kvf_status_t kvf_backend_cuda_kvpool_create(kvf_backend_t *be,
     if (num_blocks == 0)
         return KVF_ERR_INVAL;
     size_t bytes = kvf_kv_block_bytes(geo) * (size_t)num_blocks;
+    TRY(cudaSetDevice(c->cfg.device), "set device");
     pool_mem_t *pm = (pool_mem_t *)calloc(1, sizeof(*pm));
     if (!pm)
         return KVF_ERR_NOMEM;
     pm->device = c->cfg.device;
     pm->stream = c->stream;
-    TRY(cudaSetDevice(pm->device), "set device");
     st = dev_alloc(&pm->dev, bytes, "kv pool");
+    // On the backend's stream: its non-blocking streams do not wait for the
+    // legacy stream a plain cudaMemset uses, so that clear could land after
+    // the first forward's K/V.
     if (st == KVF_OK)
-        st = KVF_CUDA_TRY(cudaMemset(pm->dev, 0, bytes), "kv pool clear");
+        st = KVF_CUDA_TRY(cudaMemsetAsync(pm->dev, 0, bytes, pm->stream), "kv pool clear");
     if (st == KVF_OK && host_mirror) {
         st = KVF_CUDA_TRY(cudaHostAlloc(&pm->host, bytes, cudaHostAllocPortable),
                           "kv pool host mirror");

@@ -96,10 +96,6 @@ size_t kvf_cuda_decode_ws_floats(int n_dec, int n_heads, int n_splits, int head_
 
 kvf_status_t kvf_cuda_check_embed(int n_tokens, int hidden, int vocab);
 kvf_status_t kvf_cuda_check_rmsnorm(int m, int dim, int ld_out, kvf_dtype_t adt, float eps);
-kvf_status_t kvf_cuda_check_rope(int m, int ld, int n_heads, int head_dim);
-kvf_status_t kvf_cuda_check_bias(int m, int n, int ld);
-kvf_status_t kvf_cuda_check_kv_write(int n_tokens, int ld, int n_kv_heads, int head_dim,
-                                     int block_size, int n_pool_blocks);
 kvf_status_t kvf_cuda_check_qkv_rope_write(int n_tokens, int ld, int n_heads, int n_kv_heads,
                                            int head_dim, int block_size, int n_pool_blocks);
 kvf_status_t kvf_cuda_check_attention(const kvf_cuda_attn_t *a);
@@ -133,23 +129,6 @@ kvf_status_t kvf_cuda_embed(cudaStream_t st, float *x, const void *embed, kvf_dt
 kvf_status_t kvf_cuda_add_rmsnorm(cudaStream_t st, float *x, const float *delta, const float *w,
                                   void *out, int ld_out, kvf_dtype_t adt, int m, int dim,
                                   float eps);
-
-/* Rotates in place n_heads heads of each of m rows of x (row stride ld),
- * half-split pairs (i, i + head_dim/2); cos_sin(m, head_dim) holds per row
- * cos(a_i) for i < head_dim/2, then sin(a_i) (the host computes the angles
- * in double, as for the CPU backend). */
-kvf_status_t kvf_cuda_rope(cudaStream_t st, float *x, int ld, const float *cos_sin, int m,
-                           int n_heads, int head_dim);
-
-/* x(m, n) += bias(n), row stride ld. */
-kvf_status_t kvf_cuda_bias_add(cudaStream_t st, float *x, int ld, const float *bias, int m, int n);
-
-/* Writes each token's k and v rows (n_kv_heads * head_dim, row stride ld)
- * into its (block, slot): block = tok_block[t], slot = pos[t] % block_size. */
-kvf_status_t kvf_cuda_kv_write(cudaStream_t st, float *pool, int64_t block_stride,
-                               int64_t layer_off, const float *k, const float *v, int ld,
-                               const int32_t *tok_block, const int32_t *pos, int n_tokens,
-                               int n_kv_heads, int head_dim, int block_size, int n_pool_blocks);
 
 /* After the qkv GEMM, per token row of qkv (q | k | v, row stride ld): adds
  * bias (NULL: none), rotates q in place and k (cos_sin as for rope), and

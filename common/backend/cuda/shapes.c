@@ -33,39 +33,6 @@ kvf_status_t kvf_cuda_check_rmsnorm(int m, int dim, int ld_out, kvf_dtype_t adt,
     return KVF_OK;
 }
 
-kvf_status_t kvf_cuda_check_rope(int m, int ld, int n_heads, int head_dim)
-{
-    if (m < 0 || n_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
-        (long long)n_heads * head_dim > ld) {
-        kvf_log_error("cuda rope: bad shape (%d rows of stride %d, %d heads of %d)", m, ld, n_heads,
-                      head_dim);
-        return KVF_ERR_INVAL;
-    }
-    return KVF_OK;
-}
-
-kvf_status_t kvf_cuda_check_bias(int m, int n, int ld)
-{
-    if (m < 0 || n <= 0 || ld < n) {
-        kvf_log_error("cuda bias: bad shape (%d x %d, stride %d)", m, n, ld);
-        return KVF_ERR_INVAL;
-    }
-    return KVF_OK;
-}
-
-kvf_status_t kvf_cuda_check_kv_write(int n_tokens, int ld, int n_kv_heads, int head_dim,
-                                     int block_size, int n_pool_blocks)
-{
-    if (n_tokens < 0 || n_kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || n_pool_blocks <= 0 ||
-        (long long)n_kv_heads * head_dim > ld) {
-        kvf_log_error("cuda kv write: bad shape (%d tokens, stride %d, %d kv heads of %d, block "
-                      "size %d, %d blocks)",
-                      n_tokens, ld, n_kv_heads, head_dim, block_size, n_pool_blocks);
-        return KVF_ERR_INVAL;
-    }
-    return KVF_OK;
-}
-
 kvf_status_t kvf_cuda_check_qkv_rope_write(int n_tokens, int ld, int n_heads, int n_kv_heads,
                                            int head_dim, int block_size, int n_pool_blocks)
 {
