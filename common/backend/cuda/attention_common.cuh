@@ -45,4 +45,27 @@ __device__ __forceinline__ int kvf_attn_prefill_tile(const kvf_cuda_attn_t &a, c
     return min(count, min(rows_cap / group, a.n_tokens - first));
 }
 
+// Loads a chunk of n_keys keys of K and V (rows key_off[j], -1: zeros)
+// into shared rows k_s[j * ld_k], v_s[j * ld_v], converted to T; the whole
+// CTA (n_threads) takes part. Consecutive threads read consecutive
+// elements of a key's row (coalesced).
+template <typename T>
+__device__ __forceinline__ void kvf_attn_load_kv(const kvf_cuda_attn_t &a, const long long *key_off,
+                                                 int n_keys, long long v_delta, T *k_s, int ld_k,
+                                                 T *v_s, int ld_v, int n_threads)
+{
+    const int hd = a.head_dim;
+    for (int idx = threadIdx.x; idx < n_keys * hd; idx += n_threads) {
+        const int j = idx / hd, d = idx - j * hd;
+        const long long off = key_off[j];
+        float kv = 0.0f, vv = 0.0f;
+        if (off >= 0) {
+            kv = __ldg(a.kv_layer + off + d);
+            vv = __ldg(a.kv_layer + off + v_delta + d);
+        }
+        k_s[j * ld_k + d] = kvf_from_f32<T>(kv);
+        v_s[j * ld_v + d] = kvf_from_f32<T>(vv);
+    }
+}
+
 #endif

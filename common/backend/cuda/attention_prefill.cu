@@ -156,17 +156,7 @@ __global__ void __launch_bounds__(PF_THREADS)
         __syncthreads();
 
         // K, V chunk; missing keys are zeros, so P (0 there) times V stays 0.
-        for (int idx = tid; idx < KC * hd; idx += PF_THREADS) {
-            int j = idx / hd, d = idx - j * hd;
-            long long off = key_off[j];
-            float kv = 0.0f, vv = 0.0f;
-            if (off >= 0) {
-                kv = __ldg(a.kv_layer + off + d);
-                vv = __ldg(a.kv_layer + off + v_delta + d);
-            }
-            k_s[j * (hd + 1) + d] = kv;
-            v_s[j * hd + d] = vv;
-        }
+        kvf_attn_load_kv<float>(a, key_off, KC, v_delta, k_s, hd + 1, v_s, hd, PF_THREADS);
         __syncthreads();
 
         // S (PF_ROWS, KC): thread = key j, rows srg + S_RG * i. The K read

@@ -152,17 +152,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         }
         // Also: every warp is done with the previous chunk's k_s / v_s.
         __syncthreads();
-        for (int idx = tid; idx < TC_KEYS * hd; idx += TC_THREADS) {
-            int j = idx / hd, d = idx - j * hd;
-            long long off = key_off[j];
-            float kv = 0.0f, vv = 0.0f;
-            if (off >= 0) {
-                kv = __ldg(a.kv_layer + off + d);
-                vv = __ldg(a.kv_layer + off + v_delta + d);
-            }
-            k_s[j * L.ldq + d] = kvf_from_f32<T>(kv);
-            v_s[j * L.ldq + d] = kvf_from_f32<T>(vv);
-        }
+        kvf_attn_load_kv<T>(a, key_off, TC_KEYS, v_delta, k_s, L.ldq, v_s, L.ldq, TC_THREADS);
         __syncthreads();
 
         // S (this warp's 16 rows x 64 keys) = Q K^T.
