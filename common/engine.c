@@ -65,6 +65,11 @@ kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend,
                       backend->ops->name);
         return KVF_ERR_MISMATCH;
     }
+    if (backend->ops->bind_model) {
+        kvf_status_t st = backend->ops->bind_model(backend->ctx, model);
+        if (st != KVF_OK)
+            return st;
+    }
     kvf_engine_t *e = calloc(1, sizeof(*e));
     if (!e)
         return KVF_ERR_NOMEM;

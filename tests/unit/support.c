@@ -132,3 +132,41 @@ float kvf_test_rel_diff(const float *a, const float *b, size_t n)
         scale = fabsf(b[i]) > scale ? fabsf(b[i]) : scale;
     return kvf_test_max_abs_diff(a, b, n) / scale;
 }
+
+int kvf_test_cpu_isas(kvf_cpu_isa_t *isas)
+{
+    static bool printed;
+    int n = 0;
+    for (int i = KVF_CPU_ISA_SCALAR; i <= KVF_CPU_ISA_AVX512; i++)
+        if (kvf_cpu_isa_supported((kvf_cpu_isa_t)i))
+            isas[n++] = (kvf_cpu_isa_t)i;
+    if (!printed) {
+        printf("cpu instruction sets under test:");
+        for (int i = 0; i < n; i++)
+            printf(" %s", kvf_cpu_isa_name(isas[i]));
+        printf("\n");
+        printed = true;
+    }
+    return n;
+}
+
+void kvf_test_cpu_backend(kvf_backend_t *be, int n_threads, kvf_cpu_isa_t isa,
+                          kvf_cpu_weights_t weights)
+{
+    kvf_cpu_config_t c = kvf_cpu_config_default();
+    c.n_threads = n_threads;
+    c.isa = isa;
+    c.weights = weights;
+    assert_int_equal(kvf_backend_cpu_create_cfg(&c, be), KVF_OK);
+    assert_int_equal(kvf_backend_cpu_isa(be), isa);
+}
+
+void kvf_test_assert_bits(const float *got, const float *want, size_t n, const char *what)
+{
+    if (memcmp(got, want, n * sizeof(float)) == 0)
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+            fail_msg("%s: element %zu is %.9g, want %.9g (bit for bit)", what, i, got[i],
+                     want[i]);
+}

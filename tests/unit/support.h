@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "kvf/backend.h"
 #include "kvf/model.h"
 
 /* Loads <data_dir>/golden/<name> (data_dir: tests/data). Owned by the
@@ -42,6 +43,18 @@ kvf_model_t *kvf_test_random_model(const kvf_model_config_t *cfg, uint64_t seed)
 
 /* n pseudo-random ids below vocab, a function of seed. */
 void kvf_test_random_ids(uint32_t *ids, int n, int vocab, uint32_t seed);
+
+/* The CPU instruction sets this machine runs, scalar first, into isas
+ * (room for 3); returns how many. Prints them once. */
+int kvf_test_cpu_isas(kvf_cpu_isa_t *isas);
+
+/* A CPU backend on n_threads threads with isa's kernels and weights
+ * held as weights (assertion on failure). */
+void kvf_test_cpu_backend(kvf_backend_t *be, int n_threads, kvf_cpu_isa_t isa,
+                          kvf_cpu_weights_t weights);
+
+/* memcmp-equal, or fails naming what and the first differing element. */
+void kvf_test_assert_bits(const float *got, const float *want, size_t n, const char *what);
 
 /* max |a - b|; NaN anywhere gives NaN. */
 float kvf_test_max_abs_diff(const float *a, const float *b, size_t n);

@@ -1,8 +1,9 @@
-/* Backend ops tests: every op of every available backend (today the CPU
- * backend, with its AVX-512 kernels and with the portable ones) against
- * plain double-precision references, on shapes that hit the vector tails
- * (sizes not multiples of 16), both gemv and sgemm paths, and paged
- * attention over several block sizes, sequences and GQA groups. */
+/* Backend ops tests: every op of the CPU backend, on every instruction set
+ * this machine runs (scalar, AVX2, AVX-512), against plain double-precision
+ * references, on shapes that hit the vector and panel tails, and paged
+ * attention over several block sizes, sequences and GQA groups. Then the
+ * guarantee of docs/numerics.md: every op gives the same bits on every
+ * instruction set, for every batch shape and thread count. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,7 @@
 
 #include "kvf/backend.h"
 #include "kvf/kvcache.h"
+#include "support.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -44,9 +46,11 @@ static void assert_close(const float *got, const double *want, size_t n, double 
 
 static void each_backend(void (*fn)(kvf_backend_t *be))
 {
-    for (int simd = 0; simd < 2; simd++) {
+    kvf_cpu_isa_t isas[3];
+    int n = kvf_test_cpu_isas(isas);
+    for (int i = 0; i < n; i++) {
         kvf_backend_t be;
-        assert_int_equal(kvf_backend_cpu_create_ex(2, simd, &be), KVF_OK);
+        kvf_test_cpu_backend(&be, 2, isas[i], KVF_CPU_WEIGHTS_NATIVE);
         fn(&be);
         kvf_backend_destroy(&be);
     }
@@ -54,7 +58,7 @@ static void each_backend(void (*fn)(kvf_backend_t *be))
 
 static void matmul_cases(kvf_backend_t *be)
 {
-    const int ms[] = {1, 2, 3, 5, 8, 9, 33}, n = 37, k = 50;
+    const int ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 33}, n = 77, k = 50;
     for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
         int m = ms[mi];
         for (int variant = 0; variant < 3; variant++) {
@@ -280,12 +284,256 @@ static void test_attention(void **state)
     each_backend(attention_cases);
 }
 
+/* ---- one set of numerics -------------------------------------------- */
+
+/* y of one matmul on a backend, for rows [r0, r1) of x only. */
+static void matmul_rows(kvf_backend_t *be, float *y, const float *x, const float *w,
+                        const float *bias, int r0, int r1, int n, int k, int acc)
+{
+    assert_int_equal(be->ops->matmul(be->ctx, y + (size_t)r0 * n, x + (size_t)r0 * k, w, bias,
+                                     r1 - r0, n, k, acc),
+                     KVF_OK);
+}
+
+/* matmul: every instruction set, 1/2/3 threads, the batch whole, row by
+ * row and in uneven chunks: the same bits as the scalar kernels on the
+ * whole batch. */
+static void test_matmul_invariance(void **state)
+{
+    (void)state;
+    kvf_cpu_isa_t isas[3];
+    int n_isa = kvf_test_cpu_isas(isas);
+    const int m = 29, n = 200, k = 173;
+    float *x = rand_floats((size_t)m * k), *w = rand_floats((size_t)n * k);
+    float *bias = rand_floats((size_t)n), *y0 = rand_floats((size_t)m * n);
+    float *ref = malloc((size_t)m * n * sizeof(float)), *got = malloc((size_t)m * n * sizeof(float));
+    for (int acc = 0; acc < 2; acc++) {
+        kvf_backend_t be;
+        kvf_test_cpu_backend(&be, 1, KVF_CPU_ISA_SCALAR, KVF_CPU_WEIGHTS_NATIVE);
+        memcpy(ref, y0, (size_t)m * n * sizeof(float));
+        matmul_rows(&be, ref, x, w, bias, 0, m, n, k, acc);
+        kvf_backend_destroy(&be);
+        for (int i = 0; i < n_isa; i++)
+            for (int threads = 1; threads <= 3; threads++) {
+                kvf_test_cpu_backend(&be, threads, isas[i], KVF_CPU_WEIGHTS_NATIVE);
+                const int splits[] = {m, 1, 2, 3, 5, 8, 13};
+                for (size_t si = 0; si < sizeof(splits) / sizeof(splits[0]); si++) {
+                    memcpy(got, y0, (size_t)m * n * sizeof(float));
+                    for (int r = 0; r < m; r += splits[si])
+                        matmul_rows(&be, got, x, w, bias, r,
+                                    r + splits[si] > m ? m : r + splits[si], n, k, acc);
+                    char what[128];
+                    snprintf(what, sizeof(what), "matmul %s, %d threads, chunks of %d rows%s",
+                             kvf_cpu_isa_name(isas[i]), threads, splits[si],
+                             acc ? ", accumulate" : "");
+                    kvf_test_assert_bits(got, ref, (size_t)m * n, what);
+                }
+                kvf_backend_destroy(&be);
+            }
+    }
+    free(x);
+    free(w);
+    free(bias);
+    free(y0);
+    free(ref);
+    free(got);
+}
+
+/* swiglu, rmsnorm and rope: every instruction set, every row count, the
+ * same bits as the scalar kernels (exp's tails included). */
+static void test_rowwise_invariance(void **state)
+{
+    (void)state;
+    kvf_cpu_isa_t isas[3];
+    int n_isa = kvf_test_cpu_isas(isas);
+    const int m = 9, dim = 203;
+    float *gu = rand_floats((size_t)m * 2 * dim), *x = rand_floats((size_t)m * dim);
+    float *w = rand_floats((size_t)dim);
+    for (size_t i = 0; i < (size_t)m * 2 * dim; i++)
+        gu[i] *= (float)(i % 7) * 20; /* 0, and out to exp's clamps */
+    float *ref = malloc((size_t)m * dim * sizeof(float)), *got = malloc((size_t)m * dim * 4);
+    float *nref = malloc((size_t)m * dim * sizeof(float)), *ngot = malloc((size_t)m * dim * 4);
+    kvf_backend_t be;
+    kvf_test_cpu_backend(&be, 1, KVF_CPU_ISA_SCALAR, KVF_CPU_WEIGHTS_NATIVE);
+    assert_int_equal(be.ops->swiglu(be.ctx, ref, gu, m, dim), KVF_OK);
+    assert_int_equal(be.ops->rmsnorm(be.ctx, nref, x, w, m, dim, 1e-6f), KVF_OK);
+    kvf_backend_destroy(&be);
+    for (int i = 0; i < n_isa; i++)
+        for (int threads = 1; threads <= 2; threads++) {
+            kvf_test_cpu_backend(&be, threads, isas[i], KVF_CPU_WEIGHTS_NATIVE);
+            for (int r = 0; r < m; r++) {
+                assert_int_equal(be.ops->swiglu(be.ctx, got + (size_t)r * dim,
+                                                gu + (size_t)r * 2 * dim, 1, dim),
+                                 KVF_OK);
+                assert_int_equal(be.ops->rmsnorm(be.ctx, ngot + (size_t)r * dim,
+                                                 x + (size_t)r * dim, w, 1, dim, 1e-6f),
+                                 KVF_OK);
+            }
+            kvf_test_assert_bits(got, ref, (size_t)m * dim, kvf_cpu_isa_name(isas[i]));
+            kvf_test_assert_bits(ngot, nref, (size_t)m * dim, kvf_cpu_isa_name(isas[i]));
+            assert_int_equal(be.ops->swiglu(be.ctx, got, gu, m, dim), KVF_OK);
+            kvf_test_assert_bits(got, ref, (size_t)m * dim, kvf_cpu_isa_name(isas[i]));
+            kvf_backend_destroy(&be);
+        }
+    free(gu);
+    free(x);
+    free(w);
+    free(ref);
+    free(got);
+    free(nref);
+    free(ngot);
+}
+
+/* Attention: a batch of three sequences (a prefill from 0, a chunk from
+ * 21, a decode at 70) on every instruction set, thread count and block
+ * size gives each token the bits the scalar kernels give it when it is
+ * queried alone. */
+static void attention_alone(kvf_backend_t *be, int block_size, int head_dim, int n_heads,
+                            int n_kv, float *out, bool one_by_one)
+{
+    const int layer = 0, n_seq = 3;
+    const int start[3] = {0, 21, 70}, end[3] = {37, 40, 71};
+    kvf_kv_geometry_t g = {.n_layers = 1, .n_kv_heads = n_kv, .head_dim = head_dim,
+                           .block_size = block_size, .dtype = KVF_DTYPE_F32};
+    kvf_kvpool_t *pool;
+    assert_int_equal(kvf_kvpool_create(&g, 256, &pool), KVF_OK);
+    const int kv_dim = n_kv * head_dim, q_dim = n_heads * head_dim;
+    kvf_block_table_t bt[3];
+    const uint32_t *tables[3];
+    g_rng = 77;
+    int n_tok = 0;
+    for (int s = 0; s < n_seq; s++) {
+        kvf_block_table_init(&bt[s]);
+        assert_int_equal(kvf_block_table_reserve(&bt[s], pool, (uint32_t)end[s]), KVF_OK);
+        tables[s] = bt[s].blocks;
+        /* every position's K/V, written as one batch per sequence */
+        int32_t *pos = malloc((size_t)end[s] * sizeof(int32_t)), *seq = calloc((size_t)end[s], 4);
+        for (int p = 0; p < end[s]; p++)
+            pos[p] = p;
+        float *k = rand_floats((size_t)end[s] * kv_dim), *v = rand_floats((size_t)end[s] * kv_dim);
+        const uint32_t *t1[1] = {bt[s].blocks};
+        kvf_batch_layout_t b = {.n_tokens = end[s], .pos = pos, .seq = seq, .n_seqs = 1,
+                                .block_tables = t1};
+        assert_int_equal(be->ops->kv_write(be->ctx, pool, layer, k, v, kv_dim, &b), KVF_OK);
+        free(pos);
+        free(seq);
+        free(k);
+        free(v);
+        n_tok += end[s] - start[s];
+    }
+    int32_t *pos = malloc((size_t)n_tok * sizeof(int32_t)), *seq = malloc((size_t)n_tok * 4);
+    for (int s = 0, t = 0; s < n_seq; s++)
+        for (int p = start[s]; p < end[s]; p++, t++) {
+            pos[t] = p;
+            seq[t] = s;
+        }
+    float *q = rand_floats((size_t)n_tok * q_dim);
+    if (one_by_one) {
+        for (int t = 0; t < n_tok; t++) {
+            const uint32_t *t1[1] = {tables[seq[t]]};
+            int32_t s0 = 0;
+            kvf_batch_layout_t b = {.n_tokens = 1, .pos = &pos[t], .seq = &s0, .n_seqs = 1,
+                                    .block_tables = t1};
+            assert_int_equal(be->ops->attention(be->ctx, out + (size_t)t * q_dim,
+                                                q + (size_t)t * q_dim, q_dim, pool, layer,
+                                                n_heads, &b),
+                             KVF_OK);
+        }
+    } else {
+        kvf_batch_layout_t b = {.n_tokens = n_tok, .pos = pos, .seq = seq, .n_seqs = n_seq,
+                                .block_tables = tables};
+        assert_int_equal(be->ops->attention(be->ctx, out, q, q_dim, pool, layer, n_heads, &b),
+                         KVF_OK);
+    }
+    for (int s = 0; s < n_seq; s++) {
+        kvf_block_table_release(&bt[s], pool);
+        kvf_block_table_fini(&bt[s]);
+    }
+    kvf_kvpool_destroy(pool);
+    free(pos);
+    free(seq);
+    free(q);
+}
+
+static void test_attention_invariance(void **state)
+{
+    (void)state;
+    kvf_cpu_isa_t isas[3];
+    int n_isa = kvf_test_cpu_isas(isas);
+    const int shapes[][3] = {{64, 8, 2}, {20, 3, 3}, {128, 4, 1}, {80, 2, 1}};
+    const int n_tok = 37 + 19 + 1;
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const int hd = shapes[si][0], nh = shapes[si][1], nkv = shapes[si][2];
+        size_t n_out = (size_t)n_tok * nh * hd;
+        float *ref = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
+        kvf_backend_t be;
+        kvf_test_cpu_backend(&be, 1, KVF_CPU_ISA_SCALAR, KVF_CPU_WEIGHTS_NATIVE);
+        attention_alone(&be, 16, hd, nh, nkv, ref, true);
+        kvf_backend_destroy(&be);
+        for (int i = 0; i < n_isa; i++)
+            for (int threads = 1; threads <= 2; threads++) {
+                kvf_test_cpu_backend(&be, threads, isas[i], KVF_CPU_WEIGHTS_NATIVE);
+                const int blocks[] = {1, 16, 48};
+                for (int bi = 0; bi < 3; bi++)
+                    for (int alone = 0; alone < 2; alone++) {
+                        attention_alone(&be, blocks[bi], hd, nh, nkv, got, alone);
+                        char what[128];
+                        snprintf(what, sizeof(what),
+                                 "attention %s, %d threads, block %d, head dim %d, %s",
+                                 kvf_cpu_isa_name(isas[i]), threads, blocks[bi], hd,
+                                 alone ? "token by token" : "one batch");
+                        kvf_test_assert_bits(got, ref, n_out, what);
+                    }
+                kvf_backend_destroy(&be);
+            }
+        free(ref);
+        free(got);
+    }
+}
+
+/* KVF_CPU_ISA forces a path; an unknown name or one this CPU lacks is
+ * refused with an error, not run. */
+static void test_isa_selection(void **state)
+{
+    (void)state;
+    kvf_cpu_isa_t isa;
+    assert_int_equal(kvf_cpu_isa_parse("avx2", &isa), KVF_OK);
+    assert_int_equal(isa, KVF_CPU_ISA_AVX2);
+    assert_int_equal(kvf_cpu_isa_parse("sse9", &isa), KVF_ERR_INVAL);
+    setenv("KVF_CPU_ISA", "scalar", 1);
+    kvf_backend_t be;
+    assert_int_equal(kvf_backend_cpu_create(1, &be), KVF_OK);
+    assert_int_equal(kvf_backend_cpu_isa(&be), KVF_CPU_ISA_SCALAR);
+    kvf_backend_destroy(&be);
+    setenv("KVF_CPU_ISA", "sse9", 1);
+    assert_int_equal(kvf_backend_cpu_create(1, &be), KVF_ERR_INVAL);
+    for (int i = KVF_CPU_ISA_SCALAR; i <= KVF_CPU_ISA_AVX512; i++) {
+        setenv("KVF_CPU_ISA", kvf_cpu_isa_name((kvf_cpu_isa_t)i), 1);
+        kvf_status_t st = kvf_backend_cpu_create(1, &be);
+        if (kvf_cpu_isa_supported((kvf_cpu_isa_t)i)) {
+            assert_int_equal(st, KVF_OK);
+            assert_int_equal(kvf_backend_cpu_isa(&be), i);
+            kvf_backend_destroy(&be);
+        } else {
+            assert_int_equal(st, KVF_ERR_UNSUPPORTED);
+        }
+    }
+    unsetenv("KVF_CPU_ISA");
+    assert_int_equal(kvf_backend_cpu_create(1, &be), KVF_OK);
+    assert_int_equal(kvf_backend_cpu_isa(&be), kvf_cpu_isa_best());
+    kvf_backend_destroy(&be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rowwise),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_matmul_invariance),
+        cmocka_unit_test(test_rowwise_invariance),
+        cmocka_unit_test(test_attention_invariance),
+        cmocka_unit_test(test_isa_selection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* Engine tests: golden outputs of both golden models (expected.json, from
  * an independent float64 reference), and invariances of the forward pass
  * (cache vs recompute, chunking, batching, block sizes, GQA/MHA/MQA),
- * portable vs AVX-512 kernels, and `kvf generate` end to end. */
+ * bit for bit, on every instruction set and thread count, and `kvf
+ * generate` end to end. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,14 +33,23 @@ typedef struct {
     kvf_engine_t *engine;
 } rig_t;
 
-static void rig_open(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks, bool simd)
+/* A CPU backend on threads threads with isa's kernels. */
+static void rig_open_isa(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks,
+                         kvf_cpu_isa_t isa, int threads, kvf_cpu_weights_t weights)
 {
     memset(r, 0, sizeof(*r));
     r->model = model;
-    assert_int_equal(kvf_backend_cpu_create_ex(2, simd, &r->be), KVF_OK);
+    kvf_test_cpu_backend(&r->be, threads, isa, weights);
     kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size);
     assert_int_equal(kvf_kvpool_create(&g, num_blocks, &r->pool), KVF_OK);
     assert_int_equal(kvf_engine_create(model, &r->be, r->pool, &r->engine), KVF_OK);
+}
+
+/* Two threads on the best instruction set here. */
+static void rig_open(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks)
+{
+    rig_open_isa(r, model, block_size, num_blocks, kvf_cpu_isa_best(), 2,
+                 KVF_CPU_WEIGHTS_NATIVE);
 }
 
 static void rig_close(rig_t *r)
@@ -77,14 +87,14 @@ static void run_chunked(rig_t *r, kvf_block_table_t *bt, const uint32_t *ids, in
 
 /* ---- golden --------------------------------------------------------- */
 
-static void check_golden(const char *name, bool simd)
+static void check_golden(const char *name, kvf_cpu_isa_t isa)
 {
     cJSON *root = kvf_test_load_expected(KVF_TEST_DATA);
     const cJSON *mj = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"), name);
     assert_non_null(mj);
     kvf_model_t *model = kvf_test_load_golden(KVF_TEST_DATA, name);
     rig_t r;
-    rig_open(&r, model, 16, 64, simd);
+    rig_open_isa(&r, model, 16, 64, isa, 2, KVF_CPU_WEIGHTS_NATIVE);
     const int V = model->cfg.vocab;
     const cJSON *pj;
     int n_prompts = 0;
@@ -145,23 +155,61 @@ static void check_golden(const char *name, bool simd)
     cJSON_Delete(root);
 }
 
+/* Golden outputs on every instruction set this machine runs. */
 static void test_golden_llama(void **state)
 {
     (void)state;
-    check_golden("tiny-llama-f32", true);
+    kvf_cpu_isa_t isas[3];
+    int n = kvf_test_cpu_isas(isas);
+    for (int i = 0; i < n; i++)
+        check_golden("tiny-llama-f32", isas[i]);
 }
 
 static void test_golden_qwen2(void **state)
 {
     (void)state;
-    check_golden("tiny-qwen2-bf16", true);
+    kvf_cpu_isa_t isas[3];
+    int n = kvf_test_cpu_isas(isas);
+    for (int i = 0; i < n; i++)
+        check_golden("tiny-qwen2-bf16", isas[i]);
 }
 
-static void test_golden_portable(void **state)
+/* A bf16 checkpoint held in bf16 (native) computes the bits it computes
+ * widened to f32, on every instruction set, in half the bytes. */
+static void test_bf16_weights(void **state)
 {
     (void)state;
-    check_golden("tiny-llama-f32", false);
-    check_golden("tiny-qwen2-bf16", false);
+    kvf_model_t *model = kvf_test_load_golden(KVF_TEST_DATA, "tiny-qwen2-bf16");
+    const int V = model->cfg.vocab, n = 29;
+    uint32_t ids[29];
+    kvf_test_random_ids(ids, n, V, 5);
+    float *ref = malloc((size_t)n * V * sizeof(float)), *got = malloc((size_t)n * V * sizeof(float));
+    kvf_cpu_isa_t isas[3];
+    int n_isa = kvf_test_cpu_isas(isas);
+    size_t f32_bytes = 0;
+    for (int i = 0; i < n_isa; i++)
+        for (int wt = 0; wt < 2; wt++) {
+            kvf_cpu_weights_t weights = wt ? KVF_CPU_WEIGHTS_NATIVE : KVF_CPU_WEIGHTS_F32;
+            rig_t r;
+            rig_open_isa(&r, model, 16, 64, isas[i], 2, weights);
+            assert_int_equal(kvf_backend_cpu_weights_dtype(&r.be),
+                             wt ? KVF_DTYPE_BF16 : KVF_DTYPE_F32);
+            if (!wt)
+                f32_bytes = kvf_backend_cpu_weight_bytes(&r.be);
+            else
+                assert_int_equal(kvf_backend_cpu_weight_bytes(&r.be) * 2, f32_bytes);
+            kvf_block_table_t bt;
+            kvf_block_table_init(&bt);
+            run_chunked(&r, &bt, ids, n, 5, i == 0 && wt == 0 ? ref : got, NULL);
+            kvf_block_table_release(&bt, r.pool);
+            kvf_block_table_fini(&bt);
+            if (i || wt)
+                kvf_test_assert_bits(got, ref, (size_t)n * V, kvf_cpu_isa_name(isas[i]));
+            rig_close(&r);
+        }
+    free(ref);
+    free(got);
+    kvf_model_destroy(model);
 }
 
 /* ---- invariance on random models ------------------------------------ */
@@ -173,13 +221,12 @@ static kvf_model_t *random_model(int n_heads, int n_kv_heads, bool qwen2, uint64
     return kvf_test_random_model(&c, seed);
 }
 
-#define RTOL 1e-5f
 
 /* Decode with the cache equals recomputing the whole sequence. */
 static void check_cache_vs_recompute(kvf_model_t *m, int block_size)
 {
     rig_t r;
-    rig_open(&r, m, block_size, 256, true);
+    rig_open(&r, m, block_size, 256);
     const int V = m->cfg.vocab, n_prompt = 13, n_steps = 6;
     uint32_t ids[32];
     kvf_test_random_ids(ids, n_prompt, V, 7);
@@ -196,9 +243,9 @@ static void check_cache_vs_recompute(kvf_model_t *m, int block_size)
         run_chunked(&r, &bt2, ids, n, n, NULL, full);
         kvf_block_table_release(&bt2, r.pool);
         kvf_block_table_fini(&bt2);
-        float d = kvf_test_rel_diff(cached, full, (size_t)V);
-        if (d > RTOL)
-            fail_msg("block size %d, step %d: cached vs recompute rel diff %g", block_size, s, d);
+        char what[64];
+        snprintf(what, sizeof(what), "block size %d, step %d: cached vs recompute", block_size, s);
+        kvf_test_assert_bits(cached, full, (size_t)V, what);
         ids[n] = kvf_sample_argmax(cached, V);
         assert_int_equal(kvf_block_table_reserve(&bt, r.pool, (uint32_t)n + 1), KVF_OK);
         kvf_engine_seq_t q = {.tokens = &ids[n],
@@ -243,7 +290,7 @@ static void test_chunked_prefill_and_block_sizes(void **state)
     float *ref = malloc((size_t)n * V * sizeof(float));
     float *got = malloc((size_t)n * V * sizeof(float));
     rig_t r;
-    rig_open(&r, m, 16, 64, true);
+    rig_open(&r, m, 16, 64);
     kvf_block_table_t bt;
     kvf_block_table_init(&bt);
     run_chunked(&r, &bt, ids, n, n, ref, NULL);
@@ -252,20 +299,20 @@ static void test_chunked_prefill_and_block_sizes(void **state)
     for (int c = 0; c < 3; c++) {
         run_chunked(&r, &bt, ids, n, chunks[c], got, NULL);
         kvf_block_table_release(&bt, r.pool);
-        float d = kvf_test_rel_diff(got, ref, (size_t)n * V);
-        if (d > RTOL)
-            fail_msg("chunk %d vs one prefill: rel diff %g", chunks[c], d);
+        char what[64];
+        snprintf(what, sizeof(what), "chunk %d vs one prefill", chunks[c]);
+        kvf_test_assert_bits(got, ref, (size_t)n * V, what);
     }
     rig_close(&r);
     int sizes[] = {1, 32, 256};
     for (int b = 0; b < 3; b++) {
-        rig_open(&r, m, sizes[b], 64, true);
+        rig_open(&r, m, sizes[b], 64);
         run_chunked(&r, &bt, ids, n, 7, got, NULL);
         kvf_block_table_release(&bt, r.pool);
         assert_int_equal(kvf_kvpool_used_blocks(r.pool), 0);
-        float d = kvf_test_rel_diff(got, ref, (size_t)n * V);
-        if (d > RTOL)
-            fail_msg("block size %d vs 16: rel diff %g", sizes[b], d);
+        char what[64];
+        snprintf(what, sizeof(what), "block size %d vs 16", sizes[b]);
+        kvf_test_assert_bits(got, ref, (size_t)n * V, what);
         rig_close(&r);
     }
     for (int b = 0; b < 2; b++)
@@ -284,7 +331,7 @@ static void test_mixed_batch(void **state)
     kvf_model_t *m = random_model(4, 2, false, 9);
     const int V = m->cfg.vocab;
     rig_t r;
-    rig_open(&r, m, 16, 128, true);
+    rig_open(&r, m, 16, 128);
     uint32_t a[10], b[20], c[25];
     kvf_test_random_ids(a, 10, V, 1);
     kvf_test_random_ids(b, 20, V, 2);
@@ -345,10 +392,9 @@ static void test_mixed_batch(void **state)
          .logits = mc},
     };
     assert_int_equal(kvf_engine_forward(r.engine, mix, 3, NULL), KVF_OK);
-    float da = kvf_test_rel_diff(ma, la, (size_t)V), db = kvf_test_rel_diff(mb, lb, (size_t)V);
-    float dc = kvf_test_rel_diff(mc, lc, (size_t)17 * V);
-    if (da > RTOL || db > RTOL || dc > RTOL)
-        fail_msg("mixed batch vs alone: rel diffs %g %g %g", da, db, dc);
+    kvf_test_assert_bits(ma, la, (size_t)V, "mixed batch vs alone: prefill");
+    kvf_test_assert_bits(mb, lb, (size_t)V, "mixed batch vs alone: decode");
+    kvf_test_assert_bits(mc, lc, (size_t)17 * V, "mixed batch vs alone: chunk");
     kvf_block_table_release(&ta, r.pool);
     kvf_block_table_release(&tb, r.pool);
     kvf_block_table_release(&tc, r.pool);
@@ -367,31 +413,43 @@ static void test_mixed_batch(void **state)
     kvf_model_destroy(m);
 }
 
-/* The AVX-512 kernels agree with the portable reference, on prefill tiles
- * (transposed-key path) and 3-token chunks (per-key dot path). */
-static void test_simd_vs_portable(void **state)
+/* Every instruction set, 1 to 3 threads, whole prefill or 3-token chunks:
+ * every position's logits are the bits of the scalar kernels on one
+ * thread. */
+static void test_isas_threads_chunks(void **state)
 {
     (void)state;
     kvf_model_t *m = random_model(8, 2, true, 13);
     const int V = m->cfg.vocab, n = 40;
     uint32_t ids[40];
     kvf_test_random_ids(ids, n, V, 9);
-    float *a = malloc((size_t)n * V * sizeof(float)), *b = malloc((size_t)n * V * sizeof(float));
-    for (int pass = 0; pass < 2; pass++) {
-        rig_t r;
-        rig_open(&r, m, 16, 64, pass == 0);
-        kvf_block_table_t bt;
-        kvf_block_table_init(&bt);
-        run_chunked(&r, &bt, ids, n, pass == 0 ? 40 : 3, pass == 0 ? a : b, NULL);
-        kvf_block_table_release(&bt, r.pool);
-        kvf_block_table_fini(&bt);
-        rig_close(&r);
-    }
-    float d = kvf_test_rel_diff(a, b, (size_t)n * V);
-    if (d > RTOL)
-        fail_msg("avx-512 vs portable: rel diff %g", d);
-    free(a);
-    free(b);
+    float *ref = malloc((size_t)n * V * sizeof(float)), *got = malloc((size_t)n * V * sizeof(float));
+    kvf_cpu_isa_t isas[3];
+    int n_isa = kvf_test_cpu_isas(isas);
+    rig_t r;
+    kvf_block_table_t bt;
+    kvf_block_table_init(&bt);
+    rig_open_isa(&r, m, 16, 64, KVF_CPU_ISA_SCALAR, 1, KVF_CPU_WEIGHTS_NATIVE);
+    run_chunked(&r, &bt, ids, n, n, ref, NULL);
+    kvf_block_table_release(&bt, r.pool);
+    rig_close(&r);
+    for (int i = 0; i < n_isa; i++)
+        for (int threads = 1; threads <= 3; threads++) {
+            rig_open_isa(&r, m, 16, 64, isas[i], threads, KVF_CPU_WEIGHTS_NATIVE);
+            const int chunks[] = {n, 3, 17};
+            for (int c = 0; c < 3; c++) {
+                run_chunked(&r, &bt, ids, n, chunks[c], got, NULL);
+                kvf_block_table_release(&bt, r.pool);
+                char what[96];
+                snprintf(what, sizeof(what), "%s, %d threads, chunks of %d",
+                         kvf_cpu_isa_name(isas[i]), threads, chunks[c]);
+                kvf_test_assert_bits(got, ref, (size_t)n * V, what);
+            }
+            rig_close(&r);
+        }
+    kvf_block_table_fini(&bt);
+    free(ref);
+    free(got);
     kvf_model_destroy(m);
 }
 
@@ -414,7 +472,7 @@ static void test_hook_and_validation(void **state)
     (void)state;
     kvf_model_t *m = random_model(4, 2, false, 3);
     rig_t r;
-    rig_open(&r, m, 16, 8, true);
+    rig_open(&r, m, 16, 8);
     uint32_t ids[20];
     kvf_test_random_ids(ids, 20, m->cfg.vocab, 4);
     kvf_block_table_t bt;
@@ -539,11 +597,11 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_llama),
         cmocka_unit_test(test_golden_qwen2),
-        cmocka_unit_test(test_golden_portable),
+        cmocka_unit_test(test_bf16_weights),
         cmocka_unit_test(test_cache_vs_recompute_gqa_mha_mqa),
         cmocka_unit_test(test_chunked_prefill_and_block_sizes),
         cmocka_unit_test(test_mixed_batch),
-        cmocka_unit_test(test_simd_vs_portable),
+        cmocka_unit_test(test_isas_threads_chunks),
         cmocka_unit_test(test_hook_and_validation),
         cmocka_unit_test(test_generate_cli),
         cmocka_unit_test(test_bench_smoke),

@@ -58,7 +58,8 @@ static void remove_dir(const char *dir)
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.')
             continue;
-        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        int n = snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        assert_true(n > 0 && (size_t)n < sizeof(path));
         unlink(path);
     }
     closedir(d);
@@ -84,7 +85,8 @@ static char *slurp(const char *path, size_t *len_p)
 static cJSON *load_json(const char *dir, const char *name)
 {
     char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    int n = snprintf(path, sizeof(path), "%s/%s", dir, name);
+    assert_true(n > 0 && (size_t)n < sizeof(path));
     char *text = slurp(path, NULL);
     cJSON *root = cJSON_Parse(text);
     free(text);

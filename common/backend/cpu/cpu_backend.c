@@ -1,75 +1,80 @@
-/* The CPU backend: ops table over OpenBLAS and the kernels of
- * cpu_kernels.h, split across a thread pool. See kvf/backend.h. */
+/* The CPU backend: the ops table over the kernels of cpu_kernels.h (one
+ * instruction set, chosen at creation), split across a thread pool. Work
+ * is split by output columns (matmul), rows (norms, swiglu) and query
+ * tiles (attention), never inside a sum, so the thread count changes no
+ * bit of a result. See kvf/backend.h and docs/numerics.md. */
 #include "kvf/backend.h"
 #include "kvf/log.h"
+#include "kvf/model.h"
 #include "kvf/threadpool.h"
 
 #include "cpu_kernels.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Rows of a weight per gemv task: small enough to balance threads, large
- * enough that a task streams a few hundred KB. */
-#define GEMV_ROWS_PER_TASK 64
 /* Attention keeps two block-pointer lists in float scratch, 2 floats each. */
 _Static_assert(sizeof(float *) <= 2 * sizeof(float), "pointer wider than two floats");
 
 /* Query tokens per attention work item. */
 #define ATTN_TILE_TOKENS 16
+/* Weight panels per matmul task for one to a few rows (decode): enough
+ * bytes per task to stream, tasks enough to balance. */
+#define GEMV_PANELS_PER_TASK 4
+
+/* One matrix of the bound model, repacked. */
+typedef struct {
+    const float *w; /* the model's row-major copy this stands for */
+    kvf_cpu_packed_t packed;
+} packed_entry_t;
 
 typedef struct {
     kvf_threadpool_t *pool;
     int n_threads;
-    bool avx512;
+    kvf_cpu_config_t cfg;
+    const kvf_cpu_kernels_t *k;
     float **scratch;       /* (n_threads) per-thread attention scratch */
     size_t scratch_floats; /* capacity of each */
     /* attention work list, rebuilt per call */
     int *tiles;            /* (cap_tiles, 2): first token, token count */
     int cap_tiles;
+    /* the bound model's matrices */
+    const kvf_model_t *model;
+    packed_entry_t *packed;
+    int n_packed;
+    kvf_dtype_t wdtype;
+    size_t weight_bytes;
+    /* a matrix matmul() was given that is not the bound model's: packed per call */
+    kvf_cpu_packed_t adhoc;
 } cpu_ctx_t;
 
 /* ---- matmul --------------------------------------------------------- */
 
 typedef struct {
-    cpu_ctx_t *cx;
-    float *y;
-    const float *x, *w, *bias;
-    int m, n, k, accumulate;
-    int chunk; /* rows of w (columns of y) per task */
+    const kvf_cpu_kernels_t *k;
+    kvf_cpu_gemm_t g;
+    int panels_per_task;
 } matmul_job_t;
 
-static void gemv_task(void *arg, int task, int thread)
+static void matmul_task(void *arg, int task, int thread)
 {
     (void)thread;
     matmul_job_t *j = arg;
-    int r0 = task * j->chunk, r1 = r0 + j->chunk > j->n ? j->n : r0 + j->chunk;
-    if (j->cx->avx512)
-        kvf_cpu_gemv_rows_avx512(j->y, j->x, j->w, j->bias, j->m, j->n, j->k, r0, r1,
-                                 j->accumulate);
-    else
-        kvf_cpu_gemv_rows(j->y, j->x, j->w, j->bias, j->m, j->n, j->k, r0, r1, j->accumulate);
+    int p0 = task * j->panels_per_task;
+    int p1 = p0 + j->panels_per_task > j->g.w->n_panels ? j->g.w->n_panels
+                                                        : p0 + j->panels_per_task;
+    j->k->gemm(&j->g, p0, p1);
 }
 
-static void sgemm_task(void *arg, int task, int thread)
+static const kvf_cpu_packed_t *find_packed(const cpu_ctx_t *cx, const float *w, int n, int k)
 {
-    (void)thread;
-    matmul_job_t *j = arg;
-    int c0 = task * j->chunk, c1 = c0 + j->chunk > j->n ? j->n : c0 + j->chunk;
-    int nc = c1 - c0;
-    float beta = j->accumulate ? 1.0f : 0.0f;
-    if (j->bias) {
-        for (int i = 0; i < j->m; i++) {
-            float *yr = j->y + (size_t)i * (size_t)j->n + c0;
-            for (int c = 0; c < nc; c++)
-                yr[c] = (j->accumulate ? yr[c] : 0.0f) + j->bias[c0 + c];
-        }
-        beta = 1.0f;
+    for (int i = 0; i < cx->n_packed; i++) {
+        const packed_entry_t *e = &cx->packed[i];
+        if (e->w == w && e->packed.n == n && e->packed.k == k)
+            return &e->packed;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->m, nc, j->k, 1.0f, j->x, j->k,
-                j->w + (size_t)c0 * (size_t)j->k, j->k, beta, j->y + c0, j->n);
+    return NULL;
 }
 
 static kvf_status_t cpu_matmul(void *ctx, float *y, const float *x, const float *w,
@@ -78,17 +83,144 @@ static kvf_status_t cpu_matmul(void *ctx, float *y, const float *x, const float 
     cpu_ctx_t *cx = ctx;
     if (m <= 0 || n <= 0 || k <= 0)
         return m == 0 ? KVF_OK : KVF_ERR_INVAL;
-    matmul_job_t j = {cx, y, x, w, bias, m, n, k, accumulate, 0};
-    if (m <= KVF_CPU_GEMV_MAX_M) {
-        j.chunk = GEMV_ROWS_PER_TASK;
-        kvf_threadpool_run(cx->pool, gemv_task, &j, (n + j.chunk - 1) / j.chunk);
-    } else {
-        /* One column range per thread, multiples of 16 columns. */
-        int parts = cx->n_threads;
-        j.chunk = ((n + parts - 1) / parts + 15) & ~15;
-        kvf_threadpool_run(cx->pool, sgemm_task, &j, (n + j.chunk - 1) / j.chunk);
+    const kvf_cpu_packed_t *pw = find_packed(cx, w, n, k);
+    if (!pw) {
+        /* Not a bound weight (a test's or a tool's matrix): the same
+         * kernels over a per-call f32 pack. */
+        kvf_cpu_packed_free(&cx->adhoc);
+        kvf_status_t st = kvf_cpu_pack(&cx->adhoc, w, n, k, KVF_DTYPE_F32);
+        if (st != KVF_OK)
+            return st;
+        pw = &cx->adhoc;
     }
+    matmul_job_t j = {.k = cx->k,
+                      .g = {.y = y, .x = x, .bias = bias, .w = pw, .m = m,
+                            .accumulate = accumulate}};
+    if (m <= 3) {
+        j.panels_per_task = GEMV_PANELS_PER_TASK;
+    } else {
+        /* About four tasks a thread, in whole pairs of panels. */
+        int per = (pw->n_panels + 4 * cx->n_threads - 1) / (4 * cx->n_threads);
+        j.panels_per_task = (per + 1) & ~1;
+    }
+    int tasks = (pw->n_panels + j.panels_per_task - 1) / j.panels_per_task;
+    kvf_threadpool_run(cx->pool, matmul_task, &j, tasks);
     return KVF_OK;
+}
+
+/* ---- binding a model ------------------------------------------------ */
+
+static void unbind(cpu_ctx_t *cx)
+{
+    for (int i = 0; i < cx->n_packed; i++)
+        kvf_cpu_packed_free(&cx->packed[i].packed);
+    free(cx->packed);
+    cx->packed = NULL;
+    cx->n_packed = 0;
+    cx->model = NULL;
+    cx->weight_bytes = 0;
+    cx->wdtype = KVF_DTYPE_F32;
+}
+
+typedef struct {
+    cpu_ctx_t *cx;
+    const float *const *w;
+    const int *n, *k;
+    kvf_dtype_t dtype;
+    kvf_status_t *st; /* (tasks) */
+} pack_job_t;
+
+static void pack_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    pack_job_t *j = arg;
+    j->st[task] = kvf_cpu_pack(&j->cx->packed[task].packed, j->w[task], j->n[task], j->k[task],
+                               j->dtype);
+    j->cx->packed[task].w = j->w[task];
+}
+
+static kvf_status_t pack_all(cpu_ctx_t *cx, const float **w, const int *n, const int *k, int count,
+                             kvf_dtype_t dtype)
+{
+    kvf_status_t *st = calloc((size_t)count, sizeof(*st));
+    cx->packed = calloc((size_t)count, sizeof(*cx->packed));
+    if (!st || !cx->packed) {
+        free(st);
+        free(cx->packed);
+        cx->packed = NULL;
+        return KVF_ERR_NOMEM;
+    }
+    cx->n_packed = count;
+    pack_job_t j = {cx, w, n, k, dtype, st};
+    kvf_threadpool_run(cx->pool, pack_task, &j, count);
+    kvf_status_t worst = KVF_OK;
+    for (int i = 0; i < count; i++)
+        if (st[i] != KVF_OK)
+            worst = worst == KVF_OK || worst == KVF_ERR_INVAL ? st[i] : worst;
+    free(st);
+    if (worst != KVF_OK) {
+        unbind(cx);
+        return worst;
+    }
+    cx->wdtype = dtype;
+    for (int i = 0; i < count; i++)
+        cx->weight_bytes += kvf_cpu_packed_bytes(&cx->packed[i].packed);
+    return KVF_OK;
+}
+
+static kvf_status_t cpu_bind_model(void *ctx, const kvf_model_t *model)
+{
+    cpu_ctx_t *cx = ctx;
+    if (cx->model == model)
+        return KVF_OK;
+    unbind(cx);
+    if (!model->lm_head) {
+        kvf_log_error("cpu backend: the model's host weights were dropped");
+        return KVF_ERR_INVAL;
+    }
+    const kvf_model_config_t *c = &model->cfg;
+    int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
+    int count = 4 * c->n_layers + 1;
+    const float **w = calloc((size_t)count, sizeof(*w));
+    int *n = calloc((size_t)count, sizeof(*n)), *k = calloc((size_t)count, sizeof(*k));
+    kvf_status_t st = KVF_ERR_NOMEM;
+    if (!w || !n || !k)
+        goto fail_lists;
+    for (int l = 0; l < c->n_layers; l++) {
+        const kvf_layer_weights_t *L = &model->layers[l];
+        const float *lw[4] = {L->wqkv, L->wo, L->wgu, L->wdown};
+        int ln[4] = {q_dim + 2 * kv_dim, c->hidden, 2 * c->inter, c->hidden};
+        int lk[4] = {c->hidden, q_dim, c->hidden, c->inter};
+        for (int i = 0; i < 4; i++) {
+            w[4 * l + i] = lw[i];
+            n[4 * l + i] = ln[i];
+            k[4 * l + i] = lk[i];
+        }
+    }
+    w[count - 1] = model->lm_head;
+    n[count - 1] = c->vocab;
+    k[count - 1] = c->hidden;
+    kvf_dtype_t dtype = KVF_DTYPE_F32;
+    if (cx->cfg.weights == KVF_CPU_WEIGHTS_NATIVE &&
+        (c->dtype == KVF_DTYPE_BF16 || c->dtype == KVF_DTYPE_F16))
+        dtype = c->dtype;
+    st = pack_all(cx, w, n, k, count, dtype);
+    if (st == KVF_ERR_INVAL && dtype != KVF_DTYPE_F32) {
+        kvf_log_warn("cpu backend: the weights are not all exact in %s (torch_dtype); holding "
+                     "them in f32",
+                     kvf_dtype_name(dtype));
+        st = pack_all(cx, w, n, k, count, KVF_DTYPE_F32);
+    }
+    if (st != KVF_OK) {
+        kvf_log_error("cpu backend: repacking the weights: %s", kvf_status_str(st));
+        goto fail_lists;
+    }
+    cx->model = model;
+fail_lists:
+    free(w);
+    free(n);
+    free(k);
+    return st;
 }
 
 /* ---- row-wise ops --------------------------------------------------- */
@@ -102,6 +234,8 @@ typedef struct {
     float eps;
 } rows_job_t;
 
+/* The sum of squares in double, in index order: the same on every
+ * instruction set (plain C, no contraction). */
 static void rmsnorm_task(void *arg, int task, int thread)
 {
     (void)thread;
@@ -173,10 +307,7 @@ static void swiglu_task(void *arg, int task, int thread)
     for (int i = i0; i < i1; i++) {
         const float *gu = j->x + (size_t)i * 2 * (size_t)j->dim;
         float *out = j->y + (size_t)i * (size_t)j->dim;
-        if (j->cx->avx512)
-            kvf_cpu_swiglu_row_avx512(out, gu, gu + j->dim, j->dim);
-        else
-            kvf_cpu_swiglu_row(out, gu, gu + j->dim, j->dim);
+        j->cx->k->swiglu_row(out, gu, gu + j->dim, j->dim);
     }
 }
 
@@ -234,8 +365,7 @@ static void attention_task(void *arg, int task, int thread)
     int n_blocks = max_pos / g->block_size + 1;
     /* Block pointer lists live at the end of the thread's scratch. */
     float *scratch = j->cx->scratch[thread];
-    size_t kfloats = (kvf_cpu_attn_scratch_floats(nt, j->group, g->head_dim, g->block_size) + 15) &
-                     ~(size_t)15;
+    size_t kfloats = (kvf_cpu_attn_scratch_floats(g->head_dim) + 15) & ~(size_t)15;
     const float **keys = (const float **)(void *)(scratch + kfloats);
     const float **values = keys + n_blocks;
     const uint32_t *bt = j->b->block_tables[seq];
@@ -258,10 +388,7 @@ static void attention_task(void *arg, int task, int thread)
         .values = values,
         .scale = (float)(1.0 / sqrt((double)hd)),
     };
-    if (j->cx->avx512)
-        kvf_cpu_attention_tile_avx512(&t, scratch);
-    else
-        kvf_cpu_attention_tile(&t, scratch);
+    j->cx->k->attention(&t, scratch);
 }
 
 static kvf_status_t cpu_attention(void *ctx, float *out, const float *q, int ld_q,
@@ -294,8 +421,7 @@ static kvf_status_t cpu_attention(void *ctx, float *out, const float *q, int ld_
     for (int t = 0; t < b->n_tokens; t++)
         max_pos = b->pos[t] > max_pos ? b->pos[t] : max_pos;
     /* Scratch: the tile kernel's floats plus two block pointer lists. */
-    size_t need = kvf_cpu_attn_scratch_floats(ATTN_TILE_TOKENS, group, g->head_dim,
-                                              g->block_size) +
+    size_t need = kvf_cpu_attn_scratch_floats(g->head_dim) +
                   16 + 4 * ((size_t)max_pos / g->block_size + 1); /* 2 pointers of 2 floats */
     if (need > cx->scratch_floats) {
         for (int i = 0; i < cx->n_threads; i++) {
@@ -333,6 +459,8 @@ static void cpu_destroy(void *ctx)
         free(cx->scratch[i]);
     free(cx->scratch);
     free(cx->tiles);
+    unbind(cx);
+    kvf_cpu_packed_free(&cx->adhoc);
     free(cx);
 }
 
@@ -344,17 +472,46 @@ static const kvf_backend_ops_t cpu_ops = {
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
+    .bind_model = cpu_bind_model,
     .synchronize = NULL,
     .destroy = cpu_destroy,
 };
 
-
-kvf_status_t kvf_backend_cpu_create_ex(int n_threads, bool allow_simd, kvf_backend_t *be_p)
+kvf_cpu_config_t kvf_cpu_config_default(void)
 {
+    kvf_cpu_config_t c = {.n_threads = 0, .isa = KVF_CPU_ISA_AUTO,
+                          .weights = KVF_CPU_WEIGHTS_NATIVE};
+    return c;
+}
+
+kvf_status_t kvf_cpu_weights_parse(const char *name, kvf_cpu_weights_t *w_p)
+{
+    if (name && !strcmp(name, "native")) {
+        *w_p = KVF_CPU_WEIGHTS_NATIVE;
+        return KVF_OK;
+    }
+    if (name && !strcmp(name, "f32")) {
+        *w_p = KVF_CPU_WEIGHTS_F32;
+        return KVF_OK;
+    }
+    kvf_log_error("unknown --cpu-dtype '%s' (native or f32)", name ? name : "");
+    return KVF_ERR_INVAL;
+}
+
+kvf_status_t kvf_backend_cpu_create_cfg(const kvf_cpu_config_t *cfg, kvf_backend_t *be_p)
+{
+    kvf_cpu_isa_t isa;
+    kvf_status_t st = kvf_cpu_isa_resolve(cfg->isa, &isa);
+    if (st != KVF_OK)
+        return st;
     cpu_ctx_t *cx = calloc(1, sizeof(*cx));
     if (!cx)
         return KVF_ERR_NOMEM;
-    kvf_status_t st = kvf_threadpool_create(n_threads, &cx->pool);
+    cx->cfg = *cfg;
+    cx->cfg.isa = isa;
+    cx->k = kvf_cpu_kernels(isa);
+    cx->wdtype = KVF_DTYPE_F32;
+    st = kvf_threadpool_create(cfg->n_threads, &cx->pool);
     if (st != KVF_OK) {
         free(cx);
         return st;
@@ -365,10 +522,6 @@ kvf_status_t kvf_backend_cpu_create_ex(int n_threads, bool allow_simd, kvf_backe
         cpu_destroy(cx);
         return KVF_ERR_NOMEM;
     }
-    cx->avx512 = allow_simd && kvf_cpu_has_avx512();
-    /* Our pool splits every sgemm; OpenBLAS threads on top would fight it
-     * for the same cores. */
-    openblas_set_num_threads(1);
     be_p->ops = &cpu_ops;
     be_p->ctx = cx;
     return KVF_OK;
@@ -376,7 +529,9 @@ kvf_status_t kvf_backend_cpu_create_ex(int n_threads, bool allow_simd, kvf_backe
 
 kvf_status_t kvf_backend_cpu_create(int n_threads, kvf_backend_t *be_p)
 {
-    return kvf_backend_cpu_create_ex(n_threads, true, be_p);
+    kvf_cpu_config_t c = kvf_cpu_config_default();
+    c.n_threads = n_threads;
+    return kvf_backend_cpu_create_cfg(&c, be_p);
 }
 
 int kvf_backend_cpu_threads(const kvf_backend_t *be)
@@ -384,6 +539,27 @@ int kvf_backend_cpu_threads(const kvf_backend_t *be)
     if (be->ops != &cpu_ops)
         return 0;
     return ((const cpu_ctx_t *)be->ctx)->n_threads;
+}
+
+kvf_cpu_isa_t kvf_backend_cpu_isa(const kvf_backend_t *be)
+{
+    if (be->ops != &cpu_ops)
+        return KVF_CPU_ISA_AUTO;
+    return ((const cpu_ctx_t *)be->ctx)->cfg.isa;
+}
+
+kvf_dtype_t kvf_backend_cpu_weights_dtype(const kvf_backend_t *be)
+{
+    if (be->ops != &cpu_ops)
+        return KVF_DTYPE_F32;
+    return ((const cpu_ctx_t *)be->ctx)->wdtype;
+}
+
+size_t kvf_backend_cpu_weight_bytes(const kvf_backend_t *be)
+{
+    if (be->ops != &cpu_ops)
+        return 0;
+    return ((const cpu_ctx_t *)be->ctx)->weight_bytes;
 }
 
 void kvf_backend_destroy(kvf_backend_t *be)

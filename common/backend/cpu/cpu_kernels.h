@@ -1,7 +1,26 @@
-/* CPU backend kernels, private to common/backend/cpu/. Each kernel exists
- * as a portable C version (the reference) and, where it pays, an AVX-512
- * version chosen at run time when the CPU has AVX-512F. Kernels work on a
- * range of rows so the backend can split them across its thread pool. */
+/* CPU backend kernels, private to common/backend/cpu/.
+ *
+ * One set of numerics (docs/numerics.md). Every kernel exists for three
+ * instruction sets (portable C, AVX2+FMA+F16C, AVX-512F), chosen at run time
+ * (cpu_isa.c), and the three give the same bits for every input:
+ *
+ * - matmul: every output element is one FMA chain over k in increasing
+ *   order, starting from 0; then + bias, then + the old y. Vectors run
+ *   across output columns, never across k, so the vector width, the number
+ *   of rows in the batch and the thread count cannot change a sum.
+ * - dot products of length head_dim (q·k): 16 lanes, lane l the FMA chain
+ *   over elements l, l+16, l+32, ... (zeros past head_dim), then the fixed
+ *   tree ((l, l+8), then (l, l+4), (l, l+2), (l, l+1)).
+ * - attention: each query row alone, keys in chunks of 16 absolute
+ *   positions, one online-softmax step per chunk; p·v as one FMA chain per
+ *   element over the chunk's keys in order.
+ * - exp: one polynomial (kvf_cpu_exp), evaluated with the same operations
+ *   in every instruction set.
+ *
+ * Weights are repacked once (cpu_pack.c) into panels of 32 output rows:
+ * panel p holds rows 32p..32p+31 as k groups of 32 values (k-major), zero
+ * past n, in f32, bf16 or f16; 16-bit values are widened exactly in
+ * registers. */
 #ifndef KVF_CPU_KERNELS_H
 #define KVF_CPU_KERNELS_H
 
@@ -9,30 +28,50 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Most x rows the gemv kernels take at once; more rows go to sgemm. */
-#define KVF_CPU_GEMV_MAX_M 8
+#include "kvf/backend.h"
+#include "kvf/dtype.h"
 
-/* y[i*n + r] = dot(x[i*k..], w[r*k..]) (+ bias[r]) (+ y if accumulate),
- * for rows r in [r0, r1) of w and every i < m (m <= KVF_CPU_GEMV_MAX_M). */
-void kvf_cpu_gemv_rows(float *y, const float *x, const float *w, const float *bias, int m, int n,
-                       int k, int r0, int r1, int accumulate);
-void kvf_cpu_gemv_rows_avx512(float *y, const float *x, const float *w, const float *bias, int m,
-                              int n, int k, int r0, int r1, int accumulate);
+/* Output rows (columns of y) per weight panel. */
+#define KVF_CPU_PANEL 32
+/* Keys per online-softmax step, at absolute positions 16c..16c+15. */
+#define KVF_CPU_KEY_CHUNK 16
 
-/* out[i] = silu(gate[i]) * up[i] for i < n. */
-void kvf_cpu_swiglu_row(float *out, const float *gate, const float *up, int n);
-void kvf_cpu_swiglu_row_avx512(float *out, const float *gate, const float *up, int n);
+/* A weight w(n, k) repacked into panels (see above). */
+typedef struct {
+    int n, k;
+    int n_panels;      /* ceil(n / 32) */
+    kvf_dtype_t dtype; /* f32, bf16 or f16 */
+    void *data;        /* (n_panels, k, 32) elements of dtype, 64-byte aligned */
+} kvf_cpu_packed_t;
+
+/* Packs w(n, k) (row-major f32) into *p in dtype. KVF_ERR_INVAL when a
+ * value is not exactly representable in dtype (a 16-bit pack of weights
+ * that did not come from a 16-bit checkpoint). On success p->data is owned
+ * by the caller: kvf_cpu_packed_free(). */
+kvf_status_t kvf_cpu_pack(kvf_cpu_packed_t *p, const float *w, int n, int k, kvf_dtype_t dtype);
+void kvf_cpu_packed_free(kvf_cpu_packed_t *p);
+/* Bytes the packed values take. */
+size_t kvf_cpu_packed_bytes(const kvf_cpu_packed_t *p);
+
+/* One matmul: y(m, n) = x(m, k) · wᵀ [+ bias] [+ y]. */
+typedef struct {
+    float *y;
+    const float *x;
+    const float *bias; /* (n) or NULL */
+    const kvf_cpu_packed_t *w;
+    int m;
+    int accumulate;
+} kvf_cpu_gemm_t;
 
 /* One attention work item: rows = n_tok tokens x group query heads that
- * share one kv head. Token i of the tile has position pos[i] and query
- * rows q + i*ld_q + (g*group + h)*head_dim for h < group; the output row
- * goes to the same place in out (row stride ld_out). keys[b], values[b]
- * are the (block_size, head_dim) K and V of the kv head in the b-th block
- * of the sequence. */
+ * share one kv head. Token i has position pos[i] and query rows
+ * q + i*ld_q + h*head_dim for h < group; the output row goes to the same
+ * place in out (row stride ld_out). Key j of the sequence is row j %
+ * block_size of keys[j / block_size] (values alike), head_dim floats. */
 typedef struct {
     int n_tok;
     const int32_t *pos;          /* (n_tok) */
-    const float *q;              /* first query row of head group, token 0 */
+    const float *q;              /* first query row of the head group, token 0 */
     int ld_q;
     float *out;
     int ld_out;
@@ -44,13 +83,24 @@ typedef struct {
     float scale;                 /* 1 / sqrt(head_dim) */
 } kvf_cpu_attn_tile_t;
 
-/* Floats of scratch one call needs for a tile of n_tok tokens. */
-size_t kvf_cpu_attn_scratch_floats(int n_tok, int group, int head_dim, int block_size);
+/* Floats of scratch one attention call needs per thread for head_dim. */
+size_t kvf_cpu_attn_scratch_floats(int head_dim);
 
-void kvf_cpu_attention_tile(const kvf_cpu_attn_tile_t *t, float *scratch);
-void kvf_cpu_attention_tile_avx512(const kvf_cpu_attn_tile_t *t, float *scratch);
+/* The kernels of one instruction set. */
+typedef struct {
+    kvf_cpu_isa_t isa;
+    /* Columns of panels [p0, p1) of g->w, for every row of x. */
+    void (*gemm)(const kvf_cpu_gemm_t *g, int p0, int p1);
+    /* out[i] = silu(gate[i]) * up[i] for i < n. */
+    void (*swiglu_row)(float *out, const float *gate, const float *up, int n);
+    void (*attention)(const kvf_cpu_attn_tile_t *t, float *scratch);
+} kvf_cpu_kernels_t;
 
-/* Whether the CPU runs AVX-512F code. */
-bool kvf_cpu_has_avx512(void);
+extern const kvf_cpu_kernels_t kvf_cpu_kernels_scalar;
+extern const kvf_cpu_kernels_t kvf_cpu_kernels_avx2;
+extern const kvf_cpu_kernels_t kvf_cpu_kernels_avx512;
+
+/* The kernels for isa (which the CPU must have: kvf_cpu_isa_supported). */
+const kvf_cpu_kernels_t *kvf_cpu_kernels(kvf_cpu_isa_t isa);
 
 #endif

@@ -818,6 +818,7 @@ static const kvf_backend_ops_t cuda_ops = {
     NULL,
     NULL,
     cuda_forward,
+    NULL, // bind_model: the weights were uploaded at creation
     cuda_synchronize,
     cuda_destroy,
     cuda_host_alloc,

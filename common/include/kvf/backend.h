@@ -81,6 +81,12 @@ typedef struct kvf_backend_ops {
     kvf_status_t (*forward)(void *ctx, kvf_kvpool_t *pool, const struct kvf_engine_seq *seqs,
                             int n_seqs, const struct kvf_engine_hooks *hooks);
 
+    /* (optional) Called once by kvf_engine_create() with the model the
+     * engine computes: a backend that keeps weights in its own layout
+     * (the CPU backend's panels) prepares them here. The model must
+     * outlive the backend. */
+    kvf_status_t (*bind_model)(void *ctx, const struct kvf_model *model);
+
     /* (optional, NULL when ops complete on return) waits for queued ops. */
     kvf_status_t (*synchronize)(void *ctx);
 
@@ -98,16 +104,65 @@ typedef struct {
     void *ctx;
 } kvf_backend_t;
 
-/* The CPU backend: OpenBLAS sgemm for projections with several rows, own
- * AVX-512 (when the CPU has it) or portable kernels for the rest, on a
- * thread pool of n_threads (<= 0: one per CPU). OpenBLAS is set to one
- * thread; the pool splits the work, so the two never oversubscribe the
- * cores. On success be_p->ctx is owned by the backend: kvf_backend_destroy(). */
+/* Instruction sets the CPU backend's kernels are built for. Every one
+ * gives the same bits (docs/numerics.md); they differ in speed only. */
+typedef enum {
+    KVF_CPU_ISA_AUTO = -1, /* KVF_CPU_ISA when set, else the best the CPU runs */
+    KVF_CPU_ISA_SCALAR = 0,
+    KVF_CPU_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    KVF_CPU_ISA_AVX512 = 2, /* AVX-512F */
+} kvf_cpu_isa_t;
+
+/* "scalar", "avx2", "avx512" ("auto" for KVF_CPU_ISA_AUTO); never NULL. */
+const char *kvf_cpu_isa_name(kvf_cpu_isa_t isa);
+/* Parses those names; KVF_ERR_INVAL (logged) for anything else. */
+kvf_status_t kvf_cpu_isa_parse(const char *name, kvf_cpu_isa_t *isa_p);
+/* Whether this CPU runs isa's kernels. */
+bool kvf_cpu_isa_supported(kvf_cpu_isa_t isa);
+/* The fastest instruction set this CPU runs. */
+kvf_cpu_isa_t kvf_cpu_isa_best(void);
+/* The instruction set a backend asked for want uses: want itself, or for
+ * KVF_CPU_ISA_AUTO the one the KVF_CPU_ISA environment variable names
+ * (scalar, avx2, avx512, auto), else the best. An unknown name is
+ * KVF_ERR_INVAL and one the CPU lacks KVF_ERR_UNSUPPORTED, both logged. */
+kvf_status_t kvf_cpu_isa_resolve(kvf_cpu_isa_t want, kvf_cpu_isa_t *isa_p);
+
+/* How the CPU backend holds a model's weight matrices (--cpu-dtype). */
+typedef enum {
+    KVF_CPU_WEIGHTS_NATIVE = 0, /* the checkpoint's type: bf16 and f16 stay 2 bytes */
+    KVF_CPU_WEIGHTS_F32 = 1,    /* widened to f32 (same results, twice the bytes) */
+} kvf_cpu_weights_t;
+
+/* "native" or "f32"; KVF_ERR_INVAL (logged) for anything else. */
+kvf_status_t kvf_cpu_weights_parse(const char *name, kvf_cpu_weights_t *w_p);
+
+typedef struct {
+    int n_threads;             /* pool size; <= 0: one per CPU */
+    kvf_cpu_isa_t isa;         /* KVF_CPU_ISA_AUTO by default */
+    kvf_cpu_weights_t weights; /* KVF_CPU_WEIGHTS_NATIVE by default */
+} kvf_cpu_config_t;
+
+/* n_threads 0, auto ISA, native weights. */
+kvf_cpu_config_t kvf_cpu_config_default(void);
+
+/* The CPU backend: own kernels (cpu_kernels.h) for every op, on a thread
+ * pool of cfg->n_threads. Results do not depend on the instruction set,
+ * the thread count or how tokens are batched. A model's matrices are
+ * repacked into the kernels' layout when an engine binds it (bind_model).
+ * Errors (an ISA the CPU lacks, no memory) are logged. On success
+ * be_p->ctx is owned by the backend: kvf_backend_destroy(). */
+kvf_status_t kvf_backend_cpu_create_cfg(const kvf_cpu_config_t *cfg, kvf_backend_t *be_p);
+
+/* Same with n_threads and the defaults. */
 kvf_status_t kvf_backend_cpu_create(int n_threads, kvf_backend_t *be_p);
 
-/* Same; allow_simd = false forces the portable kernels (the reference the
- * AVX-512 ones are tested against). */
-kvf_status_t kvf_backend_cpu_create_ex(int n_threads, bool allow_simd, kvf_backend_t *be_p);
+/* The instruction set a CPU backend runs (KVF_CPU_ISA_AUTO for another backend). */
+kvf_cpu_isa_t kvf_backend_cpu_isa(const kvf_backend_t *be);
+
+/* The type the bound model's matrices are held in (f32 before a bind or
+ * for another backend), and their bytes. */
+kvf_dtype_t kvf_backend_cpu_weights_dtype(const kvf_backend_t *be);
+size_t kvf_backend_cpu_weight_bytes(const kvf_backend_t *be);
 
 /* Threads the CPU backend runs (the pool size); 0 for another backend. */
 int kvf_backend_cpu_threads(const kvf_backend_t *be);

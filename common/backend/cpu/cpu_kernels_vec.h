@@ -1,0 +1,241 @@
+/* The CPU kernels written once over a vector of VL floats, included by
+ * cpu_kernels_avx2.c and cpu_kernels_avx512.c after they define:
+ *
+ *   vf, VL               the vector type and its lanes (8 or 16)
+ *   V_ZERO() V_SET1(x) V_LOAD(p) V_STORE(p, v) V_ADD V_SUB V_MUL V_NEG
+ *   V_FMA(a, b, c)       a * b + c, one rounding
+ *   V_MAXF V_MINF        max/min (non-NaN inputs)
+ *   V_EXP2I(n)           2^n for integral n in [-126, 127]
+ *   V_ROUND(x)           round to nearest even
+ *   V_LOAD_BF16(p) V_LOAD_F16(p)   VL 16-bit weights widened exactly
+ *   DOT16(q, k, hd)      the canonical head_dim dot product
+ *   SMALL_M SMALL_P(m)   batches of m <= SMALL_M rows: tiles of
+ *                        SMALL_P(m) panels x all rows
+ *   BIG_MR BIG_P BIG_NV  larger batches: tiles of BIG_MR rows x BIG_P
+ *                        panels x BIG_NV vectors of each panel
+ *   KFN(name)            the instruction set's name for a kernel
+ *
+ * Everything here follows the canonical order of cpu_kernels.h; the
+ * arithmetic is what cpu_kernels_scalar.c does, one vector lane per
+ * output element. */
+
+#define INLINE static inline __attribute__((always_inline))
+#define PV (KVF_CPU_PANEL / VL)
+
+/* ---- exp and swiglu (cpu_canon.h, lane by lane) ---------------------- */
+
+INLINE vf v_exp(vf x)
+{
+    x = V_MAXF(x, V_SET1(KVF_EXP_LO));
+    x = V_MINF(x, V_SET1(KVF_EXP_HI));
+    vf n = V_ROUND(V_MUL(x, V_SET1(KVF_EXP_LOG2E)));
+    vf nn = V_NEG(n);
+    vf r = V_FMA(nn, V_SET1(KVF_EXP_LN2_HI), x);
+    r = V_FMA(nn, V_SET1(KVF_EXP_LN2_LO), r);
+    vf p = V_SET1(KVF_EXP_C7);
+    p = V_FMA(p, r, V_SET1(KVF_EXP_C6));
+    p = V_FMA(p, r, V_SET1(KVF_EXP_C5));
+    p = V_FMA(p, r, V_SET1(KVF_EXP_C4));
+    p = V_FMA(p, r, V_SET1(KVF_EXP_C3));
+    p = V_FMA(p, r, V_SET1(KVF_EXP_C2));
+    p = V_FMA(p, r, V_SET1(1.0f));
+    p = V_FMA(p, r, V_SET1(1.0f));
+    return V_MUL(p, V_EXP2I(n));
+}
+
+static void KFN(swiglu_row)(float *out, const float *gate, const float *up, int n)
+{
+    int i = 0;
+    for (; i + VL <= n; i += VL) {
+        vf g = V_LOAD(gate + i);
+        vf e = v_exp(V_NEG(g));
+        vf silu = V_DIV(g, V_ADD(V_SET1(1.0f), e));
+        V_STORE(out + i, V_MUL(silu, V_LOAD(up + i)));
+    }
+    for (; i < n; i++)
+        out[i] = kvf_cpu_swiglu1(gate[i], up[i]);
+}
+
+/* ---- matmul ---------------------------------------------------------- */
+
+INLINE vf load_w(const void *base, size_t i, const int DT)
+{
+    if (DT == KVF_DTYPE_BF16)
+        return V_LOAD_BF16((const uint16_t *)base + i);
+    if (DT == KVF_DTYPE_F16)
+        return V_LOAD_F16((const uint16_t *)base + i);
+    return V_LOAD((const float *)base + i);
+}
+
+/* y for rows i0..i0+MR and vectors V0..V0+NV of panels p..p+P. Each lane
+ * is one output element's FMA chain over d = 0..k-1. */
+INLINE void tile(const kvf_cpu_gemm_t *g, int i0, int p, int V0, const int MR, const int P,
+                 const int NV, const int DT)
+{
+    const kvf_cpu_packed_t *w = g->w;
+    const int k = w->k, n = w->n;
+    const size_t pstride = (size_t)k * KVF_CPU_PANEL;
+    vf acc[TILE_ACC_MAX];
+    _Pragma("GCC unroll 32") for (int a = 0; a < MR * P * NV; a++) acc[a] = V_ZERO();
+    const float *x = g->x + (size_t)i0 * (size_t)k;
+    size_t wi = (size_t)p * pstride + (size_t)V0 * VL;
+    for (int d = 0; d < k; d++, wi += KVF_CPU_PANEL) {
+        vf wv[TILE_W_MAX];
+        _Pragma("GCC unroll 16") for (int pp = 0; pp < P; pp++)
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)
+                wv[pp * NV + v] = load_w(w->data, wi + (size_t)pp * pstride + (size_t)v * VL, DT);
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {
+            vf xb = V_SET1(x[(size_t)i * (size_t)k + d]);
+            _Pragma("GCC unroll 16") for (int a = 0; a < P * NV; a++)
+                acc[i * P * NV + a] = V_FMA(xb, wv[a], acc[i * P * NV + a]);
+        }
+    }
+    /* + bias, + y: per element, as the scalar kernel does. */
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)
+        _Pragma("GCC unroll 16") for (int pp = 0; pp < P; pp++) {
+            float tmp[KVF_CPU_PANEL];
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)
+                V_STORE(tmp + v * VL, acc[(i * P + pp) * NV + v]);
+            int c0 = (p + pp) * KVF_CPU_PANEL + V0 * VL;
+            int nc = n - c0 < NV * VL ? n - c0 : NV * VL;
+            float *y = g->y + (size_t)(i0 + i) * (size_t)n + c0;
+            for (int c = 0; c < nc; c++) {
+                float s = tmp[c];
+                if (g->bias)
+                    s = s + g->bias[c0 + c];
+                y[c] = g->accumulate ? y[c] + s : s;
+            }
+        }
+}
+
+#define SMALL_CASE(M)                                                                              \
+    case M:                                                                                        \
+        if (P == SMALL_P(M))                                                                       \
+            tile(g, 0, p, 0, M, SMALL_P(M), PV, DT);                                               \
+        else                                                                                       \
+            tile(g, 0, p, 0, M, 1, PV, DT);                                                        \
+        break;
+#define BIG_CASE(M)                                                                                \
+    case M:                                                                                        \
+        if (P == BIG_P)                                                                            \
+            tile(g, i0, p, v0, M, BIG_P, BIG_NV, DT);                                              \
+        else                                                                                       \
+            tile(g, i0, p, v0, M, 1, BIG_NV, DT);                                                  \
+        break;
+
+INLINE void gemm_dt(const kvf_cpu_gemm_t *g, int p0, int p1, const int DT)
+{
+    const int m = g->m;
+    if (m <= SMALL_M) {
+        for (int p = p0; p < p1;) {
+            const int P = p1 - p >= SMALL_P(m) ? SMALL_P(m) : 1;
+            switch (m) { SMALL_CASES }
+            p += P;
+        }
+        return;
+    }
+    /* Panels outer, rows inner: a tile's panels stay in cache while every
+     * row block passes over them. */
+    for (int p = p0; p < p1;) {
+        const int P = p1 - p >= BIG_P ? BIG_P : 1;
+        for (int v0 = 0; v0 < PV; v0 += BIG_NV)
+            for (int i0 = 0; i0 < m; i0 += BIG_MR) {
+                const int mr = m - i0 < BIG_MR ? m - i0 : BIG_MR;
+                switch (mr) { BIG_CASES }
+            }
+        p += P;
+    }
+}
+
+static void KFN(gemm)(const kvf_cpu_gemm_t *g, int p0, int p1)
+{
+    switch (g->w->dtype) {
+    case KVF_DTYPE_BF16: gemm_dt(g, p0, p1, KVF_DTYPE_BF16); break;
+    case KVF_DTYPE_F16: gemm_dt(g, p0, p1, KVF_DTYPE_F16); break;
+    default: gemm_dt(g, p0, p1, KVF_DTYPE_F32); break;
+    }
+}
+
+/* ---- attention ------------------------------------------------------- */
+
+/* acc(hd) = acc * alpha, then acc = fma(p[j], v_j, acc) for j < nj. */
+INLINE void pv_step(float *acc, const float *const *vrows, const float *p, int nj, int hd,
+                    float alpha)
+{
+    const vf al = V_SET1(alpha);
+    int c = 0;
+    for (; c + 4 * VL <= hd; c += 4 * VL) {
+        vf a0 = V_MUL(V_LOAD(acc + c), al), a1 = V_MUL(V_LOAD(acc + c + VL), al);
+        vf a2 = V_MUL(V_LOAD(acc + c + 2 * VL), al), a3 = V_MUL(V_LOAD(acc + c + 3 * VL), al);
+        for (int j = 0; j < nj; j++) {
+            const vf pj = V_SET1(p[j]);
+            const float *v = vrows[j] + c;
+            a0 = V_FMA(pj, V_LOAD(v), a0);
+            a1 = V_FMA(pj, V_LOAD(v + VL), a1);
+            a2 = V_FMA(pj, V_LOAD(v + 2 * VL), a2);
+            a3 = V_FMA(pj, V_LOAD(v + 3 * VL), a3);
+        }
+        V_STORE(acc + c, a0);
+        V_STORE(acc + c + VL, a1);
+        V_STORE(acc + c + 2 * VL, a2);
+        V_STORE(acc + c + 3 * VL, a3);
+    }
+    for (; c + VL <= hd; c += VL) {
+        vf a0 = V_MUL(V_LOAD(acc + c), al);
+        for (int j = 0; j < nj; j++)
+            a0 = V_FMA(V_SET1(p[j]), V_LOAD(vrows[j] + c), a0);
+        V_STORE(acc + c, a0);
+    }
+    for (; c < hd; c++) {
+        float a = acc[c] * alpha;
+        for (int j = 0; j < nj; j++)
+            a = fmaf(p[j], vrows[j][c], a);
+        acc[c] = a;
+    }
+}
+
+static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
+{
+    const int hd = t->head_dim, bs = t->block_size;
+    float *acc = scratch; /* (hd) numerator of the row */
+    for (int i = 0; i < t->n_tok; i++) {
+        const int pos = t->pos[i];
+        for (int h = 0; h < t->group; h++) {
+            const float *q = t->q + (size_t)i * (size_t)t->ld_q + (size_t)h * (size_t)hd;
+            float m = -INFINITY, l = 0;
+            memset(acc, 0, (size_t)hd * sizeof(float));
+            for (int j0 = 0; j0 <= pos; j0 += KVF_CPU_KEY_CHUNK) {
+                const int nj = pos - j0 + 1 < KVF_CPU_KEY_CHUNK ? pos - j0 + 1 : KVF_CPU_KEY_CHUNK;
+                float s[KVF_CPU_KEY_CHUNK], p[KVF_CPU_KEY_CHUNK];
+                const float *vrows[KVF_CPU_KEY_CHUNK];
+                float mc = -INFINITY;
+                for (int j = 0; j < nj; j++) {
+                    const int key = j0 + j;
+                    const size_t off = (size_t)(key % bs) * (size_t)hd;
+                    s[j] = DOT16(q, t->keys[key / bs] + off, hd) * t->scale;
+                    vrows[j] = t->values[key / bs] + off;
+                    mc = s[j] > mc ? s[j] : mc;
+                }
+                const float mn = mc > m ? mc : m;
+                const float alpha = kvf_cpu_rescale(m, mn);
+                for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
+                    s[j] = mn;
+                const vf vm = V_SET1(mn);
+                for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
+                    V_STORE(p + j, v_exp(V_SUB(V_LOAD(s + j), vm)));
+                for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
+                    p[j] = 0;
+                l = l * alpha + kvf_cpu_tree16(p);
+                pv_step(acc, vrows, p, nj, hd, alpha);
+                m = mn;
+            }
+            const float inv = 1.0f / l;
+            float *o = t->out + (size_t)i * (size_t)t->ld_out + (size_t)h * (size_t)hd;
+            int c = 0;
+            for (; c + VL <= hd; c += VL)
+                V_STORE(o + c, V_MUL(V_LOAD(acc + c), V_SET1(inv)));
+            for (; c < hd; c++)
+                o[c] = acc[c] * inv;
+        }
+    }
+}
