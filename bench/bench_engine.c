@@ -8,7 +8,10 @@
  *  - sgemm rate: OpenBLAS on 2048^3, both with its own threads and split
  *    over our pool as the backend does; the larger is the ceiling.
  *  - Decode at batch 1, 8, 32 (context 256 each): step time against
- *    roofline = (weight bytes + KV bytes read per step) / bandwidth.
+ *    roofline = (weight bytes + KV bytes read per step) / bandwidth, the
+ *    weight bytes those the backend holds (2 a parameter for bf16/f16
+ *    weights kept native). With 16-bit weights, batch 1 is also timed on
+ *    the same weights widened to f32 (--cpu-dtype f32), for the speedup.
  *  - Prefill of 128/512/2048-token prompts: forward FLOPs / time against the
  *    sgemm rate.
  *  - KV-cache experiment: generating n tokens with the cache vs recomputing
@@ -299,16 +302,19 @@ int kvf_bench_engine(int argc, char **argv)
     const char *model_dir = NULL, *json = NULL;
     int threads = 0;
     bool quick = false;
+    const char *cpu_dtype = NULL;
     const kvf_flag_t flags[] = {
         {"model", KVF_FLAG_STRING, &model_dir, "DIR", "model directory (e.g. from kvf mkmodel)",
          NULL},
         {"threads", KVF_FLAG_INT, &threads, "N", "compute threads (default: all cores)", NULL},
         {"json", KVF_FLAG_STRING, &json, "FILE", "also write the results as JSON", NULL},
         {"quick", KVF_FLAG_BOOL, &quick, NULL, "fewer sizes and repetitions (smoke test)", NULL},
+        {"cpu-dtype", KVF_FLAG_STRING, &cpu_dtype, "native|f32",
+         "weights as the checkpoint stores them (default) or widened to f32", NULL},
     };
     kvf_flagset_t set = {
         .prog = argv[0],
-        .usage = "--model DIR [--threads N] [--json FILE] [--quick]",
+        .usage = "--model DIR [--threads N] [--cpu-dtype native|f32] [--json FILE] [--quick]",
         .summary = "Measures memory read bandwidth and the OpenBLAS sgemm rate, then decode "
                    "latency (batch 1, 8, 32) against the memory roofline, prefill throughput "
                    "against the sgemm rate, and generation with vs without the KV cache. "
@@ -326,9 +332,14 @@ int kvf_bench_engine(int argc, char **argv)
         fprintf(stderr, "%s: --model DIR is required\n", argv[0]);
         return 2;
     }
+    kvf_cpu_config_t ccfg = kvf_cpu_config_default();
+    if (cpu_dtype && kvf_cpu_weights_parse(cpu_dtype, &ccfg.weights) != KVF_OK)
+        return 2;
     if (threads <= 0)
         threads = kvf_cpu_count();
-    bench_rig_t r;
+    ccfg.n_threads = threads;
+    bench_rig_t r, r32;
+    memset(&r32, 0, sizeof(r32));
     memset(&r, 0, sizeof(r));
     cJSON *out = NULL;
     kvf_block_table_t bts[32], bt;
@@ -341,23 +352,19 @@ int kvf_bench_engine(int argc, char **argv)
         return 1;
     }
     const kvf_model_config_t *c = &r.model->cfg;
-    /* Weight bytes one decode step streams: everything but the embedding
-     * table (one row per token), unless it doubles as the lm_head. */
-    double weight_bytes = (double)kvf_model_weight_bytes(r.model);
+    /* f32 bytes of everything but the embedding table (one row per token),
+     * unless it doubles as the lm_head: sizes the bandwidth buffer. */
+    double f32_bytes = (double)kvf_model_weight_bytes(r.model);
     if (!c->tie_embeddings)
-        weight_bytes -= (double)c->vocab * c->hidden * sizeof(float);
-    printf("model %s: %s, %d layers, hidden %d, %d/%d heads, inter %d, vocab %d; %.1f MB f32 "
-           "weights, %.1f MB streamed per decode step; %d threads\n",
-           model_dir, c->arch_name, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->inter,
-           c->vocab, (double)kvf_model_weight_bytes(r.model) / 1e6, weight_bytes / 1e6, threads);
+        f32_bytes -= (double)c->vocab * c->hidden * sizeof(float);
 
     /* Ceilings: sampled now, before every measurement and at the end. */
     bw_meter_t bwm;
     sgemm_meter_t sgm;
     memset(&sgm, 0, sizeof(sgm));
-    if (bw_meter_init(&bwm, threads, (size_t)weight_bytes, (size_t)1 << (quick ? 28 : 30)) !=
+    if (bw_meter_init(&bwm, threads, (size_t)f32_bytes, (size_t)1 << (quick ? 28 : 30)) !=
             KVF_OK ||
-        kvf_backend_cpu_create(threads, &r.be) != KVF_OK ||
+        kvf_backend_cpu_create_cfg(&ccfg, &r.be) != KVF_OK ||
         sgemm_meter_init(&sgm, quick ? 1024 : 2048, threads) != KVF_OK)
         goto fail_setup;
     bw_sample(&bwm, quick ? 3 : 6);
@@ -376,6 +383,15 @@ int kvf_bench_engine(int argc, char **argv)
     r.tokens = malloc((size_t)(max_seq + 64) * sizeof(uint32_t));
     if (!r.logits || !r.tokens)
         goto fail_setup;
+    /* Weight bytes one decode step streams: the matrices as the backend
+     * holds them (the lm_head among them). */
+    const double weight_bytes = (double)kvf_backend_cpu_weight_bytes(&r.be);
+    const kvf_dtype_t wdtype = kvf_backend_cpu_weights_dtype(&r.be);
+    const char *isa = kvf_cpu_isa_name(kvf_backend_cpu_isa(&r.be));
+    printf("model %s: %s, %d layers, hidden %d, %d/%d heads, inter %d, vocab %d; %s weights, "
+           "%.1f MB streamed per decode step; %d threads, %s kernels\n",
+           model_dir, c->arch_name, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->inter,
+           c->vocab, kvf_dtype_name(wdtype), weight_bytes / 1e6, threads, isa);
     uint32_t seed = 12345;
     for (uint32_t i = 0; i < max_seq + 64; i++) {
         seed = seed * 1664525u + 1013904223u;
@@ -386,6 +402,8 @@ int kvf_bench_engine(int argc, char **argv)
     /* Decode. */
     out = cJSON_CreateObject();
     cJSON_AddNumberToObject(out, "threads", threads);
+    cJSON_AddStringToObject(out, "isa", isa);
+    cJSON_AddStringToObject(out, "weights_dtype", kvf_dtype_name(wdtype));
     cJSON_AddNumberToObject(out, "weight_bytes_per_step", weight_bytes);
     for (int i = 0; i < 32; i++) {
         if (kvf_block_table_reserve(&bts[i], r.pool, dec_ctx + 1) != KVF_OK)
@@ -407,6 +425,24 @@ int kvf_bench_engine(int argc, char **argv)
                 best = best_of(best, t);
         }
         decode_s[bi] = best;
+    }
+    /* 16-bit weights: batch 1 again on an f32 twin of the backend. */
+    double decode_f32_s = -1;
+    if (wdtype != KVF_DTYPE_F32) {
+        kvf_cpu_config_t c32 = ccfg;
+        c32.weights = KVF_CPU_WEIGHTS_F32;
+        r32 = r;
+        r32.engine = NULL;
+        memset(&r32.be, 0, sizeof(r32.be));
+        if (kvf_backend_cpu_create_cfg(&c32, &r32.be) != KVF_OK ||
+            kvf_engine_create(r.model, &r32.be, r.pool, &r32.engine) != KVF_OK)
+            goto fail_setup;
+        bw_sample(&bwm, 2);
+        for (int s = 0; s < (quick ? 5 : 30) + 1; s++) {
+            double t = run_decode_step(&r32, bts, 1, dec_ctx);
+            if (s > 0)
+                decode_f32_s = best_of(decode_f32_s, t);
+        }
     }
     for (int i = 0; i < 32; i++)
         kvf_block_table_release(&bts[i], r.pool);
@@ -456,6 +492,19 @@ int kvf_bench_engine(int argc, char **argv)
         snprintf(key, sizeof(key), "decode_b%d_step_ms", b);
         cJSON_AddNumberToObject(out, key, best * 1e3);
     }
+    if (decode_f32_s > 0) {
+        double bytes32 = (double)kvf_backend_cpu_weight_bytes(&r32.be) + (dec_ctx + 1) * kv_tok;
+        double roof32 = bytes32 / bw;
+        printf("batch 1  %12.3f %12.3f %12.1f %9.1f%%   (the same weights widened to f32; %s is "
+               "%.2fx its tokens/s)\n",
+               decode_f32_s * 1e3, roof32 * 1e3, 1 / decode_f32_s, 100 * roof32 / decode_f32_s,
+               kvf_dtype_name(wdtype), decode_f32_s / decode_s[0]);
+        cJSON_AddNumberToObject(out, "decode_b1_f32_step_ms", decode_f32_s * 1e3);
+        cJSON_AddNumberToObject(out, "decode_b1_f32_roofline_ratio", roof32 / decode_f32_s);
+        cJSON_AddNumberToObject(out, "decode_b1_speedup_vs_f32", decode_f32_s / decode_s[0]);
+    }
+    printf("decode batch 8 step / batch 1 step: %.2f\n", decode_s[1] / decode_s[0]);
+    cJSON_AddNumberToObject(out, "decode_b8_over_b1", decode_s[1] / decode_s[0]);
     printf("\n%-8s %12s %12s %12s %10s\n", "prefill", "ms", "tokens/s", "GFLOP/s", "of sgemm");
     for (int pi = 0; pi < n_prompts; pi++) {
         uint32_t n = prompts[pi];
@@ -541,6 +590,8 @@ done:
     kvf_block_table_fini(&bt);
     free(r.logits);
     free(r.tokens);
+    kvf_engine_destroy(r32.engine);
+    kvf_backend_destroy(&r32.be);
     kvf_engine_destroy(r.engine);
     kvf_kvpool_destroy(r.pool);
     kvf_backend_destroy(&r.be);

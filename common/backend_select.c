@@ -3,6 +3,7 @@
 #include "kvf/backend.h"
 #include "kvf/log.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +24,16 @@ kvf_status_t kvf_backend_kind_parse(const char *name, kvf_backend_kind_t *kind_p
 const char *kvf_backend_kind_name(kvf_backend_kind_t kind)
 {
     return kind == KVF_BACKEND_CUDA ? "cuda" : "cpu";
+}
+
+void kvf_backend_describe(const kvf_backend_t *be, char *buf, size_t size)
+{
+    if (kvf_backend_cpu_threads(be) > 0)
+        snprintf(buf, size, "cpu (%s kernels, %d threads, %s weights)",
+                 kvf_cpu_isa_name(kvf_backend_cpu_isa(be)), kvf_backend_cpu_threads(be),
+                 kvf_dtype_name(kvf_backend_cpu_weights_dtype(be)));
+    else
+        snprintf(buf, size, "%s", be->ops ? be->ops->name : "none");
 }
 
 void *kvf_backend_host_alloc(const kvf_backend_t *be, size_t bytes)

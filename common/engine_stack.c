@@ -85,7 +85,10 @@ kvf_status_t kvf_engine_stack_init(kvf_engine_stack_t *s, const char *model_dir,
                           kvf_status_str(st));
             goto fail_pool;
         }
-        st = kvf_backend_cpu_create(cfg->threads, &s->backend);
+        kvf_cpu_config_t cc = kvf_cpu_config_default();
+        cc.n_threads = cfg->threads;
+        cc.weights = cfg->cpu_weights;
+        st = kvf_backend_cpu_create_cfg(&cc, &s->backend);
         if (st != KVF_OK) {
             kvf_log_error("cpu backend: %s", kvf_status_str(st));
             goto fail_backend_cpu;
@@ -139,6 +142,10 @@ kvf_status_t kvf_backend_flags_apply(const kvf_backend_flags_t *f, kvf_engine_st
         kvf_log_error("--device %d: a CUDA device index is 0 or more", f->device);
         return KVF_ERR_INVAL;
     }
+    kvf_cpu_weights_t cw = KVF_CPU_WEIGHTS_NATIVE;
+    if (f->cpu_dtype && kvf_cpu_weights_parse(f->cpu_dtype, &cw) != KVF_OK)
+        return KVF_ERR_INVAL;
+    cfg->cpu_weights = cw;
     cc.device = f->device;
     cc.cuda_graphs = !f->no_graphs;
     cfg->backend = kind;

@@ -1,4 +1,5 @@
 #include "kvf/flags.h"
+#include "kvf/backend.h"
 #include "kvf/gpu.h"
 
 #include <ctype.h>
@@ -296,5 +297,12 @@ void kvf_flags_print_version(const char *prog)
 {
     char gpus[1024];
     kvf_gpu_describe(gpus, sizeof(gpus));
-    printf("%s %s\n%s\n", prog, KVF_VERSION_STRING, gpus);
+    kvf_cpu_isa_t isa = KVF_CPU_ISA_AUTO;
+    const char *env = getenv("KVF_CPU_ISA");
+    bool forced = env && env[0] && kvf_cpu_isa_resolve(KVF_CPU_ISA_AUTO, &isa) == KVF_OK;
+    if (!forced)
+        isa = kvf_cpu_isa_best();
+    printf("%s %s\ncpu kernels: %s%s (best on this CPU: %s)\n%s\n", prog, KVF_VERSION_STRING,
+           kvf_cpu_isa_name(isa), forced ? ", forced by KVF_CPU_ISA" : "",
+           kvf_cpu_isa_name(kvf_cpu_isa_best()), gpus);
 }

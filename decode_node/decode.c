@@ -1371,13 +1371,15 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
         st = KVF_ERR_NOMEM;
         goto fail_scratch;
     }
+    char be_desc[128];
+    kvf_backend_describe(&d->rt.backend, be_desc, sizeof(be_desc));
     kvf_log_info(
         "model %s (%s, %d layers, vocab %d, context %u), kv pool %u blocks of %u "
-        "tokens (%.1f MiB), max running %d, %s backend (%d threads), %s transfers%s",
+        "tokens (%.1f MiB), max running %d, backend %s, %s transfers%s",
         d->model_dir, mc->arch_name, mc->n_layers, mc->vocab, d->max_context,
         kvf_kvpool_num_blocks(d->rt.pool), d->block_size,
         (double)kvf_kvpool_num_blocks(d->rt.pool) * (double)d->block_bytes / (1024.0 * 1024.0),
-        d->cfg.max_running, d->rt.backend.ops->name, kvf_backend_cpu_threads(&d->rt.backend),
+        d->cfg.max_running, be_desc,
         xc.two_sided ? "two-sided" : "one-sided", d->cfg.prefill_local ? ", prefills locally" : "");
     *dec_p = d;
     return KVF_OK;

@@ -1053,9 +1053,12 @@ static void stop_all(kvf_prefill_t *p)
 kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
 {
     kvf_status_t result = KVF_OK;
-    kvf_log_info("serving on %s (router %s): %u kv blocks of %d tokens, %d tokens per forward",
+    char be_desc[128];
+    kvf_backend_describe(&p->rt.backend, be_desc, sizeof(be_desc));
+    kvf_log_info("serving on %s (router %s): %u kv blocks of %d tokens, %d tokens per forward, "
+                 "backend %s",
                  p->cfg.listen_url, p->cfg.router_url, kvf_kvpool_num_blocks(p->rt.pool),
-                 p->geo.block_size, p->cfg.max_batch_tokens);
+                 p->geo.block_size, p->cfg.max_batch_tokens, be_desc);
     uint64_t drain_deadline = 0;
     while (*stop != KVF_PREFILL_STOP) {
         if (*stop == KVF_PREFILL_DRAIN && !p->draining) {

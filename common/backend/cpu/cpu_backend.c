@@ -36,6 +36,8 @@ typedef struct {
     const kvf_cpu_kernels_t *k;
     float **scratch;       /* (n_threads) per-thread attention scratch */
     size_t scratch_floats; /* capacity of each */
+    float **gemm_scratch;  /* (n_threads) per-thread matmul scratch */
+    size_t gemm_scratch_floats;
     /* attention work list, rebuilt per call */
     int *tiles;            /* (cap_tiles, 2): first token, token count */
     int cap_tiles;
@@ -55,16 +57,16 @@ typedef struct {
     const kvf_cpu_kernels_t *k;
     kvf_cpu_gemm_t g;
     int panels_per_task;
+    float *const *scratch;
 } matmul_job_t;
 
 static void matmul_task(void *arg, int task, int thread)
 {
-    (void)thread;
     matmul_job_t *j = arg;
     int p0 = task * j->panels_per_task;
     int p1 = p0 + j->panels_per_task > j->g.w->n_panels ? j->g.w->n_panels
                                                         : p0 + j->panels_per_task;
-    j->k->gemm(&j->g, p0, p1);
+    j->k->gemm(&j->g, p0, p1, j->scratch[thread]);
 }
 
 static const kvf_cpu_packed_t *find_packed(const cpu_ctx_t *cx, const float *w, int n, int k)
@@ -93,7 +95,20 @@ static kvf_status_t cpu_matmul(void *ctx, float *y, const float *x, const float 
             return st;
         pw = &cx->adhoc;
     }
+    size_t need = KVF_CPU_GEMM_SCRATCH_FLOATS(k);
+    if (need > cx->gemm_scratch_floats) {
+        for (int i = 0; i < cx->n_threads; i++) {
+            free(cx->gemm_scratch[i]);
+            cx->gemm_scratch[i] = aligned_alloc(64, need * sizeof(float));
+            if (!cx->gemm_scratch[i]) {
+                cx->gemm_scratch_floats = 0;
+                return KVF_ERR_NOMEM;
+            }
+        }
+        cx->gemm_scratch_floats = need;
+    }
     matmul_job_t j = {.k = cx->k,
+                      .scratch = cx->gemm_scratch,
                       .g = {.y = y, .x = x, .bias = bias, .w = pw, .m = m,
                             .accumulate = accumulate}};
     if (m <= 3) {
@@ -458,6 +473,9 @@ static void cpu_destroy(void *ctx)
     for (int i = 0; cx->scratch && i < cx->n_threads; i++)
         free(cx->scratch[i]);
     free(cx->scratch);
+    for (int i = 0; cx->gemm_scratch && i < cx->n_threads; i++)
+        free(cx->gemm_scratch[i]);
+    free(cx->gemm_scratch);
     free(cx->tiles);
     unbind(cx);
     kvf_cpu_packed_free(&cx->adhoc);
@@ -518,7 +536,8 @@ kvf_status_t kvf_backend_cpu_create_cfg(const kvf_cpu_config_t *cfg, kvf_backend
     }
     cx->n_threads = kvf_threadpool_size(cx->pool);
     cx->scratch = calloc((size_t)cx->n_threads, sizeof(*cx->scratch));
-    if (!cx->scratch) {
+    cx->gemm_scratch = calloc((size_t)cx->n_threads, sizeof(*cx->gemm_scratch));
+    if (!cx->scratch || !cx->gemm_scratch) {
         cpu_destroy(cx);
         return KVF_ERR_NOMEM;
     }

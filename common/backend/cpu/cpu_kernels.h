@@ -86,11 +86,15 @@ typedef struct {
 /* Floats of scratch one attention call needs per thread for head_dim. */
 size_t kvf_cpu_attn_scratch_floats(int head_dim);
 
+/* Scratch a gemm call needs: two panels widened to f32. */
+#define KVF_CPU_GEMM_SCRATCH_FLOATS(k) ((size_t)2 * (size_t)(k) * KVF_CPU_PANEL)
+
 /* The kernels of one instruction set. */
 typedef struct {
     kvf_cpu_isa_t isa;
-    /* Columns of panels [p0, p1) of g->w, for every row of x. */
-    void (*gemm)(const kvf_cpu_gemm_t *g, int p0, int p1);
+    /* Columns of panels [p0, p1) of g->w, for every row of x. scratch:
+     * KVF_CPU_GEMM_SCRATCH_FLOATS(k) floats, the caller's thread's own. */
+    void (*gemm)(const kvf_cpu_gemm_t *g, int p0, int p1, float *scratch);
     /* out[i] = silu(gate[i]) * up[i] for i < n. */
     void (*swiglu_row)(float *out, const float *gate, const float *up, int n);
     void (*attention)(const kvf_cpu_attn_tile_t *t, float *scratch);

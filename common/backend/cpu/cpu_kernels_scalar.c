@@ -13,8 +13,9 @@ static inline float weight_at(const kvf_cpu_packed_t *w, size_t i)
     }
 }
 
-static void gemm_scalar(const kvf_cpu_gemm_t *g, int p0, int p1)
+static void gemm_scalar(const kvf_cpu_gemm_t *g, int p0, int p1, float *scratch)
 {
+    (void)scratch;
     const kvf_cpu_packed_t *w = g->w;
     const int k = w->k, n = w->n;
     const size_t pstride = (size_t)k * KVF_CPU_PANEL;

@@ -69,8 +69,8 @@ INLINE vf load_w(const void *base, size_t i, const int DT)
 
 /* y for rows i0..i0+MR and vectors V0..V0+NV of panels p..p+P. Each lane
  * is one output element's FMA chain over d = 0..k-1. */
-INLINE void tile(const kvf_cpu_gemm_t *g, int i0, int p, int V0, const int MR, const int P,
-                 const int NV, const int DT)
+INLINE void tile(const kvf_cpu_gemm_t *g, const void *wdata, int pdata, int i0, int p, int V0,
+                 const int MR, const int P, const int NV, const int DT)
 {
     const kvf_cpu_packed_t *w = g->w;
     const int k = w->k, n = w->n;
@@ -78,12 +78,12 @@ INLINE void tile(const kvf_cpu_gemm_t *g, int i0, int p, int V0, const int MR, c
     vf acc[TILE_ACC_MAX];
     _Pragma("GCC unroll 32") for (int a = 0; a < MR * P * NV; a++) acc[a] = V_ZERO();
     const float *x = g->x + (size_t)i0 * (size_t)k;
-    size_t wi = (size_t)p * pstride + (size_t)V0 * VL;
+    size_t wi = (size_t)pdata * pstride + (size_t)V0 * VL; /* panel p is pdata in wdata */
     for (int d = 0; d < k; d++, wi += KVF_CPU_PANEL) {
         vf wv[TILE_W_MAX];
         _Pragma("GCC unroll 16") for (int pp = 0; pp < P; pp++)
             _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)
-                wv[pp * NV + v] = load_w(w->data, wi + (size_t)pp * pstride + (size_t)v * VL, DT);
+                wv[pp * NV + v] = load_w(wdata, wi + (size_t)pp * pstride + (size_t)v * VL, DT);
         _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {
             vf xb = V_SET1(x[(size_t)i * (size_t)k + d]);
             _Pragma("GCC unroll 16") for (int a = 0; a < P * NV; a++)
@@ -111,19 +111,19 @@ INLINE void tile(const kvf_cpu_gemm_t *g, int i0, int p, int V0, const int MR, c
 #define SMALL_CASE(M)                                                                              \
     case M:                                                                                        \
         if (P == SMALL_P(M))                                                                       \
-            tile(g, 0, p, 0, M, SMALL_P(M), PV, DT);                                               \
+            tile(g, g->w->data, p, 0, p, 0, M, SMALL_P(M), PV, DT);                                \
         else                                                                                       \
-            tile(g, 0, p, 0, M, 1, PV, DT);                                                        \
+            tile(g, g->w->data, p, 0, p, 0, M, 1, PV, DT);                                         \
         break;
 #define BIG_CASE(M)                                                                                \
     case M:                                                                                        \
         if (P == BIG_P)                                                                            \
-            tile(g, i0, p, v0, M, BIG_P, BIG_NV, DT);                                              \
+            tile(g, wf, 0, i0, p, v0, M, BIG_P, BIG_NV, KVF_DTYPE_F32);                            \
         else                                                                                       \
-            tile(g, i0, p, v0, M, 1, BIG_NV, DT);                                                  \
+            tile(g, wf, 0, i0, p, v0, M, 1, BIG_NV, KVF_DTYPE_F32);                                \
         break;
 
-INLINE void gemm_dt(const kvf_cpu_gemm_t *g, int p0, int p1, const int DT)
+INLINE void gemm_dt(const kvf_cpu_gemm_t *g, int p0, int p1, float *scratch, const int DT)
 {
     const int m = g->m;
     if (m <= SMALL_M) {
@@ -135,9 +135,18 @@ INLINE void gemm_dt(const kvf_cpu_gemm_t *g, int p0, int p1, const int DT)
         return;
     }
     /* Panels outer, rows inner: a tile's panels stay in cache while every
-     * row block passes over them. */
+     * row block passes over them. 16-bit panels are widened (exactly) into
+     * scratch once for all the row blocks. */
+    const size_t pstride = (size_t)g->w->k * KVF_CPU_PANEL;
     for (int p = p0; p < p1;) {
         const int P = p1 - p >= BIG_P ? BIG_P : 1;
+        const float *wf = (const float *)g->w->data + (size_t)p * pstride;
+        if (DT != KVF_DTYPE_F32) {
+            const size_t e0 = (size_t)p * pstride, ne = (size_t)P * pstride;
+            for (size_t e = 0; e < ne; e += VL)
+                V_STORE(scratch + e, load_w(g->w->data, e0 + e, DT));
+            wf = scratch;
+        }
         for (int v0 = 0; v0 < PV; v0 += BIG_NV)
             for (int i0 = 0; i0 < m; i0 += BIG_MR) {
                 const int mr = m - i0 < BIG_MR ? m - i0 : BIG_MR;
@@ -147,12 +156,12 @@ INLINE void gemm_dt(const kvf_cpu_gemm_t *g, int p0, int p1, const int DT)
     }
 }
 
-static void KFN(gemm)(const kvf_cpu_gemm_t *g, int p0, int p1)
+static void KFN(gemm)(const kvf_cpu_gemm_t *g, int p0, int p1, float *scratch)
 {
     switch (g->w->dtype) {
-    case KVF_DTYPE_BF16: gemm_dt(g, p0, p1, KVF_DTYPE_BF16); break;
-    case KVF_DTYPE_F16: gemm_dt(g, p0, p1, KVF_DTYPE_F16); break;
-    default: gemm_dt(g, p0, p1, KVF_DTYPE_F32); break;
+    case KVF_DTYPE_BF16: gemm_dt(g, p0, p1, scratch, KVF_DTYPE_BF16); break;
+    case KVF_DTYPE_F16: gemm_dt(g, p0, p1, scratch, KVF_DTYPE_F16); break;
+    default: gemm_dt(g, p0, p1, scratch, KVF_DTYPE_F32); break;
     }
 }
 

@@ -226,6 +226,10 @@ size_t kvf_backend_cuda_weight_bytes(const kvf_backend_t *be);
 void *kvf_backend_host_alloc(const kvf_backend_t *be, size_t bytes);
 void kvf_backend_host_free(const kvf_backend_t *be, void *p);
 
+/* One line for start-up logs: "cpu (avx512 kernels, 2 threads, bf16
+ * weights)" or "cuda". */
+void kvf_backend_describe(const kvf_backend_t *be, char *buf, size_t size);
+
 /* Destroys the backend context; a zeroed backend is a no-op. */
 void kvf_backend_destroy(kvf_backend_t *be);
 

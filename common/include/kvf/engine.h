@@ -84,6 +84,7 @@ typedef struct {
     kvf_backend_kind_t backend;  /* cpu (default) or cuda */
     kvf_cuda_config_t cuda;      /* with cuda: device, weight dtype, graphs */
     int threads;                 /* CPU backend threads; <= 0: every core */
+    kvf_cpu_weights_t cpu_weights; /* CPU backend: native (default) or f32 matrices */
     int block_size;              /* tokens per KV block */
     uint64_t budget_bytes;       /* pool: as many blocks as this holds; 0: no budget */
     uint64_t max_blocks;         /* ... but at most this many; 0: no cap */
@@ -100,10 +101,11 @@ typedef struct {
     int device;            /* CUDA device index */
     const char *gpu_dtype; /* weights on the GPU: "bf16" (default), "f16", "f32" */
     bool no_graphs;        /* do not replay CUDA graphs */
+    const char *cpu_dtype; /* CPU weight matrices: "native" (default) or "f32" */
 } kvf_backend_flags_t;
 
 /* kvf_flag_t entries for a kvf_backend_flags_t *f (flags.h). */
-#define KVF_BACKEND_FLAG_ENTRIES(f)                                                                    {"backend", KVF_FLAG_STRING, &(f)->backend, "cpu|cuda",                                             "compute backend (cuda: weights and KV cache on the GPU)", NULL},                                     {"device", KVF_FLAG_INT, &(f)->device, "N", "CUDA device index (--backend cuda)", NULL},           {"gpu-dtype", KVF_FLAG_STRING, &(f)->gpu_dtype, "bf16|f16|f32",                                     "weight type on the GPU (f32: exact comparisons with the CPU)", NULL},                        {                                                                                                      "no-cuda-graphs", KVF_FLAG_BOOL, &(f)->no_graphs, NULL,                                                "launch every kernel instead of replaying captured decode steps", NULL                     }
+#define KVF_BACKEND_FLAG_ENTRIES(f)                                                                    {"backend", KVF_FLAG_STRING, &(f)->backend, "cpu|cuda",                                             "compute backend (cuda: weights and KV cache on the GPU)", NULL},                                     {"device", KVF_FLAG_INT, &(f)->device, "N", "CUDA device index (--backend cuda)", NULL},           {"gpu-dtype", KVF_FLAG_STRING, &(f)->gpu_dtype, "bf16|f16|f32",                                     "weight type on the GPU (f32: exact comparisons with the CPU)", NULL},                        {                                                                                                      "no-cuda-graphs", KVF_FLAG_BOOL, &(f)->no_graphs, NULL,                                                "launch every kernel instead of replaying captured decode steps", NULL                     },     {"cpu-dtype", KVF_FLAG_STRING, &(f)->cpu_dtype, "native|f32",                                       "CPU weights: as the checkpoint stores them (bf16/f16 stay 2 bytes) or widened to f32; "       "same results", NULL}
 
 /* Parses f into cfg->backend and cfg->cuda. KVF_ERR_INVAL (logged) for an
  * unknown backend or dtype, or a negative device. */
