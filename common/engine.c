@@ -65,6 +65,12 @@ kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend,
                       backend->ops->name);
         return KVF_ERR_MISMATCH;
     }
+    if (model->matrices_dropped && !backend->ops->matmul_bound && !backend->ops->forward) {
+        kvf_log_error("engine: the model's projections were dropped and the %s backend has no "
+                      "copy of its own",
+                      backend->ops->name);
+        return KVF_ERR_MISMATCH;
+    }
     if (backend->ops->bind_model) {
         kvf_status_t st = backend->ops->bind_model(backend->ctx, model);
         if (st != KVF_OK)
@@ -217,6 +223,17 @@ static kvf_status_t validate(const kvf_engine_t *e, const kvf_engine_seq_t *seqs
     return KVF_OK;
 }
 
+/* y = x · wᵀ for weight index widx (KVF_WEIGHT_INDEX), in the backend's
+ * own copy when it keeps one, else from the model's pointer w. */
+static kvf_status_t project(const kvf_engine_t *e, float *y, const float *x, int widx,
+                            const float *w, const float *bias, int m, int n, int k, int acc)
+{
+    const kvf_backend_ops_t *ops = e->be->ops;
+    if (ops->matmul_bound)
+        return ops->matmul_bound(e->be->ctx, y, x, widx, bias, m, acc);
+    return ops->matmul(e->be->ctx, y, x, w, bias, m, n, k, acc);
+}
+
 #define CHECK(call)                                                                                \
     do {                                                                                           \
         kvf_status_t st_ = (call);                                                                 \
@@ -272,7 +289,8 @@ kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, i
         const kvf_layer_weights_t *L = &m->layers[l];
         float *q = e->qkv, *k = e->qkv + e->q_dim, *v = k + e->kv_dim;
         CHECK(ops->rmsnorm(bx, e->h, e->x, L->attn_norm, n, hidden, eps));
-        CHECK(ops->matmul(bx, e->qkv, e->h, L->wqkv, L->bqkv, n, e->qkv_dim, hidden, 0));
+        CHECK(project(e, e->qkv, e->h, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_QKV), L->wqkv, L->bqkv, n,
+                      e->qkv_dim, hidden, 0));
         CHECK(ops->rope(bx, q, e->qkv_dim, e->cos_sin, n, c->n_heads, hd));
         CHECK(ops->rope(bx, k, e->qkv_dim, e->cos_sin, n, c->n_kv_heads, hd));
         CHECK(ops->kv_write(bx, e->pool, l, k, v, e->qkv_dim, &batch));
@@ -282,11 +300,14 @@ kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, i
             hooks->on_layer_done(hooks->arg, l);
         }
         CHECK(ops->attention(bx, e->att, q, e->qkv_dim, e->pool, l, c->n_heads, &batch));
-        CHECK(ops->matmul(bx, e->x, e->att, L->wo, NULL, n, hidden, e->q_dim, 1));
+        CHECK(project(e, e->x, e->att, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_O), L->wo, NULL, n, hidden,
+                      e->q_dim, 1));
         CHECK(ops->rmsnorm(bx, e->h, e->x, L->ffn_norm, n, hidden, eps));
-        CHECK(ops->matmul(bx, e->gu, e->h, L->wgu, NULL, n, 2 * c->inter, hidden, 0));
+        CHECK(project(e, e->gu, e->h, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_GU), L->wgu, NULL, n,
+                      2 * c->inter, hidden, 0));
         CHECK(ops->swiglu(bx, e->act, e->gu, n, c->inter));
-        CHECK(ops->matmul(bx, e->x, e->act, L->wdown, NULL, n, hidden, c->inter, 1));
+        CHECK(project(e, e->x, e->act, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_DOWN), L->wdown, NULL, n,
+                      hidden, c->inter, 1));
     }
 
     if (n_out == 0)
@@ -305,7 +326,8 @@ kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, i
         t += (int)q->n_tokens;
     }
     CHECK(ops->rmsnorm(bx, e->hout, e->hout, m->final_norm, n_out, hidden, eps));
-    CHECK(ops->matmul(bx, e->logits, e->hout, m->lm_head, NULL, n_out, c->vocab, hidden, 0));
+    CHECK(project(e, e->logits, e->hout, KVF_WEIGHT_INDEX(c->n_layers, 0), m->lm_head, NULL, n_out,
+                  c->vocab, hidden, 0));
     if (ops->synchronize)
         CHECK(ops->synchronize(bx));
     o = 0;

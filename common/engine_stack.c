@@ -99,6 +99,10 @@ kvf_status_t kvf_engine_stack_init(kvf_engine_stack_t *s, const char *model_dir,
         kvf_log_error("engine: %s", kvf_status_str(st));
         goto fail_engine;
     }
+    /* The CPU backend holds the projections in its own panels now (2
+     * bytes a parameter for a bf16/f16 checkpoint): the f32 copy goes. */
+    if (cfg->backend == KVF_BACKEND_CPU)
+        kvf_model_drop_matrices(s->model);
     return KVF_OK;
 
 fail_engine:

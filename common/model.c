@@ -510,7 +510,8 @@ fail_alloc:
 typedef struct {
     char name[128];
     int64_t rows, cols; /* cols 0 for a vector */
-    size_t slab_off;    /* floats from the slab start */
+    bool matrix;        /* a projection: in the matrix slab, else in the slab */
+    size_t slab_off;    /* floats from its slab's start */
 } want_t;
 
 /* Appends a tensor to the slab plan at *off. pad: align the next tensor
@@ -523,6 +524,7 @@ static void want_add(want_t *w, int *n, size_t *off, const char *name, int64_t r
     snprintf(t->name, sizeof(t->name), "%s", name);
     t->rows = rows;
     t->cols = cols;
+    t->matrix = false;
     t->slab_off = *off;
     *off += (size_t)rows * (size_t)(cols ? cols : 1);
     if (pad)
@@ -624,16 +626,20 @@ kvf_status_t kvf_model_load(const char *dir, kvf_model_t **model_p)
         st = KVF_ERR_NOMEM;
         goto fail_wants;
     }
-    /* Plan the slab: the order makes wq|wk|wv and gate|up adjacent. */
+    /* Plan the slabs: projections in one (a backend that keeps its own
+     * copy may drop it: kvf_model_drop_matrices), the embedding, norms and
+     * biases in the other. The order makes wq|wk|wv and gate|up adjacent. */
     int nw = 0;
-    size_t off = 0;
+    size_t off = 0, moff = 0;
     char name[128];
     want_add(wants, &nw, &off, "model.embed_tokens.weight", c->vocab, c->hidden, true);
     for (int l = 0; l < c->n_layers; l++) {
 #define LAYER_WANT(suffix, rows, cols, pad)                                                        \
     do {                                                                                           \
         snprintf(name, sizeof(name), "model.layers.%d.%s", l, suffix);                            \
-        want_add(wants, &nw, &off, name, rows, cols, pad);                                         \
+        bool mat_ = (cols) != 0;                                                                   \
+        want_add(wants, &nw, mat_ ? &moff : &off, name, rows, cols, pad);                          \
+        wants[nw - 1].matrix = mat_;                                                               \
     } while (0)
         LAYER_WANT("input_layernorm.weight", c->hidden, 0, true);
         LAYER_WANT("self_attn.q_proj.weight", q_dim, c->hidden, false);
@@ -652,15 +658,20 @@ kvf_status_t kvf_model_load(const char *dir, kvf_model_t **model_p)
 #undef LAYER_WANT
     }
     want_add(wants, &nw, &off, "model.norm.weight", c->hidden, 0, true);
-    if (!c->tie_embeddings)
-        want_add(wants, &nw, &off, "lm_head.weight", c->vocab, c->hidden, true);
+    if (!c->tie_embeddings) {
+        want_add(wants, &nw, &moff, "lm_head.weight", c->vocab, c->hidden, true);
+        wants[nw - 1].matrix = true;
+    }
 
     m->slab_bytes = off * sizeof(float);
+    m->mslab_bytes = moff * sizeof(float);
     m->slab = aligned_alloc(64, (m->slab_bytes + 63) & ~(size_t)63);
-    if (!m->slab) {
-        kvf_log_error("%s: cannot allocate %zu bytes for the weights", dir, m->slab_bytes);
+    m->mslab = aligned_alloc(64, (m->mslab_bytes + 63) & ~(size_t)63);
+    if (!m->slab || !m->mslab) {
+        kvf_log_error("%s: cannot allocate %zu bytes for the weights", dir,
+                      m->slab_bytes + m->mslab_bytes);
         st = KVF_ERR_NOMEM;
-        goto fail_wants;
+        goto fail_slab;
     }
     /* Convert every weight; find all first so a bad file fails fast. */
     const kvf_st_tensor_t **found = calloc((size_t)nw, sizeof(*found));
@@ -676,20 +687,30 @@ kvf_status_t kvf_model_load(const char *dir, kvf_model_t **model_p)
         free(found);
         goto fail_slab;
     }
-    bool progress = m->slab_bytes >= KVF_MODEL_PROGRESS_BYTES && isatty(STDERR_FILENO);
+    const size_t total_bytes = m->slab_bytes + m->mslab_bytes;
+    bool progress = total_bytes >= KVF_MODEL_PROGRESS_BYTES && isatty(STDERR_FILENO);
     size_t done = 0;
     int last_pct = 0;
+    m->matrix_dtype = KVF_DTYPE_UNKNOWN;
     for (int i = 0; i < nw; i++) {
         size_t count = (size_t)wants[i].rows * (size_t)(wants[i].cols ? wants[i].cols : 1);
-        kvf_dtype_to_f32(m->slab + wants[i].slab_off, found[i]->data, found[i]->dtype, count);
+        float *dst = (wants[i].matrix ? m->mslab : m->slab) + wants[i].slab_off;
+        kvf_dtype_to_f32(dst, found[i]->data, found[i]->dtype, count);
+        if (wants[i].matrix)
+            m->matrix_dtype = m->matrix_dtype == KVF_DTYPE_UNKNOWN ||
+                                      m->matrix_dtype == found[i]->dtype
+                                  ? found[i]->dtype
+                                  : KVF_DTYPE_F32;
         done += count * sizeof(float);
-        int pct = (int)(100.0 * (double)done / (double)m->slab_bytes);
+        int pct = (int)(100.0 * (double)done / (double)total_bytes);
         if (progress && pct / 10 > last_pct / 10) {
             kvf_log_info("loading %s: %d%% of %.2f GiB", dir, pct,
-                         (double)m->slab_bytes / (1 << 30));
+                         (double)total_bytes / (1 << 30));
             last_pct = pct;
         }
     }
+    if (m->matrix_dtype == KVF_DTYPE_UNKNOWN)
+        m->matrix_dtype = KVF_DTYPE_F32;
     free(found);
 
     /* Point the tensors into the slab, in the plan's order. */
@@ -698,21 +719,21 @@ kvf_status_t kvf_model_load(const char *dir, kvf_model_t **model_p)
     for (int l = 0; l < c->n_layers; l++) {
         kvf_layer_weights_t *L = &m->layers[l];
         L->attn_norm = m->slab + wants[wi++].slab_off;
-        L->wq = L->wqkv = m->slab + wants[wi++].slab_off;
-        L->wk = m->slab + wants[wi++].slab_off;
-        L->wv = m->slab + wants[wi++].slab_off;
+        L->wq = L->wqkv = m->mslab + wants[wi++].slab_off;
+        L->wk = m->mslab + wants[wi++].slab_off;
+        L->wv = m->mslab + wants[wi++].slab_off;
         if (c->qkv_bias) {
             L->bqkv = m->slab + wants[wi].slab_off;
             wi += 3;
         }
-        L->wo = m->slab + wants[wi++].slab_off;
+        L->wo = m->mslab + wants[wi++].slab_off;
         L->ffn_norm = m->slab + wants[wi++].slab_off;
-        L->wgu = m->slab + wants[wi++].slab_off;
+        L->wgu = m->mslab + wants[wi++].slab_off;
         wi++; /* up_proj, adjacent to gate_proj */
-        L->wdown = m->slab + wants[wi++].slab_off;
+        L->wdown = m->mslab + wants[wi++].slab_off;
     }
     m->final_norm = m->slab + wants[wi++].slab_off;
-    m->lm_head = c->tie_embeddings ? m->embed : m->slab + wants[wi++].slab_off;
+    m->lm_head = c->tie_embeddings ? m->embed : m->mslab + wants[wi++].slab_off;
     KVF_ASSERT(wi == nw);
     compute_inv_freq(c, m->rope_inv_freq);
 
@@ -724,13 +745,16 @@ kvf_status_t kvf_model_load(const char *dir, kvf_model_t **model_p)
     snprintf(m->fingerprint, sizeof(m->fingerprint), "%016" PRIx64, h);
     free(wants);
     shards_close(&shards);
-    kvf_log_debug("loaded %s: %s, %d layers, %.1f MiB of f32 weights, fingerprint %s", dir,
-                  c->arch_name, c->n_layers, (double)m->slab_bytes / (1 << 20), m->fingerprint);
+    kvf_log_debug("loaded %s: %s, %d layers, %.1f MiB of f32 weights (%s projections in the "
+                  "files), fingerprint %s",
+                  dir, c->arch_name, c->n_layers, (double)total_bytes / (1 << 20),
+                  kvf_dtype_name(m->matrix_dtype), m->fingerprint);
     *model_p = m;
     return KVF_OK;
 
 fail_slab:
     free(m->slab);
+    free(m->mslab);
 fail_wants:
     free(wants);
     shards_close(&shards);
@@ -746,13 +770,29 @@ void kvf_model_destroy(kvf_model_t *model)
     if (!model)
         return;
     free(model->slab);
+    free(model->mslab);
     free(model->layers);
     free(model->rope_inv_freq);
     free(model);
 }
 
+void kvf_model_drop_matrices(kvf_model_t *model)
+{
+    free(model->mslab);
+    model->mslab = NULL;
+    model->mslab_bytes = 0;
+    for (int l = 0; l < model->cfg.n_layers; l++) {
+        kvf_layer_weights_t *L = &model->layers[l];
+        L->wqkv = L->wq = L->wk = L->wv = L->wo = L->wgu = L->wdown = NULL;
+    }
+    if (!model->cfg.tie_embeddings)
+        model->lm_head = NULL;
+    model->matrices_dropped = true;
+}
+
 void kvf_model_drop_weights(kvf_model_t *model)
 {
+    kvf_model_drop_matrices(model);
     free(model->slab);
     model->slab = NULL;
     model->slab_bytes = 0;
@@ -767,7 +807,7 @@ const char *kvf_model_fingerprint(const kvf_model_t *model)
 
 size_t kvf_model_weight_bytes(const kvf_model_t *model)
 {
-    return model->slab_bytes;
+    return model->slab_bytes + model->mslab_bytes;
 }
 
 /* ---- random models --------------------------------------------------- */

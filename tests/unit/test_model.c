@@ -155,6 +155,8 @@ static void test_dtypes_and_shards(void **state)
     assert_int_equal(kvf_model_load(g_dir, &sh), KVF_OK);
     assert_int_equal(sh->slab_bytes, bf->slab_bytes);
     assert_memory_equal(sh->slab, bf->slab, bf->slab_bytes);
+    assert_int_equal(sh->mslab_bytes, bf->mslab_bytes);
+    assert_memory_equal(sh->mslab, bf->mslab, bf->mslab_bytes);
     kvf_model_destroy(sh);
     kvf_model_destroy(bf);
     snprintf(path, sizeof(path), "%s/model-00001-of-00002.safetensors", g_dir);

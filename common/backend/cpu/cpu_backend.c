@@ -79,23 +79,11 @@ static const kvf_cpu_packed_t *find_packed(const cpu_ctx_t *cx, const float *w, 
     return NULL;
 }
 
-static kvf_status_t cpu_matmul(void *ctx, float *y, const float *x, const float *w,
-                               const float *bias, int m, int n, int k, int accumulate)
+static kvf_status_t run_matmul(cpu_ctx_t *cx, float *y, const float *x,
+                               const kvf_cpu_packed_t *pw, const float *bias, int m,
+                               int accumulate)
 {
-    cpu_ctx_t *cx = ctx;
-    if (m <= 0 || n <= 0 || k <= 0)
-        return m == 0 ? KVF_OK : KVF_ERR_INVAL;
-    const kvf_cpu_packed_t *pw = find_packed(cx, w, n, k);
-    if (!pw) {
-        /* Not a bound weight (a test's or a tool's matrix): the same
-         * kernels over a per-call f32 pack. */
-        kvf_cpu_packed_free(&cx->adhoc);
-        kvf_status_t st = kvf_cpu_pack(&cx->adhoc, w, n, k, KVF_DTYPE_F32);
-        if (st != KVF_OK)
-            return st;
-        pw = &cx->adhoc;
-    }
-    size_t need = KVF_CPU_GEMM_SCRATCH_FLOATS(k);
+    size_t need = KVF_CPU_GEMM_SCRATCH_FLOATS(pw->k);
     if (need > cx->gemm_scratch_floats) {
         for (int i = 0; i < cx->n_threads; i++) {
             free(cx->gemm_scratch[i]);
@@ -121,6 +109,36 @@ static kvf_status_t cpu_matmul(void *ctx, float *y, const float *x, const float 
     int tasks = (pw->n_panels + j.panels_per_task - 1) / j.panels_per_task;
     kvf_threadpool_run(cx->pool, matmul_task, &j, tasks);
     return KVF_OK;
+}
+
+static kvf_status_t cpu_matmul(void *ctx, float *y, const float *x, const float *w,
+                               const float *bias, int m, int n, int k, int accumulate)
+{
+    cpu_ctx_t *cx = ctx;
+    if (m <= 0 || n <= 0 || k <= 0)
+        return m == 0 ? KVF_OK : KVF_ERR_INVAL;
+    const kvf_cpu_packed_t *pw = find_packed(cx, w, n, k);
+    if (!pw) {
+        /* Not a bound weight (a test's or a tool's matrix): the same
+         * kernels over a per-call f32 pack. */
+        kvf_cpu_packed_free(&cx->adhoc);
+        kvf_status_t st = kvf_cpu_pack(&cx->adhoc, w, n, k, KVF_DTYPE_F32);
+        if (st != KVF_OK)
+            return st;
+        pw = &cx->adhoc;
+    }
+    return run_matmul(cx, y, x, pw, bias, m, accumulate);
+}
+
+static kvf_status_t cpu_matmul_bound(void *ctx, float *y, const float *x, int weight,
+                                     const float *bias, int m, int accumulate)
+{
+    cpu_ctx_t *cx = ctx;
+    if (weight < 0 || weight >= cx->n_packed || m < 0)
+        return KVF_ERR_INVAL;
+    if (m == 0)
+        return KVF_OK;
+    return run_matmul(cx, y, x, &cx->packed[weight].packed, bias, m, accumulate);
 }
 
 /* ---- binding a model ------------------------------------------------ */
@@ -189,7 +207,7 @@ static kvf_status_t cpu_bind_model(void *ctx, const kvf_model_t *model)
     if (cx->model == model)
         return KVF_OK;
     unbind(cx);
-    if (!model->lm_head) {
+    if (model->matrices_dropped || !model->lm_head) {
         kvf_log_error("cpu backend: the model's host weights were dropped");
         return KVF_ERR_INVAL;
     }
@@ -217,12 +235,11 @@ static kvf_status_t cpu_bind_model(void *ctx, const kvf_model_t *model)
     k[count - 1] = c->hidden;
     kvf_dtype_t dtype = KVF_DTYPE_F32;
     if (cx->cfg.weights == KVF_CPU_WEIGHTS_NATIVE &&
-        (c->dtype == KVF_DTYPE_BF16 || c->dtype == KVF_DTYPE_F16))
-        dtype = c->dtype;
+        (model->matrix_dtype == KVF_DTYPE_BF16 || model->matrix_dtype == KVF_DTYPE_F16))
+        dtype = model->matrix_dtype;
     st = pack_all(cx, w, n, k, count, dtype);
     if (st == KVF_ERR_INVAL && dtype != KVF_DTYPE_F32) {
-        kvf_log_warn("cpu backend: the weights are not all exact in %s (torch_dtype); holding "
-                     "them in f32",
+        kvf_log_warn("cpu backend: the weights are not all exact in %s; holding them in f32",
                      kvf_dtype_name(dtype));
         st = pack_all(cx, w, n, k, count, KVF_DTYPE_F32);
     }
@@ -491,6 +508,7 @@ static const kvf_backend_ops_t cpu_ops = {
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
     .bind_model = cpu_bind_model,
+    .matmul_bound = cpu_matmul_bound,
     .synchronize = NULL,
     .destroy = cpu_destroy,
 };

@@ -819,6 +819,7 @@ static const kvf_backend_ops_t cuda_ops = {
     NULL,
     cuda_forward,
     NULL, // bind_model: the weights were uploaded at creation
+    NULL, // matmul_bound: forward owns the whole pass
     cuda_synchronize,
     cuda_destroy,
     cuda_host_alloc,

@@ -39,6 +39,18 @@ typedef struct {
     const uint32_t *const *block_tables; /* (n_seqs) arrays of block ids */
 } kvf_batch_layout_t;
 
+/* The projections of a bound model by index: layer l's are
+ * KVF_WEIGHT_INDEX(l, KVF_WEIGHT_QKV..KVF_WEIGHT_DOWN); the lm_head is
+ * KVF_WEIGHT_INDEX(n_layers, 0). */
+enum {
+    KVF_WEIGHT_QKV = 0,
+    KVF_WEIGHT_O = 1,
+    KVF_WEIGHT_GU = 2,
+    KVF_WEIGHT_DOWN = 3,
+    KVF_WEIGHTS_PER_LAYER = 4,
+};
+#define KVF_WEIGHT_INDEX(layer, kind) (KVF_WEIGHTS_PER_LAYER * (layer) + (kind))
+
 typedef struct kvf_backend_ops {
     const char *name;
 
@@ -86,6 +98,13 @@ typedef struct kvf_backend_ops {
      * (the CPU backend's panels) prepares them here. The model must
      * outlive the backend. */
     kvf_status_t (*bind_model)(void *ctx, const struct kvf_model *model);
+
+    /* (optional) matmul() against weight `weight` of the bound model
+     * (KVF_WEIGHT_INDEX), in the backend's own copy: y(m, n) = x · wᵀ
+     * [+ bias] [+ y], n and k the weight's. The engine uses it when set, so
+     * the model's f32 projections may be dropped. */
+    kvf_status_t (*matmul_bound)(void *ctx, float *y, const float *x, int weight,
+                                 const float *bias, int m, int accumulate);
 
     /* (optional, NULL when ops complete on return) waits for queued ops. */
     kvf_status_t (*synchronize)(void *ctx);

@@ -5,7 +5,9 @@
  * Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
  * (q/k/v biases), with GQA/MQA, an explicit head_dim, tied embeddings and
  * rope_scaling "linear" or "llama3". Weights (F32, F16, BF16) are converted
- * to f32 once, into one slab allocation that every tensor points into.
+ * to f32 once, into two slab allocations that every tensor points into:
+ * the projections in one (which a backend holding its own copy drops), the
+ * embedding, norms and biases in the other.
  *
  * A loaded model is immutable: any number of threads may read it. */
 #ifndef KVF_MODEL_H
@@ -80,8 +82,12 @@ typedef struct {
 
 typedef struct kvf_model {
     kvf_model_config_t cfg;
-    float *slab;              /* every weight, f32, one allocation */
+    float *slab;              /* embedding, norms, biases: f32, one allocation */
     size_t slab_bytes;
+    float *mslab;             /* projections (wqkv, wo, wgu, wdown, an untied lm_head) */
+    size_t mslab_bytes;
+    kvf_dtype_t matrix_dtype; /* the projections' type in the files (f32 if mixed) */
+    bool matrices_dropped;    /* kvf_model_drop_matrices() ran */
     float *embed;             /* (vocab, hidden) embed_tokens */
     kvf_layer_weights_t *layers; /* (n_layers) */
     float *final_norm;        /* (hidden) model.norm */
@@ -114,6 +120,13 @@ void kvf_model_destroy(kvf_model_t *model);
  * 0. Nothing may compute on the model's host weights afterwards. */
 void kvf_model_drop_weights(kvf_model_t *model);
 
+/* Frees the f32 projections once a backend holds its own copy (the CPU
+ * backend's panels, after kvf_engine_create bound the model): every
+ * projection pointer becomes NULL, and so does lm_head unless it is the
+ * embedding; the embedding, norms and biases stay. Only a backend with
+ * bind_model may compute on the model afterwards. */
+void kvf_model_drop_matrices(kvf_model_t *model);
+
 /* 16 hex digits identifying the model: a hash of the config geometry and
  * every safetensors header. Nodes compare fingerprints to be sure they
  * serve the same weights. Owned by the model. */
@@ -122,7 +135,7 @@ const char *kvf_model_fingerprint(const kvf_model_t *model);
 /* True when id is one of the config's EOS ids. */
 bool kvf_model_is_eos(const kvf_model_config_t *cfg, int64_t id);
 
-/* Bytes of f32 weights the model holds (the slab). */
+/* Bytes of f32 weights the model holds (both slabs). */
 size_t kvf_model_weight_bytes(const kvf_model_t *model);
 
 /* Writes config.json, generation_config.json and model.safetensors with
