@@ -316,7 +316,7 @@ static void test_matmul_invariance(void **state)
         for (int i = 0; i < n_isa; i++)
             for (int threads = 1; threads <= 3; threads++) {
                 kvf_test_cpu_backend(&be, threads, isas[i], KVF_CPU_WEIGHTS_NATIVE);
-                const int splits[] = {m, 1, 2, 3, 5, 8, 13};
+                const int splits[] = {m, 1, 2, 3, 4, 5, 6, 7, 8, 9, 13};
                 for (size_t si = 0; si < sizeof(splits) / sizeof(splits[0]); si++) {
                     memcpy(got, y0, (size_t)m * n * sizeof(float));
                     for (int r = 0; r < m; r += splits[si])

@@ -19,9 +19,6 @@ _Static_assert(sizeof(float *) <= 2 * sizeof(float), "pointer wider than two flo
 
 /* Query tokens per attention work item. */
 #define ATTN_TILE_TOKENS 16
-/* Weight panels per matmul task for one to a few rows (decode): enough
- * bytes per task to stream, tasks enough to balance. */
-#define GEMV_PANELS_PER_TASK 4
 
 /* One matrix of the bound model, repacked. */
 typedef struct {
@@ -99,8 +96,8 @@ static kvf_status_t run_matmul(cpu_ctx_t *cx, float *y, const float *x,
                       .scratch = cx->gemm_scratch,
                       .g = {.y = y, .x = x, .bias = bias, .w = pw, .m = m,
                             .accumulate = accumulate}};
-    if (m <= 3) {
-        j.panels_per_task = GEMV_PANELS_PER_TASK;
+    if (m <= cx->k->small_m) {
+        j.panels_per_task = cx->k->small_panels_per_task;
     } else {
         /* About four tasks a thread, in whole pairs of panels. */
         int per = (pw->n_panels + 4 * cx->n_threads - 1) / (4 * cx->n_threads);

@@ -92,6 +92,10 @@ size_t kvf_cpu_attn_scratch_floats(int head_dim);
 /* The kernels of one instruction set. */
 typedef struct {
     kvf_cpu_isa_t isa;
+    /* Weight panels per matmul task when x has at most small_m rows (a
+     * multiple of the kernels' tile widths there), and that small_m. */
+    int small_panels_per_task;
+    int small_m;
     /* Columns of panels [p0, p1) of g->w, for every row of x. scratch:
      * KVF_CPU_GEMM_SCRATCH_FLOATS(k) floats, the caller's thread's own. */
     void (*gemm)(const kvf_cpu_gemm_t *g, int p0, int p1, float *scratch);

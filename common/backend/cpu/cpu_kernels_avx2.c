@@ -60,22 +60,73 @@ static inline __attribute__((always_inline)) float dot16(const float *q, const f
 }
 #define DOT16(q, k, hd) dot16((q), (k), (hd))
 
+/* dot16 of q with 8 key rows at once, out[j] = dot16(q, k[j], hd): lanes
+ * l + l+8 by one add a key, then the 8 vectors are reduced together by
+ * shuffles that pair exactly the lanes the tree pairs. The rows enter in
+ * the order that leaves key j in lane j. */
+static inline __attribute__((always_inline)) void dot16x8(const float *q, const float *const *k,
+                                                          int hd, float *out)
+{
+    static const int order[8] = {1, 5, 0, 4, 3, 7, 2, 6};
+    __m256 lo[8], hi[8];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) lo[i] = hi[i] = _mm256_setzero_ps();
+    int d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        const __m256 q0 = _mm256_loadu_ps(q + d), q1 = _mm256_loadu_ps(q + d + 8);
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            lo[i] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k[order[i]] + d), lo[i]);
+            hi[i] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k[order[i]] + d + 8), hi[i]);
+        }
+    }
+    if (d < hd) {
+        float qa[16] = {0};
+        memcpy(qa, q + d, (size_t)(hd - d) * sizeof(float));
+        const __m256 q0 = _mm256_loadu_ps(qa), q1 = _mm256_loadu_ps(qa + 8);
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            float ka[16] = {0};
+            memcpy(ka, k[order[i]] + d, (size_t)(hd - d) * sizeof(float));
+            lo[i] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(ka), lo[i]);
+            hi[i] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(ka + 8), hi[i]);
+        }
+    }
+    __m256 a[8], b[4], c[2];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) a[i] = _mm256_add_ps(lo[i], hi[i]);
+    /* l + l+4: two keys a vector */
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+        b[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    /* l + l+2: four keys */
+    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
+        c[i] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* l + l+1: eight keys */
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(0, 2, 0, 2)),
+                                        _mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(1, 3, 1, 3))));
+}
+#define DOT16X16(q, k, hd, out)                                                                    \
+    do {                                                                                           \
+        dot16x8((q), (k), (hd), (out));                                                            \
+        dot16x8((q), (k) + 8, (hd), (out) + 8);                                                    \
+    } while (0)
+
 /* 16 ymm registers: decode rows x 1-2 panels (4 accumulators a row and
  * panel), and 6 rows x half a panel (12) for larger batches. */
 #define SMALL_M 3
-#define SMALL_P(M) ((M) == 1 ? 2 : 1)
+#define SMALL_P(M) ((M) == 1 ? 3 : 1)
 #define SMALL_CASES SMALL_CASE(1) SMALL_CASE(2) SMALL_CASE(3)
 #define BIG_MR 6
 #define BIG_P 1
 #define BIG_NV 2
 #define BIG_CASES BIG_CASE(1) BIG_CASE(2) BIG_CASE(3) BIG_CASE(4) BIG_CASE(5) BIG_CASE(6)
 #define TILE_ACC_MAX 24
-#define TILE_W_MAX 8
+#define TILE_W_MAX 12
 
 #include "cpu_kernels_vec.h"
 
 const kvf_cpu_kernels_t kvf_cpu_kernels_avx2 = {
     .isa = KVF_CPU_ISA_AVX2,
+    .small_panels_per_task = 6,
+    .small_m = SMALL_M,
     .gemm = gemm_avx2,
     .swiglu_row = swiglu_row_avx2,
     .attention = attention_avx2,

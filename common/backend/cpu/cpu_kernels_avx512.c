@@ -58,11 +58,55 @@ static inline __attribute__((always_inline)) float dot16(const float *q, const f
 }
 #define DOT16(q, k, hd) dot16((q), (k), (hd))
 
+/* dot16 of q with 16 key rows at once, out[j] = dot16(q, k[j], hd): the 16
+ * lane vectors are reduced together by shuffles that pair exactly the
+ * lanes the tree pairs. The rows enter in the order that leaves key j in
+ * lane j. */
+static inline __attribute__((always_inline)) void dot16x16(const float *q,
+                                                           const float *const *k, int hd,
+                                                           float *out)
+{
+    static const int order[16] = {1, 5, 9, 13, 0, 4, 8, 12, 3, 7, 11, 15, 2, 6, 10, 14};
+    __m512 v[16];
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) v[i] = _mm512_setzero_ps();
+    int d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(q + d);
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
+            v[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[order[i]] + d), v[i]);
+    }
+    if (d < hd) {
+        const __mmask16 mk = (__mmask16)((1u << (hd - d)) - 1);
+        const __m512 qv = _mm512_maskz_loadu_ps(mk, q + d);
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
+            v[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, k[order[i]] + d), v[i]);
+    }
+    /* lanes l + l+8 (128-bit chunks 0+2, 1+3), two keys a vector */
+    __m512 s1[8], s2[4], s3[2];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
+        s1[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* l + l+4 (chunk 0+1 of each key), four keys a vector */
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+        s2[i] = _mm512_add_ps(
+            _mm512_shuffle_f32x4(s1[2 * i], s1[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+            _mm512_shuffle_f32x4(s1[2 * i], s1[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* l + l+2 within each chunk, eight keys a vector */
+    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
+        s3[i] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * i], s2[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(s2[2 * i], s2[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* l + l+1: sixteen keys */
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(0, 2, 0, 2)),
+                                        _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(1, 3, 1, 3))));
+}
+#define DOT16X16(q, k, hd, out) dot16x16((q), (k), (hd), (out))
+
 /* 32 zmm registers: decode rows x 4 panels (8 accumulators a row), and
  * 6 rows x 2 panels (24) for larger batches. */
-#define SMALL_M 3
-#define SMALL_P(M) 4
-#define SMALL_CASES SMALL_CASE(1) SMALL_CASE(2) SMALL_CASE(3)
+#define SMALL_M 8
+#define SMALL_P(M) ((M) <= 3 ? 4 : (M) <= 6 ? 2 : 1)
+#define SMALL_CASES SMALL_CASE(1) SMALL_CASE(2) SMALL_CASE(3) SMALL_CASE(4) SMALL_CASE(5) \
+    SMALL_CASE(6) SMALL_CASE(7) SMALL_CASE(8)
 #define BIG_MR 6
 #define BIG_P 2
 #define BIG_NV 2
@@ -74,6 +118,8 @@ static inline __attribute__((always_inline)) float dot16(const float *q, const f
 
 const kvf_cpu_kernels_t kvf_cpu_kernels_avx512 = {
     .isa = KVF_CPU_ISA_AVX512,
+    .small_panels_per_task = 8,
+    .small_m = SMALL_M,
     .gemm = gemm_avx512,
     .swiglu_row = swiglu_row_avx512,
     .attention = attention_avx512,

@@ -107,6 +107,8 @@ static void attention_scalar(const kvf_cpu_attn_tile_t *t, float *scratch)
 
 const kvf_cpu_kernels_t kvf_cpu_kernels_scalar = {
     .isa = KVF_CPU_ISA_SCALAR,
+    .small_panels_per_task = 4,
+    .small_m = 3,
     .gemm = gemm_scalar,
     .swiglu_row = swiglu_scalar,
     .attention = attention_scalar,

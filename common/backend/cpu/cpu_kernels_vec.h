@@ -9,6 +9,7 @@
  *   V_ROUND(x)           round to nearest even
  *   V_LOAD_BF16(p) V_LOAD_F16(p)   VL 16-bit weights widened exactly
  *   DOT16(q, k, hd)      the canonical head_dim dot product
+ *   DOT16X16(q, k, hd, out)  the same for 16 key rows k[0..15] at once
  *   SMALL_M SMALL_P(m)   batches of m <= SMALL_M rows: tiles of
  *                        SMALL_P(m) panels x all rows
  *   BIG_MR BIG_P BIG_NV  larger batches: tiles of BIG_MR rows x BIG_P
@@ -216,15 +217,25 @@ static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
             for (int j0 = 0; j0 <= pos; j0 += KVF_CPU_KEY_CHUNK) {
                 const int nj = pos - j0 + 1 < KVF_CPU_KEY_CHUNK ? pos - j0 + 1 : KVF_CPU_KEY_CHUNK;
                 float s[KVF_CPU_KEY_CHUNK], p[KVF_CPU_KEY_CHUNK];
-                const float *vrows[KVF_CPU_KEY_CHUNK];
+                const float *vrows[KVF_CPU_KEY_CHUNK], *krows[KVF_CPU_KEY_CHUNK];
                 float mc = -INFINITY;
-                for (int j = 0; j < nj; j++) {
-                    const int key = j0 + j;
+                for (int j = 0; j < KVF_CPU_KEY_CHUNK; j++) {
+                    /* keys past the row's position: any readable row, result unused */
+                    const int key = j0 + (j < nj ? j : 0);
                     const size_t off = (size_t)(key % bs) * (size_t)hd;
-                    s[j] = DOT16(q, t->keys[key / bs] + off, hd) * t->scale;
+                    krows[j] = t->keys[key / bs] + off;
                     vrows[j] = t->values[key / bs] + off;
-                    mc = s[j] > mc ? s[j] : mc;
                 }
+                if (nj == KVF_CPU_KEY_CHUNK || nj > 4) {
+                    DOT16X16(q, krows, hd, s);
+                    for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
+                        V_STORE(s + j, V_MUL(V_LOAD(s + j), V_SET1(t->scale)));
+                } else {
+                    for (int j = 0; j < nj; j++)
+                        s[j] = DOT16(q, krows[j], hd) * t->scale;
+                }
+                for (int j = 0; j < nj; j++)
+                    mc = s[j] > mc ? s[j] : mc;
                 const float mn = mc > m ? mc : m;
                 const float alpha = kvf_cpu_rescale(m, mn);
                 for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
