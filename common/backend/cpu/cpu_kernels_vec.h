@@ -148,9 +148,11 @@ INLINE void gemm_dt(const kvf_cpu_gemm_t *g, int p0, int p1, float *scratch, con
                 V_STORE(scratch + e, load_w(g->w->data, e0 + e, DT));
             wf = scratch;
         }
+        /* Row blocks of equal height (8 rows: 4 + 4, not 6 + 2). */
+        const int nb = (m + BIG_MR - 1) / BIG_MR, h = (m + nb - 1) / nb;
         for (int v0 = 0; v0 < PV; v0 += BIG_NV)
-            for (int i0 = 0; i0 < m; i0 += BIG_MR) {
-                const int mr = m - i0 < BIG_MR ? m - i0 : BIG_MR;
+            for (int i0 = 0; i0 < m; i0 += h) {
+                const int mr = m - i0 < h ? m - i0 : h;
                 switch (mr) { BIG_CASES }
             }
         p += P;
