@@ -395,11 +395,13 @@ static void test_prefill_handoff(void **state)
     uint32_t *dblocks[N_PROMPTS] = {0};
     uint32_t dn[N_PROMPTS] = {0};
     bool ready[N_PROMPTS] = {0}, done[N_PROMPTS] = {0};
+    /* References first: the node's reservations must not wait on them. */
     for (int i = 0; i < N_PROMPTS; i++) {
         make_prompt(ids[i], lens[i], (uint32_t)i);
         reference(&r, ids[i], lens[i], &ref[i]);
-        send_prefill(&r, 100 + (uint64_t)i, 1, ids[i], lens[i]);
     }
+    for (int i = 0; i < N_PROMPTS; i++)
+        send_prefill(&r, 100 + (uint64_t)i, 1, ids[i], lens[i]);
     /* Junk in the prefill inbox and a stale reply must not disturb it. */
     static const uint8_t junk[] = "KVF\x01garbage frame";
     assert_int_equal(kvf_outbox_send_frame(r.to_prefill, junk, sizeof(junk), 1000), KVF_OK);
@@ -587,8 +589,9 @@ static void test_prefill_pool_full(void **state)
     for (int i = 0; i < N; i++) {
         make_prompt(ids[i], 100, 30 + (uint32_t)i);
         reference(&r, ids[i], 100, &ref[i]);
-        send_prefill(&r, 300 + (uint64_t)i, 1, ids[i], 100);
     }
+    for (int i = 0; i < N; i++)
+        send_prefill(&r, 300 + (uint64_t)i, 1, ids[i], 100);
     static uint32_t big[200];
     make_prompt(big, 200, 40);
     send_prefill(&r, 399, 1, big, 200);
@@ -644,11 +647,13 @@ static void test_prefill_bit_exact(void **state)
     static uint32_t ids[N][160];
     ref_t ref[N];
     uint32_t *dblocks[N] = {0}, dn[N] = {0};
+    /* References first: the node's reservations must not wait on them. */
     for (int i = 0; i < N; i++) {
         make_prompt(ids[i], lens[i], 20 + (uint32_t)i);
         reference(&r, ids[i], lens[i], &ref[i]);
-        send_prefill(&r, 200 + (uint64_t)i, 1, ids[i], lens[i]);
     }
+    for (int i = 0; i < N; i++)
+        send_prefill(&r, 200 + (uint64_t)i, 1, ids[i], lens[i]);
     /* All reservations answered at once, so the prompts share forwards. */
     kvf_envelope_t *allocs[N] = {0};
     bool from_router = false;
