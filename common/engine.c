@@ -5,6 +5,7 @@
  *   x += down(silu(gate(rmsnorm(x))) * up(rmsnorm(x)))
  * then logits = rmsnorm(x)·lm_headᵀ for the rows that want them. */
 #include "kvf/engine.h"
+#include "kvf/detmath.h"
 #include "kvf/log.h"
 #include "kvf/sampling.h"
 
@@ -275,9 +276,10 @@ kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, i
                    (size_t)hidden * sizeof(float));
             float *cs = e->cos_sin + (size_t)t * hd;
             for (int d = 0; d < half; d++) {
-                double a = (double)p * m->rope_inv_freq[d];
-                cs[d] = (float)cos(a);
-                cs[half + d] = (float)sin(a);
+                double a = (double)p * m->rope_inv_freq[d], sn, cn;
+                kvf_det_sincos(a, &sn, &cn); /* the same bits on every CPU */
+                cs[d] = (float)cn;
+                cs[half + d] = (float)sn;
             }
         }
     }

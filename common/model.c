@@ -1,6 +1,7 @@
 /* Model loading: config.json, generation_config.json, safetensors weights.
  * See kvf/model.h. */
 #include "kvf/model.h"
+#include "kvf/detmath.h"
 #include "kvf/log.h"
 #include "kvf/safetensors.h"
 #include "kvf/sampling.h"
@@ -572,7 +573,8 @@ static void compute_inv_freq(const kvf_model_config_t *c, double *inv_freq)
 {
     int half = c->head_dim / 2;
     for (int i = 0; i < half; i++) {
-        double f = pow(c->rope_theta, -2.0 * i / c->head_dim);
+        /* kvf_det_pow: the same bits on every CPU and C library */
+        double f = kvf_det_pow(c->rope_theta, -2.0 * i / c->head_dim);
         if (c->rope_scaling == KVF_ROPE_SCALING_LINEAR) {
             f /= c->rope_factor;
         } else if (c->rope_scaling == KVF_ROPE_SCALING_LLAMA3) {

@@ -14,6 +14,7 @@
 #include "kvf/kvcache.h"
 #include "kvf/log.h"
 #include "kvf/model.h"
+#include "kvf/safetensors.h"
 #include "kvf/sampling.h"
 #include "support.h"
 
@@ -592,6 +593,89 @@ static void test_bench_smoke(void **state)
     cJSON_Delete(root);
 }
 
+/* ---- the bits themselves -------------------------------------------- */
+
+/* A hash of every logit bit of both golden models' prompts (all positions,
+ * then 8 greedy steps each) on every ISA this machine runs, against the
+ * value recorded in tests/data/numerics_bits.json on another machine: the
+ * numerics do not depend on the CPU the tests run on. A deliberate change
+ * of the numerics records new values: KVF_RECORD_BITS=1 prints them. */
+static uint64_t golden_bits_hash(const char *name, kvf_cpu_isa_t isa)
+{
+    cJSON *root = kvf_test_load_expected(KVF_TEST_DATA);
+    const cJSON *mj = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"), name);
+    assert_non_null(mj);
+    kvf_model_t *model = kvf_test_load_golden(KVF_TEST_DATA, name);
+    rig_t r;
+    rig_open_isa(&r, model, 16, 64, isa, 2, KVF_CPU_WEIGHTS_NATIVE);
+    const int V = model->cfg.vocab;
+    uint64_t h = 0xcbf29ce484222325ull;
+    const cJSON *pj;
+    cJSON_ArrayForEach(pj, cJSON_GetObjectItem(mj, "prompts"))
+    {
+        int n;
+        uint32_t *ids = kvf_test_json_ids(cJSON_GetObjectItem(pj, "ids"), &n);
+        float *all = malloc((size_t)n * V * sizeof(float)), *last = malloc((size_t)V * 4);
+        kvf_block_table_t bt;
+        kvf_block_table_init(&bt);
+        run_chunked(&r, &bt, ids, n, n, all, last);
+        h = kvf_fnv64(h, all, (size_t)n * V * sizeof(float));
+        for (int s = 0; s < 8; s++) {
+            uint32_t tok = kvf_sample_argmax(last, V), pos = (uint32_t)(n + s);
+            assert_int_equal(kvf_block_table_reserve(&bt, r.pool, pos + 1), KVF_OK);
+            kvf_engine_seq_t q = {.tokens = &tok, .n_tokens = 1, .start_pos = pos,
+                                  .block_ids = bt.blocks, .n_blocks = bt.n_blocks,
+                                  .logits = last};
+            assert_int_equal(kvf_engine_forward(r.engine, &q, 1, NULL), KVF_OK);
+            h = kvf_fnv64(h, last, (size_t)V * sizeof(float));
+        }
+        kvf_block_table_release(&bt, r.pool);
+        kvf_block_table_fini(&bt);
+        free(all);
+        free(last);
+        free(ids);
+    }
+    rig_close(&r);
+    kvf_model_destroy(model);
+    cJSON_Delete(root);
+    return h;
+}
+
+static void test_recorded_bits(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof(path), "%s/numerics_bits.json", KVF_TEST_DATA);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char text[4096];
+    size_t len = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[len] = 0;
+    cJSON *rec = cJSON_Parse(text);
+    assert_non_null(rec);
+    const char *names[] = {"tiny-llama-f32", "tiny-qwen2-bf16"};
+    kvf_cpu_isa_t isas[3];
+    int n_isa = kvf_test_cpu_isas(isas);
+    bool record = getenv("KVF_RECORD_BITS") != NULL;
+    for (int m = 0; m < 2; m++) {
+        const cJSON *want = cJSON_GetObjectItem(rec, names[m]);
+        assert_true(cJSON_IsString(want));
+        for (int i = 0; i < n_isa; i++) {
+            char got[32];
+            snprintf(got, sizeof(got), "%016llx",
+                     (unsigned long long)golden_bits_hash(names[m], isas[i]));
+            if (record)
+                printf("\"%s\": \"%s\" (%s)\n", names[m], got, kvf_cpu_isa_name(isas[i]));
+            else if (strcmp(got, want->valuestring) != 0)
+                fail_msg("%s on %s: logit bits hash %s, recorded %s (numerics changed; "
+                         "KVF_RECORD_BITS=1 prints new values)",
+                         names[m], kvf_cpu_isa_name(isas[i]), got, want->valuestring);
+        }
+    }
+    cJSON_Delete(rec);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -602,6 +686,7 @@ int main(void)
         cmocka_unit_test(test_chunked_prefill_and_block_sizes),
         cmocka_unit_test(test_mixed_batch),
         cmocka_unit_test(test_isas_threads_chunks),
+        cmocka_unit_test(test_recorded_bits),
         cmocka_unit_test(test_hook_and_validation),
         cmocka_unit_test(test_generate_cli),
         cmocka_unit_test(test_bench_smoke),
