@@ -137,7 +137,7 @@ int kvf_test_cpu_isas(kvf_cpu_isa_t *isas)
 {
     static bool printed;
     int n = 0;
-    for (int i = KVF_CPU_ISA_SCALAR; i <= KVF_CPU_ISA_AVX512; i++)
+    for (int i = KVF_CPU_ISA_SCALAR; i < KVF_CPU_ISA_COUNT; i++)
         if (kvf_cpu_isa_supported((kvf_cpu_isa_t)i))
             isas[n++] = (kvf_cpu_isa_t)i;
     if (!printed) {

@@ -45,7 +45,7 @@ kvf_model_t *kvf_test_random_model(const kvf_model_config_t *cfg, uint64_t seed)
 void kvf_test_random_ids(uint32_t *ids, int n, int vocab, uint32_t seed);
 
 /* The CPU instruction sets this machine runs, scalar first, into isas
- * (room for 3); returns how many. Prints them once. */
+ * (room for KVF_CPU_ISA_COUNT); returns how many. Prints them once. */
 int kvf_test_cpu_isas(kvf_cpu_isa_t *isas);
 
 /* A CPU backend on n_threads threads with isa's kernels and weights

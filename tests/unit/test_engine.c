@@ -160,7 +160,7 @@ static void check_golden(const char *name, kvf_cpu_isa_t isa)
 static void test_golden_llama(void **state)
 {
     (void)state;
-    kvf_cpu_isa_t isas[3];
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
     int n = kvf_test_cpu_isas(isas);
     for (int i = 0; i < n; i++)
         check_golden("tiny-llama-f32", isas[i]);
@@ -169,7 +169,7 @@ static void test_golden_llama(void **state)
 static void test_golden_qwen2(void **state)
 {
     (void)state;
-    kvf_cpu_isa_t isas[3];
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
     int n = kvf_test_cpu_isas(isas);
     for (int i = 0; i < n; i++)
         check_golden("tiny-qwen2-bf16", isas[i]);
@@ -185,7 +185,7 @@ static void test_bf16_weights(void **state)
     uint32_t ids[29];
     kvf_test_random_ids(ids, n, V, 5);
     float *ref = malloc((size_t)n * V * sizeof(float)), *got = malloc((size_t)n * V * sizeof(float));
-    kvf_cpu_isa_t isas[3];
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
     int n_isa = kvf_test_cpu_isas(isas);
     size_t f32_bytes = 0;
     for (int i = 0; i < n_isa; i++)
@@ -425,7 +425,7 @@ static void test_isas_threads_chunks(void **state)
     uint32_t ids[40];
     kvf_test_random_ids(ids, n, V, 9);
     float *ref = malloc((size_t)n * V * sizeof(float)), *got = malloc((size_t)n * V * sizeof(float));
-    kvf_cpu_isa_t isas[3];
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
     int n_isa = kvf_test_cpu_isas(isas);
     rig_t r;
     kvf_block_table_t bt;
@@ -655,7 +655,7 @@ static void test_recorded_bits(void **state)
     cJSON *rec = cJSON_Parse(text);
     assert_non_null(rec);
     const char *names[] = {"tiny-llama-f32", "tiny-qwen2-bf16"};
-    kvf_cpu_isa_t isas[3];
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
     int n_isa = kvf_test_cpu_isas(isas);
     bool record = getenv("KVF_RECORD_BITS") != NULL;
     for (int m = 0; m < 2; m++) {

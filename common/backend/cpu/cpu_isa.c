@@ -8,18 +8,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const isa_names[] = {"scalar", "avx2", "avx512"};
+static const char *const isa_names[KVF_CPU_ISA_COUNT] = {"scalar", "avx2", "avx512", "neon"};
 
 const char *kvf_cpu_isa_name(kvf_cpu_isa_t isa)
 {
-    if (isa >= KVF_CPU_ISA_SCALAR && isa <= KVF_CPU_ISA_AVX512)
+    if (isa >= KVF_CPU_ISA_SCALAR && isa < KVF_CPU_ISA_COUNT)
         return isa_names[isa];
     return "auto";
 }
 
 kvf_status_t kvf_cpu_isa_parse(const char *name, kvf_cpu_isa_t *isa_p)
 {
-    for (int i = KVF_CPU_ISA_SCALAR; i <= KVF_CPU_ISA_AVX512; i++) {
+    for (int i = KVF_CPU_ISA_SCALAR; i < KVF_CPU_ISA_COUNT; i++) {
         if (name && !strcmp(name, isa_names[i])) {
             *isa_p = (kvf_cpu_isa_t)i;
             return KVF_OK;
@@ -29,7 +29,7 @@ kvf_status_t kvf_cpu_isa_parse(const char *name, kvf_cpu_isa_t *isa_p)
         *isa_p = KVF_CPU_ISA_AUTO;
         return KVF_OK;
     }
-    kvf_log_error("unknown CPU instruction set '%s' (scalar, avx2, avx512 or auto)",
+    kvf_log_error("unknown CPU instruction set '%s' (scalar, avx2, avx512, neon or auto)",
                   name ? name : "");
     return KVF_ERR_INVAL;
 }
@@ -47,12 +47,17 @@ bool kvf_cpu_isa_supported(kvf_cpu_isa_t isa)
         __builtin_cpu_init();
         return kvf_cpu_isa_supported(KVF_CPU_ISA_AVX2) && __builtin_cpu_supports("avx512f");
 #endif
+#if defined(__aarch64__)
+    case KVF_CPU_ISA_NEON: return true; /* part of every AArch64 CPU */
+#endif
     default: return false;
     }
 }
 
 kvf_cpu_isa_t kvf_cpu_isa_best(void)
 {
+    if (kvf_cpu_isa_supported(KVF_CPU_ISA_NEON))
+        return KVF_CPU_ISA_NEON;
     if (kvf_cpu_isa_supported(KVF_CPU_ISA_AVX512))
         return KVF_CPU_ISA_AVX512;
     if (kvf_cpu_isa_supported(KVF_CPU_ISA_AVX2))
@@ -94,6 +99,7 @@ const kvf_cpu_kernels_t *kvf_cpu_kernels(kvf_cpu_isa_t isa)
     switch (isa) {
     case KVF_CPU_ISA_AVX512: return &kvf_cpu_kernels_avx512;
     case KVF_CPU_ISA_AVX2: return &kvf_cpu_kernels_avx2;
+    case KVF_CPU_ISA_NEON: return &kvf_cpu_kernels_neon;
     default: return &kvf_cpu_kernels_scalar;
     }
 }

@@ -1,8 +1,9 @@
 /* CPU backend kernels, private to common/backend/cpu/.
  *
- * One set of numerics (docs/numerics.md). Every kernel exists for three
- * instruction sets (portable C, AVX2+FMA+F16C, AVX-512F), chosen at run time
- * (cpu_isa.c), and the three give the same bits for every input:
+ * One set of numerics (docs/numerics.md). Every kernel exists for each
+ * instruction set (portable C, AVX2+FMA+F16C, AVX-512F, AArch64 NEON),
+ * chosen at run time (cpu_isa.c), and all give the same bits for every
+ * input:
  *
  * - matmul: every output element is one FMA chain over k in increasing
  *   order, starting from 0; then + bias, then + the old y. Vectors run
@@ -107,6 +108,7 @@ typedef struct {
 extern const kvf_cpu_kernels_t kvf_cpu_kernels_scalar;
 extern const kvf_cpu_kernels_t kvf_cpu_kernels_avx2;
 extern const kvf_cpu_kernels_t kvf_cpu_kernels_avx512;
+extern const kvf_cpu_kernels_t kvf_cpu_kernels_neon;
 
 /* The kernels for isa (which the CPU must have: kvf_cpu_isa_supported). */
 const kvf_cpu_kernels_t *kvf_cpu_kernels(kvf_cpu_isa_t isa);

@@ -130,9 +130,11 @@ typedef enum {
     KVF_CPU_ISA_SCALAR = 0,
     KVF_CPU_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
     KVF_CPU_ISA_AVX512 = 2, /* AVX-512F */
+    KVF_CPU_ISA_NEON = 3,   /* AArch64 Advanced SIMD */
+    KVF_CPU_ISA_COUNT = 4,
 } kvf_cpu_isa_t;
 
-/* "scalar", "avx2", "avx512" ("auto" for KVF_CPU_ISA_AUTO); never NULL. */
+/* "scalar", "avx2", "avx512", "neon" ("auto" for KVF_CPU_ISA_AUTO); never NULL. */
 const char *kvf_cpu_isa_name(kvf_cpu_isa_t isa);
 /* Parses those names; KVF_ERR_INVAL (logged) for anything else. */
 kvf_status_t kvf_cpu_isa_parse(const char *name, kvf_cpu_isa_t *isa_p);
@@ -142,7 +144,7 @@ bool kvf_cpu_isa_supported(kvf_cpu_isa_t isa);
 kvf_cpu_isa_t kvf_cpu_isa_best(void);
 /* The instruction set a backend asked for want uses: want itself, or for
  * KVF_CPU_ISA_AUTO the one the KVF_CPU_ISA environment variable names
- * (scalar, avx2, avx512, auto), else the best. An unknown name is
+ * (scalar, avx2, avx512, neon, auto), else the best. An unknown name is
  * KVF_ERR_INVAL and one the CPU lacks KVF_ERR_UNSUPPORTED, both logged. */
 kvf_status_t kvf_cpu_isa_resolve(kvf_cpu_isa_t want, kvf_cpu_isa_t *isa_p);
 

@@ -1,0 +1,100 @@
+/* NEON kernels (AArch64 Advanced SIMD, present on every AArch64 CPU):
+ * cpu_kernels_vec.h over 4-float vectors. Same bits as
+ * cpu_kernels_scalar.c. */
+#include "cpu_canon.h"
+#include "cpu_kernels.h"
+
+#if defined(__aarch64__)
+#include <arm_neon.h>
+
+typedef float32x4_t vf;
+#define VL 4
+#define V_ZERO() vdupq_n_f32(0.0f)
+#define V_SET1(x) vdupq_n_f32(x)
+#define V_LOAD(p) vld1q_f32(p)
+#define V_STORE(p, v) vst1q_f32((p), (v))
+#define V_ADD(a, b) vaddq_f32((a), (b))
+#define V_SUB(a, b) vsubq_f32((a), (b))
+#define V_MUL(a, b) vmulq_f32((a), (b))
+#define V_DIV(a, b) vdivq_f32((a), (b))
+#define V_NEG(a) vnegq_f32(a)
+#define V_FMA(a, b, c) vfmaq_f32((c), (a), (b))
+#define V_MAXF(a, b) vmaxq_f32((a), (b))
+#define V_MINF(a, b) vminq_f32((a), (b))
+#define V_ROUND(x) vrndnq_f32(x)
+#define V_EXP2I(n) \
+    vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23))
+#define V_LOAD_BF16(p) vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16))
+#define V_LOAD_F16(p) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
+#define KFN(name) name##_neon
+
+/* The 16-lane tree of cpu_canon.h on lanes 0-3, 4-7, 8-11, 12-15. */
+static inline __attribute__((always_inline)) float tree16(vf v0, vf v1, vf v2, vf v3)
+{
+    vf a0 = vaddq_f32(v0, v2), a1 = vaddq_f32(v1, v3); /* l + l+8 */
+    vf b = vaddq_f32(a0, a1);                          /* l + l+4 */
+    float32x2_t c = vadd_f32(vget_low_f32(b), vget_high_f32(b)); /* l + l+2 */
+    return vget_lane_f32(c, 0) + vget_lane_f32(c, 1);
+}
+
+static inline __attribute__((always_inline)) float dot16(const float *q, const float *k, int hd)
+{
+    vf v0 = V_ZERO(), v1 = V_ZERO(), v2 = V_ZERO(), v3 = V_ZERO();
+    int d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        v0 = vfmaq_f32(v0, vld1q_f32(q + d), vld1q_f32(k + d));
+        v1 = vfmaq_f32(v1, vld1q_f32(q + d + 4), vld1q_f32(k + d + 4));
+        v2 = vfmaq_f32(v2, vld1q_f32(q + d + 8), vld1q_f32(k + d + 8));
+        v3 = vfmaq_f32(v3, vld1q_f32(q + d + 12), vld1q_f32(k + d + 12));
+    }
+    if (d < hd) {
+        float qa[16] = {0}, ka[16] = {0};
+        memcpy(qa, q + d, (size_t)(hd - d) * sizeof(float));
+        memcpy(ka, k + d, (size_t)(hd - d) * sizeof(float));
+        v0 = vfmaq_f32(v0, vld1q_f32(qa), vld1q_f32(ka));
+        v1 = vfmaq_f32(v1, vld1q_f32(qa + 4), vld1q_f32(ka + 4));
+        v2 = vfmaq_f32(v2, vld1q_f32(qa + 8), vld1q_f32(ka + 8));
+        v3 = vfmaq_f32(v3, vld1q_f32(qa + 12), vld1q_f32(ka + 12));
+    }
+    return tree16(v0, v1, v2, v3);
+}
+#define DOT16(q, k, hd) dot16((q), (k), (hd))
+#define DOT16X16(q, k, hd, out)                                                                    \
+    do {                                                                                           \
+        for (int j_ = 0; j_ < 16; j_++)                                                            \
+            (out)[j_] = dot16((q), (k)[j_], (hd));                                                 \
+    } while (0)
+
+/* 32 q registers: decode rows x 1-2 panels (8 accumulators a row and
+ * panel), and 4 rows x half a panel (16) for larger batches. */
+#define SMALL_M 3
+#define SMALL_P(M) ((M) == 1 ? 2 : 1)
+#define SMALL_CASES SMALL_CASE(1) SMALL_CASE(2) SMALL_CASE(3)
+#define BIG_MR 4
+#define BIG_P 1
+#define BIG_NV 4
+#define BIG_CASES BIG_CASE(1) BIG_CASE(2) BIG_CASE(3) BIG_CASE(4)
+#define TILE_ACC_MAX 24
+#define TILE_W_MAX 16
+
+#include "cpu_kernels_vec.h"
+
+const kvf_cpu_kernels_t kvf_cpu_kernels_neon = {
+    .isa = KVF_CPU_ISA_NEON,
+    .small_panels_per_task = 4,
+    .small_m = SMALL_M,
+    .gemm = gemm_neon,
+    .swiglu_row = swiglu_row_neon,
+    .attention = attention_neon,
+};
+#else
+/* Not an AArch64 build: never chosen (kvf_cpu_isa_supported). */
+const kvf_cpu_kernels_t kvf_cpu_kernels_neon = {
+    .isa = KVF_CPU_ISA_SCALAR,
+    .small_panels_per_task = 4,
+    .small_m = 3,
+    .gemm = NULL,
+    .swiglu_row = NULL,
+    .attention = NULL,
+};
+#endif

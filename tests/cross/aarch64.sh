@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The compute engine's numerics tests on AArch64: cross-built with Debian's
+# gcc-aarch64-linux-gnu (KVF_COMPUTE_ONLY, cmake/aarch64-linux-gnu.cmake)
+# and run under qemu-aarch64. They check the NEON kernels against the
+# scalar ones bit for bit, the golden data, and the logit bits recorded on
+# x86 (tests/data/numerics_bits.json). deploy/install-deps.sh installs the
+# toolchain, qemu-user and the :arm64 libraries (cJSON, cmocka).
+#
+#   tests/cross/aarch64.sh [BUILD_DIR]     (default build-aarch64/)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build-aarch64}
+jobs=$(nproc 2> /dev/null || echo 2)
+for tool in aarch64-linux-gnu-gcc qemu-aarch64; do
+    command -v "$tool" > /dev/null || { echo "aarch64.sh: $tool not found (deploy/install-deps.sh installs it)" >&2; exit 1; }
+done
+cmake -S "$root" -B "$build" -DKVF_COMPUTE_ONLY=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_TOOLCHAIN_FILE="$root/cmake/aarch64-linux-gnu.cmake"
+cmake --build "$build" -j "$jobs"
+# ctest runs each test binary through qemu-aarch64; the target's loader and
+# libraries are the :arm64 multiarch packages.
+export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
+export LD_LIBRARY_PATH=/usr/lib/aarch64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+status=0
+for t in test_backend test_detmath test_engine; do
+    echo "==> qemu-aarch64 $t"
+    timeout 1800 qemu-aarch64 "$build/bin/$t" || status=1
+done
+exit $status
