@@ -70,8 +70,10 @@ typedef struct {
 } trace_req_t;
 
 typedef struct {
-    double rate;
+    double rate;     /* Poisson arrivals (req/s); 0 in a closed loop */
+    int concurrency; /* closed loop: requests kept in flight; 0 for Poisson */
     double duration_s;
+    size_t n_sent; /* fewer than the trace's when a signal stopped the run */
     size_t n_ok, n_failed;
     double req_per_s, tok_per_s, goodput;
     double ttft[3], tpot[3], e2e[3]; /* p50, p90, p99 in ms */
@@ -97,9 +99,22 @@ static void percentiles(double *v, size_t n, double out[3])
     }
 }
 
-/* Runs the trace against the router's client socket. */
-static int run_trace(const char *client_url, trace_req_t *reqs, size_t n, double slo_ttft_ms,
-                     double slo_tpot_ms, int timeout_s, serve_result_t *res)
+/* Set by the first SIGINT or SIGTERM: send no more requests, let the ones
+ * sent finish and report on them. A second signal ends the process. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+/* Runs the trace against the router's client socket: each request at its
+ * arrival time, or with concurrency > 0 in a closed loop (arrival times
+ * ignored): concurrency requests in flight, the next sent as one ends.
+ * Once stop_requested, only the requests already sent count. */
+static int run_trace(const char *client_url, trace_req_t *reqs, size_t n, int concurrency,
+                     double slo_ttft_ms, double slo_tpot_ms, int timeout_s, serve_result_t *res)
 {
     kvf_client_t *client;
     if (kvf_client_create(client_url, &client) != KVF_OK) {
@@ -117,8 +132,17 @@ static int run_trace(const char *client_url, trace_req_t *reqs, size_t n, double
     uint64_t hard_deadline = t0 + (uint64_t)timeout_s * 1000000000ull;
     size_t next = 0, done = 0;
     while (done < n && kvf_clock_ns() < hard_deadline) {
+        if (stop_requested && n > next) {
+            fprintf(stderr,
+                    "bench serve: stopped by a signal after %zu of %zu requests; "
+                    "waiting for the %zu in flight\n",
+                    next, n, next - done);
+            n = next;
+            continue;
+        }
         uint64_t now = kvf_clock_ns();
-        while (next < n && now >= t0 + (uint64_t)(reqs[next].at_s * 1e9)) {
+        while (next < n && (concurrency > 0 ? next - done < (size_t)concurrency
+                                            : now >= t0 + (uint64_t)(reqs[next].at_s * 1e9))) {
             trace_req_t *q = &reqs[next];
             Kvf__Sampling s = KVF__SAMPLING__INIT;
             s.max_tokens = q->max_tokens;
@@ -142,7 +166,7 @@ static int run_trace(const char *client_url, trace_req_t *reqs, size_t n, double
             next++;
         }
         int wait_ms = 20;
-        if (next < n) {
+        if (next < n && concurrency <= 0) {
             int until = kvf_clock_ms_until(t0 + (uint64_t)(reqs[next].at_s * 1e9));
             wait_ms = until < wait_ms ? until : wait_ms;
         }
@@ -202,6 +226,7 @@ static int run_trace(const char *client_url, trace_req_t *reqs, size_t n, double
         if (q->t_done > t_end)
             t_end = q->t_done;
     }
+    res->n_sent = n;
     res->n_ok = n_ok;
     res->duration_s = (double)(t_end - t0) / 1e9;
     res->req_per_s = res->duration_s > 0 ? (double)n_ok / res->duration_s : 0;
@@ -347,30 +372,58 @@ static bool launch(launch_t *l, const char *bin_dir, const char *model, bool col
 
 static void print_row(const char *config, const serve_result_t *r)
 {
-    printf("%-10s %6.2f %7.2f %8.1f %8.3f | %8.1f %8.1f %8.1f | %7.2f %7.2f %7.2f | %8.0f %8.0f "
+    char level[16];
+    if (r->concurrency > 0)
+        snprintf(level, sizeof(level), "c%d", r->concurrency);
+    else
+        snprintf(level, sizeof(level), "%.2f", r->rate);
+    printf("%-10s %6s %7.2f %8.1f %8.3f | %8.1f %8.1f %8.1f | %7.2f %7.2f %7.2f | %8.0f %8.0f "
            "%8.0f | %3zu\n",
-           config, r->rate, r->req_per_s, r->tok_per_s, r->goodput, r->ttft[0], r->ttft[1],
+           config, level, r->req_per_s, r->tok_per_s, r->goodput, r->ttft[0], r->ttft[1],
            r->ttft[2], r->tpot[0], r->tpot[1], r->tpot[2], r->e2e[0], r->e2e[1], r->e2e[2],
            r->n_failed);
 }
 
-static void print_header(void)
+/* A comma-separated list of at most max levels: positive rates, or with
+ * integers, whole numbers >= 1 (concurrencies). Returns their number, or
+ * -1 on a malformed list. */
+static int parse_levels(const char *text, bool integers, double *out, int max)
+{
+    int n = 0;
+    const char *p = text;
+    for (;;) {
+        char *end;
+        errno = 0;
+        double v = strtod(p, &end);
+        if (end == p || errno || !(v > 0) || n == max || (integers && (v != floor(v) || v > 1e6)))
+            return -1;
+        out[n++] = v;
+        if (*end == '\0')
+            return n;
+        if (*end != ',')
+            return -1;
+        p = end + 1;
+    }
+}
+
+static void print_header(bool closed)
 {
     printf("%-10s %6s %7s %8s %8s | %8s %8s %8s | %7s %7s %7s | %8s %8s %8s | %3s\n", "config",
-           "rate", "req/s", "tok/s", "goodput", "ttft50", "ttft90", "ttft99", "tpot50", "tpot90",
-           "tpot99", "e2e50", "e2e90", "e2e99", "err");
+           closed ? "flight" : "rate", "req/s", "tok/s", "goodput", "ttft50", "ttft90", "ttft99",
+           "tpot50", "tpot90", "tpot99", "e2e50", "e2e90", "e2e99", "err");
 }
 
 static void json_result(FILE *f, const serve_result_t *r)
 {
     fprintf(f,
-            "{\"rate\": %g, \"requests_ok\": %zu, \"requests_failed\": %zu, \"duration_s\": %.3f, "
+            "{\"rate\": %g, \"concurrency\": %d, \"requests_sent\": %zu, \"requests_ok\": %zu, "
+            "\"requests_failed\": %zu, \"duration_s\": %.3f, "
             "\"req_per_s\": %.4f, \"tok_per_s\": %.2f, \"goodput\": %.4f, "
             "\"ttft_ms\": [%.3f, %.3f, %.3f], \"tpot_ms\": [%.3f, %.3f, %.3f], "
             "\"e2e_ms\": [%.3f, %.3f, %.3f]}",
-            r->rate, r->n_ok, r->n_failed, r->duration_s, r->req_per_s, r->tok_per_s, r->goodput,
-            r->ttft[0], r->ttft[1], r->ttft[2], r->tpot[0], r->tpot[1], r->tpot[2], r->e2e[0],
-            r->e2e[1], r->e2e[2]);
+            r->rate, r->concurrency, r->n_sent, r->n_ok, r->n_failed, r->duration_s, r->req_per_s,
+            r->tok_per_s, r->goodput, r->ttft[0], r->ttft[1], r->ttft[2], r->tpot[0], r->tpot[1],
+            r->tpot[2], r->e2e[0], r->e2e[1], r->e2e[2]);
 }
 
 static void write_plot(const char *png, const serve_result_t *split, const serve_result_t *colo,
@@ -383,23 +436,26 @@ static void write_plot(const char *png, const serve_result_t *split, const serve
     if (!f)
         return;
     for (int i = 0; i < n_rates; i++)
-        fprintf(f, "%g %g %g %g %g %g %g\n", split[i].rate, split[i].ttft[2], split[i].tpot[2],
-                colo ? colo[i].ttft[2] : NAN, colo ? colo[i].tpot[2] : NAN, split[i].goodput,
-                colo ? colo[i].goodput : NAN);
+        fprintf(f, "%g %g %g %g %g %g %g\n",
+                split[i].concurrency > 0 ? (double)split[i].concurrency : split[i].rate,
+                split[i].ttft[2], split[i].tpot[2], colo ? colo[i].ttft[2] : NAN,
+                colo ? colo[i].tpot[2] : NAN, split[i].goodput, colo ? colo[i].goodput : NAN);
     fclose(f);
     f = fopen(script, "w");
     if (!f)
         return;
     fprintf(f,
             "set terminal png size 1200,420\nset output '%s'\nset multiplot layout 1,3\n"
-            "set xlabel 'request rate (req/s)'\nset grid\nset key top left\n"
+            "set xlabel '%s'\nset grid\nset key top left\n"
             "set ylabel 'TTFT p99 (ms)'\nplot '%s' u 1:2 w lp t 'split', '%s' u 1:4 w lp t "
             "'colocated'\n"
             "set ylabel 'time per output token p99 (ms)'\nplot '%s' u 1:3 w lp t 'split', '%s' "
             "u 1:5 w lp t 'colocated'\n"
             "set ylabel 'goodput (req/s within SLO)'\nplot '%s' u 1:6 w lp t 'split', '%s' u "
             "1:7 w lp t 'colocated'\nunset multiplot\n",
-            png, data, data, data, data, data, data);
+            png,
+            split[0].concurrency > 0 ? "requests in flight (closed loop)" : "request rate (req/s)",
+            data, data, data, data, data, data);
     fclose(f);
     char cmd[1200];
     snprintf(cmd, sizeof(cmd), "gnuplot '%s'", script);
@@ -411,9 +467,9 @@ static void write_plot(const char *png, const serve_result_t *split, const serve
 
 int kvf_bench_serve(int argc, char **argv)
 {
-    const char *router = NULL, *model = NULL, *rates_text = "1", *prompt_len = "128:512",
-               *output_len = "32:128", *json = NULL, *plot = NULL, *kv_mem = "1G",
-               *run_dir = "/tmp/kvf-bench-serve";
+    const char *router = NULL, *model = NULL, *rates_text = NULL, *conc_text = NULL,
+               *prompt_len = "128:512", *output_len = "32:128", *json = NULL, *plot = NULL,
+               *kv_mem = "1G", *run_dir = "/tmp/kvf-bench-serve";
     int n_requests = 32, threads = 1, timeout_s = 600;
     uint64_t seed = 1;
     double slo_ttft = 2000, slo_tpot = 200;
@@ -423,7 +479,11 @@ int kvf_bench_serve(int argc, char **argv)
          "router client URL of a running cluster (else one is started)", NULL},
         {"model", KVF_FLAG_STRING, &model, "DIR", "model directory (required)", NULL},
         {"rate", KVF_FLAG_STRING, &rates_text, "R[,R...]",
-         "request rates (req/s) to run, Poisson arrivals", NULL},
+         "request rates (req/s) to run, Poisson arrivals (default: 1)", NULL},
+        {"concurrency", KVF_FLAG_STRING, &conc_text, "C[,C...]",
+         "closed loop instead of --rate: C requests in flight, the next sent as one finishes "
+         "(the capacity at C)",
+         NULL},
         {"requests", KVF_FLAG_INT, &n_requests, "N", "requests per rate", NULL},
         {"prompt-len", KVF_FLAG_STRING, &prompt_len, "N|A:B", "prompt lengths (tokens)", NULL},
         {"output-len", KVF_FLAG_STRING, &output_len, "N|A:B", "output lengths (tokens)", NULL},
@@ -448,7 +508,9 @@ int kvf_bench_serve(int argc, char **argv)
                    "token and\nend-to-end latency p50/p90/p99, throughput and goodput (requests/s "
                    "meeting both SLOs).\nWithout --router it starts a 1 prefill + 1 decode "
                    "cluster itself; --compare-colocated\nalso runs one kvf-decode "
-                   "--prefill-local on the same total threads and prints both.",
+                   "--prefill-local on the same total threads and prints both.\n"
+                   "SIGINT or SIGTERM stops sending; the requests in flight finish and the "
+                   "ones sent\nare reported (a second signal ends it at once).",
         .flags = flags,
         .n_flags = KVF_NFLAGS(flags),
     };
@@ -469,19 +531,19 @@ int kvf_bench_serve(int argc, char **argv)
                 cfg.max_pos);
         return 2;
     }
+    if (rates_text && conc_text) {
+        fprintf(stderr, "%s: --rate and --concurrency exclude each other\n", argv[0]);
+        return 2;
+    }
+    /* The load levels: Poisson rates, or closed-loop concurrencies. */
+    bool closed = conc_text != NULL;
+    const char *levels_text = closed ? conc_text : rates_text ? rates_text : "1";
     double rates[SERVE_MAX_RATES];
-    int n_rates = 0;
-    for (const char *p = rates_text; *p && n_rates < SERVE_MAX_RATES;) {
-        char *end;
-        double v = strtod(p, &end);
-        if (end == p || v <= 0) {
-            fprintf(stderr, "%s: bad --rate '%s'\n", argv[0], rates_text);
-            return 2;
-        }
-        rates[n_rates++] = v;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',')
-            break;
+    int n_rates = parse_levels(levels_text, closed, rates, SERVE_MAX_RATES);
+    if (n_rates < 1) {
+        fprintf(stderr, "%s: bad --%s '%s' (at most %d values)\n", argv[0],
+                closed ? "concurrency" : "rate", levels_text, SERVE_MAX_RATES);
+        return 2;
     }
     char bin_dir[512];
     ssize_t bl = readlink("/proc/self/exe", bin_dir, sizeof(bin_dir) - 1);
@@ -518,8 +580,16 @@ int kvf_bench_serve(int argc, char **argv)
     memset(colo, 0, sizeof(colo));
     int configs = compare ? 2 : 1;
     int failed = 0;
-    for (int c = 0; c < configs; c++) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = (int)SA_RESETHAND; /* a second signal ends the process */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    for (int c = 0; c < configs && !stop_requested; c++) {
         bool colocated = c == 1;
+        int levels_run = 0;
         launch_t l;
         const char *url = router;
         if (!router || colocated) {
@@ -529,27 +599,45 @@ int kvf_bench_serve(int argc, char **argv)
             }
             url = l.client_url;
         }
-        for (int ri = 0; ri < n_rates; ri++) {
+        for (int ri = 0; ri < n_rates && !stop_requested; ri++) {
+            serve_result_t *res = colocated ? &colo[ri] : &split[ri];
+            levels_run = ri + 1;
+            int concurrency = closed ? (int)rates[ri] : 0;
+            res->rate = closed ? 0 : rates[ri];
+            res->concurrency = concurrency;
             t = 0;
             for (int i = 0; i < n_requests; i++) {
-                t += gaps[i] / rates[ri];
+                t += closed ? 0 : gaps[i] / rates[ri];
                 reqs[i].at_s = t;
             }
-            serve_result_t *res = colocated ? &colo[ri] : &split[ri];
-            res->rate = rates[ri];
-            fprintf(stderr, "bench serve: %s, rate %g req/s, %d requests\n",
-                    colocated ? "colocated" : "split", rates[ri], n_requests);
-            if (run_trace(url, reqs, (size_t)n_requests, slo_ttft, slo_tpot, timeout_s, res))
+            if (closed)
+                fprintf(stderr, "bench serve: %s, closed loop, %d in flight, %d requests\n",
+                        colocated ? "colocated" : "split", concurrency, n_requests);
+            else
+                fprintf(stderr, "bench serve: %s, rate %g req/s, %d requests\n",
+                        colocated ? "colocated" : "split", rates[ri], n_requests);
+            if (run_trace(url, reqs, (size_t)n_requests, concurrency, slo_ttft, slo_tpot,
+                          timeout_s, res))
                 failed = 1;
         }
         if (!router || colocated)
             launch_stop(&l);
+        if (stop_requested) {
+            /* Report the levels that ran: in split, those it reached (and
+             * no colocated run); in colocated, those both reached. */
+            if (!colocated || levels_run == 0)
+                compare = false;
+            if (!colocated || levels_run > 0)
+                n_rates = levels_run;
+        }
     }
-    printf("\nserving benchmark: %d requests per rate, prompt %s, output %s tokens, seed %llu, "
+    printf("\nserving benchmark: %d requests per %s, prompt %s, output %s tokens, seed %llu, "
            "SLO ttft %.0f ms / tpot %.0f ms\n(latencies in ms; goodput in requests/s meeting "
-           "both SLOs)\n\n",
-           n_requests, prompt_len, output_len, (unsigned long long)seed, slo_ttft, slo_tpot);
-    print_header();
+           "both SLOs%s)\n\n",
+           n_requests, closed ? "concurrency" : "rate", prompt_len, output_len,
+           (unsigned long long)seed, slo_ttft, slo_tpot,
+           closed ? "; closed loop: flight = requests kept in flight" : "");
+    print_header(closed);
     for (int ri = 0; ri < n_rates; ri++) {
         print_row("split", &split[ri]);
         if (compare) {
@@ -572,12 +660,14 @@ int kvf_bench_serve(int argc, char **argv)
         if (colo[ri].goodput > colo[best_c].goodput)
             best_c = ri;
     }
-    printf("\ngoodput peaks at %g req/s for split (%.3f req/s)", split[best_s].rate,
-           split[best_s].goodput);
-    if (compare)
-        printf(" and at %g req/s for colocated (%.3f req/s)", colo[best_c].rate,
-               colo[best_c].goodput);
-    printf("\n");
+    if (n_rates > 0) {
+        printf("\ngoodput peaks at %g %s for split (%.3f req/s)", rates[best_s],
+               closed ? "in flight" : "req/s", split[best_s].goodput);
+        if (compare)
+            printf(" and at %g %s for colocated (%.3f req/s)", rates[best_c],
+                   closed ? "in flight" : "req/s", colo[best_c].goodput);
+        printf("\n");
+    }
     if (json) {
         FILE *f = fopen(json, "w");
         if (f) {
