@@ -39,8 +39,12 @@ cleanup() {
     local rc=$? pid
     if [[ -f $work/pids ]]; then
         while read -r pid; do kill -TERM "$pid" 2> /dev/null || true; done < "$work/pids"
-        sleep 0.5
-        while read -r pid; do kill -KILL "$pid" 2> /dev/null || true; done < "$work/pids"
+        # Up to 30 s for each to exit, then SIGKILL.
+        local deadline=$((SECONDS + 30))
+        while read -r pid; do
+            while kill -0 "$pid" 2> /dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+            kill -KILL "$pid" 2> /dev/null || true
+        done < "$work/pids"
     fi
     if [[ $rc != 0 ]]; then
         for f in "$work"/*.log; do
@@ -451,7 +455,9 @@ def probe(role, key, env, c):
 
 try:
     started = {role: start(role) for role in ("router", "decode", "prefill")}
-    deadline = time.time() + 60
+    # Generous: it costs nothing when the pods come up, and leaves room for a
+    # slow machine or a sanitizer build.
+    deadline = time.time() + 120
     pending = {(role, key) for role in started for key in ("livenessProbe", "readinessProbe")}
     while pending and time.time() < deadline:
         for role, key in sorted(pending):
@@ -494,7 +500,7 @@ finally:
         p.send_signal(signal.SIGTERM)
     for p in procs:
         try:
-            p.wait(timeout=10)
+            p.wait(timeout=30)
         except subprocess.TimeoutExpired:
             p.kill()
 

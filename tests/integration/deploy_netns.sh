@@ -37,11 +37,24 @@ made=()
 pids=()
 work=$(mktemp -d /tmp/kvf-test-deploy-netns.XXXXXX)
 
+# poll SECONDS CMD...: runs CMD every 0.2 s until it succeeds (status 0) or
+# SECONDS have passed (status 1). The limits are generous: they cost nothing
+# when things work and leave room for a slow machine or a sanitizer build.
+poll() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.2
+    done
+}
+gone() { ! kill -0 "$1" 2> /dev/null; }
+
 cleanup() {
     local rc=$? pid ns
     for pid in "${pids[@]}"; do kill -TERM "$pid" 2> /dev/null || true; done
     for pid in "${pids[@]}"; do
-        for _ in $(seq 50); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+        poll 30 gone "$pid" || true
         kill -KILL "$pid" 2> /dev/null || true
         wait "$pid" 2> /dev/null || true
     done
@@ -114,20 +127,14 @@ start prefill prefill.log "$bin/kvf-prefill" --router "$router_url" \
     --listen "tcp://${addr[prefill]}:6000" --model "$model" --node-id prefill-h2 --threads 1
 
 stats() { in_ns client "$bin/kvf" stats --router "$client_url" --json --timeout-ms 2000; }
-ready=0
-for _ in $(seq 150); do
-    if stats 2> /dev/null | python3 -c '
+registered() {
+    stats 2> /dev/null | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
 want = {("prefill-h2", "tcp://10.77.0.2:6000"), ("decode-h3", "tcp://10.77.0.3:6000")}
 sys.exit(0 if want <= {(n["id"], n["inbox"]) for n in d["nodes"] if n["state"] == "live"} else 1)'
-    then
-        ready=1
-        break
-    fi
-    sleep 0.2
-done
-[[ $ready == 1 ]] || fail "the nodes did not register from their hosts: $(stats 2>&1 || true)"
+}
+poll 120 registered || fail "the nodes did not register from their hosts: $(stats 2>&1 || true)"
 code=$(in_ns client curl -s -o /dev/null -w '%{http_code}' --max-time 5 \
     "http://${addr[router]}:8000/health" || true)
 [[ $code == 200 ]] || fail "/health from the client host answered $code"
@@ -172,14 +179,11 @@ node = {n["id"]: n for n in d["nodes"]}
 assert d["requests"]["failed"] == 0, d["requests"]
 assert node["prefill-h2"]["dispatched"] == 3 and node["decode-h3"]["dispatched"] == 3, node
 ' "$json" || fail "stats after the requests: $json"
-for _ in $(seq 25); do
+all_freed() {
     stats | python3 -c 'import json, sys
-sys.exit(0 if all(n["blocks_used"] == 0 for n in json.load(sys.stdin)["nodes"]) else 1)' && break
-    sleep 0.2
-done
-stats | python3 -c 'import json, sys
-sys.exit(0 if all(n["blocks_used"] == 0 for n in json.load(sys.stdin)["nodes"]) else 1)' ||
-    fail "KV blocks still in use: $(stats)"
+sys.exit(0 if all(n["blocks_used"] == 0 for n in json.load(sys.stdin)["nodes"]) else 1)'
+}
+poll 60 all_freed || fail "KV blocks still in use: $(stats)"
 pass "3 requests, 0 failed, each dispatched to prefill-h2 and decode-h3; 0 KV blocks in use"
 
 # Graceful exit of the nodes and the router; the decode node's own

@@ -29,14 +29,27 @@ pids=()
 export UCX_NET_DEVICES=lo
 export KVF_LOG=${KVF_LOG:-info}
 
+# poll SECONDS CMD...: runs CMD every 0.1 s until it succeeds (status 0) or
+# SECONDS have passed (status 1). The limits are generous: they cost nothing
+# when things work and leave room for a slow machine or a sanitizer build.
+poll() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.1
+    done
+}
+gone() { ! kill -0 "$1" 2>/dev/null; }
+
 routers=()
 # Stops every process; fails (status 1) when a router did not exit 0 within
-# 5 s of SIGTERM (a crash, a sanitizer report, a hang in shutdown).
+# 30 s of SIGTERM (a crash, a sanitizer report, a hang in shutdown).
 stop_all() {
     local pid rc bad=0
     for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        poll 30 gone "$pid" || true
         kill -KILL "$pid" 2>/dev/null || true
         rc=0
         wait "$pid" 2>/dev/null || rc=$?
@@ -98,12 +111,8 @@ start_router() {
         > "$work/$name.log" 2>&1 &
     pids+=($!)
     routers+=($!)
-    for _ in $(seq 100); do
-        curl -s -o /dev/null --max-time 2 "$http/v1/models" -H "Authorization: Bearer $key" &&
-            return 0
-        sleep 0.1
-    done
-    fail "router $name does not answer HTTP"
+    poll 60 curl -s -o /dev/null --max-time 2 "$http/v1/models" -H "Authorization: Bearer $key" ||
+        fail "router $name does not answer HTTP"
 }
 start_node() { # ROLE NAME FLAGS...
     local role=$1 name=$2
@@ -112,12 +121,9 @@ start_node() { # ROLE NAME FLAGS...
         --node-id "$name" --threads 1 "$@" > "$work/$name.log" 2>&1 &
     pids+=($!)
 }
+healthy() { [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$http/health") == 200 ]]; }
 wait_healthy() {
-    for _ in $(seq 300); do
-        [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$http/health") == 200 ]] &&
-            return 0
-        sleep 0.1
-    done
+    poll 120 healthy && return 0
     curl -s "$http/health" >&2 || true
     fail "the cluster never became healthy"
 }
@@ -369,12 +375,10 @@ line = r.readline()
 assert line.startswith(b"data: "), line
 c.sock.close()  # hang up mid-stream
 EOF
-    for _ in $(seq 100); do
-        [[ $(metric 'kvf_requests_total{finished_reason="cancelled"}') == $((m_cancel0 + 1)) ]] && break
-        sleep 0.1
-    done
-    [[ $(metric 'kvf_requests_total{finished_reason="cancelled"}') == $((m_cancel0 + 1)) ]] ||
-        fail "the disconnected client's request was not cancelled"
+    cancelled_one() {
+        [[ $(metric 'kvf_requests_total{finished_reason="cancelled"}') == $((m_cancel0 + 1)) ]]
+    }
+    poll 60 cancelled_one || fail "the disconnected client's request was not cancelled"
     pass "a client that hangs up mid-stream cancels its request"
 
     # 64 concurrent streams, then no KV block in use anywhere.
@@ -388,16 +392,11 @@ EOF
     for i in $(seq 64); do
         sse_text "$work/par-$i.txt" text > /dev/null || fail "stream $i: $(tail -c 300 "$work/par-$i.txt")"
     done
-    freed=no
-    for _ in $(seq 100); do
-        if "$bin/kvf" stats --router "$client" --json > "$work/stats.json" 2>/dev/null &&
-            [[ $(json "$work/stats.json" 'len(d["nodes"]) > 0 and all(n["blocks_used"] == 0 and n["state"] == "live" for n in d["nodes"])') == True ]]; then
-            freed=yes
-            break
-        fi
-        sleep 0.1
-    done
-    [[ $freed == yes ]] || fail "KV blocks still in use after 64 streams: $(cat "$work/stats.json")"
+    all_freed() {
+        "$bin/kvf" stats --router "$client" --json > "$work/stats.json" 2>/dev/null &&
+            [[ $(json "$work/stats.json" 'len(d["nodes"]) > 0 and all(n["blocks_used"] == 0 and n["state"] == "live" for n in d["nodes"])') == True ]]
+    }
+    poll 60 all_freed || fail "KV blocks still in use after 64 streams: $(cat "$work/stats.json")"
     pass "64 concurrent streams complete; every node reports 0 KV blocks in use"
 
     # Metrics: N more requests move every counter and histogram by N.

@@ -78,10 +78,10 @@ static void run_cluster(int n_prefill, int n_decode, const char *tls)
         snprintf(name, sizeof(name), "prefill-%d", i);
         h_start_node(&c, "prefill", name, NULL);
     }
-    h_wait_nodes(&c, n_prefill + n_decode, 30000);
+    h_wait_nodes(&c, n_prefill + n_decode, 120000);
     h_generate_many(&c, reqs, N_REQ, NULL, 240000);
     h_check_outputs(&c, reqs, refs, n_refs, N_REQ, H_FINISH_STOP | H_FINISH_LENGTH);
-    h_wait_no_blocks_used(&c, 5000);
+    h_wait_no_blocks_used(&c, 30000);
     h_cluster_stop(&c, false);
     for (int i = 0; i < N_REQ; i++)
         h_gen_free(&reqs[i]);
@@ -111,7 +111,7 @@ static void test_refusal(void **state)
     /* 512 bytes per token: 40 blocks of 16 tokens. */
     h_start_node(&c, "decode", "decode-small", "--kv-mem", "320K", NULL);
     h_start_node(&c, "prefill", "prefill-0", NULL);
-    h_wait_nodes(&c, 2, 30000);
+    h_wait_nodes(&c, 2, 120000);
 
     h_gen_t g[2];
     memset(g, 0, sizeof(g));
@@ -130,7 +130,7 @@ static void test_refusal(void **state)
         assert_memory_equal(g[i].out, ref, n_ref * sizeof(uint32_t));
         free(ref);
     }
-    h_wait_no_blocks_used(&c, 5000);
+    h_wait_no_blocks_used(&c, 30000);
 
     /* A request larger than any decode node's pool fails at once. */
     h_gen_t huge;
@@ -154,7 +154,7 @@ static void test_refusal(void **state)
     assert_int_equal(after.finish, 2);
     assert_int_equal(after.n_out, 4);
     assert_memory_equal(after.out, g[0].out, 4 * sizeof(uint32_t));
-    h_wait_no_blocks_used(&c, 5000);
+    h_wait_no_blocks_used(&c, 30000);
     h_cluster_stop(&c, false);
     for (int i = 0; i < 2; i++) {
         h_gen_free(&g[i]);
@@ -173,7 +173,7 @@ static void test_cancel(void **state)
     h_start_router(&c, NULL);
     h_start_node(&c, "decode", "decode-0", NULL);
     h_start_node(&c, "prefill", "prefill-0", NULL);
-    h_wait_nodes(&c, 2, 30000);
+    h_wait_nodes(&c, 2, 120000);
     /* Cancel after 5 tokens of a long generation. */
     h_gen_t cg;
     memset(&cg, 0, sizeof(cg));
@@ -185,7 +185,7 @@ static void test_cancel(void **state)
     h_generate_many(&c, &cg, 1, &cancel_after, 60000);
     assert_int_equal(cg.finish, 3 /* CANCELLED */);
     assert_true(cg.n_out >= 5 && cg.n_out < 4000);
-    h_wait_no_blocks_used(&c, 15000);
+    h_wait_no_blocks_used(&c, 30000);
 
     h_gen_free(&cg);
     free(cg.prompt);
@@ -195,7 +195,7 @@ static void test_cancel(void **state)
         assert_memory_equal(reqs[i].out, refs[i], n_refs[i] * sizeof(uint32_t));
         h_gen_free(&reqs[i]);
     }
-    h_wait_no_blocks_used(&c, 5000);
+    h_wait_no_blocks_used(&c, 30000);
     h_cluster_stop(&c, false);
 }
 
@@ -207,10 +207,10 @@ static void test_decode_node_joins(void **state)
     h_start_router(&c, NULL);
     h_start_node(&c, "decode", "decode-a", NULL);
     h_start_node(&c, "prefill", "prefill-0", NULL);
-    h_wait_nodes(&c, 2, 30000);
+    h_wait_nodes(&c, 2, 120000);
     h_generate_many(&c, reqs, 4, NULL, 60000);
     h_start_node(&c, "decode", "decode-b", NULL);
-    h_wait_nodes(&c, 3, 30000);
+    h_wait_nodes(&c, 3, 120000);
     for (int i = 0; i < 4; i++)
         h_gen_free(&reqs[i]);
     h_generate_many(&c, reqs, 8, NULL, 120000);
@@ -228,7 +228,7 @@ static void test_decode_node_joins(void **state)
     if (!b_worked)
         h_cluster_stop(&c, true);
     assert_true(b_worked);
-    h_wait_no_blocks_used(&c, 5000);
+    h_wait_no_blocks_used(&c, 30000);
     h_cluster_stop(&c, false);
 }
 
@@ -240,7 +240,7 @@ static void test_invalid_requests(void **state)
     h_start_router(&c, NULL);
     h_start_node(&c, "decode", "decode-0", NULL);
     h_start_node(&c, "prefill", "prefill-0", NULL);
-    h_wait_nodes(&c, 2, 30000);
+    h_wait_nodes(&c, 2, 120000);
     h_gen_t bad[5];
     memset(bad, 0, sizeof(bad));
     bad[0].text = ""; /* empty prompt */
@@ -280,7 +280,7 @@ static void test_invalid_requests(void **state)
     assert_int_equal(good.finish, 2);
     assert_int_equal(good.n_out, 8);
     h_gen_free(&good);
-    h_wait_no_blocks_used(&c, 5000);
+    h_wait_no_blocks_used(&c, 30000);
     h_cluster_stop(&c, false);
 }
 

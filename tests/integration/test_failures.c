@@ -108,7 +108,7 @@ static void run_with_kills(int n_prefill, int n_decode, kill_plan_t *plan)
         snprintf(name, sizeof(name), "prefill-%d", i);
         h_start_node(&c, "prefill", name, NULL);
     }
-    h_wait_nodes(&c, n_prefill + n_decode, 30000);
+    h_wait_nodes(&c, n_prefill + n_decode, 120000);
     h_generate_many_ex(&c, reqs, N_REQ, NULL, 300000, on_progress, plan);
     check_outputs(&c);
     for (int k = 0; k < 2; k++)
@@ -198,7 +198,7 @@ static void run_drain(const char *victim)
     h_start_node(&c, "decode", "decode-1", NULL);
     h_start_node(&c, "prefill", "prefill-0", NULL);
     h_start_node(&c, "prefill", "prefill-1", NULL);
-    h_wait_nodes(&c, 4, 30000);
+    h_wait_nodes(&c, 4, 120000);
     drain_plan_t plan = {.victim = victim, .at_tokens = 10};
     h_generate_many_ex(&c, reqs, N_REQ, NULL, 300000, on_drain_progress, &plan);
     assert_true(plan.done);
@@ -240,7 +240,7 @@ static void test_thousand_cancels(void **state)
     h_start_node(&c, "decode", "decode-0", NULL);
     h_start_node(&c, "decode", "decode-1", NULL);
     h_start_node(&c, "prefill", "prefill-0", NULL);
-    h_wait_nodes(&c, 3, 30000);
+    h_wait_nodes(&c, 3, 120000);
     kvf_client_t *client;
     assert_int_equal(kvf_client_create(c.client_url, &client), KVF_OK);
     enum { TOTAL = 1000, WAVE = 50 };
