@@ -231,7 +231,7 @@ static kvf_status_t project(const kvf_engine_t *e, float *y, const float *x, int
 {
     const kvf_backend_ops_t *ops = e->be->ops;
     if (ops->matmul_bound)
-        return ops->matmul_bound(e->be->ctx, y, x, widx, bias, m, acc);
+        return ops->matmul_bound(e->be->ctx, y, x, widx, bias, m, n, k, acc);
     return ops->matmul(e->be->ctx, y, x, w, bias, m, n, k, acc);
 }
 

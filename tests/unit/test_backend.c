@@ -14,6 +14,7 @@
 #include "kvf/kvcache.h"
 #include "support.h"
 
+#include <fenv.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -524,6 +525,26 @@ static void test_isa_selection(void **state)
     kvf_backend_destroy(&be);
 }
 
+/* The numerics assume round-to-nearest and no flush of subnormals: a
+ * process that changed either is refused, not silently different. */
+static void test_fp_environment(void **state)
+{
+    (void)state;
+    kvf_backend_t be;
+    assert_int_equal(fesetround(FE_UPWARD), 0);
+    assert_int_equal(kvf_backend_cpu_create(1, &be), KVF_ERR_UNSUPPORTED);
+    assert_int_equal(fesetround(FE_TONEAREST), 0);
+#if defined(__x86_64__) && defined(__GNUC__)
+    unsigned csr = __builtin_ia32_stmxcsr();
+    __builtin_ia32_ldmxcsr(csr | (1u << 15)); /* flush to zero */
+    kvf_status_t st = kvf_backend_cpu_create(1, &be);
+    __builtin_ia32_ldmxcsr(csr);
+    assert_int_equal(st, KVF_ERR_UNSUPPORTED);
+#endif
+    assert_int_equal(kvf_backend_cpu_create(1, &be), KVF_OK);
+    kvf_backend_destroy(&be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -534,6 +555,7 @@ int main(void)
         cmocka_unit_test(test_rowwise_invariance),
         cmocka_unit_test(test_attention_invariance),
         cmocka_unit_test(test_isa_selection),
+        cmocka_unit_test(test_fp_environment),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

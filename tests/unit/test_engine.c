@@ -676,6 +676,47 @@ static void test_recorded_bits(void **state)
     cJSON_Delete(rec);
 }
 
+/* A backend serves one model: a second engine on it with another model
+ * is refused (its panels would change under the first engine), one with
+ * the same model shares them; after the projections are dropped the
+ * engines still compute, and a fresh backend cannot bind the model. */
+static void test_one_model_per_backend(void **state)
+{
+    (void)state;
+    kvf_model_t *a = random_model(4, 2, false, 31), *b = random_model(4, 2, false, 32);
+    const int V = a->cfg.vocab;
+    rig_t r;
+    rig_open(&r, a, 16, 64);
+    kvf_engine_t *e2 = NULL;
+    assert_int_equal(kvf_engine_create(b, &r.be, r.pool, &e2), KVF_ERR_MISMATCH);
+    assert_int_equal(kvf_engine_create(a, &r.be, r.pool, &e2), KVF_OK);
+    uint32_t ids[9];
+    kvf_test_random_ids(ids, 9, V, 2);
+    float *l1 = malloc((size_t)V * sizeof(float)), *l2 = malloc((size_t)V * sizeof(float));
+    kvf_block_table_t bt;
+    kvf_block_table_init(&bt);
+    run_chunked(&r, &bt, ids, 9, 9, NULL, l1);
+    kvf_block_table_release(&bt, r.pool);
+    kvf_model_drop_matrices(a);
+    kvf_engine_t *first = r.engine;
+    r.engine = e2;
+    run_chunked(&r, &bt, ids, 9, 4, NULL, l2);
+    kvf_block_table_release(&bt, r.pool);
+    kvf_block_table_fini(&bt);
+    kvf_test_assert_bits(l2, l1, (size_t)V, "second engine after the drop");
+    kvf_backend_t be2;
+    kvf_test_cpu_backend(&be2, 1, KVF_CPU_ISA_SCALAR, KVF_CPU_WEIGHTS_NATIVE);
+    kvf_engine_t *e3 = NULL;
+    assert_int_not_equal(kvf_engine_create(a, &be2, r.pool, &e3), KVF_OK);
+    kvf_backend_destroy(&be2);
+    kvf_engine_destroy(first);
+    rig_close(&r);
+    free(l1);
+    free(l2);
+    kvf_model_destroy(a);
+    kvf_model_destroy(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -687,6 +728,7 @@ int main(void)
         cmocka_unit_test(test_mixed_batch),
         cmocka_unit_test(test_isas_threads_chunks),
         cmocka_unit_test(test_recorded_bits),
+        cmocka_unit_test(test_one_model_per_backend),
         cmocka_unit_test(test_hook_and_validation),
         cmocka_unit_test(test_generate_cli),
         cmocka_unit_test(test_bench_smoke),

@@ -10,6 +10,7 @@
 
 #include "cpu_kernels.h"
 
+#include <fenv.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,7 +115,10 @@ static kvf_status_t cpu_matmul(void *ctx, float *y, const float *x, const float 
     cpu_ctx_t *cx = ctx;
     if (m <= 0 || n <= 0 || k <= 0)
         return m == 0 ? KVF_OK : KVF_ERR_INVAL;
-    const kvf_cpu_packed_t *pw = find_packed(cx, w, n, k);
+    /* Once the bound model's f32 projections are freed their addresses
+     * may be reused: no lookup by pointer then. */
+    const kvf_cpu_packed_t *pw =
+        cx->model && !cx->model->matrices_dropped ? find_packed(cx, w, n, k) : NULL;
     if (!pw) {
         /* Not a bound weight (a test's or a tool's matrix): the same
          * kernels over a per-call f32 pack. */
@@ -128,10 +132,11 @@ static kvf_status_t cpu_matmul(void *ctx, float *y, const float *x, const float 
 }
 
 static kvf_status_t cpu_matmul_bound(void *ctx, float *y, const float *x, int weight,
-                                     const float *bias, int m, int accumulate)
+                                     const float *bias, int m, int n, int k, int accumulate)
 {
     cpu_ctx_t *cx = ctx;
-    if (weight < 0 || weight >= cx->n_packed || m < 0)
+    if (weight < 0 || weight >= cx->n_packed || m < 0 || cx->packed[weight].packed.n != n ||
+        cx->packed[weight].packed.k != k)
         return KVF_ERR_INVAL;
     if (m == 0)
         return KVF_OK;
@@ -160,12 +165,16 @@ typedef struct {
     kvf_status_t *st; /* (tasks) */
 } pack_job_t;
 
+/* Packs one matrix in j->dtype, or in f32 when its values are not all
+ * exact in that type (a matrix kept at higher precision in the files). */
 static void pack_task(void *arg, int task, int thread)
 {
     (void)thread;
     pack_job_t *j = arg;
-    j->st[task] = kvf_cpu_pack(&j->cx->packed[task].packed, j->w[task], j->n[task], j->k[task],
-                               j->dtype);
+    kvf_cpu_packed_t *p = &j->cx->packed[task].packed;
+    j->st[task] = kvf_cpu_pack(p, j->w[task], j->n[task], j->k[task], j->dtype);
+    if (j->st[task] == KVF_ERR_INVAL && j->dtype != KVF_DTYPE_F32)
+        j->st[task] = kvf_cpu_pack(p, j->w[task], j->n[task], j->k[task], KVF_DTYPE_F32);
     j->cx->packed[task].w = j->w[task];
 }
 
@@ -186,15 +195,21 @@ static kvf_status_t pack_all(cpu_ctx_t *cx, const float **w, const int *n, const
     kvf_status_t worst = KVF_OK;
     for (int i = 0; i < count; i++)
         if (st[i] != KVF_OK)
-            worst = worst == KVF_OK || worst == KVF_ERR_INVAL ? st[i] : worst;
+            worst = st[i];
     free(st);
     if (worst != KVF_OK) {
         unbind(cx);
         return worst;
     }
-    cx->wdtype = dtype;
-    for (int i = 0; i < count; i++)
+    int widened = 0;
+    for (int i = 0; i < count; i++) {
         cx->weight_bytes += kvf_cpu_packed_bytes(&cx->packed[i].packed);
+        widened += cx->packed[i].packed.dtype != dtype;
+    }
+    if (widened)
+        kvf_log_warn("cpu backend: %d of %d matrices are not exact in %s; those are held in f32",
+                     widened, count, kvf_dtype_name(dtype));
+    cx->wdtype = widened == count ? KVF_DTYPE_F32 : dtype;
     return KVF_OK;
 }
 
@@ -203,7 +218,13 @@ static kvf_status_t cpu_bind_model(void *ctx, const kvf_model_t *model)
     cpu_ctx_t *cx = ctx;
     if (cx->model == model)
         return KVF_OK;
-    unbind(cx);
+    if (cx->model) {
+        /* Engines on this backend project through the bound model's
+         * panels by index: another model would change them under them. */
+        kvf_log_error("cpu backend: already bound to model %s; one backend serves one model",
+                      kvf_model_fingerprint(cx->model));
+        return KVF_ERR_MISMATCH;
+    }
     if (model->matrices_dropped || !model->lm_head) {
         kvf_log_error("cpu backend: the model's host weights were dropped");
         return KVF_ERR_INVAL;
@@ -235,11 +256,6 @@ static kvf_status_t cpu_bind_model(void *ctx, const kvf_model_t *model)
         (model->matrix_dtype == KVF_DTYPE_BF16 || model->matrix_dtype == KVF_DTYPE_F16))
         dtype = model->matrix_dtype;
     st = pack_all(cx, w, n, k, count, dtype);
-    if (st == KVF_ERR_INVAL && dtype != KVF_DTYPE_F32) {
-        kvf_log_warn("cpu backend: the weights are not all exact in %s; holding them in f32",
-                     kvf_dtype_name(dtype));
-        st = pack_all(cx, w, n, k, count, KVF_DTYPE_F32);
-    }
     if (st != KVF_OK) {
         kvf_log_error("cpu backend: repacking the weights: %s", kvf_status_str(st));
         goto fail_lists;
@@ -531,10 +547,39 @@ kvf_status_t kvf_cpu_weights_parse(const char *name, kvf_cpu_weights_t *w_p)
     return KVF_ERR_INVAL;
 }
 
+/* The canonical numerics assume IEEE defaults: round to nearest even, no
+ * flush of subnormals to zero (a library built with -ffast-math can turn
+ * that on for the process). */
+static kvf_status_t check_fp_environment(void)
+{
+    if (fegetround() != FE_TONEAREST) {
+        kvf_log_error("cpu backend: the floating-point rounding mode is not round-to-nearest");
+        return KVF_ERR_UNSUPPORTED;
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+    unsigned csr = __builtin_ia32_stmxcsr();
+    if (csr & ((1u << 15) | (1u << 6))) {
+        kvf_log_error("cpu backend: flush-to-zero or denormals-are-zero is on (MXCSR %#x)", csr);
+        return KVF_ERR_UNSUPPORTED;
+    }
+#elif defined(__aarch64__)
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    if (fpcr & (1u << 24)) {
+        kvf_log_error("cpu backend: flush-to-zero is on (FPCR %#llx)", (unsigned long long)fpcr);
+        return KVF_ERR_UNSUPPORTED;
+    }
+#endif
+    return KVF_OK;
+}
+
 kvf_status_t kvf_backend_cpu_create_cfg(const kvf_cpu_config_t *cfg, kvf_backend_t *be_p)
 {
     kvf_cpu_isa_t isa;
-    kvf_status_t st = kvf_cpu_isa_resolve(cfg->isa, &isa);
+    kvf_status_t st = check_fp_environment();
+    if (st != KVF_OK)
+        return st;
+    st = kvf_cpu_isa_resolve(cfg->isa, &isa);
     if (st != KVF_OK)
         return st;
     cpu_ctx_t *cx = calloc(1, sizeof(*cx));

@@ -38,7 +38,7 @@ bool kvf_cpu_isa_supported(kvf_cpu_isa_t isa)
 {
     switch (isa) {
     case KVF_CPU_ISA_SCALAR: return true;
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(KVF_CPU_X86_KERNELS)
     case KVF_CPU_ISA_AVX2:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&

@@ -32,6 +32,13 @@
 #include "kvf/backend.h"
 #include "kvf/dtype.h"
 
+/* Whether this compiler builds the x86 SIMD kernels: GCC's target
+ * pragmas compile them for AVX2/AVX-512 whatever the build's -march
+ * (clang ignores those pragmas: its builds run the portable kernels). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVF_CPU_X86_KERNELS 1
+#endif
+
 /* Output rows (columns of y) per weight panel. */
 #define KVF_CPU_PANEL 32
 /* Keys per online-softmax step, at absolute positions 16c..16c+15. */

@@ -5,7 +5,7 @@
 #include "cpu_canon.h"
 #include "cpu_kernels.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(KVF_CPU_X86_KERNELS)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
@@ -133,7 +133,7 @@ const kvf_cpu_kernels_t kvf_cpu_kernels_avx2 = {
 };
 #pragma GCC pop_options
 #else
-/* Not an x86-64 GCC/Clang build: never chosen (kvf_cpu_isa_supported). */
+/* No x86 SIMD kernels in this build: never chosen (kvf_cpu_isa_supported). */
 const kvf_cpu_kernels_t kvf_cpu_kernels_avx2 = {
     .isa = KVF_CPU_ISA_SCALAR,
     .gemm = NULL,

@@ -4,7 +4,7 @@
 #include "cpu_canon.h"
 #include "cpu_kernels.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(KVF_CPU_X86_KERNELS)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma,f16c")
 #include <immintrin.h>
@@ -126,7 +126,7 @@ const kvf_cpu_kernels_t kvf_cpu_kernels_avx512 = {
 };
 #pragma GCC pop_options
 #else
-/* Not an x86-64 GCC/Clang build: never chosen (kvf_cpu_isa_supported). */
+/* No x86 SIMD kernels in this build: never chosen (kvf_cpu_isa_supported). */
 const kvf_cpu_kernels_t kvf_cpu_kernels_avx512 = {
     .isa = KVF_CPU_ISA_SCALAR,
     .gemm = NULL,

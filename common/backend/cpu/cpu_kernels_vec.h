@@ -23,6 +23,15 @@
 #define INLINE static inline __attribute__((always_inline))
 #define PV (KVF_CPU_PANEL / VL)
 
+/* The gemm scratch holds two widened panels; the register arrays hold the
+ * largest tiles the instruction set asks for. */
+_Static_assert(BIG_P <= 2, "KVF_CPU_GEMM_SCRATCH_FLOATS holds two panels");
+_Static_assert(BIG_MR * BIG_P * BIG_NV <= TILE_ACC_MAX, "big tile accumulators");
+_Static_assert(BIG_P * BIG_NV <= TILE_W_MAX, "big tile weight vectors");
+_Static_assert(SMALL_M * SMALL_P(SMALL_M) * PV <= TILE_ACC_MAX, "small tile accumulators");
+_Static_assert(SMALL_P(1) * PV <= TILE_W_MAX, "small tile weight vectors");
+_Static_assert(PV % BIG_NV == 0, "half panels");
+
 /* ---- exp and swiglu (cpu_canon.h, lane by lane) ---------------------- */
 
 INLINE vf v_exp(vf x)

@@ -93,18 +93,20 @@ typedef struct kvf_backend_ops {
     kvf_status_t (*forward)(void *ctx, kvf_kvpool_t *pool, const struct kvf_engine_seq *seqs,
                             int n_seqs, const struct kvf_engine_hooks *hooks);
 
-    /* (optional) Called once by kvf_engine_create() with the model the
-     * engine computes: a backend that keeps weights in its own layout
-     * (the CPU backend's panels) prepares them here. The model must
-     * outlive the backend. */
+    /* (optional) Called by kvf_engine_create() with the model the engine
+     * computes: a backend that keeps weights in its own layout (the CPU
+     * backend's panels) prepares them here. A backend serves one model:
+     * binding another is KVF_ERR_MISMATCH. The model must outlive the
+     * backend. */
     kvf_status_t (*bind_model)(void *ctx, const struct kvf_model *model);
 
     /* (optional) matmul() against weight `weight` of the bound model
      * (KVF_WEIGHT_INDEX), in the backend's own copy: y(m, n) = x · wᵀ
-     * [+ bias] [+ y], n and k the weight's. The engine uses it when set, so
-     * the model's f32 projections may be dropped. */
+     * [+ bias] [+ y]; KVF_ERR_INVAL unless n and k are the weight's. The
+     * engine uses it when set, so the model's f32 projections may be
+     * dropped. */
     kvf_status_t (*matmul_bound)(void *ctx, float *y, const float *x, int weight,
-                                 const float *bias, int m, int accumulate);
+                                 const float *bias, int m, int n, int k, int accumulate);
 
     /* (optional, NULL when ops complete on return) waits for queued ops. */
     kvf_status_t (*synchronize)(void *ctx);
@@ -170,7 +172,9 @@ kvf_cpu_config_t kvf_cpu_config_default(void);
  * pool of cfg->n_threads. Results do not depend on the instruction set,
  * the thread count or how tokens are batched. A model's matrices are
  * repacked into the kernels' layout when an engine binds it (bind_model).
- * Errors (an ISA the CPU lacks, no memory) are logged. On success
+ * One thread at a time may call its ops. Errors (an ISA the CPU lacks, a
+ * rounding mode other than to-nearest, flush-to-zero on, no memory) are
+ * logged. On success
  * be_p->ctx is owned by the backend: kvf_backend_destroy(). */
 kvf_status_t kvf_backend_cpu_create_cfg(const kvf_cpu_config_t *cfg, kvf_backend_t *be_p);
 
