@@ -21,7 +21,7 @@ target_link_libraries(kvf_compute PUBLIC ${KVF_CJSON_LIB} Threads::Threads m)
 
 enable_testing()
 set(KVF_TEST_DATA ${CMAKE_SOURCE_DIR}/tests/data)
-foreach(module backend engine detmath)
+foreach(module threadpool backend engine detmath)
   set(name test_${module})
   add_executable(${name} ${CMAKE_SOURCE_DIR}/tests/unit/${name}.c
                          ${CMAKE_SOURCE_DIR}/tests/unit/support.c)

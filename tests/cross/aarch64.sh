@@ -17,12 +17,18 @@ done
 cmake -S "$root" -B "$build" -DKVF_COMPUTE_ONLY=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_TOOLCHAIN_FILE="$root/cmake/aarch64-linux-gnu.cmake"
 cmake --build "$build" -j "$jobs"
-# ctest runs each test binary through qemu-aarch64; the target's loader and
-# libraries are the :arm64 multiarch packages.
-export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
+# The target's loader and libraries are the :arm64 multiarch packages
+# (libc6:arm64 comes with libcjson1:arm64), in the host's /lib and
+# /usr/lib/aarch64-linux-gnu. (Not QEMU_LD_PREFIX=/usr/aarch64-linux-gnu:
+# that mixes the cross toolchain's libc with the multiarch libraries, and
+# threads then hang.)
+if [[ ! -e /lib/ld-linux-aarch64.so.1 ]]; then
+    echo "aarch64.sh: no /lib/ld-linux-aarch64.so.1 (libc6:arm64; deploy/install-deps.sh installs it)" >&2
+    exit 1
+fi
 export LD_LIBRARY_PATH=/usr/lib/aarch64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 status=0
-for t in test_backend test_detmath test_engine; do
+for t in test_threadpool test_backend test_detmath test_engine; do
     echo "==> qemu-aarch64 $t"
     timeout 1800 qemu-aarch64 "$build/bin/$t" || status=1
 done
