@@ -14,12 +14,24 @@ packages=(
     libpcre2-dev
     libmicrohttpd-dev
     curl iproute2 procps python3 python3-yaml gnuplot-nox
+    # the AArch64 build of the numerics tests (tests/cross/aarch64.sh): the
+    # cross compiler, qemu's user-mode emulator and the target's cJSON and
+    # cmocka as :arm64 multiarch packages
+    gcc-aarch64-linux-gnu qemu-user libcjson-dev:arm64 libcmocka-dev:arm64
 )
 
+# A package is present when installed for its architecture: the one it
+# names (libcjson-dev:arm64), else the machine's own (or "all"). With the
+# arm64 instances installed, a plain name matches both.
+native=$(dpkg --print-architecture)
 missing=()
 for p in "${packages[@]}"; do
-    status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-    [[ "$status" == "install ok installed" ]] || missing+=("$p")
+    want=$native
+    [[ $p == *:* ]] && want=${p##*:}
+    if ! dpkg-query -W -f='${Status} ${Architecture}\n' "${p%%:*}" 2>/dev/null |
+        grep -Eqx "install ok installed ($want|all)"; then
+        missing+=("$p")
+    fi
 done
 
 if ((${#missing[@]} == 0)); then
@@ -33,5 +45,8 @@ if [[ $(id -u) -ne 0 ]]; then
     sudo_cmd=(sudo)
 fi
 export DEBIAN_FRONTEND=noninteractive
+if [[ " ${missing[*]}" == *":arm64"* ]] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    "${sudo_cmd[@]}" dpkg --add-architecture arm64
+fi
 "${sudo_cmd[@]}" apt-get update -q
 "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"

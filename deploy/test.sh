@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds kvferry and runs every test; builds the
 # Release configuration too (-O3 finds warnings, all errors here, that -O2
-# does not; built only, not tested again); then builds it again with
+# does not; built only, not tested again); cross-builds the engine's
+# numerics tests for AArch64 and runs them under qemu; then builds it again with
 # AddressSanitizer + UndefinedBehaviorSanitizer and runs the unit tests
 # there. Exits non-zero on any failure. CI runs exactly this.
 #
@@ -30,6 +31,12 @@ cmake --build build-rel -j "$jobs"
 
 step "tests (build/)"
 ctest --test-dir build --output-on-failure --timeout 900
+
+# The numerics on another architecture: the engine's tests cross-built for
+# AArch64 and run under qemu (NEON = scalar bit for bit, golden data, the
+# logit bits recorded on x86).
+step "numerics tests on AArch64 (cross-built, qemu-aarch64; build-aarch64/)"
+tests/cross/aarch64.sh "$root/build-aarch64"
 
 if [[ "${KVF_TEST_SKIP_ASAN:-0}" != 1 ]]; then
     # CUDA code is compiled and checked by the first build; the sanitizers
