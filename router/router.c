@@ -579,8 +579,12 @@ static bool hold_tokens(req_t *q, uint32_t first, const uint32_t *tokens, size_t
         q->held = h;
         q->cap_held = cap;
     }
-    memcpy(q->held + q->n_held, tokens + skip, add * sizeof(*tokens));
-    q->n_held += (uint32_t)add;
+    /* A chunk of no new tokens (a finish alone, or a resend) may come
+     * before anything is held: q->held and tokens may then be NULL. */
+    if (add) {
+        memcpy(q->held + q->n_held, tokens + skip, add * sizeof(*tokens));
+        q->n_held += (uint32_t)add;
+    }
     if (finish != KVF__FINISH_REASON__FINISH_NONE)
         q->held_finish = finish;
     return true;
