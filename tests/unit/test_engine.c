@@ -88,7 +88,9 @@ static void run_chunked(rig_t *r, kvf_block_table_t *bt, const uint32_t *ids, in
 
 /* ---- golden --------------------------------------------------------- */
 
-static void check_golden(const char *name, kvf_cpu_isa_t isa)
+/* Checks name's golden outputs on isa; returns a hash of every logit bit
+ * it computed (each prompt's positions, then each greedy step's). */
+static uint64_t check_golden(const char *name, kvf_cpu_isa_t isa)
 {
     cJSON *root = kvf_test_load_expected(KVF_TEST_DATA);
     const cJSON *mj = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"), name);
@@ -97,6 +99,7 @@ static void check_golden(const char *name, kvf_cpu_isa_t isa)
     rig_t r;
     rig_open_isa(&r, model, 16, 64, isa, 2, KVF_CPU_WEIGHTS_NATIVE);
     const int V = model->cfg.vocab;
+    uint64_t h = 0xcbf29ce484222325ull;
     const cJSON *pj;
     int n_prompts = 0;
     cJSON_ArrayForEach(pj, cJSON_GetObjectItem(mj, "prompts"))
@@ -108,6 +111,7 @@ static void check_golden(const char *name, kvf_cpu_isa_t isa)
         kvf_block_table_t bt;
         kvf_block_table_init(&bt);
         run_chunked(&r, &bt, ids, n, n, all, last);
+        h = kvf_fnv64(h, all, (size_t)n * V * sizeof(float));
         /* last_logits within 1e-4 */
         const cJSON *ll = cJSON_GetObjectItem(pj, "last_logits");
         assert_int_equal(cJSON_GetArraySize(ll), V);
@@ -139,6 +143,7 @@ static void check_golden(const char *name, kvf_cpu_isa_t isa)
                                   .n_blocks = bt.n_blocks,
                                   .logits = last};
             assert_int_equal(kvf_engine_forward(r.engine, &q, 1, NULL), KVF_OK);
+            h = kvf_fnv64(h, last, (size_t)V * sizeof(float));
             tok = kvf_sample_argmax(last, V);
         }
         kvf_block_table_release(&bt, r.pool);
@@ -154,6 +159,7 @@ static void check_golden(const char *name, kvf_cpu_isa_t isa)
     rig_close(&r);
     kvf_model_destroy(model);
     cJSON_Delete(root);
+    return h;
 }
 
 /* Golden outputs on every instruction set this machine runs. */
@@ -595,52 +601,12 @@ static void test_bench_smoke(void **state)
 
 /* ---- the bits themselves -------------------------------------------- */
 
-/* A hash of every logit bit of both golden models' prompts (all positions,
- * then 8 greedy steps each) on every ISA this machine runs, against the
- * value recorded in tests/data/numerics_bits.json on another machine: the
- * numerics do not depend on the CPU the tests run on. A deliberate change
- * of the numerics records new values: KVF_RECORD_BITS=1 prints them. */
-static uint64_t golden_bits_hash(const char *name, kvf_cpu_isa_t isa)
-{
-    cJSON *root = kvf_test_load_expected(KVF_TEST_DATA);
-    const cJSON *mj = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"), name);
-    assert_non_null(mj);
-    kvf_model_t *model = kvf_test_load_golden(KVF_TEST_DATA, name);
-    rig_t r;
-    rig_open_isa(&r, model, 16, 64, isa, 2, KVF_CPU_WEIGHTS_NATIVE);
-    const int V = model->cfg.vocab;
-    uint64_t h = 0xcbf29ce484222325ull;
-    const cJSON *pj;
-    cJSON_ArrayForEach(pj, cJSON_GetObjectItem(mj, "prompts"))
-    {
-        int n;
-        uint32_t *ids = kvf_test_json_ids(cJSON_GetObjectItem(pj, "ids"), &n);
-        float *all = malloc((size_t)n * V * sizeof(float)), *last = malloc((size_t)V * 4);
-        kvf_block_table_t bt;
-        kvf_block_table_init(&bt);
-        run_chunked(&r, &bt, ids, n, n, all, last);
-        h = kvf_fnv64(h, all, (size_t)n * V * sizeof(float));
-        for (int s = 0; s < 8; s++) {
-            uint32_t tok = kvf_sample_argmax(last, V), pos = (uint32_t)(n + s);
-            assert_int_equal(kvf_block_table_reserve(&bt, r.pool, pos + 1), KVF_OK);
-            kvf_engine_seq_t q = {.tokens = &tok, .n_tokens = 1, .start_pos = pos,
-                                  .block_ids = bt.blocks, .n_blocks = bt.n_blocks,
-                                  .logits = last};
-            assert_int_equal(kvf_engine_forward(r.engine, &q, 1, NULL), KVF_OK);
-            h = kvf_fnv64(h, last, (size_t)V * sizeof(float));
-        }
-        kvf_block_table_release(&bt, r.pool);
-        kvf_block_table_fini(&bt);
-        free(all);
-        free(last);
-        free(ids);
-    }
-    rig_close(&r);
-    kvf_model_destroy(model);
-    cJSON_Delete(root);
-    return h;
-}
-
+/* The hash of every logit bit of both golden models' prompts (all
+ * positions, then the greedy steps) on every ISA this machine runs,
+ * against the value recorded in tests/data/numerics_bits.json on another
+ * machine: the numerics do not depend on the CPU the tests run on. A
+ * deliberate change of the numerics records new values: KVF_RECORD_BITS=1
+ * prints them. */
 static void test_recorded_bits(void **state)
 {
     (void)state;
@@ -664,7 +630,7 @@ static void test_recorded_bits(void **state)
         for (int i = 0; i < n_isa; i++) {
             char got[32];
             snprintf(got, sizeof(got), "%016llx",
-                     (unsigned long long)golden_bits_hash(names[m], isas[i]));
+                     (unsigned long long)check_golden(names[m], isas[i]));
             if (record)
                 printf("\"%s\": \"%s\" (%s)\n", names[m], got, kvf_cpu_isa_name(isas[i]));
             else if (strcmp(got, want->valuestring) != 0)
