@@ -1,5 +1,5 @@
 /* kvf bench engine: the CPU engine against ceilings measured in the same
- * run (DESIGN.md, "Measuring performance").
+ * run (docs/DESIGN.md, "Measuring performance").
  *
  *  - Memory read bandwidth: every thread streams its share of a buffer with
  *    512-bit loads (AVX-512 CPUs; 256-bit otherwise), best of several

@@ -1,5 +1,5 @@
 /* kvf bench engine --backend cuda: the CUDA engine against ceilings measured
- * on the same GPU in the same run (DESIGN.md, "Measuring performance").
+ * on the same GPU in the same run (docs/DESIGN.md, "Measuring performance").
  *
  *  - HBM bandwidth: device-to-device copies of a 2 GiB buffer and of one the
  *    size of the weights on the device, counted as bytes read + written

@@ -1,7 +1,7 @@
 /* kvf bench transfer: ships batches of KV slices between two processes with
  * the transfer API and compares the bandwidth with ucx_perftest's
  * ucp_put_bw at the same slice size and transport, measured in the same run
- * (DESIGN.md, "Measuring performance").
+ * (docs/DESIGN.md, "Measuring performance").
  *
  * Method. This process is the sender; it re-executes itself with --serve as
  * the receiver. A batch is `batch` puts of `slice` bytes, then the flush and

@@ -1,4 +1,4 @@
-/* kvf-prefill: a prefill node of a kvferry cluster (DESIGN.md, proto/PROTOCOL.md).
+/* kvf-prefill: a prefill node of a kvferry cluster (docs/DESIGN.md, proto/PROTOCOL.md).
  *
  * One event loop owns everything: the node runtime (inbox, registration,
  * heartbeats), the request table, the local KV pool and its allocator, the

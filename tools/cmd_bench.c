@@ -1,5 +1,5 @@
 /* kvf bench: benchmarks, each measuring its own ceiling in the same run
- * (DESIGN.md, "Measuring performance"). The code of each lives in bench/;
+ * (docs/DESIGN.md, "Measuring performance"). The code of each lives in bench/;
  * this file only dispatches `kvf bench NAME` to it. */
 #include "bench_engine.h"
 #include "bench_serve.h"

@@ -1,5 +1,5 @@
 /* Compute backends behind one ops table (a table of function pointers plus
- * a context, as in STYLE.md). The engine (kvf/engine.h) drives a backend
+ * a context, as in docs/STYLE.md). The engine (kvf/engine.h) drives a backend
  * through these ops only; the CPU backend is the reference every other
  * backend is checked against.
  *
