@@ -21,12 +21,6 @@ _Static_assert(sizeof(float *) <= 2 * sizeof(float), "pointer wider than two flo
 /* Query tokens per attention work item. */
 #define ATTN_TILE_TOKENS 16
 
-/* One matrix of the bound model, repacked. */
-typedef struct {
-    const float *w; /* the model's row-major copy this stands for */
-    kvf_cpu_packed_t packed;
-} packed_entry_t;
-
 typedef struct {
     kvf_threadpool_t *pool;
     int n_threads;
@@ -41,7 +35,7 @@ typedef struct {
     int cap_tiles;
     /* the bound model's matrices */
     const kvf_model_t *model;
-    packed_entry_t *packed;
+    kvf_cpu_packed_t *packed; /* (n_packed) by KVF_WEIGHT_INDEX */
     int n_packed;
     kvf_dtype_t wdtype;
     size_t weight_bytes;
@@ -65,16 +59,6 @@ static void matmul_task(void *arg, int task, int thread)
     int p1 = p0 + j->panels_per_task > j->g.w->n_panels ? j->g.w->n_panels
                                                         : p0 + j->panels_per_task;
     j->k->gemm(&j->g, p0, p1, j->scratch[thread]);
-}
-
-static const kvf_cpu_packed_t *find_packed(const cpu_ctx_t *cx, const float *w, int n, int k)
-{
-    for (int i = 0; i < cx->n_packed; i++) {
-        const packed_entry_t *e = &cx->packed[i];
-        if (e->w == w && e->packed.n == n && e->packed.k == k)
-            return &e->packed;
-    }
-    return NULL;
 }
 
 static kvf_status_t run_matmul(cpu_ctx_t *cx, float *y, const float *x,
@@ -115,19 +99,13 @@ static kvf_status_t cpu_matmul(void *ctx, float *y, const float *x, const float 
     cpu_ctx_t *cx = ctx;
     if (m <= 0 || n <= 0 || k <= 0)
         return m == 0 ? KVF_OK : KVF_ERR_INVAL;
-    /* Once the bound model's f32 projections are freed their addresses
-     * may be reused: no lookup by pointer then. */
-    const kvf_cpu_packed_t *pw =
-        cx->model && !cx->model->matrices_dropped ? find_packed(cx, w, n, k) : NULL;
-    if (!pw) {
-        /* Not a bound weight (a test's or a tool's matrix): the same
-         * kernels over a per-call f32 pack. */
-        kvf_cpu_packed_free(&cx->adhoc);
-        kvf_status_t st = kvf_cpu_pack(&cx->adhoc, w, n, k, KVF_DTYPE_F32);
-        if (st != KVF_OK)
-            return st;
-        pw = &cx->adhoc;
-    }
+    /* A matrix given by pointer (a test's or a tool's; the engine projects
+     * through matmul_bound): the same kernels over a per-call f32 pack. */
+    kvf_cpu_packed_free(&cx->adhoc);
+    kvf_status_t st = kvf_cpu_pack(&cx->adhoc, w, n, k, KVF_DTYPE_F32);
+    if (st != KVF_OK)
+        return st;
+    const kvf_cpu_packed_t *pw = &cx->adhoc;
     return run_matmul(cx, y, x, pw, bias, m, accumulate);
 }
 
@@ -135,12 +113,12 @@ static kvf_status_t cpu_matmul_bound(void *ctx, float *y, const float *x, int we
                                      const float *bias, int m, int n, int k, int accumulate)
 {
     cpu_ctx_t *cx = ctx;
-    if (weight < 0 || weight >= cx->n_packed || m < 0 || cx->packed[weight].packed.n != n ||
-        cx->packed[weight].packed.k != k)
+    if (weight < 0 || weight >= cx->n_packed || m < 0 || cx->packed[weight].n != n ||
+        cx->packed[weight].k != k)
         return KVF_ERR_INVAL;
     if (m == 0)
         return KVF_OK;
-    return run_matmul(cx, y, x, &cx->packed[weight].packed, bias, m, accumulate);
+    return run_matmul(cx, y, x, &cx->packed[weight], bias, m, accumulate);
 }
 
 /* ---- binding a model ------------------------------------------------ */
@@ -148,7 +126,7 @@ static kvf_status_t cpu_matmul_bound(void *ctx, float *y, const float *x, int we
 static void unbind(cpu_ctx_t *cx)
 {
     for (int i = 0; i < cx->n_packed; i++)
-        kvf_cpu_packed_free(&cx->packed[i].packed);
+        kvf_cpu_packed_free(&cx->packed[i]);
     free(cx->packed);
     cx->packed = NULL;
     cx->n_packed = 0;
@@ -171,11 +149,10 @@ static void pack_task(void *arg, int task, int thread)
 {
     (void)thread;
     pack_job_t *j = arg;
-    kvf_cpu_packed_t *p = &j->cx->packed[task].packed;
+    kvf_cpu_packed_t *p = &j->cx->packed[task];
     j->st[task] = kvf_cpu_pack(p, j->w[task], j->n[task], j->k[task], j->dtype);
     if (j->st[task] == KVF_ERR_INVAL && j->dtype != KVF_DTYPE_F32)
         j->st[task] = kvf_cpu_pack(p, j->w[task], j->n[task], j->k[task], KVF_DTYPE_F32);
-    j->cx->packed[task].w = j->w[task];
 }
 
 static kvf_status_t pack_all(cpu_ctx_t *cx, const float **w, const int *n, const int *k, int count,
@@ -203,8 +180,8 @@ static kvf_status_t pack_all(cpu_ctx_t *cx, const float **w, const int *n, const
     }
     int widened = 0;
     for (int i = 0; i < count; i++) {
-        cx->weight_bytes += kvf_cpu_packed_bytes(&cx->packed[i].packed);
-        widened += cx->packed[i].packed.dtype != dtype;
+        cx->weight_bytes += kvf_cpu_packed_bytes(&cx->packed[i]);
+        widened += cx->packed[i].dtype != dtype;
     }
     if (widened)
         kvf_log_warn("cpu backend: %d of %d matrices are not exact in %s; those are held in f32",

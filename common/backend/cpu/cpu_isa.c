@@ -97,9 +97,13 @@ kvf_status_t kvf_cpu_isa_resolve(kvf_cpu_isa_t want, kvf_cpu_isa_t *isa_p)
 const kvf_cpu_kernels_t *kvf_cpu_kernels(kvf_cpu_isa_t isa)
 {
     switch (isa) {
+#if defined(KVF_CPU_X86_KERNELS)
     case KVF_CPU_ISA_AVX512: return &kvf_cpu_kernels_avx512;
     case KVF_CPU_ISA_AVX2: return &kvf_cpu_kernels_avx2;
+#endif
+#if defined(__aarch64__)
     case KVF_CPU_ISA_NEON: return &kvf_cpu_kernels_neon;
+#endif
     default: return &kvf_cpu_kernels_scalar;
     }
 }

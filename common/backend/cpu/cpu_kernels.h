@@ -113,9 +113,13 @@ typedef struct {
 } kvf_cpu_kernels_t;
 
 extern const kvf_cpu_kernels_t kvf_cpu_kernels_scalar;
+#if defined(KVF_CPU_X86_KERNELS)
 extern const kvf_cpu_kernels_t kvf_cpu_kernels_avx2;
 extern const kvf_cpu_kernels_t kvf_cpu_kernels_avx512;
+#endif
+#if defined(__aarch64__)
 extern const kvf_cpu_kernels_t kvf_cpu_kernels_neon;
+#endif
 
 /* The kernels for isa (which the CPU must have: kvf_cpu_isa_supported). */
 const kvf_cpu_kernels_t *kvf_cpu_kernels(kvf_cpu_isa_t isa);

@@ -121,23 +121,10 @@ static inline __attribute__((always_inline)) void dot16x8(const float *q, const 
 #define TILE_ACC_MAX 24
 #define TILE_W_MAX 12
 
+#define ISA_ID KVF_CPU_ISA_AVX2
+#define SMALL_PANELS_PER_TASK 6
+
 #include "cpu_kernels_vec.h"
 
-const kvf_cpu_kernels_t kvf_cpu_kernels_avx2 = {
-    .isa = KVF_CPU_ISA_AVX2,
-    .small_panels_per_task = 6,
-    .small_m = SMALL_M,
-    .gemm = gemm_avx2,
-    .swiglu_row = swiglu_row_avx2,
-    .attention = attention_avx2,
-};
 #pragma GCC pop_options
-#else
-/* No x86 SIMD kernels in this build: never chosen (kvf_cpu_isa_supported). */
-const kvf_cpu_kernels_t kvf_cpu_kernels_avx2 = {
-    .isa = KVF_CPU_ISA_SCALAR,
-    .gemm = NULL,
-    .swiglu_row = NULL,
-    .attention = NULL,
-};
 #endif

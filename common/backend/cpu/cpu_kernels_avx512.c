@@ -114,23 +114,10 @@ static inline __attribute__((always_inline)) void dot16x16(const float *q,
 #define TILE_ACC_MAX 24
 #define TILE_W_MAX 8
 
+#define ISA_ID KVF_CPU_ISA_AVX512
+#define SMALL_PANELS_PER_TASK 8
+
 #include "cpu_kernels_vec.h"
 
-const kvf_cpu_kernels_t kvf_cpu_kernels_avx512 = {
-    .isa = KVF_CPU_ISA_AVX512,
-    .small_panels_per_task = 8,
-    .small_m = SMALL_M,
-    .gemm = gemm_avx512,
-    .swiglu_row = swiglu_row_avx512,
-    .attention = attention_avx512,
-};
 #pragma GCC pop_options
-#else
-/* No x86 SIMD kernels in this build: never chosen (kvf_cpu_isa_supported). */
-const kvf_cpu_kernels_t kvf_cpu_kernels_avx512 = {
-    .isa = KVF_CPU_ISA_SCALAR,
-    .gemm = NULL,
-    .swiglu_row = NULL,
-    .attention = NULL,
-};
 #endif

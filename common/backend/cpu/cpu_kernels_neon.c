@@ -77,24 +77,9 @@ static inline __attribute__((always_inline)) float dot16(const float *q, const f
 #define TILE_ACC_MAX 24
 #define TILE_W_MAX 16
 
+#define ISA_ID KVF_CPU_ISA_NEON
+#define SMALL_PANELS_PER_TASK 4
+
 #include "cpu_kernels_vec.h"
 
-const kvf_cpu_kernels_t kvf_cpu_kernels_neon = {
-    .isa = KVF_CPU_ISA_NEON,
-    .small_panels_per_task = 4,
-    .small_m = SMALL_M,
-    .gemm = gemm_neon,
-    .swiglu_row = swiglu_row_neon,
-    .attention = attention_neon,
-};
-#else
-/* Not an AArch64 build: never chosen (kvf_cpu_isa_supported). */
-const kvf_cpu_kernels_t kvf_cpu_kernels_neon = {
-    .isa = KVF_CPU_ISA_SCALAR,
-    .small_panels_per_task = 4,
-    .small_m = 3,
-    .gemm = NULL,
-    .swiglu_row = NULL,
-    .attention = NULL,
-};
 #endif

@@ -15,6 +15,8 @@
  *   BIG_MR BIG_P BIG_NV  larger batches: tiles of BIG_MR rows x BIG_P
  *                        panels x BIG_NV vectors of each panel
  *   KFN(name)            the instruction set's name for a kernel
+ *   ISA_ID SMALL_PANELS_PER_TASK   for its kvf_cpu_kernels_t, which this
+ *                        defines as KFN(kvf_cpu_kernels)
  *
  * Everything here follows the canonical order of cpu_kernels.h; the
  * arithmetic is what cpu_kernels_scalar.c does, one vector lane per
@@ -270,3 +272,12 @@ static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
         }
     }
 }
+
+const kvf_cpu_kernels_t KFN(kvf_cpu_kernels) = {
+    .isa = ISA_ID,
+    .small_panels_per_task = SMALL_PANELS_PER_TASK,
+    .small_m = SMALL_M,
+    .gemm = KFN(gemm),
+    .swiglu_row = KFN(swiglu_row),
+    .attention = KFN(attention),
+};
