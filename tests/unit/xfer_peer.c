@@ -1,5 +1,4 @@
-/* kvf_xfer_peer: the receiving (decode-side) process of test_xfer and of
- * `kvf bench transfer`. It opens a pool, prints its descriptor, then runs an
+/* kvf_xfer_peer: the receiving (decode-side) process of test_xfer. It opens a pool, prints its descriptor, then runs an
  * event loop over stdin commands and the transport's fd.
  *
  * Output: "desc <hex>" first; then one reply line per command.
@@ -17,6 +16,7 @@
  * descriptor, prints "sending" after its first batch, and posts batches of
  * request 77 epoch 1 (8 slices of 64 KiB) until it fails or is killed. */
 #include "kvf/clock.h"
+#include "kvf/hex.h"
 #include "kvf/log.h"
 #include "kvf/xfer.h"
 
@@ -118,16 +118,14 @@ static void do_reserve(kvf_xfer_t *x, char *args)
         reply("err %s", kvf_status_str(st));
 }
 
+/* The sender role (--send): connects to the descriptor in hex, then posts
+ * batches until one fails. Returns the exit code. */
 static int send_loop(kvf_xfer_t *x, const char *hex, uint8_t *own_pool)
 {
-    size_t len = strlen(hex) / 2;
-    uint8_t *desc = malloc(len);
-    for (size_t i = 0; i < len; i++) {
-        unsigned v;
-        if (sscanf(hex + 2 * i, "%2x", &v) != 1)
-            return 2;
-        desc[i] = (uint8_t)v;
-    }
+    uint8_t *desc;
+    size_t len;
+    if (kvf_hex_decode(hex, strlen(hex) / 2 * 2, &desc, &len) != KVF_OK)
+        return 2;
     kvf_xfer_peer_t *peer;
     kvf_status_t st = kvf_xfer_connect(x, desc, len, &peer);
     free(desc);
@@ -151,93 +149,115 @@ static int send_loop(kvf_xfer_t *x, const char *hex, uint8_t *own_pool)
     return 1;
 }
 
-int main(int argc, char **argv)
-{
-    kvf_log_init("xfer-peer", NULL);
-    kvf_xfer_config_t cfg = {
-        .backend = KVF_XFER_UCX,
-        .pool_bytes = 4u << 20,
-        .geometry = {.block_size = 16,
-                     .n_layers = 2,
-                     .n_kv_heads = 2,
-                     .head_dim = 64,
-                     .dtype = KVF_XFER_DTYPE_F32,
-                     .layout = 1},
-    };
-    bool alloc = false;
-    const char *send_to = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--pool-bytes") && i + 1 < argc)
-            cfg.pool_bytes = strtoull(argv[++i], NULL, 0);
-        else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc)
-            cfg.geometry.head_dim = (uint32_t)strtoul(argv[++i], NULL, 0);
-        else if (!strcmp(argv[i], "--n-layers") && i + 1 < argc)
-            cfg.geometry.n_layers = (uint32_t)strtoul(argv[++i], NULL, 0);
-        else if (!strcmp(argv[i], "--grace-ms") && i + 1 < argc)
-            cfg.grace_ms = (uint32_t)strtoul(argv[++i], NULL, 0);
-        else if (!strcmp(argv[i], "--checksum"))
-            cfg.checksum = true;
-        else if (!strcmp(argv[i], "--alloc"))
-            alloc = true;
-        else if (!strcmp(argv[i], "--two-sided"))
-            cfg.two_sided = true;
-        else if (!strcmp(argv[i], "--send") && i + 1 < argc)
-            send_to = argv[++i];
-        else {
-            fprintf(stderr, "kvf_xfer_peer: unknown argument %s\n", argv[i]);
-            return 2;
-        }
-    }
-    uint8_t *own_pool = NULL;
-    if (!alloc) {
-        own_pool = calloc(1, cfg.pool_bytes);
-        if (!own_pool)
-            return 1;
-        cfg.pool = own_pool;
-    }
-    kvf_xfer_t *x;
-    kvf_status_t st = kvf_xfer_create(&cfg, &x);
-    if (st != KVF_OK) {
-        reply("err %s", kvf_status_str(st));
-        free(own_pool);
-        return 1;
-    }
-    uint8_t *pool = kvf_xfer_pool(x);
-    uint8_t *desc;
-    size_t desc_len;
-    if (kvf_xfer_export(x, &desc, &desc_len) != KVF_OK)
-        return 1;
-    char *hex = malloc(2 * desc_len + 1);
-    for (size_t i = 0; i < desc_len; i++)
-        sprintf(hex + 2 * i, "%02x", desc[i]);
-    reply("desc %s", hex);
-    free(hex);
-    free(desc);
-    if (send_to)
-        return send_loop(x, send_to, own_pool);
+/* ---- the receiver: commands on stdin ----------------------------------- */
 
-    counters_t c = {0};
+typedef struct {
+    kvf_xfer_t *x;
+    uint8_t *pool; /* (pool_bytes) the transport's pool */
+    uint64_t pool_bytes;
+    counters_t c;
+    bool quit;
+} peer_t;
+
+static void do_cancel(peer_t *p, const char *args)
+{
+    uint64_t req, epoch;
+    kvf_status_t st;
+    if (sscanf(args, "%" SCNu64 " %" SCNu64, &req, &epoch) != 2)
+        reply("err bad cancel");
+    else if ((st = kvf_xfer_cancel(p->x, req, epoch)) != KVF_OK)
+        reply("err %s", kvf_status_str(st));
+    else
+        reply("ok");
+}
+
+static void do_stats(peer_t *p)
+{
+    kvf_xfer_progress(p->x);
+    drain_events(p->x, &p->c);
+    kvf_xfer_stats_t xs;
+    kvf_xfer_stats(p->x, &xs);
+    const counters_t *c = &p->c;
+    reply("stats landed=%" PRIu64 " bytes=%" PRIu64 " last=%" PRIu64 " rejected=%" PRIu64
+          " stale=%" PRIu64 " mismatch=%" PRIu64 " released=%" PRIu64 " expired=%" PRIu64
+          " aborted=%" PRIu64 " dropped=%" PRIu64,
+          c->landed, c->landed_bytes, c->landed_last, c->rejected, c->rejected_stale,
+          c->rejected_mismatch, c->released, c->expired, c->aborted, xs.slices_dropped);
+}
+
+static void do_fill(peer_t *p, const char *args)
+{
+    uint64_t s = strtoull(args, NULL, 0) * 2654435761u + 1;
+    for (uint64_t i = 0; i < p->pool_bytes; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        p->pool[i] = (uint8_t)(s >> 56);
+    }
+    reply("ok");
+}
+
+static void do_dump(peer_t *p, const char *args)
+{
+    uint64_t off, len;
+    if (sscanf(args, "%" SCNu64 " %" SCNu64, &off, &len) != 2 || off > p->pool_bytes ||
+        len > p->pool_bytes - off) {
+        reply("err bad dump");
+        return;
+    }
+    reply("dump %" PRIu64, len);
+    (void)write_all(p->pool + off, len);
+}
+
+/* One command line, without its newline. */
+static void run_command(peer_t *p, char *cmd)
+{
+    drain_events(p->x, &p->c);
+    if (!strncmp(cmd, "reserve ", 8))
+        do_reserve(p->x, cmd + 8);
+    else if (!strncmp(cmd, "cancel ", 7))
+        do_cancel(p, cmd + 7);
+    else if (!strcmp(cmd, "stats"))
+        do_stats(p);
+    else if (!strncmp(cmd, "fill ", 5))
+        do_fill(p, cmd + 5);
+    else if (!strncmp(cmd, "dump ", 5))
+        do_dump(p, cmd + 5);
+    else if (!strcmp(cmd, "quit"))
+        p->quit = true;
+    else
+        reply("err unknown command");
+}
+
+/* Drives the transport until stdin is readable: busy-polls while traffic
+ * flows (the bench measures latency), then sleeps on the fds. Returns
+ * true when stdin has input (or hung up). */
+static bool wait_for_input(peer_t *p, unsigned *idle)
+{
+    unsigned n = kvf_xfer_progress(p->x);
+    drain_events(p->x, &p->c);
+    *idle = n ? 0 : *idle + 1;
+    int wait_ms = 0;
+    if (*idle > 4096 && kvf_xfer_arm(p->x) == KVF_OK) {
+        wait_ms = kvf_xfer_timeout_ms(p->x);
+        if (wait_ms < 0 || wait_ms > 100)
+            wait_ms = 100;
+    }
+    struct pollfd pfd[2] = {{.fd = 0, .events = POLLIN},
+                            {.fd = kvf_xfer_fd(p->x), .events = POLLIN}};
+    if (poll(pfd, 2, wait_ms) <= 0 || !(pfd[0].revents & (POLLIN | POLLHUP)))
+        return false;
+    *idle = 0;
+    return true;
+}
+
+/* Reads and runs commands until "quit" or the end of stdin. */
+static void command_loop(peer_t *p)
+{
     char line[1 << 16];
     size_t have = 0;
-    bool quit = false;
     unsigned idle = 0;
-    while (!quit) {
-        unsigned n = kvf_xfer_progress(x);
-        drain_events(x, &c);
-        idle = n ? 0 : idle + 1;
-        /* Busy-poll while traffic flows (the bench measures latency), then
-         * sleep on the fds. */
-        int wait_ms = 0;
-        if (idle > 4096 && kvf_xfer_arm(x) == KVF_OK) {
-            wait_ms = kvf_xfer_timeout_ms(x);
-            if (wait_ms < 0 || wait_ms > 100)
-                wait_ms = 100;
-        }
-        struct pollfd pfd[2] = {{.fd = 0, .events = POLLIN},
-                                {.fd = kvf_xfer_fd(x), .events = POLLIN}};
-        if (poll(pfd, 2, wait_ms) <= 0 || !(pfd[0].revents & (POLLIN | POLLHUP)))
+    while (!p->quit) {
+        if (!wait_for_input(p, &idle))
             continue;
-        idle = 0;
         ssize_t r = read(0, line + have, sizeof(line) - 1 - have);
         if (r <= 0)
             break; /* the test went away */
@@ -245,55 +265,106 @@ int main(int argc, char **argv)
         char *nl;
         while ((nl = memchr(line, '\n', have))) {
             *nl = 0;
-            char *cmd = line;
-            drain_events(x, &c);
-            if (!strncmp(cmd, "reserve ", 8)) {
-                do_reserve(x, cmd + 8);
-            } else if (!strncmp(cmd, "cancel ", 7)) {
-                uint64_t req, epoch;
-                if (sscanf(cmd + 7, "%" SCNu64 " %" SCNu64, &req, &epoch) != 2)
-                    reply("err bad cancel");
-                else if ((st = kvf_xfer_cancel(x, req, epoch)) != KVF_OK)
-                    reply("err %s", kvf_status_str(st));
-                else
-                    reply("ok");
-            } else if (!strcmp(cmd, "stats")) {
-                kvf_xfer_progress(x);
-                drain_events(x, &c);
-                kvf_xfer_stats_t xs;
-                kvf_xfer_stats(x, &xs);
-                reply("stats landed=%" PRIu64 " bytes=%" PRIu64 " last=%" PRIu64
-                      " rejected=%" PRIu64 " stale=%" PRIu64 " mismatch=%" PRIu64
-                      " released=%" PRIu64 " expired=%" PRIu64 " aborted=%" PRIu64
-                      " dropped=%" PRIu64,
-                      c.landed, c.landed_bytes, c.landed_last, c.rejected, c.rejected_stale,
-                      c.rejected_mismatch, c.released, c.expired, c.aborted, xs.slices_dropped);
-            } else if (!strncmp(cmd, "fill ", 5)) {
-                uint64_t s = strtoull(cmd + 5, NULL, 0) * 2654435761u + 1;
-                for (uint64_t i = 0; i < cfg.pool_bytes; i++) {
-                    s = s * 6364136223846793005ull + 1442695040888963407ull;
-                    pool[i] = (uint8_t)(s >> 56);
-                }
-                reply("ok");
-            } else if (!strncmp(cmd, "dump ", 5)) {
-                uint64_t off, len;
-                if (sscanf(cmd + 5, "%" SCNu64 " %" SCNu64, &off, &len) != 2 ||
-                    off > cfg.pool_bytes || len > cfg.pool_bytes - off) {
-                    reply("err bad dump");
-                } else {
-                    reply("dump %" PRIu64, len);
-                    (void)write_all(pool + off, len);
-                }
-            } else if (!strcmp(cmd, "quit")) {
-                quit = true;
-            } else {
-                reply("err unknown command");
-            }
+            run_command(p, line);
             size_t used = (size_t)(nl + 1 - line);
             memmove(line, nl + 1, have - used);
             have -= used;
         }
     }
+}
+
+/* ---- main ---------------------------------------------------------------- */
+
+typedef struct {
+    kvf_xfer_config_t cfg;
+    bool alloc;          /* the transport allocates the pool */
+    const char *send_to; /* --send: the receiver's descriptor in hex */
+} peer_opts_t;
+
+/* Returns 0, or 2 after naming an unknown argument. */
+static int parse_args(int argc, char **argv, peer_opts_t *o)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--pool-bytes") && i + 1 < argc)
+            o->cfg.pool_bytes = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc)
+            o->cfg.geometry.head_dim = (uint32_t)strtoul(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--n-layers") && i + 1 < argc)
+            o->cfg.geometry.n_layers = (uint32_t)strtoul(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--grace-ms") && i + 1 < argc)
+            o->cfg.grace_ms = (uint32_t)strtoul(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--checksum"))
+            o->cfg.checksum = true;
+        else if (!strcmp(argv[i], "--alloc"))
+            o->alloc = true;
+        else if (!strcmp(argv[i], "--two-sided"))
+            o->cfg.two_sided = true;
+        else if (!strcmp(argv[i], "--send") && i + 1 < argc)
+            o->send_to = argv[++i];
+        else {
+            fprintf(stderr, "kvf_xfer_peer: unknown argument %s\n", argv[i]);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+/* Prints "desc <hex>", the line the other process connects with. */
+static kvf_status_t print_desc(kvf_xfer_t *x)
+{
+    uint8_t *desc;
+    size_t desc_len;
+    kvf_status_t st = kvf_xfer_export(x, &desc, &desc_len);
+    if (st != KVF_OK)
+        return st;
+    char *hex = malloc(2 * desc_len + 1);
+    if (!hex) {
+        free(desc);
+        return KVF_ERR_NOMEM;
+    }
+    kvf_hex_encode(desc, desc_len, hex);
+    reply("desc %s", hex);
+    free(hex);
+    free(desc);
+    return KVF_OK;
+}
+
+int main(int argc, char **argv)
+{
+    kvf_log_init("xfer-peer", NULL);
+    peer_opts_t o = {
+        .cfg = {.backend = KVF_XFER_UCX,
+                .pool_bytes = 4u << 20,
+                .geometry = {.block_size = 16,
+                             .n_layers = 2,
+                             .n_kv_heads = 2,
+                             .head_dim = 64,
+                             .dtype = KVF_XFER_DTYPE_F32,
+                             .layout = 1}},
+    };
+    int rc = parse_args(argc, argv, &o);
+    if (rc != 0)
+        return rc;
+    uint8_t *own_pool = NULL;
+    if (!o.alloc) {
+        own_pool = calloc(1, o.cfg.pool_bytes);
+        if (!own_pool)
+            return 1;
+        o.cfg.pool = own_pool;
+    }
+    kvf_xfer_t *x;
+    kvf_status_t st = kvf_xfer_create(&o.cfg, &x);
+    if (st != KVF_OK) {
+        reply("err %s", kvf_status_str(st));
+        free(own_pool);
+        return 1;
+    }
+    if (print_desc(x) != KVF_OK)
+        return 1;
+    if (o.send_to)
+        return send_loop(x, o.send_to, own_pool);
+    peer_t p = {.x = x, .pool = kvf_xfer_pool(x), .pool_bytes = o.cfg.pool_bytes};
+    command_loop(&p);
     kvf_xfer_destroy(x);
     free(own_pool);
     return 0;
