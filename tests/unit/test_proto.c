@@ -339,20 +339,20 @@ static void test_garbage_with_valid_checksum(void **state)
 static void test_unknown_body_and_version(void **state)
 {
     (void)state;
-    /* version = 1, then field 99 (length-delimited, 2 bytes): a body from
-     * a newer schema this build does not know. */
-    const uint8_t unknown[] = {0x08, 0x01, 0x9a, 0x06, 0x02, 0x08, 0x01};
+    /* version = KVF_PROTO_VERSION, then field 99 (length-delimited, 2
+     * bytes): a body from a newer schema this build does not know. */
+    const uint8_t unknown[] = {0x08, (uint8_t)KVF_PROTO_VERSION, 0x9a, 0x06, 0x02, 0x08, 0x01};
     size_t len;
     uint8_t *f = frame_payload(unknown, sizeof(unknown), &len);
     kvf_envelope_t *out = NULL;
     assert_int_equal(kvf_envelope_decode(f, len, 0, &out), KVF_ERR_FORMAT);
     free(f);
 
-    /* A heartbeat from protocol version 2. */
+    /* A heartbeat from the next protocol version. */
     kvf_envelope_t env;
     Kvf__Heartbeat hb = KVF__HEARTBEAT__INIT;
     kvf_envelope_init(&env, "n1");
-    env.version = 2;
+    env.version = KVF_PROTO_VERSION + 1;
     env.body_case = KVF__ENVELOPE__BODY_HEARTBEAT;
     env.heartbeat = &hb;
     uint8_t *frame;
