@@ -1,5 +1,6 @@
-/* kvf_xfer_peer: the receiving (decode-side) process of test_xfer. It opens a pool, prints its descriptor, then runs an
- * event loop over stdin commands and the transport's fd.
+/* kvf_xfer_peer: the receiving (decode-side) process of test_xfer. It opens
+ * a pool, prints its descriptor, then runs an event loop over stdin commands
+ * and the transport's fd.
  *
  * Output: "desc <hex>" first; then one reply line per command.
  * Commands (one per line):
