@@ -21,6 +21,7 @@
  * Times are the best of their repetitions: on a shared machine, other
  * tenants only ever add time. */
 #include "bench_engine.h"
+#include "bench_util.h"
 
 #include "kvf/backend.h"
 #include "kvf/clock.h"
@@ -284,20 +285,51 @@ static bool wants_cuda(int argc, char **argv)
     return false;
 }
 
-int kvf_bench_engine(int argc, char **argv)
+/* ---- the run ------------------------------------------------------------ */
+
+#define DEC_CTX   256u        /* context of every decode sequence */
+#define MAX_SEQ   (2048 + 8u) /* the longest prefill, with room to spare */
+#define N_DEC_SEQ 32          /* decode sequences: the largest batch */
+
+static const int dec_batches[3] = {1, 8, N_DEC_SEQ};
+static const uint32_t prefill_prompts[3] = {128, 512, 2048};
+
+typedef struct {
+    const char *model_dir, *json;
+    int threads;
+    bool quick;
+    kvf_cpu_config_t ccfg; /* threads and weight dtype of the backend */
+} engine_opts_t;
+
+/* Everything one run holds; engine_run_fini() frees what was made. */
+typedef struct {
+    const engine_opts_t *o;
+    bench_rig_t r;   /* the backend as configured */
+    bench_rig_t r32; /* 16-bit weights: an f32 twin of the backend (shares r's pool) */
+    kvf_block_table_t bts[N_DEC_SEQ], bt; /* decode sequences; the prefill sequence */
+    bw_meter_t bwm;
+    sgemm_meter_t sgm;
+    kvf_kv_geometry_t g;
+    double weight_bytes; /* streamed per decode step, as the backend holds them */
+    double kv_tok;       /* KV bytes per token */
+    kvf_dtype_t wdtype;
+    cJSON *out;
+    double decode_s[3], decode_f32_s, prefill_s[3]; /* best times */
+    int n_prompts;
+} engine_run_t;
+
+/* Returns -1 to run, else the exit code (help printed, or a bad flag). */
+static int parse_engine_opts(int argc, char **argv, engine_opts_t *o)
 {
-    if (wants_cuda(argc, argv))
-        return kvf_bench_engine_cuda(argc, argv);
-    const char *model_dir = NULL, *json = NULL;
-    int threads = 0;
-    bool quick = false;
+    memset(o, 0, sizeof(*o));
     const char *cpu_dtype = NULL;
     const kvf_flag_t flags[] = {
-        {"model", KVF_FLAG_STRING, &model_dir, "DIR", "model directory (e.g. from kvf mkmodel)",
+        {"model", KVF_FLAG_STRING, &o->model_dir, "DIR", "model directory (e.g. from kvf mkmodel)",
          NULL},
-        {"threads", KVF_FLAG_INT, &threads, "N", "compute threads (default: all cores)", NULL},
-        {"json", KVF_FLAG_STRING, &json, "FILE", "also write the results as JSON", NULL},
-        {"quick", KVF_FLAG_BOOL, &quick, NULL, "fewer sizes and repetitions (smoke test)", NULL},
+        {"threads", KVF_FLAG_INT, &o->threads, "N", "compute threads (default: all cores)", NULL},
+        {"json", KVF_FLAG_STRING, &o->json, "FILE", "also write the results as JSON", NULL},
+        {"quick", KVF_FLAG_BOOL, &o->quick, NULL, "fewer sizes and repetitions (smoke test)",
+         NULL},
         {"cpu-dtype", KVF_FLAG_STRING, &cpu_dtype, "native|f32",
          "weights as the checkpoint stores them (default) or widened to f32", NULL},
     };
@@ -317,159 +349,178 @@ int kvf_bench_engine(int argc, char **argv)
         return 0;
     if (rc < 0)
         return 2;
-    if (!model_dir) {
+    if (!o->model_dir) {
         fprintf(stderr, "%s: --model DIR is required\n", argv[0]);
         return 2;
     }
-    kvf_cpu_config_t ccfg = kvf_cpu_config_default();
-    if (cpu_dtype && kvf_cpu_weights_parse(cpu_dtype, &ccfg.weights) != KVF_OK)
+    o->ccfg = kvf_cpu_config_default();
+    if (cpu_dtype && kvf_cpu_weights_parse(cpu_dtype, &o->ccfg.weights) != KVF_OK)
         return 2;
-    if (threads <= 0)
-        threads = kvf_cpu_count();
-    ccfg.n_threads = threads;
-    bench_rig_t r, r32;
-    memset(&r32, 0, sizeof(r32));
-    memset(&r, 0, sizeof(r));
-    cJSON *out = NULL;
-    kvf_block_table_t bts[32], bt;
-    for (int i = 0; i < 32; i++)
-        kvf_block_table_init(&bts[i]);
-    kvf_block_table_init(&bt);
-    kvf_status_t st = kvf_model_load(model_dir, &r.model);
-    if (st != KVF_OK) {
-        fprintf(stderr, "%s: cannot load %s: %s\n", argv[0], model_dir, kvf_status_str(st));
-        return 1;
-    }
-    const kvf_model_config_t *c = &r.model->cfg;
-    /* f32 bytes of everything but the embedding table (one row per token),
-     * unless it doubles as the lm_head: sizes the bandwidth buffer. */
-    double f32_bytes = (double)kvf_model_weight_bytes(r.model);
-    if (!c->tie_embeddings)
-        f32_bytes -= (double)c->vocab * c->hidden * sizeof(float);
+    if (o->threads <= 0)
+        o->threads = kvf_cpu_count();
+    o->ccfg.n_threads = o->threads;
+    return -1;
+}
 
+static void engine_run_init(engine_run_t *e, const engine_opts_t *o)
+{
+    memset(e, 0, sizeof(*e));
+    e->o = o;
+    for (int i = 0; i < N_DEC_SEQ; i++)
+        kvf_block_table_init(&e->bts[i]);
+    kvf_block_table_init(&e->bt);
+    e->decode_f32_s = -1;
+}
+
+/* The backend and the ceilings' meters, and their first samples. */
+static kvf_status_t setup_backend_and_ceilings(engine_run_t *e)
+{
+    const bool quick = e->o->quick;
+    /* f32 bytes of the weights a step reads size the bandwidth buffer */
+    double f32_bytes = kvf_bench_step_weight_bytes(
+        &e->r.model->cfg, (double)kvf_model_weight_bytes(e->r.model), sizeof(float));
+    if (bw_meter_init(&e->bwm, e->o->threads, (size_t)f32_bytes,
+                      (size_t)1 << (quick ? 28 : 30)) != KVF_OK ||
+        kvf_backend_cpu_create_cfg(&e->o->ccfg, &e->r.be) != KVF_OK ||
+        sgemm_meter_init(&e->sgm, quick ? 1024 : 2048, e->o->threads) != KVF_OK)
+        return KVF_ERR_NOMEM;
     /* Ceilings: sampled now, before every measurement and at the end. */
-    bw_meter_t bwm;
-    sgemm_meter_t sgm;
-    memset(&sgm, 0, sizeof(sgm));
-    if (bw_meter_init(&bwm, threads, (size_t)f32_bytes, (size_t)1 << (quick ? 28 : 30)) !=
-            KVF_OK ||
-        kvf_backend_cpu_create_cfg(&ccfg, &r.be) != KVF_OK ||
-        sgemm_meter_init(&sgm, quick ? 1024 : 2048, threads) != KVF_OK)
-        goto fail_setup;
-    bw_sample(&bwm, quick ? 3 : 6);
-    sgemm_sample(&sgm, quick ? 2 : 3);
+    bw_sample(&e->bwm, quick ? 3 : 6);
+    sgemm_sample(&e->sgm, quick ? 2 : 3);
+    return KVF_OK;
+}
 
-    /* Engine: a pool for 32 sequences of 256 + a 2048-token sequence. */
-    const uint32_t dec_ctx = 256, max_seq = 2048 + 8;
-    const int batches[] = {1, 8, 32};
-    kvf_kv_geometry_t g = kvf_engine_kv_geometry(r.model, KVF_KV_BLOCK_SIZE_DEFAULT);
-    uint32_t blocks = 32 * kvf_kv_blocks_for_tokens(&g, dec_ctx + 1) +
-                      kvf_kv_blocks_for_tokens(&g, max_seq) + 4;
-    if (kvf_kvpool_create(&g, blocks, &r.pool) != KVF_OK ||
-        kvf_engine_create(r.model, &r.be, r.pool, &r.engine) != KVF_OK)
-        goto fail_setup;
-    r.logits = malloc((size_t)32 * c->vocab * sizeof(float));
-    r.tokens = malloc((size_t)(max_seq + 64) * sizeof(uint32_t));
-    if (!r.logits || !r.tokens)
-        goto fail_setup;
+/* The pool (32 sequences of DEC_CTX + one of MAX_SEQ), the engine, the
+ * prompt tokens; prints the model line and starts the JSON report. */
+static kvf_status_t setup_engine(engine_run_t *e)
+{
+    bench_rig_t *r = &e->r;
+    const kvf_model_config_t *c = &r->model->cfg;
+    e->g = kvf_engine_kv_geometry(r->model, KVF_KV_BLOCK_SIZE_DEFAULT);
+    uint32_t blocks = N_DEC_SEQ * kvf_kv_blocks_for_tokens(&e->g, DEC_CTX + 1) +
+                      kvf_kv_blocks_for_tokens(&e->g, MAX_SEQ) + 4;
+    if (kvf_kvpool_create(&e->g, blocks, &r->pool) != KVF_OK ||
+        kvf_engine_create(r->model, &r->be, r->pool, &r->engine) != KVF_OK)
+        return KVF_ERR_INTERNAL;
+    r->logits = malloc((size_t)N_DEC_SEQ * c->vocab * sizeof(float));
+    r->tokens = malloc((size_t)(MAX_SEQ + 64) * sizeof(uint32_t));
+    if (!r->logits || !r->tokens)
+        return KVF_ERR_NOMEM;
     /* Weight bytes one decode step streams: the matrices as the backend
      * holds them (the lm_head among them). */
-    const double weight_bytes = (double)kvf_backend_cpu_weight_bytes(&r.be);
-    const kvf_dtype_t wdtype = kvf_backend_cpu_weights_dtype(&r.be);
-    const char *isa = kvf_cpu_isa_name(kvf_backend_cpu_isa(&r.be));
+    e->weight_bytes = (double)kvf_backend_cpu_weight_bytes(&r->be);
+    e->wdtype = kvf_backend_cpu_weights_dtype(&r->be);
+    const char *isa = kvf_cpu_isa_name(kvf_backend_cpu_isa(&r->be));
     printf("model %s: %s, %d layers, hidden %d, %d/%d heads, inter %d, vocab %d; %s weights, "
            "%.1f MB streamed per decode step; %d threads, %s kernels\n",
-           model_dir, c->arch_name, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->inter,
-           c->vocab, kvf_dtype_name(wdtype), weight_bytes / 1e6, threads, isa);
-    uint32_t seed = 12345;
-    for (uint32_t i = 0; i < max_seq + 64; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        r.tokens[i] = (seed >> 8) % (uint32_t)c->vocab;
-    }
-    const double kv_tok = (double)kvf_kv_bytes_per_token(&g);
+           e->o->model_dir, c->arch_name, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads,
+           c->inter, c->vocab, kvf_dtype_name(e->wdtype), e->weight_bytes / 1e6, e->o->threads,
+           isa);
+    kvf_bench_random_tokens(r->tokens, MAX_SEQ + 64, c->vocab);
+    e->kv_tok = (double)kvf_kv_bytes_per_token(&e->g);
+    e->out = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e->out, "threads", e->o->threads);
+    cJSON_AddStringToObject(e->out, "isa", isa);
+    cJSON_AddStringToObject(e->out, "weights_dtype", kvf_dtype_name(e->wdtype));
+    cJSON_AddNumberToObject(e->out, "weight_bytes_per_step", e->weight_bytes);
+    return KVF_OK;
+}
 
-    /* Decode. */
-    out = cJSON_CreateObject();
-    cJSON_AddNumberToObject(out, "threads", threads);
-    cJSON_AddStringToObject(out, "isa", isa);
-    cJSON_AddStringToObject(out, "weights_dtype", kvf_dtype_name(wdtype));
-    cJSON_AddNumberToObject(out, "weight_bytes_per_step", weight_bytes);
-    for (int i = 0; i < 32; i++) {
-        if (kvf_block_table_reserve(&bts[i], r.pool, dec_ctx + 1) != KVF_OK)
-            goto fail_setup;
+/* Best decode step of batch b on r over steps timed after one warm-up. */
+static double best_decode_step(engine_run_t *e, bench_rig_t *r, int b, int steps)
+{
+    double best = -1;
+    for (int s = 0; s < steps + 1; s++) {
+        double t = run_decode_step(r, e->bts, b, DEC_CTX);
+        if (s > 0)
+            best = best_of(best, t);
+    }
+    return best;
+}
+
+/* Decode steps at each batch over N_DEC_SEQ contexts of DEC_CTX tokens. */
+static kvf_status_t measure_decode(engine_run_t *e)
+{
+    for (int i = 0; i < N_DEC_SEQ; i++) {
+        if (kvf_block_table_reserve(&e->bts[i], e->r.pool, DEC_CTX + 1) != KVF_OK)
+            return KVF_ERR_NO_SPACE;
     }
     /* Fill the 32 contexts: one prefill, copied by running it per table. */
-    for (int i = 0; i < 32; i++)
-        if (run_forward(&r, &bts[i], 0, dec_ctx) < 0)
-            goto fail_setup;
-    double decode_s[3];
+    for (int i = 0; i < N_DEC_SEQ; i++)
+        if (run_forward(&e->r, &e->bts[i], 0, DEC_CTX) < 0)
+            return KVF_ERR_INTERNAL;
     for (int bi = 0; bi < 3; bi++) {
-        int b = batches[bi];
-        int steps = quick ? 5 : (b == 1 ? 30 : 10);
-        bw_sample(&bwm, 2);
-        double best = -1;
-        for (int s = 0; s < steps + 1; s++) {
-            double t = run_decode_step(&r, bts, b, dec_ctx);
-            if (s > 0)
-                best = best_of(best, t);
-        }
-        decode_s[bi] = best;
+        int b = dec_batches[bi];
+        bw_sample(&e->bwm, 2);
+        e->decode_s[bi] = best_decode_step(e, &e->r, b, e->o->quick ? 5 : (b == 1 ? 30 : 10));
     }
-    /* 16-bit weights: batch 1 again on an f32 twin of the backend. */
-    double decode_f32_s = -1;
-    if (wdtype != KVF_DTYPE_F32) {
-        kvf_cpu_config_t c32 = ccfg;
-        c32.weights = KVF_CPU_WEIGHTS_F32;
-        r32 = r;
-        r32.engine = NULL;
-        memset(&r32.be, 0, sizeof(r32.be));
-        if (kvf_backend_cpu_create_cfg(&c32, &r32.be) != KVF_OK ||
-            kvf_engine_create(r.model, &r32.be, r.pool, &r32.engine) != KVF_OK)
-            goto fail_setup;
-        bw_sample(&bwm, 2);
-        for (int s = 0; s < (quick ? 5 : 30) + 1; s++) {
-            double t = run_decode_step(&r32, bts, 1, dec_ctx);
-            if (s > 0)
-                decode_f32_s = best_of(decode_f32_s, t);
-        }
-    }
-    for (int i = 0; i < 32; i++)
-        kvf_block_table_release(&bts[i], r.pool);
+    return KVF_OK;
+}
 
-    /* Prefill. */
-    if (kvf_block_table_reserve(&bt, r.pool, max_seq) != KVF_OK)
-        goto fail_setup;
-    const uint32_t prompts[] = {128, 512, 2048};
-    const int n_prompts = quick ? 2 : 3;
-    double prefill_s[3];
-    for (int pi = 0; pi < n_prompts; pi++) {
-        uint32_t n = prompts[pi];
+/* 16-bit weights: batch 1 again on an f32 twin of the backend (same
+ * model, pool and contexts). */
+static kvf_status_t measure_decode_f32(engine_run_t *e)
+{
+    if (e->wdtype == KVF_DTYPE_F32)
+        return KVF_OK;
+    kvf_cpu_config_t c32 = e->o->ccfg;
+    c32.weights = KVF_CPU_WEIGHTS_F32;
+    e->r32 = e->r;
+    e->r32.engine = NULL;
+    memset(&e->r32.be, 0, sizeof(e->r32.be));
+    if (kvf_backend_cpu_create_cfg(&c32, &e->r32.be) != KVF_OK ||
+        kvf_engine_create(e->r.model, &e->r32.be, e->r.pool, &e->r32.engine) != KVF_OK)
+        return KVF_ERR_INTERNAL;
+    bw_sample(&e->bwm, 2);
+    e->decode_f32_s = best_decode_step(e, &e->r32, 1, e->o->quick ? 5 : 30);
+    return KVF_OK;
+}
+
+/* Best forward of each prompt length; then the ceilings' last samples. */
+static kvf_status_t measure_prefill(engine_run_t *e)
+{
+    const bool quick = e->o->quick;
+    if (kvf_block_table_reserve(&e->bt, e->r.pool, MAX_SEQ) != KVF_OK)
+        return KVF_ERR_NO_SPACE;
+    e->n_prompts = quick ? 2 : 3;
+    for (int pi = 0; pi < e->n_prompts; pi++) {
+        uint32_t n = prefill_prompts[pi];
         int reps = quick ? 2 : (n <= 512 ? 4 : 2);
-        sgemm_sample(&sgm, 1);
+        sgemm_sample(&e->sgm, 1);
         double best = -1;
         for (int i = 0; i < reps; i++)
-            best = best_of(best, run_forward(&r, &bt, 0, n));
-        prefill_s[pi] = best;
+            best = best_of(best, run_forward(&e->r, &e->bt, 0, n));
+        e->prefill_s[pi] = best;
     }
-    bw_sample(&bwm, quick ? 2 : 4);
-    sgemm_sample(&sgm, quick ? 1 : 2);
+    bw_sample(&e->bwm, quick ? 2 : 4);
+    sgemm_sample(&e->sgm, quick ? 1 : 2);
+    return KVF_OK;
+}
 
-    /* Ratios against the best ceilings seen in the whole run. */
-    const double bw = bw_best(&bwm), sgemm = sgm.best;
+static void report_ceilings(engine_run_t *e)
+{
+    const double bw = bw_best(&e->bwm), sgemm = e->sgm.best;
     printf("memory read bandwidth: %.2f GB/s (best of the run; weights-sized buffer %.2f, "
            "%zu MiB %.2f)\n",
-           bw / 1e9, bwm.best[0] / 1e9, bwm.bytes[1] >> 20, bwm.best[1] / 1e9);
-    printf("sgemm %d^3: %.1f GFLOP/s (OpenBLAS, %d threads, best of the run)\n", sgm.n,
-           sgemm / 1e9, threads);
-    cJSON_AddNumberToObject(out, "bandwidth_gbs", bw / 1e9);
-    cJSON_AddNumberToObject(out, "sgemm_gflops", sgemm / 1e9);
+           bw / 1e9, e->bwm.best[0] / 1e9, e->bwm.bytes[1] >> 20, e->bwm.best[1] / 1e9);
+    printf("sgemm %d^3: %.1f GFLOP/s (OpenBLAS, %d threads, best of the run)\n", e->sgm.n,
+           sgemm / 1e9, e->o->threads);
+    cJSON_AddNumberToObject(e->out, "bandwidth_gbs", bw / 1e9);
+    cJSON_AddNumberToObject(e->out, "sgemm_gflops", sgemm / 1e9);
+}
+
+/* Decode rows against the roofline, the best bandwidth of the run. */
+static void report_decode(engine_run_t *e)
+{
+    const double bw = bw_best(&e->bwm);
+    cJSON *out = e->out;
     printf("\n%-8s %12s %12s %12s %10s\n", "decode", "step ms", "roofline ms", "tokens/s",
            "ratio");
     for (int bi = 0; bi < 3; bi++) {
-        int b = batches[bi];
-        double best = decode_s[bi];
-        /* each sequence reads its dec_ctx + 1 positions of K/V per step */
-        double bytes = weight_bytes + (double)b * (dec_ctx + 1) * kv_tok;
+        int b = dec_batches[bi];
+        double best = e->decode_s[bi];
+        /* each sequence reads its DEC_CTX + 1 positions of K/V per step */
+        double bytes = e->weight_bytes + (double)b * (DEC_CTX + 1) * e->kv_tok;
         double roof = bytes / bw;
         double ratio = roof / best;
         printf("batch %-2d %12.3f %12.3f %12.1f %9.1f%%\n", b, best * 1e3, roof * 1e3, b / best,
@@ -480,109 +531,160 @@ int kvf_bench_engine(int argc, char **argv)
         snprintf(key, sizeof(key), "decode_b%d_step_ms", b);
         cJSON_AddNumberToObject(out, key, best * 1e3);
     }
-    if (decode_f32_s > 0) {
-        double bytes32 = (double)kvf_backend_cpu_weight_bytes(&r32.be) + (dec_ctx + 1) * kv_tok;
+    if (e->decode_f32_s > 0) {
+        double f32_s = e->decode_f32_s;
+        double bytes32 =
+            (double)kvf_backend_cpu_weight_bytes(&e->r32.be) + (DEC_CTX + 1) * e->kv_tok;
         double roof32 = bytes32 / bw;
         printf("batch 1  %12.3f %12.3f %12.1f %9.1f%%   (the same weights widened to f32; %s is "
                "%.2fx its tokens/s)\n",
-               decode_f32_s * 1e3, roof32 * 1e3, 1 / decode_f32_s, 100 * roof32 / decode_f32_s,
-               kvf_dtype_name(wdtype), decode_f32_s / decode_s[0]);
-        cJSON_AddNumberToObject(out, "decode_b1_f32_step_ms", decode_f32_s * 1e3);
-        cJSON_AddNumberToObject(out, "decode_b1_f32_roofline_ratio", roof32 / decode_f32_s);
-        cJSON_AddNumberToObject(out, "decode_b1_speedup_vs_f32", decode_f32_s / decode_s[0]);
+               f32_s * 1e3, roof32 * 1e3, 1 / f32_s, 100 * roof32 / f32_s,
+               kvf_dtype_name(e->wdtype), f32_s / e->decode_s[0]);
+        cJSON_AddNumberToObject(out, "decode_b1_f32_step_ms", f32_s * 1e3);
+        cJSON_AddNumberToObject(out, "decode_b1_f32_roofline_ratio", roof32 / f32_s);
+        cJSON_AddNumberToObject(out, "decode_b1_speedup_vs_f32", f32_s / e->decode_s[0]);
     }
-    printf("decode batch 8 step / batch 1 step: %.2f\n", decode_s[1] / decode_s[0]);
-    cJSON_AddNumberToObject(out, "decode_b8_over_b1", decode_s[1] / decode_s[0]);
+    printf("decode batch 8 step / batch 1 step: %.2f\n", e->decode_s[1] / e->decode_s[0]);
+    cJSON_AddNumberToObject(out, "decode_b8_over_b1", e->decode_s[1] / e->decode_s[0]);
+}
+
+/* Prefill rows against the best sgemm rate of the run. */
+static void report_prefill(engine_run_t *e)
+{
+    const kvf_model_config_t *c = &e->r.model->cfg;
     printf("\n%-8s %12s %12s %12s %10s\n", "prefill", "ms", "tokens/s", "GFLOP/s", "of sgemm");
-    for (int pi = 0; pi < n_prompts; pi++) {
-        uint32_t n = prompts[pi];
-        double best = prefill_s[pi];
+    for (int pi = 0; pi < e->n_prompts; pi++) {
+        uint32_t n = prefill_prompts[pi];
+        double best = e->prefill_s[pi];
         double flops = kvf_engine_flops(c, 0, n, 1);
-        double ratio = flops / best / sgemm;
+        double ratio = flops / best / e->sgm.best;
         printf("%-8u %12.1f %12.1f %12.1f %9.1f%%\n", n, best * 1e3, n / best, flops / best / 1e9,
                100 * ratio);
         char key[64];
         snprintf(key, sizeof(key), "prefill_%u_sgemm_ratio", n);
-        cJSON_AddNumberToObject(out, key, ratio);
+        cJSON_AddNumberToObject(e->out, key, ratio);
         snprintf(key, sizeof(key), "prefill_%u_tokens_per_s", n);
-        cJSON_AddNumberToObject(out, key, n / best);
+        cJSON_AddNumberToObject(e->out, key, n / best);
     }
+}
 
-    /* KV-cache experiment. */
-    const uint32_t ns[] = {128, 512, 1024, 2048};
-    const int n_points = quick ? 4 : 8;
-    cJSON *cache = cJSON_AddObjectToObject(out, "cache_speedup");
+/* Seconds to generate n tokens with the cache and by recomputing, each
+ * integrated (trapezoid) over step times at n_points context lengths. */
+static kvf_status_t cache_vs_recompute(engine_run_t *e, uint32_t n, int n_points, double *cached_p,
+                                       double *recompute_p)
+{
+    double prev_l = 0, prev_c = 0, prev_r = 0, tot_c = 0, tot_r = 0;
+    for (int k = 0; k < n_points; k++) {
+        uint32_t L = 1 + (uint32_t)((double)(n - 1) * k / (n_points - 1));
+        /* recompute: the whole sequence of L tokens, from scratch */
+        double t_r = run_forward(&e->r, &e->bt, 0, L);
+        if (L <= 512)
+            t_r = best_of(t_r, run_forward(&e->r, &e->bt, 0, L));
+        /* cached: one token at position L - 1 over L - 1 cached ones
+         * (the recompute above left them in the cache) */
+        double t_c = -1;
+        for (int i = 0; i < 3; i++)
+            t_c = best_of(t_c, run_forward(&e->r, &e->bt, L - 1, 1));
+        if (t_r < 0 || t_c < 0)
+            return KVF_ERR_INTERNAL;
+        if (k > 0) {
+            tot_c += 0.5 * (t_c + prev_c) * (L - prev_l);
+            tot_r += 0.5 * (t_r + prev_r) * (L - prev_l);
+        } else {
+            tot_c += t_c;
+            tot_r += t_r;
+        }
+        prev_l = L;
+        prev_c = t_c;
+        prev_r = t_r;
+    }
+    *cached_p = tot_c;
+    *recompute_p = tot_r;
+    return KVF_OK;
+}
+
+/* The KV-cache experiment, printed row by row. */
+static kvf_status_t measure_cache_speedup(engine_run_t *e)
+{
+    static const uint32_t ns[] = {128, 512, 1024, 2048};
+    const int n_points = e->o->quick ? 4 : 8;
+    cJSON *cache = cJSON_AddObjectToObject(e->out, "cache_speedup");
     printf("\n%-8s %14s %14s %10s %10s   (step times at %d context lengths, integrated)\n",
            "n", "cached s", "recompute s", "ratio", "2n/3", n_points);
-    for (int ni = 0; ni < (quick ? 2 : 4); ni++) {
+    for (int ni = 0; ni < (e->o->quick ? 2 : 4); ni++) {
         uint32_t n = ns[ni];
-        double prev_l = 0, prev_c = 0, prev_r = 0, tot_c = 0, tot_r = 0;
-        for (int k = 0; k < n_points; k++) {
-            uint32_t L = 1 + (uint32_t)((double)(n - 1) * k / (n_points - 1));
-            /* recompute: the whole sequence of L tokens, from scratch */
-            double t_r = run_forward(&r, &bt, 0, L);
-            if (L <= 512)
-                t_r = best_of(t_r, run_forward(&r, &bt, 0, L));
-            /* cached: one token at position L - 1 over L - 1 cached ones
-             * (the recompute above left them in the cache) */
-            double t_c = -1;
-            for (int i = 0; i < 3; i++)
-                t_c = best_of(t_c, run_forward(&r, &bt, L - 1, 1));
-            if (t_r < 0 || t_c < 0)
-                goto fail_setup;
-            if (k > 0) {
-                tot_c += 0.5 * (t_c + prev_c) * (L - prev_l);
-                tot_r += 0.5 * (t_r + prev_r) * (L - prev_l);
-            } else {
-                tot_c += t_c;
-                tot_r += t_r;
-            }
-            prev_l = L;
-            prev_c = t_c;
-            prev_r = t_r;
-        }
+        double tot_c, tot_r;
+        kvf_status_t st = cache_vs_recompute(e, n, n_points, &tot_c, &tot_r);
+        if (st != KVF_OK)
+            return st;
         double ratio = tot_r / tot_c;
         printf("%-8u %14.2f %14.2f %10.1f %10.1f\n", n, tot_c, tot_r, ratio, 2.0 * n / 3);
         char key[32];
         snprintf(key, sizeof(key), "%u", n);
         cJSON_AddNumberToObject(cache, key, ratio);
     }
-    rc = 0;
-    if (json) {
-        char *text = cJSON_Print(out);
-        FILE *f = text ? fopen(json, "w") : NULL;
-        if (!f || fputs(text, f) < 0 || fputc('\n', f) == EOF) {
-            fprintf(stderr, "%s: cannot write %s\n", argv[0], json);
-            rc = 1;
-        }
-        if (f)
-            fclose(f);
-        free(text);
+    return KVF_OK;
+}
+
+static void engine_run_fini(engine_run_t *e)
+{
+    bench_rig_t *r = &e->r;
+    bw_meter_fini(&e->bwm);
+    sgemm_meter_fini(&e->sgm);
+    cJSON_Delete(e->out);
+    for (int i = 0; i < N_DEC_SEQ; i++) {
+        if (r->pool)
+            kvf_block_table_release(&e->bts[i], r->pool);
+        kvf_block_table_fini(&e->bts[i]);
     }
+    if (r->pool)
+        kvf_block_table_release(&e->bt, r->pool);
+    kvf_block_table_fini(&e->bt);
+    free(r->logits);
+    free(r->tokens);
+    kvf_engine_destroy(e->r32.engine);
+    kvf_backend_destroy(&e->r32.be);
+    kvf_engine_destroy(r->engine);
+    kvf_kvpool_destroy(r->pool);
+    kvf_backend_destroy(&r->be);
+    kvf_model_destroy(r->model);
+}
+
+int kvf_bench_engine(int argc, char **argv)
+{
+    if (wants_cuda(argc, argv))
+        return kvf_bench_engine_cuda(argc, argv);
+    engine_opts_t o;
+    int rc = parse_engine_opts(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    engine_run_t e;
+    engine_run_init(&e, &o);
+    rc = 1;
+    kvf_status_t st = kvf_model_load(o.model_dir, &e.r.model);
+    if (st != KVF_OK) {
+        fprintf(stderr, "%s: cannot load %s: %s\n", argv[0], o.model_dir, kvf_status_str(st));
+        goto done;
+    }
+    if (setup_backend_and_ceilings(&e) != KVF_OK || setup_engine(&e) != KVF_OK ||
+        measure_decode(&e) != KVF_OK || measure_decode_f32(&e) != KVF_OK)
+        goto fail_run;
+    for (int i = 0; i < N_DEC_SEQ; i++)
+        kvf_block_table_release(&e.bts[i], e.r.pool);
+    if (measure_prefill(&e) != KVF_OK)
+        goto fail_run;
+    /* Ratios against the best ceilings seen in the whole run. */
+    report_ceilings(&e);
+    report_decode(&e);
+    report_prefill(&e);
+    if (measure_cache_speedup(&e) != KVF_OK)
+        goto fail_run;
+    rc = o.json ? kvf_bench_write_json(e.out, o.json, argv[0]) : 0;
     goto done;
 
-fail_setup:
+fail_run:
     fprintf(stderr, "%s: benchmark setup or run failed\n", argv[0]);
-    rc = 1;
 done:
-    bw_meter_fini(&bwm);
-    sgemm_meter_fini(&sgm);
-    cJSON_Delete(out);
-    for (int i = 0; i < 32; i++) {
-        if (r.pool)
-            kvf_block_table_release(&bts[i], r.pool);
-        kvf_block_table_fini(&bts[i]);
-    }
-    if (r.pool)
-        kvf_block_table_release(&bt, r.pool);
-    kvf_block_table_fini(&bt);
-    free(r.logits);
-    free(r.tokens);
-    kvf_engine_destroy(r32.engine);
-    kvf_backend_destroy(&r32.be);
-    kvf_engine_destroy(r.engine);
-    kvf_kvpool_destroy(r.pool);
-    kvf_backend_destroy(&r.be);
-    kvf_model_destroy(r.model);
+    engine_run_fini(&e);
     return rc;
 }
