@@ -13,6 +13,7 @@ packages=(
     libcjson-dev
     libpcre2-dev
     libmicrohttpd-dev
+    uthash-dev # header only: the AArch64 cross build includes the same uthash.h
     curl iproute2 procps python3 python3-yaml gnuplot-nox
     # the AArch64 build of the numerics tests (tests/cross/aarch64.sh): the
     # cross compiler, qemu's user-mode emulator and the target's cJSON and

@@ -1,0 +1,121 @@
+/* Private to the tokenizer (kvf/tokenizer.h): the loaded tokenizer's
+ * layout, shared by the files that build it and the ones that use it.
+ *
+ *   tokenizer_load.c   tokenizer.json and tokenizer_config.json: the model
+ *                      section, pre-tokenizer regexes, BOS/EOS; destroy
+ *   tokenizer_vocab.c  the vocabulary, added tokens and merges, their maps,
+ *                      and the id/text queries of kvf/tokenizer.h
+ *   bpe.c              encoding: added tokens, pre-tokenization, BPE merges
+ *   detok.c            decoding, whole and incremental (kvf_detok_*)
+ *
+ * Every id owns a string in one arena (the tokenizer.json spelling) and the
+ * bytes it decodes to; the vocabulary is a hash map from spelling to id,
+ * the merges a hash map from an id pair to (rank, merged id), both on
+ * kvf/hashmap.h. A loaded tokenizer is never written again, so lookups
+ * from any number of threads are safe. */
+#ifndef KVF_TOKENIZER_INTERNAL_H
+#define KVF_TOKENIZER_INTERNAL_H
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "kvf/hashmap.h"
+#include "kvf/tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <pcre2.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVF_TOK_MAX_IDS        (1u << 24) /* ids above this are rejected as malformed */
+#define KVF_TOK_NO_ID          UINT32_MAX
+#define KVF_TOK_BYTE_LEVEL_CPS 0x144 /* code points used by the byte <-> symbol mapping */
+
+typedef enum {
+    KVF_TOK_SPLIT_ISOLATED, /* matches and the text between them are pieces */
+    KVF_TOK_SPLIT_REMOVED,  /* matches are dropped, the text between them kept */
+} kvf_tok_split_behavior_t;
+
+/* One pre-tokenizer regex, applied to the pieces of the one before. */
+typedef struct {
+    pcre2_code *re;
+    kvf_tok_split_behavior_t behavior;
+} kvf_tok_split_step_t;
+
+typedef struct {
+    uint32_t id;
+    uint32_t len;
+    uint32_t content_off; /* raw text (not ByteLevel) in the arena */
+    const char *content;  /* the same, once the arena is complete */
+    bool lstrip, rstrip;
+} kvf_tok_added_t;
+
+typedef struct {
+    uint32_t text_off, text_len;   /* spelling in tokenizer.json */
+    uint32_t bytes_off, bytes_len; /* bytes it decodes to */
+    bool present;
+    UT_hash_handle hh; /* in the vocabulary map (model.vocab entries only),
+                          keyed by the spelling in the arena */
+} kvf_tok_entry_t;
+
+/* A merge: the pair (left, right) of ids becomes merged, at rank. */
+typedef struct {
+    uint64_t pair; /* left << 32 | right: the key */
+    uint32_t rank;
+    uint32_t merged;
+    UT_hash_handle hh;
+} kvf_tok_merge_t;
+
+struct kvf_tokenizer {
+    char *arena; /* spellings and bytes of every token */
+    size_t arena_len, arena_cap;
+    kvf_tok_entry_t *tokens; /* [n_ids] */
+    uint32_t n_ids;
+    kvf_tok_entry_t *vocab; /* map head: spelling -> entry (id = entry - tokens) */
+
+    kvf_tok_merge_t *merge_nodes; /* [n_merges]: the merges map's elements */
+    size_t n_merges;
+    kvf_tok_merge_t *merges; /* map head: pair -> merge */
+
+    uint32_t byte_id[256];         /* ByteLevel symbol id of each byte, KVF_TOK_NO_ID if absent */
+    uint8_t byte_spelling[256][3]; /* UTF-8 of each byte's symbol */
+    uint8_t byte_spelling_len[256];
+    int16_t cp_to_byte[KVF_TOK_BYTE_LEVEL_CPS]; /* -1: not a byte symbol */
+
+    kvf_tok_split_step_t *steps;
+    size_t n_steps;
+    bool add_prefix_space;
+    bool ignore_merges;
+
+    kvf_tok_added_t *added;
+    size_t n_added;
+    bool added_first_byte[256];
+
+    int64_t bos_id, eos_id;
+    bool adds_bos;
+};
+
+/* ---- tokenizer_vocab.c ---- */
+
+/* GPT-2's byte <-> symbol mapping into tok (the first step of a load). */
+void kvf_tokenizer__byte_mapping(kvf_tokenizer_t *tok);
+
+/* Reads model.vocab, added_tokens (NULL: none) and model.merges into tok
+ * and builds the maps; errors are logged naming path. */
+kvf_status_t kvf_tokenizer__load_vocab(kvf_tokenizer_t *tok, const char *path,
+                                       const cJSON *vocab, const cJSON *added,
+                                       const cJSON *merges);
+
+/* Frees what kvf_tokenizer__load_vocab() built (not tok itself). */
+void kvf_tokenizer__free_vocab(kvf_tokenizer_t *tok);
+
+/* The model.vocab id spelled text[0..len), or KVF_TOK_NO_ID. */
+uint32_t kvf_tokenizer__vocab_find(const kvf_tokenizer_t *tok, const char *text, size_t len);
+
+/* The merge of the pair (left, right), or NULL. */
+const kvf_tok_merge_t *kvf_tokenizer__merge_find(const kvf_tokenizer_t *tok, uint32_t left,
+                                                 uint32_t right);
+
+/* Reads an id: a JSON integer in [0, KVF_TOK_MAX_IDS). */
+bool kvf_tokenizer__json_id(const cJSON *item, uint32_t *id_p);
+
+#endif
