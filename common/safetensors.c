@@ -1,5 +1,6 @@
 /* safetensors reader (mmap) and writer. See kvf/safetensors.h. */
 #include "kvf/safetensors.h"
+#include "kvf/hashmap.h"
 #include "kvf/log.h"
 
 #include <cjson/cJSON.h>
@@ -15,14 +16,21 @@
 /* A header larger than this is refused: real headers are a few MB at most. */
 #define KVF_ST_MAX_HEADER (256u << 20)
 
+/* A tensor and its place in the by-name map. */
+typedef struct {
+    kvf_st_tensor_t tensor;
+    UT_hash_handle hh; /* keyed by tensor.name */
+} st_entry_t;
+
 struct kvf_safetensors {
     char *path;
     void *map;          /* the whole file, read-only */
     size_t map_bytes;
     size_t header_len;  /* JSON bytes after the 8-byte length */
     uint64_t header_hash;
-    kvf_st_tensor_t *tensors; /* (n_tensors) */
+    st_entry_t *entries; /* (n_tensors) */
     size_t n_tensors;
+    st_entry_t *by_name; /* map head: name -> entry */
     char *names;        /* one allocation holding every tensor name */
 };
 
@@ -152,46 +160,41 @@ static kvf_status_t parse_entry(const char *path, const cJSON *entry, size_t dat
     return KVF_OK;
 }
 
-kvf_status_t kvf_safetensors_open(const char *path, kvf_safetensors_t **st_p)
+/* Maps path read-only into f (map, map_bytes). */
+static kvf_status_t map_file(kvf_safetensors_t *f, const char *path)
 {
-    kvf_status_t st = KVF_OK;
-    kvf_safetensors_t *f = calloc(1, sizeof(*f));
-    if (!f)
-        return KVF_ERR_NOMEM;
-    f->path = strdup(path);
-    if (!f->path) {
-        st = KVF_ERR_NOMEM;
-        goto fail_path;
-    }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        st = errno == ENOENT ? KVF_ERR_NOT_FOUND : KVF_ERR_IO;
+        kvf_status_t st = errno == ENOENT ? KVF_ERR_NOT_FOUND : KVF_ERR_IO;
         kvf_log_error("%s: open failed: %m", path);
-        goto fail_open;
+        return st;
     }
+    kvf_status_t st = KVF_OK;
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         kvf_log_error("%s: stat failed: %m", path);
         st = KVF_ERR_IO;
-        close(fd);
-        goto fail_open;
-    }
-    if (sb.st_size < 8) {
+    } else if (sb.st_size < 8) {
         kvf_log_error("%s: %lld bytes, too short for a safetensors header", path,
                       (long long)sb.st_size);
         st = KVF_ERR_FORMAT;
-        close(fd);
-        goto fail_open;
+    } else {
+        f->map_bytes = (size_t)sb.st_size;
+        f->map = mmap(NULL, f->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (f->map == MAP_FAILED) {
+            f->map = NULL;
+            kvf_log_error("%s: mmap failed: %m", path);
+            st = KVF_ERR_IO;
+        }
     }
-    f->map_bytes = (size_t)sb.st_size;
-    f->map = mmap(NULL, f->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (f->map == MAP_FAILED) {
-        f->map = NULL;
-        kvf_log_error("%s: mmap failed: %m", path);
-        st = KVF_ERR_IO;
-        goto fail_open;
-    }
+    return st;
+}
+
+/* The header of the mapped file: its length, hash and JSON (*root_p owned
+ * by the caller, cJSON_Delete). */
+static kvf_status_t parse_header(kvf_safetensors_t *f, const char *path, cJSON **root_p)
+{
     const uint8_t *bytes = f->map;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
@@ -200,17 +203,24 @@ kvf_status_t kvf_safetensors_open(const char *path, kvf_safetensors_t **st_p)
         kvf_log_error("%s: header length %llu does not fit the file (%zu bytes): truncated or "
                       "not safetensors",
                       path, (unsigned long long)hlen, f->map_bytes);
-        st = KVF_ERR_FORMAT;
-        goto fail_header;
+        return KVF_ERR_FORMAT;
     }
     f->header_len = (size_t)hlen;
     f->header_hash = kvf_fnv64(KVF_FNV64_INIT, bytes + 8, f->header_len);
     cJSON *root = cJSON_ParseWithLength((const char *)bytes + 8, f->header_len);
     if (!cJSON_IsObject(root)) {
         kvf_log_error("%s: header is not a JSON object", path);
-        st = KVF_ERR_FORMAT;
-        goto fail_json;
+        cJSON_Delete(root);
+        return KVF_ERR_FORMAT;
     }
+    *root_p = root;
+    return KVF_OK;
+}
+
+/* Every tensor entry of the header (all but __metadata__), validated,
+ * with its name copied and in the by-name map. */
+static kvf_status_t read_entries(kvf_safetensors_t *f, const char *path, const cJSON *root)
+{
     size_t n = 0, name_bytes = 0;
     for (const cJSON *e = root->child; e; e = e->next) {
         if (!strcmp(e->string, "__metadata__"))
@@ -218,42 +228,58 @@ kvf_status_t kvf_safetensors_open(const char *path, kvf_safetensors_t **st_p)
         n++;
         name_bytes += strlen(e->string) + 1;
     }
-    f->tensors = calloc(n ? n : 1, sizeof(*f->tensors));
+    f->entries = calloc(n ? n : 1, sizeof(*f->entries));
     f->names = malloc(name_bytes ? name_bytes : 1);
-    if (!f->tensors || !f->names) {
-        st = KVF_ERR_NOMEM;
-        goto fail_json;
-    }
-    const uint8_t *data = bytes + 8 + f->header_len;
+    if (!f->entries || !f->names)
+        return KVF_ERR_NOMEM;
+    const uint8_t *data = (const uint8_t *)f->map + 8 + f->header_len;
     size_t data_bytes = f->map_bytes - 8 - f->header_len;
     char *np = f->names;
     for (const cJSON *e = root->child; e; e = e->next) {
         if (!strcmp(e->string, "__metadata__"))
             continue;
-        kvf_st_tensor_t *t = &f->tensors[f->n_tensors];
-        st = parse_entry(path, e, data_bytes, data, t);
+        st_entry_t *entry = &f->entries[f->n_tensors];
+        kvf_st_tensor_t *t = &entry->tensor;
+        kvf_status_t st = parse_entry(path, e, data_bytes, data, t);
         if (st != KVF_OK)
-            goto fail_json;
+            return st;
         size_t len = strlen(e->string) + 1;
         memcpy(np, e->string, len);
         t->name = np;
         np += len;
         f->n_tensors++;
+        /* A name the header repeats: the first entry is the one found. */
+        if (kvf_safetensors_find(f, t->name))
+            continue;
+        KVF_HASH_ADD_KEYPTR(f->by_name, t->name, len - 1, entry, st);
+        if (st != KVF_OK)
+            return st;
     }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_safetensors_open(const char *path, kvf_safetensors_t **st_p)
+{
+    kvf_safetensors_t *f = calloc(1, sizeof(*f));
+    if (!f)
+        return KVF_ERR_NOMEM;
+    f->path = strdup(path);
+    kvf_status_t st = f->path ? map_file(f, path) : KVF_ERR_NOMEM;
+    if (st != KVF_OK)
+        goto fail_open;
+    cJSON *root;
+    st = parse_header(f, path, &root);
+    if (st != KVF_OK)
+        goto fail_open;
+    st = read_entries(f, path, root);
     cJSON_Delete(root);
+    if (st != KVF_OK)
+        goto fail_open;
     *st_p = f;
     return KVF_OK;
 
-fail_json:
-    cJSON_Delete(root);
-fail_header:
-    munmap(f->map, f->map_bytes);
 fail_open:
-    free(f->tensors);
-    free(f->names);
-    free(f->path);
-fail_path:
-    free(f);
+    kvf_safetensors_close(f);
     return st;
 }
 
@@ -263,7 +289,8 @@ void kvf_safetensors_close(kvf_safetensors_t *st)
         return;
     if (st->map)
         munmap(st->map, st->map_bytes);
-    free(st->tensors);
+    HASH_CLEAR(hh, st->by_name);
+    free(st->entries);
     free(st->names);
     free(st->path);
     free(st);
@@ -271,10 +298,9 @@ void kvf_safetensors_close(kvf_safetensors_t *st)
 
 const kvf_st_tensor_t *kvf_safetensors_find(const kvf_safetensors_t *st, const char *name)
 {
-    for (size_t i = 0; i < st->n_tensors; i++)
-        if (!strcmp(st->tensors[i].name, name))
-            return &st->tensors[i];
-    return NULL;
+    const st_entry_t *e;
+    HASH_FIND(hh, st->by_name, name, strlen(name), e);
+    return e ? &e->tensor : NULL;
 }
 
 size_t kvf_safetensors_count(const kvf_safetensors_t *st)
@@ -284,7 +310,7 @@ size_t kvf_safetensors_count(const kvf_safetensors_t *st)
 
 const kvf_st_tensor_t *kvf_safetensors_tensor(const kvf_safetensors_t *st, size_t i)
 {
-    return i < st->n_tensors ? &st->tensors[i] : NULL;
+    return i < st->n_tensors ? &st->entries[i].tensor : NULL;
 }
 
 const char *kvf_safetensors_path(const kvf_safetensors_t *st)
