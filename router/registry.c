@@ -1,0 +1,337 @@
+/* The node table: registration, heartbeats, liveness, health and the
+ * snapshot for /metrics. See router_internal.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvf/clock.h"
+#include "kvf/log.h"
+#include "router_internal.h"
+
+static const char *const node_state_names[] = {"live", "draining", "dead"};
+
+/* A repeated Register within this long from the same inbox is a retry
+ * that crossed our reply, not a restart. */
+#define REGISTER_RETRY_NS (2 * 1000000000ull)
+
+kvf_router_node_t *kvf_router__node_get(kvf_router_t *r, kvf_node_ref_t ref)
+{
+    uint32_t slot = (uint32_t)ref, gen = (uint32_t)(ref >> 32);
+    if (ref == KVF_NODE_NONE || slot >= ROUTER_MAX_NODES)
+        return NULL;
+    kvf_router_node_t *n = &r->nodes.slots[slot];
+    return n->used && n->gen == gen ? n : NULL;
+}
+
+kvf_node_ref_t kvf_router__node_ref(const kvf_router_t *r, const kvf_router_node_t *n)
+{
+    return ((uint64_t)n->gen << 32) | (uint64_t)(n - r->nodes.slots);
+}
+
+const char *kvf_router__role_name(Kvf__Role role)
+{
+    return role == KVF__ROLE__ROLE_PREFILL  ? "prefill"
+           : role == KVF__ROLE__ROLE_DECODE ? "decode"
+                                            : "other";
+}
+
+const char *kvf_router__node_state_name(kvf_node_state_t state)
+{
+    return node_state_names[state];
+}
+
+void kvf_router__send(kvf_router_t *r, const char *url, kvf_envelope_t *env)
+{
+    env->sender = "router";
+    kvf_status_t st = kvf_outboxes_send(r->outboxes, url, env, ROUTER_SEND_TIMEOUT_MS);
+    if (st != KVF_OK)
+        kvf_log_warn("send %s to %s: %s", kvf_envelope_body_name(env), url, kvf_status_str(st));
+}
+
+static kvf_router_node_t *node_find(kvf_router_t *r, const char *id)
+{
+    for (int i = 0; i < ROUTER_MAX_NODES; i++)
+        if (r->nodes.slots[i].used && !strcmp(r->nodes.slots[i].id, id))
+            return &r->nodes.slots[i];
+    return NULL;
+}
+
+/* Empties n's slot: references to it no longer resolve. */
+static void node_free(kvf_router_node_t *n)
+{
+    free(n->xfer_desc);
+    memset(n, 0, sizeof(*n));
+}
+
+static void reply_register(kvf_router_t *r, const char *url, const char *node_id,
+                           kvf_status_t status, const char *error)
+{
+    Kvf__RegisterReply rr = KVF__REGISTER_REPLY__INIT;
+    rr.node_id = (char *)node_id;
+    rr.status = status;
+    rr.error = (char *)(error ? error : "");
+    rr.heartbeat_ms = r->cfg.heartbeat_ms;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;
+    env.register_reply = &rr;
+    env.sender = "router";
+    kvf_status_t st = kvf_outboxes_send(r->outboxes, url, &env, ROUTER_CONNECT_TIMEOUT_MS);
+    if (st != KVF_OK)
+        kvf_log_warn("register reply to %s: %s", url, kvf_status_str(st));
+}
+
+/* Why reg cannot join this cluster (in msg when formatted), or NULL. */
+static const char *register_refusal(const kvf_router_t *r, const Kvf__Register *reg, char *msg,
+                                    size_t msg_len)
+{
+    const Kvf__KvGeometry *g = reg->geometry;
+    const Kvf__KvGeometry *cg = &r->nodes.geometry;
+    if (!*reg->node_id || strlen(reg->node_id) >= ROUTER_ID_LEN)
+        return "node id missing or too long";
+    if (reg->role != KVF__ROLE__ROLE_PREFILL && reg->role != KVF__ROLE__ROLE_DECODE)
+        return "role must be prefill or decode";
+    if (!g || g->block_size == 0 || g->block_size > 256)
+        return "KV geometry missing or block size outside 1..256";
+    if ((int)g->n_layers != r->model.n_layers || (int)g->n_kv_heads != r->model.n_kv_heads ||
+        (int)g->head_dim != r->model.head_dim) {
+        snprintf(msg, msg_len,
+                 "KV geometry %u layers x %u kv heads x %u head dim does not match the model "
+                 "(%d x %d x %d)",
+                 g->n_layers, g->n_kv_heads, g->head_dim, r->model.n_layers,
+                 r->model.n_kv_heads, r->model.head_dim);
+        return msg;
+    }
+    if (r->nodes.have_geometry && (g->block_size != cg->block_size || g->dtype != cg->dtype ||
+                                   g->layout != cg->layout)) {
+        snprintf(msg, msg_len,
+                 "KV block size %u / dtype %d / layout %u differ from the cluster's (%u / %d / "
+                 "%u)",
+                 g->block_size, (int)g->dtype, g->layout, cg->block_size, (int)cg->dtype,
+                 cg->layout);
+        return msg;
+    }
+    if (r->nodes.fingerprint[0] && strcmp(r->nodes.fingerprint, reg->model_fingerprint) != 0) {
+        snprintf(msg, msg_len, "model fingerprint %.32s differs from the cluster's %s",
+                 reg->model_fingerprint, r->nodes.fingerprint);
+        return msg;
+    }
+    if (reg->role == KVF__ROLE__ROLE_DECODE && reg->xfer_desc.len == 0)
+        return "decode node without a transfer descriptor";
+    return NULL;
+}
+
+/* Fills the free slot n from reg; false when out of memory. */
+static bool node_fill(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Register *reg)
+{
+    n->xfer_desc = reg->xfer_desc.len ? malloc(reg->xfer_desc.len) : NULL;
+    if (reg->xfer_desc.len && !n->xfer_desc)
+        return false;
+    if (reg->xfer_desc.len)
+        memcpy(n->xfer_desc, reg->xfer_desc.data, reg->xfer_desc.len);
+    n->xfer_desc_len = reg->xfer_desc.len;
+    n->used = true;
+    if (++r->nodes.last_gen == 0) /* 0 is no generation (KVF_NODE_NONE) */
+        r->nodes.last_gen = 1;
+    n->gen = r->nodes.last_gen;
+    snprintf(n->id, sizeof(n->id), "%s", reg->node_id);
+    snprintf(n->inbox, sizeof(n->inbox), "%s", reg->inbox_url);
+    n->role = reg->role;
+    n->block_size = reg->geometry->block_size;
+    n->capacity_blocks = reg->capacity_blocks;
+    n->max_running = reg->max_running;
+    n->max_context = reg->max_context;
+    n->prefill_local = reg->prefill_local;
+    n->state = NODE_LIVE;
+    n->blocks_free = n->blocks_total = reg->capacity_blocks;
+    n->last_seen_ns = n->registered_ns = kvf_clock_ns();
+    if (!r->nodes.have_geometry) {
+        r->nodes.geometry = *reg->geometry;
+        r->nodes.geometry.base.descriptor = &kvf__kv_geometry__descriptor;
+        r->nodes.have_geometry = true;
+    }
+    if (!r->nodes.fingerprint[0])
+        snprintf(r->nodes.fingerprint, sizeof(r->nodes.fingerprint), "%s",
+                 reg->model_fingerprint);
+    return true;
+}
+
+void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg)
+{
+    if (!reg->inbox_url || !*reg->inbox_url || strlen(reg->inbox_url) >= ROUTER_URL_LEN) {
+        kvf_log_warn("register without a usable inbox dropped");
+        r->count.malformed++;
+        return;
+    }
+    char msg[256];
+    const char *why = register_refusal(r, reg, msg, sizeof(msg));
+    if (why) {
+        kvf_log_warn("refused node %s at %s: %s", reg->node_id, reg->inbox_url, why);
+        reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_MISMATCH, why);
+        return;
+    }
+    kvf_router_node_t *n = node_find(r, reg->node_id);
+    if (n && n->state != NODE_DEAD && n->registered_ns + REGISTER_RETRY_NS > kvf_clock_ns() &&
+        !strcmp(n->inbox, reg->inbox_url)) {
+        /* A repeated Register (our reply crossed its retry): answer again. */
+        reply_register(r, reg->inbox_url, reg->node_id, KVF_OK, NULL);
+        return;
+    }
+    if (n) {
+        /* The same id again: the node restarted; what it held is gone. */
+        kvf_router__node_lost(r, n, "registered again (restarted)");
+        node_free(n);
+    } else {
+        for (int i = 0; i < ROUTER_MAX_NODES && !n; i++)
+            if (!r->nodes.slots[i].used)
+                n = &r->nodes.slots[i];
+        if (!n) {
+            reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_NO_SPACE,
+                           "the router's node table is full");
+            return;
+        }
+    }
+    if (!node_fill(r, n, reg))
+        return;
+    kvf_log_info("node %s registered: %s%s at %s, %u blocks of %u tokens", n->id,
+                 kvf_router__role_name(n->role), n->prefill_local ? " (+prefill)" : "", n->inbox,
+                 n->capacity_blocks, n->block_size);
+    reply_register(r, n->inbox, n->id, KVF_OK, NULL);
+    kvf_router__drain_queue(r);
+}
+
+/* Tells a node the router does not know to register again. */
+static void refuse_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
+{
+    if (!*hb->inbox_url || strlen(hb->inbox_url) >= ROUTER_URL_LEN)
+        return;
+    Kvf__Error e = KVF__ERROR__INIT;
+    e.status = KVF_ERR_NOT_FOUND;
+    e.message = "unknown node: register again";
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_ERROR;
+    env.error = &e;
+    kvf_router__send(r, hb->inbox_url, &env);
+}
+
+void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
+{
+    kvf_router_node_t *n = node_find(r, hb->node_id);
+    if (!n || n->state == NODE_DEAD) {
+        refuse_heartbeat(r, hb);
+        return;
+    }
+    n->last_seen_ns = kvf_clock_ns();
+    if (hb->load) {
+        n->blocks_free = hb->load->blocks_free;
+        n->blocks_used = hb->load->blocks_used;
+        n->blocks_total = hb->load->blocks_total;
+        n->running = hb->load->running;
+        n->queued_requests = hb->load->queued_requests;
+        n->queued_tokens = hb->load->queued_tokens;
+    }
+    n->pending_blocks = n->pending_running = 0;
+    n->pending_tokens = 0;
+    kvf_node_state_t st = strcmp(hb->state, "draining") == 0 ? NODE_DRAINING : NODE_LIVE;
+    if (st != n->state)
+        kvf_log_info("node %s is %s", n->id, node_state_names[st]);
+    n->state = st;
+    kvf_router__drain_queue(r);
+}
+
+void kvf_router__on_deregister(kvf_router_t *r, const Kvf__Deregister *d)
+{
+    kvf_router_node_t *n = node_find(r, d->node_id);
+    if (!n)
+        return;
+    kvf_router__node_lost(r, n, "deregistered");
+    kvf_log_info("node %s left: %s", n->id, d->reason);
+    node_free(n);
+}
+
+void kvf_router__check_liveness(kvf_router_t *r, uint64_t now_ns)
+{
+    uint64_t dead_ns = (uint64_t)r->cfg.heartbeat_ms * r->cfg.dead_after_missed * 1000000ull;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        kvf_router_node_t *n = &r->nodes.slots[i];
+        if (n->used && n->state != NODE_DEAD && now_ns - n->last_seen_ns > dead_ns) {
+            n->state = NODE_DEAD;
+            kvf_router__node_lost(r, n, "missed its heartbeats: dead");
+        }
+    }
+}
+
+void kvf_router__registry_fini(kvf_router_t *r)
+{
+    for (int i = 0; i < ROUTER_MAX_NODES; i++)
+        node_free(&r->nodes.slots[i]);
+}
+
+/* ---- health and metrics ------------------------------------------------------ */
+
+kvf_status_t kvf_router_health(kvf_router_t *r, char *why, size_t why_len)
+{
+    unsigned prefill = 0, decode = 0, decode_local = 0;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        const kvf_router_node_t *n = &r->nodes.slots[i];
+        if (!n->used || n->state != NODE_LIVE)
+            continue;
+        if (n->role == KVF__ROLE__ROLE_PREFILL)
+            prefill++;
+        else if (n->role == KVF__ROLE__ROLE_DECODE)
+            n->prefill_local ? decode_local++ : decode++;
+    }
+    if (decode + decode_local == 0) {
+        snprintf(why, why_len, "no live decode node (%u live prefill)", prefill);
+        return KVF_ERR_AGAIN;
+    }
+    if (prefill == 0 && decode_local == 0) {
+        snprintf(why, why_len,
+                 "no live prefill node and no decode node with --prefill-local (%u live decode)",
+                 decode);
+        return KVF_ERR_AGAIN;
+    }
+    snprintf(why, why_len, "%u prefill, %u decode (%u with --prefill-local) live", prefill,
+             decode + decode_local, decode_local);
+    return KVF_OK;
+}
+
+kvf_status_t kvf_router_snapshot(kvf_router_t *r, kvf_router_snapshot_t *snap)
+{
+    size_t n = 0;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++)
+        n += r->nodes.slots[i].used;
+    kvf_router_node_info_t *nodes = calloc(n ? n : 1, sizeof(*nodes));
+    if (!nodes)
+        return KVF_ERR_NOMEM;
+    size_t k = 0;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        const kvf_router_node_t *node = &r->nodes.slots[i];
+        if (!node->used)
+            continue;
+        kvf_router_node_info_t *info = &nodes[k++];
+        snprintf(info->id, sizeof(info->id), "%s", node->id);
+        info->role = kvf_router__role_name(node->role);
+        info->state = node_state_names[node->state];
+        info->prefill_local = node->prefill_local;
+        info->blocks_used = node->blocks_used;
+        info->blocks_total = node->blocks_total;
+        info->running = node->running;
+        info->queued_requests = node->queued_requests;
+        info->queued_tokens = node->queued_tokens;
+        info->dispatched = node->dispatched;
+    }
+    snap->requests_queued = r->queue_len;
+    snap->requests_running = (uint32_t)(r->count.running - r->queue_len);
+    snap->n_nodes = n;
+    snap->nodes = nodes;
+    return KVF_OK;
+}
+
+void kvf_router_snapshot_fini(kvf_router_snapshot_t *snap)
+{
+    free(snap->nodes);
+    snap->nodes = NULL;
+    snap->n_nodes = 0;
+}

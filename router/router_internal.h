@@ -1,0 +1,260 @@
+/* Private to router/: the router's state and what its files share.
+ *
+ * One concept per file:
+ *   registry.c  the node table: registration, heartbeats, liveness, health
+ *   requests.c  the request table: submit, cancel, finish, output to sinks
+ *   sched.c     picking nodes, dispatch, re-dispatch, the wait queue
+ *   stream.c    a request's output: tokens placed by position
+ *   native.c    the native client front end (kvf/clientsock.h)
+ *   loop.c      the event loop, work posted by other threads, lifecycle
+ * Everything here runs on the loop thread (kvf_router_post aside). */
+#ifndef KVF_ROUTER_INTERNAL_H
+#define KVF_ROUTER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The request table survives an allocation failure (the add is refused,
+ * hh.tbl left NULL) instead of exiting. */
+#define HASH_NONFATAL_OOM 1
+#include <uthash.h>
+
+#include "kvf/clientsock.h"
+#include "kvf/model.h"
+#include "kvf/msg.h"
+#include "kvf/tokenizer.h"
+#include "router.h"
+
+#define ROUTER_MAX_NODES    256
+#define ROUTER_MAX_EXCLUDED 8
+#define ROUTER_MAX_STOP     8
+#define ROUTER_ID_LEN       64
+#define ROUTER_URL_LEN      256
+/* Sends to nodes must not stall the loop: a node's outbox is connected when
+ * it registers (the reply may wait for that), later sends wait briefly. */
+#define ROUTER_SEND_TIMEOUT_MS    20
+#define ROUTER_CONNECT_TIMEOUT_MS 500
+
+/* ---- nodes (registry.c) ---------------------------------------------------- */
+
+typedef enum {
+    NODE_LIVE = 0,
+    NODE_DRAINING = 1,
+    NODE_DEAD = 2,
+} kvf_node_state_t;
+
+/* A node as requests refer to it: its slot in the table and the slot's
+ * generation when it was taken. It resolves (kvf_router__node_get) to NULL
+ * once the slot was freed or taken by another registration, so a request
+ * never reaches a node that replaced the one it was sent to. */
+typedef uint64_t kvf_node_ref_t;
+#define KVF_NODE_NONE ((kvf_node_ref_t)0)
+
+/* One registered node. */
+typedef struct {
+    bool used;
+    uint32_t gen; /* the slot's generation (see kvf_node_ref_t); never 0 while used */
+    char id[ROUTER_ID_LEN];
+    Kvf__Role role;
+    char inbox[ROUTER_URL_LEN];
+    uint32_t block_size;
+    uint32_t capacity_blocks;
+    uint8_t *xfer_desc; /* (xfer_desc_len) owned */
+    size_t xfer_desc_len;
+    uint32_t max_running;
+    uint32_t max_context;
+    bool prefill_local;
+    kvf_node_state_t state;
+    /* From the last heartbeat. */
+    uint32_t blocks_free, blocks_used, blocks_total, running, queued_requests;
+    uint64_t queued_tokens;
+    /* Work handed out since that heartbeat (not in its numbers yet). */
+    uint32_t pending_blocks, pending_running;
+    uint64_t pending_tokens;
+    uint64_t last_seen_ns;
+    uint64_t registered_ns;
+    uint64_t dispatched; /* request attempts sent to it */
+} kvf_router_node_t;
+
+/* The node table and what the cluster agreed on. */
+typedef struct {
+    kvf_router_node_t slots[ROUTER_MAX_NODES];
+    uint32_t last_gen; /* generations handed out so far */
+    /* Cluster-wide KV agreement, set by the first node to register. */
+    char fingerprint[64];
+    Kvf__KvGeometry geometry;
+    bool have_geometry;
+} kvf_router_registry_t;
+
+/* ---- requests (requests.c) ------------------------------------------------- */
+
+typedef enum {
+    REQ_QUEUED = 0,
+    REQ_PREFILL = 1,
+    REQ_DECODE = 2,
+} kvf_req_state_t;
+
+/* What the client asked for; fixed at submit. */
+typedef struct {
+    uint32_t *prompt; /* (n_prompt) */
+    uint32_t n_prompt;
+    float temperature, top_p;
+    uint32_t top_k;
+    uint64_t seed;
+    bool has_seed;
+    uint32_t max_tokens; /* in total */
+    bool ignore_eos;
+    char *stop[ROUTER_MAX_STOP]; /* (n_stop) owned */
+    size_t n_stop;
+} kvf_req_asked_t;
+
+/* Where the current attempt (epoch) runs. */
+typedef struct {
+    kvf_req_state_t state;
+    uint64_t epoch;
+    unsigned attempts;
+    kvf_node_ref_t prefill, decode;
+    kvf_node_ref_t excluded[ROUTER_MAX_EXCLUDED]; /* decode nodes that refused this attempt */
+    int n_excluded;
+    uint64_t rng_state; /* sampler state after the last streamed token */
+} kvf_req_placement_t;
+
+/* The output stream: what the client has been sent. */
+typedef struct {
+    uint32_t *gen; /* (n_gen) tokens streamed so far, cap_gen allocated */
+    uint32_t n_gen, cap_gen;
+    uint32_t gen_at_dispatch; /* n_gen when the current epoch was sent */
+    /* Tokens of the current epoch that arrived before its first token
+     * (the decode node's chunks can overtake the prefill node's
+     * PrefillDone): positions [held_first, held_first + n_held). */
+    uint32_t *held;
+    uint32_t held_first, n_held, cap_held;
+    int held_finish;
+    /* Text for the client and stop strings. */
+    kvf_detok_t detok;
+    char *text; /* (text_len) everything streamed as text so far */
+    size_t text_len, text_cap;
+    size_t text_sent;
+} kvf_req_output_t;
+
+/* Timing, and what the nodes reported. */
+typedef struct {
+    uint64_t arrival_ns, queued_ns, first_ns, deadline_ns;
+    uint64_t last_token_ns; /* when the client got its latest token (metrics) */
+    uint64_t progress_ns;   /* the current attempt's last sign of progress */
+    uint64_t prefill_compute_us, handoff_us, kv_bytes;
+} kvf_req_timing_t;
+
+typedef struct kvf_router_req kvf_router_req_t;
+struct kvf_router_req {
+    uint64_t id;
+    kvf_router_sink_t sink; /* where the output goes */
+    kvf_req_asked_t ask;
+    kvf_req_placement_t place;
+    kvf_req_output_t out;
+    kvf_req_timing_t t;
+    UT_hash_handle hh;                        /* the request table, by id */
+    kvf_router_req_t *queue_prev, *queue_next; /* the wait queue; prev NULL: not in it */
+};
+
+/* ---- the router ------------------------------------------------------------ */
+
+typedef struct kvf_native_sink kvf_native_sink_t;
+typedef struct kvf_posted kvf_posted_t;
+
+struct kvf_router {
+    kvf_router_config_t cfg;
+    kvf_model_config_t model;
+    kvf_tokenizer_t *tok;
+    kvf_inbox_t *inbox;
+    kvf_client_server_t *clients;
+    kvf_outboxes_t *outboxes;
+    kvf_router_registry_t nodes;
+    kvf_router_req_t *requests; /* uthash by id: every live request */
+    kvf_router_req_t *queue;    /* utlist, oldest first: waiting for a decode node */
+    unsigned queue_len;
+    kvf_native_sink_t *natives; /* live requests of native clients */
+    /* Work handed over by other threads (kvf_router_post). */
+    pthread_mutex_t post_lock;
+    kvf_posted_t *posted, *posted_tail;
+    int post_fd; /* eventfd: readable while work is posted */
+    uint64_t next_req_id;
+    struct {
+        uint64_t requests, running, failed, cancelled, completed, stale, malformed,
+            redispatched;
+    } count;
+    kvf_metrics_t *metrics; /* owned */
+};
+
+/* ---- registry.c ------------------------------------------------------------ */
+
+kvf_router_node_t *kvf_router__node_get(kvf_router_t *r, kvf_node_ref_t ref);
+kvf_node_ref_t kvf_router__node_ref(const kvf_router_t *r, const kvf_router_node_t *n);
+const char *kvf_router__role_name(Kvf__Role role);
+const char *kvf_router__node_state_name(kvf_node_state_t state);
+/* Sends env to url without stalling the loop (a failure is logged). */
+void kvf_router__send(kvf_router_t *r, const char *url, kvf_envelope_t *env);
+void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg);
+void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb);
+void kvf_router__on_deregister(kvf_router_t *r, const Kvf__Deregister *d);
+/* Marks nodes that missed their heartbeats dead (their requests are sent
+ * again). */
+void kvf_router__check_liveness(kvf_router_t *r, uint64_t now_ns);
+void kvf_router__registry_fini(kvf_router_t *r);
+
+/* ---- requests.c ------------------------------------------------------------ */
+
+kvf_router_req_t *kvf_router__req_find(kvf_router_t *r, uint64_t id);
+/* The request a node's message names, if (id, epoch) is its current
+ * attempt; NULL (counted as stale) otherwise. what names the message. */
+kvf_router_req_t *kvf_router__req_current(kvf_router_t *r, uint64_t id, uint64_t epoch,
+                                          const char *what);
+/* Ends q towards the client (one final chunk) and frees it. */
+void kvf_router__req_finish(kvf_router_t *r, kvf_router_req_t *q, Kvf__FinishReason reason,
+                            kvf_status_t status, const char *error);
+/* Hands a chunk of q's output to its sink. */
+void kvf_router__emit(kvf_router_req_t *q, kvf_router_chunk_t *chunk);
+void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd);
+void kvf_router__on_token_chunk(kvf_router_t *r, const Kvf__TokenChunk *c);
+void kvf_router__on_error(kvf_router_t *r, const Kvf__Error *e, const char *sender);
+/* Frees every request without a word to its sink (shutdown). */
+void kvf_router__requests_fini(kvf_router_t *r);
+
+/* ---- sched.c --------------------------------------------------------------- */
+
+/* Places q: dispatches it when a decode and a prefill node can take it,
+ * queues it otherwise, or finishes it with an error. */
+void kvf_router__schedule(kvf_router_t *r, kvf_router_req_t *q);
+/* Dispatches queued requests, oldest first, while nodes have room. */
+void kvf_router__drain_queue(kvf_router_t *r);
+/* Sends q again (new epoch) after its nodes failed it. */
+void kvf_router__redispatch(kvf_router_t *r, kvf_router_req_t *q, const char *why);
+/* Tells the nodes working on q's current epoch to drop it. */
+void kvf_router__cancel_nodes(kvf_router_t *r, kvf_router_req_t *q, const char *reason);
+void kvf_router__queue_remove(kvf_router_t *r, kvf_router_req_t *q);
+/* Re-dispatches every request that used node n (it died or left). */
+void kvf_router__node_lost(kvf_router_t *r, kvf_router_node_t *n, const char *why);
+/* Finishes or re-dispatches requests past their deadlines. */
+void kvf_router__check_deadlines(kvf_router_t *r, uint64_t now_ns);
+
+/* ---- stream.c -------------------------------------------------------------- */
+
+/* Appends tokens at positions [first, first + n) of q's output (tokens it
+ * already has are skipped), streams them and checks the stop conditions.
+ * Returns true when q was finished (and freed). */
+bool kvf_router__stream_tokens(kvf_router_t *r, kvf_router_req_t *q, uint32_t first,
+                               const uint32_t *tokens, size_t n, Kvf__FinishReason node_finish);
+/* Streams what was held once the gap before it is closed. Returns true
+ * when q was finished (and freed). */
+bool kvf_router__release_held(kvf_router_t *r, kvf_router_req_t *q);
+void kvf_router__output_fini(kvf_req_output_t *out);
+
+/* ---- native.c -------------------------------------------------------------- */
+
+void kvf_router__handle_client_message(kvf_router_t *r, kvf_envelope_t *env,
+                                       const kvf_client_hdr_t *hdr);
+void kvf_router__natives_fini(kvf_router_t *r);
+
+#endif

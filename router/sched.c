@@ -1,0 +1,341 @@
+/* Scheduling: picking a decode and a prefill node for a request, dispatch,
+ * re-dispatch after a node failed, the wait queue, and request deadlines.
+ * See router_internal.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <utlist.h>
+
+#include "kvf/clock.h"
+#include "kvf/log.h"
+#include "router_internal.h"
+
+/* ---- the wait queue ------------------------------------------------------------ */
+
+static void queue_push(kvf_router_t *r, kvf_router_req_t *q)
+{
+    q->place.state = REQ_QUEUED;
+    q->t.queued_ns = kvf_clock_ns();
+    DL_APPEND2(r->queue, q, queue_prev, queue_next);
+    r->queue_len++;
+}
+
+void kvf_router__queue_remove(kvf_router_t *r, kvf_router_req_t *q)
+{
+    if (!q->queue_prev)
+        return; /* not queued */
+    DL_DELETE2(r->queue, q, queue_prev, queue_next);
+    q->queue_prev = q->queue_next = NULL;
+    r->queue_len--;
+}
+
+/* ---- picking nodes --------------------------------------------------------------- */
+
+static uint32_t blocks_for(uint32_t tokens, uint32_t block_size)
+{
+    return block_size ? (tokens + block_size - 1) / block_size : tokens;
+}
+
+/* Tokens q may occupy on its decode node: prompt and every token it may
+ * generate. */
+static uint32_t tokens_needed(const kvf_router_req_t *q)
+{
+    return q->ask.n_prompt + q->ask.max_tokens;
+}
+
+static bool excluded(const kvf_router_t *r, const kvf_router_req_t *q,
+                     const kvf_router_node_t *n)
+{
+    kvf_node_ref_t ref = kvf_router__node_ref(r, n);
+    for (int i = 0; i < q->place.n_excluded; i++)
+        if (q->place.excluded[i] == ref)
+            return true;
+    return false;
+}
+
+/* The decode node with the most room left after q, or NULL. */
+static kvf_router_node_t *pick_decode(kvf_router_t *r, const kvf_router_req_t *q)
+{
+    uint32_t tokens = tokens_needed(q);
+    kvf_router_node_t *best = NULL;
+    int64_t best_room = 0;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        kvf_router_node_t *n = &r->nodes.slots[i];
+        if (!n->used || n->role != KVF__ROLE__ROLE_DECODE || n->state != NODE_LIVE ||
+            excluded(r, q, n))
+            continue;
+        if (n->max_context && tokens > n->max_context)
+            continue;
+        int64_t need = blocks_for(tokens, n->block_size);
+        int64_t room = (int64_t)n->blocks_free - n->pending_blocks - need;
+        if (room < 0)
+            continue;
+        if (n->max_running && n->running + n->pending_running >= n->max_running)
+            continue;
+        /* Free room first; among equals the one running fewer sequences. */
+        room = room * 1024 - (n->running + n->pending_running);
+        if (!best || room > best_room) {
+            best = n;
+            best_room = room;
+        }
+    }
+    return best;
+}
+
+/* The prefill node with the fewest queued prompt tokens; a prefill-local
+ * decode node d itself when there is no prefill node. */
+static kvf_router_node_t *pick_prefill(kvf_router_t *r, kvf_router_node_t *d)
+{
+    kvf_router_node_t *best = NULL;
+    uint64_t best_load = 0;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        kvf_router_node_t *n = &r->nodes.slots[i];
+        if (!n->used || n->role != KVF__ROLE__ROLE_PREFILL || n->state != NODE_LIVE)
+            continue;
+        uint64_t load = n->queued_tokens + n->pending_tokens;
+        if (!best || load < best_load) {
+            best = n;
+            best_load = load;
+        }
+    }
+    if (!best && d && d->prefill_local)
+        best = d;
+    return best;
+}
+
+/* ---- dispatch ---------------------------------------------------------------------- */
+
+/* Sends q's current epoch to prefill node p and decode node d. */
+static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
+                     kvf_router_node_t *d)
+{
+    q->place.epoch++;
+    q->place.attempts++;
+    q->place.prefill = kvf_router__node_ref(r, p);
+    q->place.decode = kvf_router__node_ref(r, d);
+    q->place.state = REQ_PREFILL;
+    q->out.gen_at_dispatch = q->out.n_gen;
+    q->out.n_held = 0;
+    q->out.held_finish = KVF__FINISH_REASON__FINISH_NONE;
+    q->t.progress_ns = kvf_clock_ns();
+    uint32_t n_tokens = q->ask.n_prompt + q->out.n_gen;
+    uint32_t remaining = q->ask.max_tokens - q->out.n_gen;
+    d->pending_blocks += blocks_for(n_tokens + remaining, d->block_size);
+    d->pending_running++;
+    p->pending_tokens += n_tokens;
+    d->dispatched++;
+    if (p != d)
+        p->dispatched++;
+
+    uint32_t *ids = malloc((size_t)n_tokens * sizeof(*ids));
+    if (!ids) {
+        kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NOMEM,
+                               "out of memory");
+        return;
+    }
+    memcpy(ids, q->ask.prompt, (size_t)q->ask.n_prompt * sizeof(*ids));
+    if (q->out.n_gen)
+        memcpy(ids + q->ask.n_prompt, q->out.gen, (size_t)q->out.n_gen * sizeof(*ids));
+    Kvf__Sampling s = KVF__SAMPLING__INIT;
+    s.temperature = q->ask.temperature;
+    s.top_p = q->ask.top_p;
+    s.top_k = q->ask.top_k;
+    s.seed = q->ask.seed;
+    s.has_seed = q->ask.has_seed;
+    s.max_tokens = remaining;
+    s.ignore_eos = q->ask.ignore_eos;
+    Kvf__PrefillRequest pr = KVF__PREFILL_REQUEST__INIT;
+    pr.req_id = q->id;
+    pr.epoch = q->place.epoch;
+    pr.token_ids = ids;
+    pr.n_token_ids = n_tokens;
+    pr.sampling = &s;
+    pr.decode_node_id = d->id;
+    pr.decode_inbox = d->inbox;
+    pr.decode_xfer_desc.data = d->xfer_desc;
+    pr.decode_xfer_desc.len = d->xfer_desc_len;
+    pr.n_generated = q->out.n_gen;
+    pr.rng_state = q->place.rng_state;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_PREFILL_REQUEST;
+    env.prefill_request = &pr;
+    kvf_log_debug("request %llu epoch %llu: prefill %s, decode %s, %u tokens",
+                  (unsigned long long)q->id, (unsigned long long)q->place.epoch, p->id, d->id,
+                  n_tokens);
+    kvf_router__send(r, p->inbox, &env);
+    free(ids);
+}
+
+/* Whether some decode node that is not dead could ever hold q; when none
+ * can, why says so. True when there is no decode node at all (q may wait
+ * for one). */
+static bool could_fit(kvf_router_t *r, const kvf_router_req_t *q, char *why, size_t why_len)
+{
+    uint32_t tokens = tokens_needed(q);
+    uint32_t largest = 0, need = 0;
+    bool any_decode = false;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        kvf_router_node_t *n = &r->nodes.slots[i];
+        if (!n->used || n->role != KVF__ROLE__ROLE_DECODE || n->state == NODE_DEAD)
+            continue;
+        any_decode = true;
+        need = blocks_for(tokens, n->block_size);
+        if (n->capacity_blocks >= need && (!n->max_context || tokens <= n->max_context))
+            largest = need;
+        else if (largest < need && n->capacity_blocks > largest)
+            largest = n->capacity_blocks;
+    }
+    if (!any_decode || largest >= need)
+        return true;
+    snprintf(why, why_len,
+             "request needs %u KV blocks (%u tokens); the largest decode node holds %u", need,
+             tokens, largest);
+    return false;
+}
+
+void kvf_router__schedule(kvf_router_t *r, kvf_router_req_t *q)
+{
+    if (q->place.attempts >= r->cfg.max_attempts) {
+        kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_PEER,
+                               "request failed on every attempt");
+        return;
+    }
+    kvf_router_node_t *d = pick_decode(r, q);
+    kvf_router_node_t *p = d ? pick_prefill(r, d) : NULL;
+    if (d && p) {
+        dispatch(r, q, p, d);
+        return;
+    }
+    /* A request no live decode node could ever hold would wait in vain. */
+    char why[160];
+    if (!could_fit(r, q, why, sizeof(why))) {
+        kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_TOO_BIG, why);
+        return;
+    }
+    if (r->queue_len >= r->cfg.max_queue) {
+        kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NO_SPACE,
+                               "overloaded: no decode node has room and the wait queue is full");
+        return;
+    }
+    queue_push(r, q);
+}
+
+void kvf_router__drain_queue(kvf_router_t *r)
+{
+    while (r->queue) {
+        kvf_router_req_t *q = r->queue;
+        q->place.n_excluded = 0;
+        kvf_router_node_t *d = pick_decode(r, q);
+        kvf_router_node_t *p = d ? pick_prefill(r, d) : NULL;
+        if (!d || !p)
+            return;
+        kvf_router__queue_remove(r, q);
+        dispatch(r, q, p, d);
+    }
+}
+
+void kvf_router__cancel_nodes(kvf_router_t *r, kvf_router_req_t *q, const char *reason)
+{
+    Kvf__Cancel c = KVF__CANCEL__INIT;
+    c.req_id = q->id;
+    c.epoch = q->place.epoch;
+    c.reason = (char *)reason;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_CANCEL;
+    env.cancel = &c;
+    kvf_router_node_t *p = kvf_router__node_get(r, q->place.prefill);
+    kvf_router_node_t *d = kvf_router__node_get(r, q->place.decode);
+    if (p && p->state != NODE_DEAD)
+        kvf_router__send(r, p->inbox, &env);
+    if (d && d->state != NODE_DEAD && d != p)
+        kvf_router__send(r, d->inbox, &env);
+}
+
+/* The tokens already streamed stay; the next prefill continues after
+ * them. */
+void kvf_router__redispatch(kvf_router_t *r, kvf_router_req_t *q, const char *why)
+{
+    kvf_log_info("request %llu epoch %llu: %s; dispatching again", (unsigned long long)q->id,
+                 (unsigned long long)q->place.epoch, why);
+    r->count.redispatched++;
+    kvf_router__cancel_nodes(r, q, why);
+    q->place.prefill = q->place.decode = KVF_NODE_NONE;
+    kvf_router__schedule(r, q);
+}
+
+void kvf_router__node_lost(kvf_router_t *r, kvf_router_node_t *n, const char *why)
+{
+    kvf_log_warn("node %s (%s) %s", n->id, kvf_router__role_name(n->role), why);
+    kvf_outboxes_forget(r->outboxes, n->inbox);
+    /* Its requests must not be sent back to it. */
+    n->state = NODE_DEAD;
+    kvf_node_ref_t ref = kvf_router__node_ref(r, n);
+    kvf_router_req_t *q, *next;
+    HASH_ITER(hh, r->requests, q, next)
+    {
+        if (q->place.state == REQ_QUEUED || (q->place.prefill != ref && q->place.decode != ref))
+            continue;
+        if (q->place.prefill == ref && q->place.decode != ref && q->place.state == REQ_DECODE)
+            continue; /* its prefill was done: the decode node carries on */
+        kvf_router__redispatch(r, q, why);
+    }
+}
+
+/* ---- node errors -------------------------------------------------------------------- */
+
+void kvf_router__on_error(kvf_router_t *r, const Kvf__Error *e, const char *sender)
+{
+    kvf_router_req_t *q = kvf_router__req_current(r, e->req_id, e->epoch, "error");
+    if (!q)
+        return;
+    kvf_log_info("request %llu epoch %llu: %s reports %s: %s", (unsigned long long)q->id,
+                 (unsigned long long)q->place.epoch, sender,
+                 kvf_status_str((kvf_status_t)e->status), e->message);
+    if (e->status == KVF_ERR_NO_SPACE) {
+        /* The decode node refused: try another one, or wait. */
+        if (q->place.n_excluded < ROUTER_MAX_EXCLUDED)
+            q->place.excluded[q->place.n_excluded++] = q->place.decode;
+        q->place.prefill = q->place.decode = KVF_NODE_NONE;
+        q->place.attempts--; /* a refusal is not a failure */
+        kvf_router__schedule(r, q);
+        return;
+    }
+    if (e->status == KVF_ERR_INVAL || e->status == KVF_ERR_TOO_BIG ||
+        e->status == KVF_ERR_UNSUPPORTED) {
+        kvf_router__cancel_nodes(r, q, "invalid");
+        kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, (kvf_status_t)e->status,
+                               *e->message ? e->message : "request refused by a node");
+        return;
+    }
+    kvf_router__redispatch(r, q, "a node failed it");
+}
+
+/* ---- deadlines ---------------------------------------------------------------------- */
+
+void kvf_router__check_deadlines(kvf_router_t *r, uint64_t now)
+{
+    kvf_router_req_t *q, *next;
+    HASH_ITER(hh, r->requests, q, next)
+    {
+        if (q->t.progress_ns > now)
+            continue;
+        if (now > q->t.deadline_ns) {
+            kvf_router__cancel_nodes(r, q, "timed out");
+            kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_TIMEOUT,
+                                   "request timed out");
+        } else if (q->place.state == REQ_QUEUED &&
+                   now - q->t.queued_ns > (uint64_t)r->cfg.queue_timeout_ms * 1000000ull) {
+            kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NO_SPACE,
+                                   "overloaded: no decode node could take the request in time");
+        } else if (q->place.state == REQ_PREFILL &&
+                   now - q->t.progress_ns > (uint64_t)r->cfg.prefill_timeout_ms * 1000000ull) {
+            kvf_router__redispatch(r, q, "no first token within the prefill timeout");
+        } else if (q->place.state == REQ_DECODE &&
+                   now - q->t.progress_ns > (uint64_t)r->cfg.stall_timeout_ms * 1000000ull) {
+            kvf_router__redispatch(r, q, "no token within the stall timeout");
+        }
+    }
+}
