@@ -21,10 +21,12 @@
  * each weighted by 1/time^2 so that small and large batches count alike in
  * relative terms. */
 #include "bench_transfer.h"
+#include "bench_util.h"
 
 #include "kvf/clock.h"
 #include "kvf/crc32c.h"
 #include "kvf/flags.h"
+#include "kvf/hex.h"
 #include "kvf/log.h"
 #include "kvf/msg.h"
 #include "kvf/xfer.h"
@@ -73,11 +75,16 @@ static int serve(bool checksum, bool two_sided, int spin_us)
         kvf_xfer_destroy(x);
         return 1;
     }
-    printf("desc ");
-    for (size_t i = 0; i < len; i++)
-        printf("%02x", desc[i]);
-    printf("\n");
+    char *hex = malloc(2 * len + 1);
+    if (!hex) {
+        free(desc);
+        kvf_xfer_destroy(x);
+        return 1;
+    }
+    kvf_hex_encode(desc, len, hex);
+    printf("desc %s\n", hex);
     fflush(stdout);
+    free(hex);
     free(desc);
     uint64_t rejected = 0;
     /* Spin while traffic flows (TCP puts need this side's progress, and a
@@ -156,42 +163,83 @@ static int receiver_start(receiver_t *r, bool checksum, bool two_sided, int spin
     char *line = NULL;
     size_t cap = 0;
     ssize_t n = getline(&line, &cap, r->from);
-    if (n < 6 || strncmp(line, "desc ", 5)) {
-        free(line);
-        return -1;
-    }
-    size_t hex = (size_t)n - 6;
-    r->desc_len = hex / 2;
-    r->desc = malloc(r->desc_len);
-    for (size_t i = 0; i < r->desc_len; i++) {
-        unsigned v;
-        sscanf(line + 5 + 2 * i, "%2x", &v);
-        r->desc[i] = (uint8_t)v;
-    }
+    /* "desc <hex>\n" */
+    int rc = -1;
+    if (n >= 6 && !strncmp(line, "desc ", 5) &&
+        kvf_hex_decode(line + 5, ((size_t)n - 6) / 2 * 2, &r->desc, &r->desc_len) == KVF_OK)
+        rc = 0;
     free(line);
-    return 0;
+    return rc;
 }
 
 static int receiver_stop(receiver_t *r)
 {
     (void)!write(r->to, "quit\n", 5);
     close(r->to);
-    int status = 0;
-    uint64_t until = kvf_clock_ns() + 10000000000ull;
-    while (waitpid(r->pid, &status, WNOHANG) == 0) {
-        if (kvf_clock_ns() > until) {
-            kill(r->pid, SIGKILL);
-            waitpid(r->pid, &status, 0);
-            break;
-        }
-        kvf_clock_sleep_ms(5);
-    }
+    int status = kvf_bench_reap(r->pid, kvf_clock_ns() + 10000000000ull, 5);
     fclose(r->from);
     free(r->desc);
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
 /* ---- ucx_perftest ---------------------------------------------------- */
+
+/* The server in the background on port, its output discarded. */
+static pid_t start_perftest_server(const char *port)
+{
+    pid_t server = fork();
+    if (server == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        char *argv[] = {"ucx_perftest", "-p", (char *)port, NULL};
+        execvp("ucx_perftest", argv);
+        _exit(127);
+    }
+    return server;
+}
+
+/* The client's ucp_put_bw against 127.0.0.1:port; its overall bandwidth
+ * in MB/s (1e6 bytes), 0 when it printed none, -1 when it could not
+ * start. */
+static double run_perftest_client(const char *port, const char *size, const char *iters,
+                                  const char *warmup)
+{
+    int out[2];
+    if (pipe(out))
+        return -1;
+    pid_t client = fork();
+    if (client == 0) {
+        dup2(out[1], 1);
+        close(out[0]);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 2);
+        char *argv[] = {"ucx_perftest", "-p",         (char *)port,   "-t",
+                        "ucp_put_bw",   "-s",         (char *)size,   "-n",
+                        (char *)iters,  "-w",         (char *)warmup, "127.0.0.1",
+                        NULL};
+        execvp("ucx_perftest", argv);
+        _exit(127);
+    }
+    close(out[1]);
+    FILE *f = fdopen(out[0], "r");
+    char line[512];
+    double mbps = 0;
+    while (f && fgets(line, sizeof(line), f)) {
+        double v[7];
+        /* iterations, overhead 50%ile / average / overall (us), then
+         * bandwidth average / overall in MB/s with MB = 2^20 */
+        if (sscanf(line, " Final: %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3], &v[4],
+                   &v[5], &v[6]) == 7)
+            mbps = v[5] * 1048576.0 / 1e6;
+    }
+    if (f)
+        fclose(f);
+    int status;
+    if (client > 0)
+        waitpid(client, &status, 0);
+    return mbps;
+}
 
 /* ucp_put_bw at size bytes between two ucx_perftest processes on
  * 127.0.0.1 (server in the background on a free port, then the client);
@@ -213,49 +261,14 @@ static double perftest_gbps(uint64_t size, bool quick)
         if (kvf_net_free_port(&port) != KVF_OK)
             return 0;
         snprintf(s_port, sizeof(s_port), "%d", port);
-        pid_t server = fork();
+        pid_t server = start_perftest_server(s_port);
         if (server < 0)
             return 0;
-        if (server == 0) {
-            int null = open("/dev/null", O_WRONLY);
-            dup2(null, 1);
-            dup2(null, 2);
-            char *argv[] = {"ucx_perftest", "-p", s_port, NULL};
-            execvp("ucx_perftest", argv);
-            _exit(127);
-        }
         kvf_clock_sleep_ms(150 + 100 * (unsigned)attempt);
-        int out[2];
-        if (pipe(out))
+        double mbps = run_perftest_client(s_port, s_size, s_iters, s_warm);
+        if (mbps < 0)
             return 0;
-        pid_t client = fork();
-        if (client == 0) {
-            dup2(out[1], 1);
-            close(out[0]);
-            int null = open("/dev/null", O_WRONLY);
-            dup2(null, 2);
-            char *argv[] = {"ucx_perftest", "-p",    s_port, "-t",   "ucp_put_bw", "-s", s_size,
-                            "-n",           s_iters, "-w",   s_warm, "127.0.0.1",  NULL};
-            execvp("ucx_perftest", argv);
-            _exit(127);
-        }
-        close(out[1]);
-        FILE *f = fdopen(out[0], "r");
-        char line[512];
-        double mbps = 0;
-        while (f && fgets(line, sizeof(line), f)) {
-            double v[7];
-            /* iterations, overhead 50%ile / average / overall (us), then
-             * bandwidth average / overall in MB/s with MB = 2^20 */
-            if (sscanf(line, " Final: %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3],
-                       &v[4], &v[5], &v[6]) == 7)
-                mbps = v[5] * 1048576.0 / 1e6;
-        }
-        if (f)
-            fclose(f);
         int status;
-        if (client > 0)
-            waitpid(client, &status, 0);
         kill(server, SIGKILL);
         waitpid(server, &status, 0);
         if (mbps > 0)
@@ -264,21 +277,40 @@ static double perftest_gbps(uint64_t size, bool quick)
     return 0;
 }
 
-/* ---- the sender ------------------------------------------------------ */
-
-static int cmp_double(const void *a, const void *b)
+/* The ceiling at size: the best of a few runs, the rate of a quiet moment
+ * (a ceiling measured too low would flatter the ratio). */
+static double perftest_best_gbps(uint64_t size, bool quick)
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
+    double perf = 0;
+    for (int k = 0; k < (quick ? 2 : 3); k++) {
+        double g = perftest_gbps(size, quick);
+        perf = g > perf ? g : perf;
+    }
+    return perf;
 }
 
+/* ---- the sender ------------------------------------------------------ */
+
+#define MAX_ITERS  200000
+#define MAX_SLICES 1024 /* per batch */
+
+/* One transport's run: its settings and the buffers measure() uses. */
+typedef struct {
+    const char *tls; /* "shm" or "tcp" */
+    bool shm, two_sided, quick;
+    int spin_us;     /* the receiver's busy-poll */
+    double budget_s; /* per cell and kind */
+    kvf_xfer_slice_t *slices; /* (MAX_SLICES) */
+    double *samples;          /* (MAX_ITERS) seconds per batch */
+} tls_run_t;
+
 /* Mean seconds per batch of n slices of slice bytes (see the method
- * above), the median in *median_p; samples holds room for max_iters
- * times. */
-static double measure(kvf_xfer_peer_t *peer, uint64_t slice, int n, bool spread, double budget_s,
-                      kvf_xfer_slice_t *slices, double *samples, int max_iters, double *median_p,
-                      int *iters_p)
+ * above), the median in *median_p. */
+static double measure(tls_run_t *t, kvf_xfer_peer_t *peer, uint64_t slice, int n, bool spread,
+                      double *median_p, int *iters_p)
 {
+    kvf_xfer_slice_t *slices = t->slices;
+    double *samples = t->samples;
     uint64_t slots = BENCH_POOL / slice;
     for (int i = 0; i < n; i++) {
         uint64_t k = spread ? (uint64_t)i % slots : 0;
@@ -309,15 +341,14 @@ static double measure(kvf_xfer_peer_t *peer, uint64_t slice, int n, bool spread,
         if (it < 0)
             continue;
         samples[iters++] = (double)(t1 - t0) / 1e9;
-        if ((iters >= min_iters && (double)(t1 - t_start) / 1e9 >= budget_s) || iters >= max_iters)
+        if ((iters >= min_iters && (double)(t1 - t_start) / 1e9 >= t->budget_s) ||
+            iters >= MAX_ITERS)
             break;
     }
     double total = 0;
     for (int i = 0; i < iters; i++)
         total += samples[i];
-    qsort(samples, (size_t)iters, sizeof(*samples), cmp_double);
-    *median_p =
-        iters % 2 ? samples[iters / 2] : 0.5 * (samples[iters / 2 - 1] + samples[iters / 2]);
+    *median_p = kvf_bench_median(samples, (size_t)iters);
     *iters_p = iters;
     return total / iters;
 }
@@ -332,8 +363,6 @@ typedef struct {
     double gbps_mean; /* from the mean, other tenants' preemptions included */
     double perf_gbps, spread_gbps;
 } row_t;
-
-#define MAX_ITERS 200000
 
 /* Weighted least squares of sec = a + bytes / B; a in seconds, B in B/s. */
 static void fit(const row_t *rows, int n, double *a_p, double *bw_p)
@@ -366,149 +395,178 @@ typedef struct {
     int ok;
 } tls_result_t;
 
-static int run_tls(const char *tls_name, const char *mode, bool quick, row_t **rows_p,
-                   int *n_rows_p, tls_result_t *res)
+/* A receiver process and this process's transfer endpoint connected to it. */
+typedef struct {
+    receiver_t r;
+    kvf_xfer_t *x;
+    kvf_xfer_peer_t *peer;
+} sender_t;
+
+/* Starts a receiver (CRC32C required with checksum) and connects to it.
+ * Returns 0; -1 when the receiver did not start; -2 when the connection
+ * failed (the receiver runs: sender_close() stops it). */
+static int sender_open(sender_t *s, const tls_run_t *t, bool checksum)
 {
-    bool shm = !strcmp(tls_name, "shm");
+    s->x = NULL;
+    s->peer = NULL;
+    if (receiver_start(&s->r, checksum, t->two_sided, t->spin_us) != 0)
+        return -1;
+    kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX,
+                             .pool_bytes = BENCH_POOL,
+                             .geometry = bench_geom,
+                             .timeout_ms = BENCH_TIMEOUT_MS,
+                             .checksum = checksum};
+    if (kvf_xfer_create(&cfg, &s->x) != KVF_OK ||
+        kvf_xfer_connect(s->x, s->r.desc, s->r.desc_len, &s->peer) != KVF_OK)
+        return -2;
+    return 0;
+}
+
+/* Closes the endpoint and stops the receiver: 0, or -1 when the receiver
+ * reported a problem. */
+static int sender_close(sender_t *s)
+{
+    kvf_xfer_destroy(s->x);
+    s->x = NULL;
+    return receiver_stop(&s->r);
+}
+
+/* Sets UCX_TLS for the transport and picks the receiver's spin and the
+ * transfer mode; prints both. */
+static void tls_run_init(tls_run_t *t, const char *tls_name, const char *mode, bool quick)
+{
+    memset(t, 0, sizeof(*t));
+    t->shm = !strcmp(tls_name, "shm");
+    t->tls = t->shm ? "shm" : "tcp";
+    t->quick = quick;
+    t->budget_s = quick ? 0.03 : 0.1;
     /* KVF_BENCH_UCX_TLS narrows the transports (e.g. "posix,self"). */
     const char *over = getenv("KVF_BENCH_UCX_TLS");
-    setenv("UCX_TLS", over ? over : shm ? "sm,self" : "tcp,self", 1);
+    setenv("UCX_TLS", over ? over : t->shm ? "sm,self" : "tcp,self", 1);
     setenv("UCX_NET_DEVICES", "lo", 1); /* TCP on the loopback only */
-
-    static const uint64_t slices_full[] = {4096, 16384, 65536, 262144, 1048576, 4194304};
-    static const int batches_full[] = {1, 4, 16, 64, 256, 1024};
-    static const uint64_t slices_quick[] = {4096, 65536, 1048576};
-    static const int batches_quick[] = {1, 16, 256};
-    const uint64_t *sl = quick ? slices_quick : slices_full;
-    const int *bt = quick ? batches_quick : batches_full;
-    int ns = quick ? 3 : 6, nb = quick ? 3 : 6;
-    double budget = quick ? 0.03 : 0.1;
-
     printf("\n== %s (UCX_TLS=%s) ==\n", tls_name, getenv("UCX_TLS"));
     /* The receiver's CPU carries TCP puts but not shared-memory ones (those
      * are the sender's copies); there it only drains completion messages,
      * and a spinning receiver would take the sender's core on a 2-core
      * machine. */
-    int spin_us = shm ? 50 : 5000;
+    t->spin_us = t->shm ? 50 : 5000;
     /* Shared memory: one-sided puts. TCP: two-sided, as deployments use it
      * there (see kvf_xfer_config_t.two_sided); --mode overrides. */
-    bool two_sided = !strcmp(mode, "am") || (!strcmp(mode, "auto") && !shm);
-    printf("mode: %s\n", two_sided ? "two-sided (active messages)" : "one-sided (rma put)");
-    receiver_t r;
-    if (receiver_start(&r, false, two_sided, spin_us) != 0) {
+    t->two_sided = !strcmp(mode, "am") || (!strcmp(mode, "auto") && !t->shm);
+    printf("mode: %s\n", t->two_sided ? "two-sided (active messages)" : "one-sided (rma put)");
+    t->slices = malloc(MAX_SLICES * sizeof(*t->slices));
+    t->samples = malloc(MAX_ITERS * sizeof(*t->samples));
+}
+
+/* One cell of the grid: batches of n slices of slice bytes, into one slot
+ * and spread; fills *row and prints it. Returns -1 when a batch failed. */
+static int measure_cell(tls_run_t *t, kvf_xfer_peer_t *peer, uint64_t slice, int n, double perf,
+                        row_t *row, tls_result_t *res)
+{
+    int iters = 0;
+    double med = 0, med_spread = 0;
+    double sec = measure(t, peer, slice, n, false, &med, &iters);
+    /* Spread batches larger than the pool would only wrap round it. */
+    double bytes = (double)slice * n;
+    double spread = sec < 0                      ? -1
+                    : bytes > (double)BENCH_POOL ? 0
+                                                 : measure(t, peer, slice, n, true, &med_spread,
+                                                           &iters);
+    if (sec < 0 || spread < 0)
+        return -1;
+    *row = (row_t){.tls = t->tls,
+                   .two_sided = t->two_sided,
+                   .slice = slice,
+                   .batch = n,
+                   .sec = med,
+                   .gbps = bytes / med / 1e9,
+                   .gbps_mean = bytes / sec / 1e9,
+                   .perf_gbps = perf,
+                   .spread_gbps = spread > 0 ? bytes / med_spread / 1e9 : NAN};
+    double ratio = perf > 0 ? row->gbps / perf : NAN;
+    if (slice >= 65536 && ratio < res->min_ratio_64k)
+        res->min_ratio_64k = ratio;
+    char sz[16];
+    print_size(sz, sizeof(sz), slice);
+    char spread_txt[32] = "-";
+    if (spread > 0)
+        snprintf(spread_txt, sizeof(spread_txt), "%.2f", row->spread_gbps);
+    printf("%8s %6d %10.1f %10.1f %8.2f %10.2f %10.2f %6.0f%% %12s\n", sz, n, med * 1e6,
+           sec * 1e6, row->gbps, row->gbps_mean, perf, ratio * 100, spread_txt);
+    fflush(stdout);
+    return 0;
+}
+
+/* Every cell of the grid, each slice size right after its ucx_perftest
+ * ceiling; appends rows at rows[*n_rows_p] and fits the fixed cost. */
+static int measure_grid(tls_run_t *t, row_t *rows, int *n_rows_p, tls_result_t *res)
+{
+    static const uint64_t slices_full[] = {4096, 16384, 65536, 262144, 1048576, 4194304};
+    static const int batches_full[] = {1, 4, 16, 64, 256, 1024};
+    static const uint64_t slices_quick[] = {4096, 65536, 1048576};
+    static const int batches_quick[] = {1, 16, 256};
+    const uint64_t *sl = t->quick ? slices_quick : slices_full;
+    const int *bt = t->quick ? batches_quick : batches_full;
+    int ns = t->quick ? 3 : 6, nb = t->quick ? 3 : 6;
+    sender_t s;
+    int rc = sender_open(&s, t, false);
+    if (rc == -1) {
         fprintf(stderr, "kvf bench transfer: the receiver did not start\n");
         return -1;
     }
-    kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX,
-                             .pool_bytes = BENCH_POOL,
-                             .geometry = bench_geom,
-                             .timeout_ms = BENCH_TIMEOUT_MS};
-    kvf_xfer_t *x = NULL;
-    kvf_xfer_peer_t *peer = NULL;
-    kvf_xfer_slice_t *slices = malloc(1024 * sizeof(*slices));
-    double *samples = malloc(MAX_ITERS * sizeof(*samples));
-    if (kvf_xfer_create(&cfg, &x) != KVF_OK ||
-        kvf_xfer_connect(x, r.desc, r.desc_len, &peer) != KVF_OK) {
-        kvf_xfer_destroy(x);
-        receiver_stop(&r);
-        free(slices);
-        free(samples);
+    if (rc != 0) {
+        sender_close(&s);
         return -1;
     }
-    memset(kvf_xfer_pool(x), 0x6b, BENCH_POOL);
+    memset(kvf_xfer_pool(s.x), 0x6b, BENCH_POOL);
     printf("%8s %6s %10s %10s %8s %10s %10s %7s %12s\n", "slice", "batch", "median us", "mean us",
            "GB/s", "mean GB/s", "perftest", "ratio", "spread GB/s");
-    row_t *rows = *rows_p;
-    int nr = *n_rows_p, first = nr;
+    int first = *n_rows_p;
     res->min_ratio_64k = INFINITY;
-    for (int i = 0; i < ns; i++) {
+    rc = 0;
+    for (int i = 0; i < ns && rc == 0; i++) {
         /* perftest right before our rows of the same size: both see the
          * machine in the same state. Our receiver sleeps meanwhile. */
-        /* Best of a few runs: the ceiling of a quiet moment (a ceiling
-         * measured too low would flatter the ratio). */
-        double perf = 0;
-        for (int k = 0; k < (quick ? 2 : 3); k++) {
-            double g = perftest_gbps(sl[i], quick);
-            perf = g > perf ? g : perf;
-        }
-        for (int j = 0; j < nb; j++) {
-            int iters = 0;
-            double med = 0, med_spread = 0;
-            double sec = measure(peer, sl[i], bt[j], false, budget, slices, samples, MAX_ITERS,
-                                 &med, &iters);
-            /* Spread batches larger than the pool would only wrap round it. */
-            double bytes = (double)sl[i] * bt[j];
-            double spread = sec < 0 ? -1
-                            : bytes > (double)BENCH_POOL
-                                ? 0
-                                : measure(peer, sl[i], bt[j], true, budget, slices, samples,
-                                          MAX_ITERS, &med_spread, &iters);
-            if (sec < 0 || spread < 0)
-                goto out;
-            row_t *row = &rows[nr++];
-            *row = (row_t){.tls = shm ? "shm" : "tcp",
-                           .two_sided = two_sided,
-                           .slice = sl[i],
-                           .batch = bt[j],
-                           .sec = med,
-                           .gbps = bytes / med / 1e9,
-                           .gbps_mean = bytes / sec / 1e9,
-                           .perf_gbps = perf,
-                           .spread_gbps = spread > 0 ? bytes / med_spread / 1e9 : NAN};
-            double ratio = perf > 0 ? row->gbps / perf : NAN;
-            if (sl[i] >= 65536 && ratio < res->min_ratio_64k)
-                res->min_ratio_64k = ratio;
-            char sz[16];
-            print_size(sz, sizeof(sz), sl[i]);
-            char spread_txt[32] = "-";
-            if (spread > 0)
-                snprintf(spread_txt, sizeof(spread_txt), "%.2f", row->spread_gbps);
-            printf("%8s %6d %10.1f %10.1f %8.2f %10.2f %10.2f %6.0f%% %12s\n", sz, bt[j], med * 1e6,
-                   sec * 1e6, row->gbps, row->gbps_mean, perf, ratio * 100, spread_txt);
-            fflush(stdout);
+        double perf = perftest_best_gbps(sl[i], t->quick);
+        for (int j = 0; j < nb && rc == 0; j++) {
+            rc = measure_cell(t, s.peer, sl[i], bt[j], perf, &rows[*n_rows_p], res);
+            if (rc == 0)
+                (*n_rows_p)++;
         }
     }
-    double a, bw;
-    fit(rows + first, nr - first, &a, &bw);
-    res->fixed_us = a * 1e6;
-    res->fit_gbps = bw / 1e9;
-    printf("fit (medians): time per batch = %.2f us + bytes / %.2f GB/s\n", res->fixed_us,
-           res->fit_gbps);
-    res->ok = 1;
-out:
-    kvf_xfer_destroy(x);
-    if (receiver_stop(&r) != 0)
+    if (rc == 0) {
+        double a, bw;
+        fit(rows + first, *n_rows_p - first, &a, &bw);
+        res->fixed_us = a * 1e6;
+        res->fit_gbps = bw / 1e9;
+        printf("fit (medians): time per batch = %.2f us + bytes / %.2f GB/s\n", res->fixed_us,
+               res->fit_gbps);
+        res->ok = 1;
+    }
+    if (sender_close(&s) != 0)
         fprintf(stderr, "kvf bench transfer: the receiver reported a problem\n");
-    *n_rows_p = nr;
-    free(slices);
-    if (!res->ok) {
-        free(samples);
-        return -1;
-    }
+    return rc;
+}
 
-    /* Checksum cost: the same batch (16 x 256 KiB) with CRC32C on; the
-     * sender computes it before the completion message, the receiver checks
-     * it on arrival (off the sender's clock; its rate is the local CRC
-     * rate printed beside). */
-    if (receiver_start(&r, true, two_sided, spin_us) != 0) {
-        free(samples);
+/* Checksum cost: the same batch (16 x 256 KiB) with CRC32C on; the sender
+ * computes it before the completion message, the receiver checks it on
+ * arrival (off the sender's clock; its rate is the local CRC rate printed
+ * beside). rows: the grid's, for the same batch with it off. */
+static int measure_checksum(tls_run_t *t, const row_t *rows, int n_rows, tls_result_t *res)
+{
+    sender_t s;
+    int rc = sender_open(&s, t, true);
+    if (rc == -1)
         return -1;
-    }
-    cfg.checksum = true;
-    x = NULL;
-    slices = malloc(16 * sizeof(*slices));
-    if (kvf_xfer_create(&cfg, &x) == KVF_OK &&
-        kvf_xfer_connect(x, r.desc, r.desc_len, &peer) == KVF_OK) {
+    if (rc == 0) {
         int iters;
         double med;
-        double sec =
-            measure(peer, 262144, 16, false, budget, slices, samples, MAX_ITERS, &med, &iters);
+        double sec = measure(t, s.peer, 262144, 16, false, &med, &iters);
         res->crc_batch_gbps = sec > 0 ? 16.0 * 262144 / med / 1e9 : 0;
-        for (int k = 0; k < nr; k++)
-            if (rows[k].slice == 262144 && rows[k].batch == 16 &&
-                !strcmp(rows[k].tls, shm ? "shm" : "tcp"))
+        for (int k = 0; k < n_rows; k++)
+            if (rows[k].slice == 262144 && rows[k].batch == 16 && !strcmp(rows[k].tls, t->tls))
                 res->crc_nocrc_gbps = rows[k].gbps;
-        uint8_t *pool = kvf_xfer_pool(x);
+        uint8_t *pool = kvf_xfer_pool(s.x);
         uint64_t t0 = kvf_clock_ns();
         volatile uint32_t sink = 0; /* keeps the loop from being optimised away */
         for (int k = 0; k < 8; k++)
@@ -520,31 +578,51 @@ out:
             printf(" vs %.2f GB/s off", res->crc_nocrc_gbps);
         printf("; crc32c alone %.2f GB/s\n", res->crc_gbps);
     }
-    kvf_xfer_destroy(x);
-    receiver_stop(&r);
-    free(slices);
-    free(samples);
+    sender_close(&s);
     return 0;
 }
 
-int kvf_bench_transfer(int argc, char **argv)
+/* The grid and the checksum cost over one transport ("shm" or "tcp");
+ * appends its rows at rows[*n_rows_p]. */
+static int run_tls(const char *tls_name, const char *mode, bool quick, row_t *rows,
+                   int *n_rows_p, tls_result_t *res)
 {
-    const char *tls = NULL, *json = NULL;
-    bool quick = false, serve_role = false, checksum = false;
-    int spin_us = 5000;
-    bool two_sided = false;
-    const char *mode = "auto";
+    tls_run_t t;
+    tls_run_init(&t, tls_name, mode, quick);
+    int rc = -1;
+    if (t.slices && t.samples && measure_grid(&t, rows, n_rows_p, res) == 0)
+        rc = measure_checksum(&t, rows, *n_rows_p, res);
+    free(t.slices);
+    free(t.samples);
+    return rc;
+}
+
+/* ---- the command ------------------------------------------------------ */
+
+typedef struct {
+    const char *tls, *json, *mode;
+    bool quick;
+    bool serve_role, checksum, two_sided; /* the receiver's */
+    int spin_us;
+} transfer_opts_t;
+
+/* Returns -1 to run, else the exit code (help printed, or a bad flag). */
+static int parse_transfer_opts(int argc, char **argv, transfer_opts_t *o)
+{
+    *o = (transfer_opts_t){.mode = "auto", .spin_us = 5000};
     const kvf_flag_t flags[] = {
-        {"tls", KVF_FLAG_STRING, &tls, "shm|tcp", "transport (default: both)", NULL},
-        {"json", KVF_FLAG_STRING, &json, "FILE", "also write the results as JSON", NULL},
-        {"quick", KVF_FLAG_BOOL, &quick, NULL, "a small grid with short runs (smoke test)", NULL},
-        {"mode", KVF_FLAG_STRING, &mode, "auto|rma|am",
-         "one-sided puts (rma) or two-sided messages (am); auto: rma over shm, am over tcp", NULL},
-        {"serve", KVF_FLAG_BOOL, &serve_role, NULL, "(internal) run as the receiving process",
+        {"tls", KVF_FLAG_STRING, &o->tls, "shm|tcp", "transport (default: both)", NULL},
+        {"json", KVF_FLAG_STRING, &o->json, "FILE", "also write the results as JSON", NULL},
+        {"quick", KVF_FLAG_BOOL, &o->quick, NULL, "a small grid with short runs (smoke test)",
          NULL},
-        {"two-sided", KVF_FLAG_BOOL, &two_sided, NULL, "(with --serve) two-sided receiver", NULL},
-        {"checksum", KVF_FLAG_BOOL, &checksum, NULL, "(with --serve) require CRC32C", NULL},
-        {"spin-us", KVF_FLAG_INT, &spin_us, "US",
+        {"mode", KVF_FLAG_STRING, &o->mode, "auto|rma|am",
+         "one-sided puts (rma) or two-sided messages (am); auto: rma over shm, am over tcp", NULL},
+        {"serve", KVF_FLAG_BOOL, &o->serve_role, NULL, "(internal) run as the receiving process",
+         NULL},
+        {"two-sided", KVF_FLAG_BOOL, &o->two_sided, NULL, "(with --serve) two-sided receiver",
+         NULL},
+        {"checksum", KVF_FLAG_BOOL, &o->checksum, NULL, "(with --serve) require CRC32C", NULL},
+        {"spin-us", KVF_FLAG_INT, &o->spin_us, "US",
          "(with --serve) busy-poll this long after the last completion before sleeping", NULL},
     };
     kvf_flagset_t set = {
@@ -562,83 +640,101 @@ int kvf_bench_transfer(int argc, char **argv)
         return 0;
     if (rc < 0)
         return 2;
-    if (serve_role)
-        return serve(checksum, two_sided, spin_us);
-    if (strcmp(mode, "auto") && strcmp(mode, "rma") && strcmp(mode, "am")) {
-        fprintf(stderr, "%s: --mode must be auto, rma or am, not '%s'\n", argv[0], mode);
-        return 2;
-    }
-    const char *list[2];
-    int nt = 0;
-    if (!tls || !strcmp(tls, "shm"))
-        list[nt++] = "shm";
-    if (!tls || !strcmp(tls, "tcp"))
-        list[nt++] = "tcp";
-    if (!nt) {
-        fprintf(stderr, "%s: --tls must be shm or tcp, not '%s'\n", argv[0], tls);
-        return 2;
-    }
-    signal(SIGPIPE, SIG_IGN);
-    row_t *rows = calloc(2 * 36, sizeof(*rows));
-    int n_rows = 0;
-    tls_result_t res[2] = {{0}};
-    int fails = 0;
-    for (int t = 0; t < nt; t++)
-        if (run_tls(list[t], mode, quick, &rows, &n_rows, &res[t]) != 0)
-            fails++;
+    return -1;
+}
 
+static void print_summary(const char *const *list, int nt, const tls_result_t *res)
+{
     printf("\nsummary:\n");
     for (int t = 0; t < nt; t++)
         if (res[t].ok)
             printf("  %s: fixed cost %.2f us/batch, fitted %.2f GB/s, lowest ratio for slices >= "
                    "64 KiB %.0f%%\n",
                    list[t], res[t].fixed_us, res[t].fit_gbps, res[t].min_ratio_64k * 100);
-    if (json) {
-        cJSON *root = cJSON_CreateObject();
-        cJSON *arr = cJSON_AddArrayToObject(root, "rows");
-        for (int i = 0; i < n_rows; i++) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "tls", rows[i].tls);
-            cJSON_AddStringToObject(o, "mode", rows[i].two_sided ? "am" : "rma");
-            cJSON_AddNumberToObject(o, "slice_bytes", (double)rows[i].slice);
-            cJSON_AddNumberToObject(o, "batch", rows[i].batch);
-            cJSON_AddNumberToObject(o, "gbps", rows[i].gbps);
-            cJSON_AddNumberToObject(o, "gbps_mean", rows[i].gbps_mean);
-            cJSON_AddNumberToObject(o, "perftest_gbps", rows[i].perf_gbps);
-            if (isnan(rows[i].spread_gbps))
-                cJSON_AddNullToObject(o, "spread_gbps"); /* batch larger than the pool */
-            else
-                cJSON_AddNumberToObject(o, "spread_gbps", rows[i].spread_gbps);
-            if (rows[i].perf_gbps > 0)
-                cJSON_AddNumberToObject(o, "ratio", rows[i].gbps / rows[i].perf_gbps);
-            else
-                cJSON_AddNullToObject(o, "ratio");
-            cJSON_AddItemToArray(arr, o);
-        }
-        cJSON *fc = cJSON_AddObjectToObject(root, "fixed_cost_us");
-        cJSON *fb = cJSON_AddObjectToObject(root, "fit_gbps");
-        cJSON *ck = cJSON_AddObjectToObject(root, "checksum_gbps");
-        for (int t = 0; t < nt; t++) {
-            if (!res[t].ok)
-                continue;
-            cJSON_AddNumberToObject(fc, list[t], res[t].fixed_us);
-            cJSON_AddNumberToObject(fb, list[t], res[t].fit_gbps);
-            cJSON *c = cJSON_AddObjectToObject(ck, list[t]);
-            cJSON_AddNumberToObject(c, "batch_16x256k_on", res[t].crc_batch_gbps);
-            cJSON_AddNumberToObject(c, "batch_16x256k_off", res[t].crc_nocrc_gbps);
-            cJSON_AddNumberToObject(c, "crc32c_alone", res[t].crc_gbps);
-        }
-        char *text = cJSON_Print(root);
-        FILE *f = fopen(json, "w");
-        if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0) {
-            fprintf(stderr, "%s: cannot write %s\n", argv[0], json);
-            fails++;
-        }
-        if (f)
-            fclose(f);
-        free(text);
-        cJSON_Delete(root);
+}
+
+static cJSON *row_json(const row_t *row)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "tls", row->tls);
+    cJSON_AddStringToObject(o, "mode", row->two_sided ? "am" : "rma");
+    cJSON_AddNumberToObject(o, "slice_bytes", (double)row->slice);
+    cJSON_AddNumberToObject(o, "batch", row->batch);
+    cJSON_AddNumberToObject(o, "gbps", row->gbps);
+    cJSON_AddNumberToObject(o, "gbps_mean", row->gbps_mean);
+    cJSON_AddNumberToObject(o, "perftest_gbps", row->perf_gbps);
+    if (isnan(row->spread_gbps))
+        cJSON_AddNullToObject(o, "spread_gbps"); /* batch larger than the pool */
+    else
+        cJSON_AddNumberToObject(o, "spread_gbps", row->spread_gbps);
+    if (row->perf_gbps > 0)
+        cJSON_AddNumberToObject(o, "ratio", row->gbps / row->perf_gbps);
+    else
+        cJSON_AddNullToObject(o, "ratio");
+    return o;
+}
+
+/* The rows and each transport's fit and checksum rates, as --json FILE. */
+static int write_results_json(const char *path, const char *prog, const row_t *rows, int n_rows,
+                              const char *const *list, int nt, const tls_result_t *res)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(root, "rows");
+    for (int i = 0; i < n_rows; i++)
+        cJSON_AddItemToArray(arr, row_json(&rows[i]));
+    cJSON *fc = cJSON_AddObjectToObject(root, "fixed_cost_us");
+    cJSON *fb = cJSON_AddObjectToObject(root, "fit_gbps");
+    cJSON *ck = cJSON_AddObjectToObject(root, "checksum_gbps");
+    for (int t = 0; t < nt; t++) {
+        if (!res[t].ok)
+            continue;
+        cJSON_AddNumberToObject(fc, list[t], res[t].fixed_us);
+        cJSON_AddNumberToObject(fb, list[t], res[t].fit_gbps);
+        cJSON *c = cJSON_AddObjectToObject(ck, list[t]);
+        cJSON_AddNumberToObject(c, "batch_16x256k_on", res[t].crc_batch_gbps);
+        cJSON_AddNumberToObject(c, "batch_16x256k_off", res[t].crc_nocrc_gbps);
+        cJSON_AddNumberToObject(c, "crc32c_alone", res[t].crc_gbps);
     }
+    int rc = kvf_bench_write_json(root, path, prog);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int kvf_bench_transfer(int argc, char **argv)
+{
+    transfer_opts_t o;
+    int rc = parse_transfer_opts(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    if (o.serve_role)
+        return serve(o.checksum, o.two_sided, o.spin_us);
+    if (strcmp(o.mode, "auto") && strcmp(o.mode, "rma") && strcmp(o.mode, "am")) {
+        fprintf(stderr, "%s: --mode must be auto, rma or am, not '%s'\n", argv[0], o.mode);
+        return 2;
+    }
+    const char *list[2];
+    int nt = 0;
+    if (!o.tls || !strcmp(o.tls, "shm"))
+        list[nt++] = "shm";
+    if (!o.tls || !strcmp(o.tls, "tcp"))
+        list[nt++] = "tcp";
+    if (!nt) {
+        fprintf(stderr, "%s: --tls must be shm or tcp, not '%s'\n", argv[0], o.tls);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    row_t *rows = calloc(2 * 36, sizeof(*rows));
+    if (!rows)
+        return 1;
+    int n_rows = 0;
+    tls_result_t res[2] = {{0}};
+    int fails = 0;
+    for (int t = 0; t < nt; t++)
+        if (run_tls(list[t], o.mode, o.quick, rows, &n_rows, &res[t]) != 0)
+            fails++;
+    print_summary(list, nt, res);
+    if (o.json)
+        fails += write_results_json(o.json, argv[0], rows, n_rows, list, nt, res);
     free(rows);
     return fails ? 1 : 0;
 }
