@@ -564,8 +564,22 @@ static unsigned nccl_progress(kvf_xfer_t *x)
     return n;
 }
 
+static void nccl_caps(const kvf_xfer_config_t *cfg, kvf_xfer_caps_t *caps_p)
+{
+    (void)cfg;
+    *caps_p = (kvf_xfer_caps_t){
+        .one_sided = false, /* the receiver places every range itself */
+        .one_sided_survives_sender_death = true,
+        /* No fd at all: completions are CUDA events, polled (1 ms, the
+         * prefill node's period for a transport without an fd). */
+        .fd_wakes_on_data = false,
+        .poll_ms = 1,
+    };
+}
+
 const kvf_xfer_ops_t kvf_xfer_nccl_ops = {
     .name = "nccl",
+    .caps = nccl_caps,
     .open = nccl_open,
     .close = nccl_close,
     .export_body = nccl_export_body,

@@ -15,6 +15,7 @@
 #include "kvf/clock.h"
 #include "kvf/log.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
@@ -85,6 +86,49 @@ static kvf_status_t status_from_ucs(ucs_status_t s)
     default:
         return KVF_ERR_TRANSPORT;
     }
+}
+
+/* ---- capabilities ------------------------------------------------------- */
+
+/* Whether UCX may carry this process's puts over TCP. UCX 1.13 has no API
+ * that names the transports a context will use (ucp_ep_query reports an
+ * endpoint's transports only in later releases, and only once an endpoint
+ * exists: too late for a receiver, which chooses at creation), so this
+ * reads UCX's own setting as UCX does: UCX_TLS is a comma-separated list
+ * of transports or aliases ("all" names every one), or after a leading
+ * '^' the list of those left out; unset or empty means all. */
+static bool tls_may_use_tcp(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    if (!tls || !*tls)
+        return true;
+    bool excluded = tls[0] == '^';
+    bool names_tcp = false;
+    char list[256];
+    snprintf(list, sizeof(list), "%s", excluded ? tls + 1 : tls);
+    char *save = NULL;
+    for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (!strcmp(t, "tcp") || !strcmp(t, "all"))
+            names_tcp = true;
+    return excluded ? !names_tcp : names_tcp;
+}
+
+static void ucx_caps(const kvf_xfer_config_t *cfg, kvf_xfer_caps_t *caps_p)
+{
+    (void)cfg;
+    *caps_p = (kvf_xfer_caps_t){
+        .one_sided = true,
+        /* Over TCP, UCX 1.13 emulates puts with messages whose receiver
+         * aborts the process when the sender dies mid-put. */
+        .one_sided_survives_sender_death = !tls_may_use_tcp(),
+        /* Its shared-memory transports, which UCX picks for any peer on the
+         * same host unless UCX_TLS leaves them out, do not wake the
+         * worker's fd for incoming data or connection set-up; without
+         * polling a first handoff waited up to a heartbeat period. 2 ms is
+         * the period the decode node measured that with. */
+        .fd_wakes_on_data = false,
+        .poll_ms = 2,
+    };
 }
 
 /* ---- receiving completion messages ------------------------------------- */
@@ -680,6 +724,7 @@ static kvf_status_t ucx_arm(kvf_xfer_t *x)
 
 const kvf_xfer_ops_t kvf_xfer_ucx_ops = {
     .name = "ucx",
+    .caps = ucx_caps,
     .open = ucx_open,
     .close = ucx_close,
     .export_body = ucx_export_body,

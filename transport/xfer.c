@@ -83,6 +83,15 @@ static const kvf_xfer_ops_t *backend_ops(kvf_xfer_backend_t backend)
     }
 }
 
+kvf_status_t kvf_xfer_caps(const kvf_xfer_config_t *cfg, kvf_xfer_caps_t *caps_p)
+{
+    const kvf_xfer_ops_t *ops = backend_ops(cfg->backend);
+    if (!ops)
+        return KVF_ERR_UNSUPPORTED;
+    ops->caps(cfg, caps_p);
+    return KVF_OK;
+}
+
 kvf_status_t kvf_xfer_create(const kvf_xfer_config_t *cfg, kvf_xfer_t **xfer_p)
 {
     uint64_t block_bytes = kvf_xfer_block_bytes(&cfg->geometry);
@@ -109,6 +118,7 @@ kvf_status_t kvf_xfer_create(const kvf_xfer_config_t *cfg, kvf_xfer_t **xfer_p)
         return KVF_ERR_NOMEM;
     x->ops = ops;
     x->cfg = *cfg;
+    ops->caps(cfg, &x->caps);
     if (!x->cfg.timeout_ms)
         x->cfg.timeout_ms = KVF_XFER_DEFAULT_TIMEOUT_MS;
     if (!x->cfg.grace_ms)
@@ -631,7 +641,8 @@ kvf_status_t kvf_xfer_wait(kvf_xfer_batch_t *batch, int timeout_ms)
             active = now;
         /* Spin first (over shared memory a batch takes microseconds, and a
          * wake-up through the fd costs tens), then sleep on the fd, waking
-         * for the next deadline. */
+         * for the next deadline, and every 10 ms where the fd may not wake
+         * for the batch's traffic. */
         if (now - active < 200000)
             continue;
         int fd = kvf_xfer_fd(x);
@@ -641,7 +652,7 @@ kvf_status_t kvf_xfer_wait(kvf_xfer_batch_t *batch, int timeout_ms)
         int left = until == UINT64_MAX ? 10 : kvf_clock_ms_until(until);
         if (ms < 0 || ms > left)
             ms = left;
-        if (ms > 10)
+        if (!x->caps.fd_wakes_on_data && ms > 10)
             ms = 10;
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         (void)poll(&pfd, 1, ms);

@@ -118,6 +118,7 @@ struct kvf_xfer_peer {
 struct kvf_xfer {
     const kvf_xfer_ops_t *ops;
     kvf_xfer_config_t cfg;
+    kvf_xfer_caps_t caps;
     uint8_t *pool; /* cfg.pool, or the backend's */
     kvf_xfer_peer_t *peers;
     /* receiver */
@@ -134,6 +135,9 @@ struct kvf_xfer {
 /* A backend. Every slot is required unless marked optional. */
 struct kvf_xfer_ops {
     const char *name;
+    /* What the backend guarantees for cfg in this process (kvf_xfer_caps);
+     * needs no handle. */
+    void (*caps)(const kvf_xfer_config_t *cfg, kvf_xfer_caps_t *caps_p);
     /* Sets up xfer->be; allocates the pool into xfer->pool when it is NULL. */
     kvf_status_t (*open)(kvf_xfer_t *xfer);
     /* Frees xfer->be. Peers whose shutdown did not complete may remain:

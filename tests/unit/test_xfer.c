@@ -795,6 +795,51 @@ static void test_shm_sender_killed(void **state)
     sender_killed("sm,self", false);
 }
 
+/* The transport answers what a node used to work out from UCX_TLS itself:
+ * a one-sided receiver survives a dying sender only where TCP cannot carry
+ * the puts; UCX's fd does not wake for shared-memory traffic. */
+static void test_caps(void **state)
+{
+    (void)state;
+    const struct {
+        const char *tls; /* NULL: unset */
+        bool survives;
+    } cases[] = {
+        {NULL, false},     {"", false},    {"tcp", false},     {"tcp,self", false}, {"all", false},
+        {"sm,self", true}, {"^tcp", true}, {"^sm,cma", false}, {"rc,sm", true},
+    };
+    kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        if (cases[i].tls)
+            use_tls(cases[i].tls);
+        else
+            unsetenv("UCX_TLS");
+        kvf_xfer_caps_t caps;
+        assert_int_equal(kvf_xfer_caps(&cfg, &caps), KVF_OK);
+        assert_true(caps.one_sided);
+        if (caps.one_sided_survives_sender_death != cases[i].survives)
+            fail_msg("UCX_TLS=%s: survives %d, expected %d",
+                     cases[i].tls ? cases[i].tls : "(unset)", caps.one_sided_survives_sender_death,
+                     cases[i].survives);
+        assert_false(caps.fd_wakes_on_data);
+        assert_true(caps.poll_ms > 0);
+    }
+    cfg.backend = KVF_XFER_NCCL;
+    kvf_xfer_caps_t caps;
+    kvf_status_t st = kvf_xfer_caps(&cfg, &caps);
+#ifdef KVF_HAVE_NCCL
+    assert_int_equal(st, KVF_OK);
+    assert_false(caps.one_sided);
+    assert_true(caps.one_sided_survives_sender_death);
+    assert_false(caps.fd_wakes_on_data); /* no fd at all */
+    assert_true(caps.poll_ms > 0);
+#else
+    assert_int_equal(st, KVF_ERR_UNSUPPORTED);
+#endif
+    cfg.backend = (kvf_xfer_backend_t)99;
+    assert_int_equal(kvf_xfer_caps(&cfg, &caps), KVF_ERR_UNSUPPORTED);
+}
+
 /* NCCL pair: one process drives both ranks, each handle on its own GPU
  * (NCCL refuses two ranks of a communicator on one GPU). Random blocks go
  * from GPU 0's pool into a reservation on GPU 1's, compared byte for byte;
@@ -907,6 +952,7 @@ int main(void)
         cmocka_unit_test(test_tcp_peer_killed),
         cmocka_unit_test(test_shm_sender_killed),
         cmocka_unit_test(test_tcp_sender_killed),
+        cmocka_unit_test(test_caps),
         cmocka_unit_test(test_nccl_pair),
     };
     if (getenv("KVF_TEST_FILTER")) /* e.g. KVF_TEST_FILTER=test_tcp_* */

@@ -121,10 +121,33 @@ typedef struct {
      * reservation, so data of a cancelled or unknown request never lands
      * and kvf_xfer_cancel releases at once. A receiver that sets it exports
      * no rkey (its senders must follow); a sender that sets it uses it for
-     * every peer. For TCP: UCX 1.13 emulates puts there with messages whose
-     * receiver aborts the process if the sender vanishes mid-put. */
+     * every peer. Whether a receiver needs it to survive a dying sender:
+     * kvf_xfer_caps(). */
     bool two_sided;
 } kvf_xfer_config_t;
+
+/* What a backend, as configured for this process, guarantees: the facts a
+ * node's choices depend on, answered by the transport (kvf_xfer_caps). */
+typedef struct {
+    /* Data can be written one-sided (RMA into the receiver's pool), so
+     * cfg.two_sided is a real choice. false: the backend always has the
+     * receiver place the data itself (NCCL). */
+    bool one_sided;
+    /* A one-sided receiver survives a sender that dies in the middle of a
+     * put. false: a receiver that must outlive its senders sets
+     * cfg.two_sided (UCX 1.13 when TCP may carry the puts: it emulates them
+     * there with messages whose receiver aborts the process if the sender
+     * vanishes mid-put). true where one_sided is false. */
+    bool one_sided_survives_sender_death;
+    /* kvf_xfer_fd() polls readable for everything that needs progress:
+     * incoming data and completions, connection set-up. false (also when
+     * there is no fd): a loop expecting transfer traffic must call
+     * kvf_xfer_progress every poll_ms while it does (UCX 1.13's
+     * shared-memory transports do not wake the worker's fd for incoming
+     * data or connection set-up). */
+    bool fd_wakes_on_data;
+    uint32_t poll_ms; /* when !fd_wakes_on_data: the progress period; else 0 */
+} kvf_xfer_caps_t;
 
 /* One put: len bytes from local pool offset local_off to remote pool
  * offset remote_off. */
@@ -180,6 +203,12 @@ typedef struct {
 } kvf_xfer_stats_t;
 
 /* ---- handle -------------------------------------------------------------- */
+
+/* The capabilities of cfg's backend in this process (its environment, e.g.
+ * UCX_TLS, included), before or after a handle is created; only
+ * cfg->backend and cfg->mem_type are read. UNSUPPORTED if the backend is
+ * not in this build. */
+kvf_status_t kvf_xfer_caps(const kvf_xfer_config_t *cfg, kvf_xfer_caps_t *caps_p);
 
 /* Opens a backend over the pool described by cfg (copied). Errors:
  * INVAL (bad config), UNSUPPORTED (backend or memory type not in this
