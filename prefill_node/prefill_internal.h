@@ -1,0 +1,208 @@
+/* What the files of kvf-prefill share; prefill.h is the node's interface.
+ *
+ *   prefill.c   the event loop, create / destroy, the load report
+ *   requests.c  the request table: lookup, lifecycle (abort, fail, cancel),
+ *               the transfer batches a request posts
+ *   messages.c  the router's messages (PrefillRequest, Cancel) and the
+ *               node's (Error, PrefillDone, KvReady)
+ *   peers.c     decode peers: connections to their pools, KvAlloc and
+ *               KvAllocReply, leases
+ *   forward.c   the batched forward: which chunks run, each layer's slices
+ *               posted from the engine's hook, the first token sampled
+ *
+ * Everything runs on the loop's thread (the forward too), so nothing here
+ * is locked. */
+#ifndef KVF_PREFILL_INTERNAL_H
+#define KVF_PREFILL_INTERNAL_H
+
+#include "prefill.h"
+
+#include "kvf/engine.h"
+#include "kvf/kvcache.h"
+#include "kvf/msg.h"
+#include "kvf/node.h"
+#include "kvf/sampling.h"
+#include "kvf/xfer.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Send timeouts from the loop (PROTOCOL.md: short, a failed send is a lost
+ * message). */
+#define PF_SEND_MS 50
+/* How long a post that the transport answers AGAIN is retried. */
+#define PF_POST_AGAIN_MS 200
+/* How often an unsent KvAlloc is retried. */
+#define PF_ALLOC_RETRY_MS 10
+/* Bounded wait for transfers to end when the node stops. */
+#define PF_STOP_DRAIN_MS 2000
+/* A graceful drain (SIGTERM) gives up what is left after this long. */
+#define PF_DRAIN_TIMEOUT_MS 60000
+/* Lease margin: a request whose lease ends sooner than this is not started. */
+#define PF_LEASE_MARGIN_NS (50ull * 1000000ull)
+
+typedef enum {
+    REQ_WAIT_ALLOC, /* KvAlloc sent (or to be sent); waiting for the reply */
+    REQ_CANCELLED,  /* cancelled before the reply came: abort what D reserves */
+    REQ_READY,      /* D reserved blocks; chunks being computed */
+    REQ_SHIPPING,   /* computed and first token sampled; batches completing */
+    REQ_ABORTING,   /* given up; local blocks freed once no batch runs */
+} pf_req_state_t;
+
+/* A connection to one decode node's pool, shared by its requests. A peer
+ * that failed, or whose node came back with another descriptor, is stale:
+ * no new request uses it, and it is disconnected once its last user ends
+ * (kvf_xfer_disconnect invalidates the handle). */
+typedef struct pf_peer {
+    struct pf_peer *next;
+    char *node_id; /* owned */
+    uint8_t *desc; /* owned copy of the descriptor it was made from */
+    size_t desc_len;
+    kvf_xfer_peer_t *xp; /* belongs to the xfer handle */
+    unsigned users;      /* requests holding it */
+    bool stale;
+} pf_peer_t;
+
+typedef struct pf_req {
+    struct pf_req *next, *prev; /* the request table, in arrival order */
+    kvf_envelope_t *env;        /* the PrefillRequest (owned): tokens, sampling, D */
+    const Kvf__PrefillRequest *pr;
+    uint64_t req_id, epoch;
+    uint32_t n_prompt;
+    pf_req_state_t state;
+    pf_peer_t *peer; /* one reference held */
+    bool alloc_sent;
+    uint64_t alloc_first_try_ns, alloc_sent_ns, alloc_deadline_ns, next_alloc_try_ns;
+    bool reserved;              /* D accepted: a reservation exists there */
+    uint32_t *remote_blocks;    /* (n_prompt blocks) D's block ids, owned */
+    uint64_t not_after_ns;      /* lease end on our clock; 0 = none */
+    kvf_block_table_t local;    /* local blocks of the whole prompt (or empty) */
+    uint32_t done;              /* prompt tokens computed */
+    kvf_xfer_batch_t **batches; /* (n_batches) posted, not yet completed; owned */
+    size_t n_batches, cap_batches;
+    bool last_posted, abort_posted;
+    kvf_status_t hook_status; /* a post failed during the forward */
+    /* the chunk of the forward being run */
+    uint32_t chunk_start, chunk_len, ship_first, ship_end;
+    float *logits; /* (vocab) final chunk only, owned */
+    uint32_t first_token;
+    uint64_t rng_after;
+    uint64_t kv_bytes;
+    uint64_t compute_start_ns, compute_end_ns;
+} pf_req_t;
+
+typedef struct {
+    uint64_t requests, completed, failed, cancelled, refused;
+    uint64_t stale_dropped, malformed_dropped, unexpected_dropped;
+} pf_counters_t;
+
+/* Scratch of one forward, kept between forwards (forward.c). */
+typedef struct {
+    pf_req_t **reqs;            /* (cap) requests of the running forward */
+    kvf_engine_seq_t *seqs;     /* (cap) */
+    uint32_t *remaining, *take; /* (cap) */
+    size_t cap, n;              /* n: requests of the running forward, 0 between */
+    kvf_xfer_slice_t *slices;   /* (cap_slices) one layer of one chunk */
+    size_t cap_slices;
+} pf_forward_t;
+
+struct kvf_prefill {
+    kvf_prefill_config_t cfg; /* strings: NULL, or the copies below */
+    char *router_url, *listen_url;
+    kvf_engine_stack_t rt; /* model, backend, pool, engine */
+    kvf_xfer_t *xfer;
+    kvf_node_t *node;
+    kvf_kv_geometry_t geo;
+    pf_req_t *head, *tail; /* request table */
+    bool draining;         /* SIGTERM: completing what it holds, taking nothing new */
+    pf_peer_t *peers;
+    pf_counters_t count;
+    pf_forward_t fwd;
+};
+
+static inline uint64_t pf_us_between(uint64_t from_ns, uint64_t to_ns)
+{
+    return to_ns > from_ns ? (to_ns - from_ns) / 1000u : 0;
+}
+
+/* ---- requests.c ---- */
+
+/* The attempt (req_id, epoch), or with epoch 0 the newest attempt of
+ * req_id. Older attempts may still be in the table, aborting. */
+pf_req_t *pf_req_find(kvf_prefill_t *p, uint64_t req_id, uint64_t epoch);
+/* Waiting for its reservation or being computed (counted as queued). */
+bool pf_req_computing(const pf_req_t *r);
+/* A new request for env's PrefillRequest (taken on success), holding peer's
+ * reference, appended to the table. NULL when out of memory (env and the
+ * reference are still the caller's). */
+pf_req_t *pf_req_add(kvf_prefill_t *p, kvf_envelope_t *env, pf_peer_t *peer);
+/* Unlinks and frees r: its local blocks go back to the pool, its peer
+ * reference is dropped. The caller made sure no batch still reads the
+ * blocks (or the transfer handle is gone). */
+void pf_req_destroy(kvf_prefill_t *p, pf_req_t *r);
+/* Releases r's batches (the transport drives them to their end). */
+void pf_req_release_batches(pf_req_t *r);
+/* Posts the slices for r to its peer (retrying briefly while the transport
+ * says AGAIN); the batch joins r's list. */
+kvf_status_t pf_req_post(kvf_prefill_t *p, pf_req_t *r, const kvf_xfer_slice_t *slices, size_t n,
+                         uint32_t flags);
+/* Gives r up: ABORT to D where it holds a reservation; r waits in ABORTING
+ * until no batch runs. No message to the router. */
+void pf_req_abort(kvf_prefill_t *p, pf_req_t *r);
+/* Fails r: Error{status} to the router, then abort. */
+void pf_req_fail(kvf_prefill_t *p, pf_req_t *r, kvf_status_t status, const char *why);
+/* Cancels r (router's Cancel or a newer epoch): no Error to the router. */
+void pf_req_cancel(kvf_prefill_t *p, pf_req_t *r);
+/* Moves every request along that the transport or the clock allows. */
+void pf_service_requests(kvf_prefill_t *p);
+
+/* ---- messages.c ---- */
+
+/* Error{status, message} for (req_id, epoch) to the router; message NULL:
+ * the status's own text. */
+void pf_send_error(kvf_prefill_t *p, uint64_t req_id, uint64_t epoch, kvf_status_t status,
+                   const char *message);
+/* Takes env: a message from the router, a decode node or the node runtime. */
+void pf_handle_envelope(kvf_prefill_t *p, kvf_envelope_t *env);
+/* Every batch of r completed: PrefillDone to the router, KvReady to D, r
+ * freed (or failed when D cannot be told). */
+void pf_req_complete(kvf_prefill_t *p, pf_req_t *r);
+
+/* ---- peers.c ---- */
+
+/* A connected peer for decode node node_id with descriptor desc, with one
+ * reference taken; NULL when connecting failed (*status_p says why). */
+pf_peer_t *pf_peer_get(kvf_prefill_t *p, const char *node_id, const uint8_t *desc, size_t len,
+                       kvf_status_t *status_p);
+/* Drops one reference (peer may be NULL); disconnects stale or failed
+ * peers nobody uses. */
+void pf_peer_put(kvf_prefill_t *p, pf_peer_t *peer);
+/* Frees every peer record once the transfer handle (which owned their
+ * connections) is gone. */
+void pf_peers_free(kvf_prefill_t *p);
+/* Sends (or retries) r's KvAlloc, waiting up to timeout_ms for the socket. */
+void pf_send_alloc(kvf_prefill_t *p, pf_req_t *r, int timeout_ms);
+/* D's answer to a KvAlloc: r becomes READY, or is refused or aborted. */
+void pf_on_alloc_reply(kvf_prefill_t *p, const Kvf__KvAllocReply *a);
+/* For r waiting on its KvAlloc (WAIT_ALLOC or CANCELLED): retries an unsent
+ * KvAlloc and gives up on one unanswered past its deadline. */
+void pf_alloc_service(kvf_prefill_t *p, pf_req_t *r, uint64_t now_ns);
+/* The deadline r's alloc wait sleeps until (retry or timeout). */
+uint64_t pf_alloc_deadline_ns(const pf_req_t *r);
+/* Whether r's lease ends too soon (PF_LEASE_MARGIN_NS) to start it. */
+bool pf_lease_ending(const pf_req_t *r, uint64_t now_ns);
+
+/* ---- forward.c ---- */
+
+/* Whether a READY request could run now (it holds local blocks or the pool
+ * has room for its prompt). */
+bool pf_forward_possible(const kvf_prefill_t *p);
+/* Picks the next forward and runs it. Returns whether one ran. */
+bool pf_forward_step(kvf_prefill_t *p);
+/* Frees the forward scratch. */
+void pf_forward_fini(pf_forward_t *f);
+/* The sampler's parameters for a request's Sampling (NULL: defaults). */
+kvf_sampling_params_t pf_sampling_params(const Kvf__Sampling *s, uint64_t req_id);
+
+#endif
