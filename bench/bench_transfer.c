@@ -22,272 +22,25 @@
  * relative terms. */
 #include "bench_transfer.h"
 #include "bench_util.h"
+#include "transfer_perftest.h"
+#include "transfer_receiver.h"
 
 #include "kvf/clock.h"
 #include "kvf/crc32c.h"
 #include "kvf/flags.h"
-#include "kvf/hex.h"
-#include "kvf/log.h"
-#include "kvf/msg.h"
 #include "kvf/xfer.h"
 
 #include <cjson/cJSON.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#define BENCH_POOL (256ull << 20)
 /* A batch's deadline covers the whole batch: 4 GiB over loopback TCP takes
  * seconds. */
 #define BENCH_TIMEOUT_MS 120000u
-
-static const kvf_xfer_geometry_t bench_geom = {.block_size = 16,
-                                               .n_layers = 1,
-                                               .n_kv_heads = 1,
-                                               .head_dim = 64,
-                                               .dtype = KVF_XFER_DTYPE_F32,
-                                               .layout = 1};
-
-/* ---- the receiver ------------------------------------------------------ */
-
-static int serve(bool checksum, bool two_sided, int spin_us)
-{
-    kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX,
-                             .pool_bytes = BENCH_POOL,
-                             .geometry = bench_geom,
-                             .checksum = checksum,
-                             .two_sided = two_sided};
-    kvf_xfer_t *x;
-    if (kvf_xfer_create(&cfg, &x) != KVF_OK)
-        return 1;
-    kvf_xfer_range_t all = {0, BENCH_POOL};
-    uint8_t *desc;
-    size_t len;
-    if (kvf_xfer_reserve(x, 1, 1, &all, 1, 24u * 3600u * 1000u) != KVF_OK ||
-        kvf_xfer_export(x, &desc, &len) != KVF_OK) {
-        kvf_xfer_destroy(x);
-        return 1;
-    }
-    char *hex = malloc(2 * len + 1);
-    if (!hex) {
-        free(desc);
-        kvf_xfer_destroy(x);
-        return 1;
-    }
-    kvf_hex_encode(desc, len, hex);
-    printf("desc %s\n", hex);
-    fflush(stdout);
-    free(hex);
-    free(desc);
-    uint64_t rejected = 0;
-    /* Spin while traffic flows (TCP puts need this side's progress, and a
-     * wake-up through the fd costs tens of microseconds), sleep on the
-     * worker's fd after spin_us of quiet. */
-    uint64_t active = kvf_clock_ns();
-    uint64_t spin_ns = (uint64_t)spin_us * 1000;
-    bool busy = false;
-    for (unsigned spin = 0;; spin++) {
-        busy |= kvf_xfer_progress(x) > 0;
-        kvf_xfer_event_t ev;
-        while (kvf_xfer_poll(x, &ev) == KVF_OK)
-            rejected += ev.kind == KVF_XFER_EV_REJECTED;
-        if (spin % 64)
-            continue;
-        uint64_t now = kvf_clock_ns();
-        if (busy)
-            active = now;
-        busy = false;
-        int wait_ms = 0;
-        if (now - active > spin_ns && kvf_xfer_arm(x) == KVF_OK)
-            wait_ms = 100;
-        struct pollfd pfd[2] = {{.fd = 0, .events = POLLIN},
-                                {.fd = kvf_xfer_fd(x), .events = POLLIN}};
-        int pr = poll(pfd, 2, wait_ms);
-        if (pr > 0 && pfd[0].revents)
-            break; /* "quit", or the sender's end closed */
-        if (pr > 0)
-            active = kvf_clock_ns();
-    }
-    kvf_xfer_destroy(x);
-    if (rejected)
-        fprintf(stderr, "kvf bench transfer: receiver rejected %" PRIu64 " completions\n",
-                rejected);
-    return rejected ? 1 : 0;
-}
-
-typedef struct {
-    pid_t pid;
-    int to;
-    FILE *from;
-    uint8_t *desc;
-    size_t desc_len;
-} receiver_t;
-
-static int receiver_start(receiver_t *r, bool checksum, bool two_sided, int spin_us)
-{
-    char spin[16];
-    snprintf(spin, sizeof(spin), "%d", spin_us);
-    int to[2], from[2];
-    if (pipe(to) || pipe(from))
-        return -1;
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        dup2(to[0], 0);
-        dup2(from[1], 1);
-        close(to[1]);
-        close(from[0]);
-        char *argv[10] = {"kvf", "bench", "transfer", "--serve", "--spin-us", spin};
-        int argc = 6;
-        if (checksum)
-            argv[argc++] = "--checksum";
-        if (two_sided)
-            argv[argc++] = "--two-sided";
-        argv[argc] = NULL;
-        execv("/proc/self/exe", argv);
-        _exit(127);
-    }
-    close(to[0]);
-    close(from[1]);
-    r->pid = pid;
-    r->to = to[1];
-    r->from = fdopen(from[0], "r");
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n = getline(&line, &cap, r->from);
-    /* "desc <hex>\n" */
-    int rc = -1;
-    if (n >= 6 && !strncmp(line, "desc ", 5) &&
-        kvf_hex_decode(line + 5, ((size_t)n - 6) / 2 * 2, &r->desc, &r->desc_len) == KVF_OK)
-        rc = 0;
-    free(line);
-    return rc;
-}
-
-static int receiver_stop(receiver_t *r)
-{
-    (void)!write(r->to, "quit\n", 5);
-    close(r->to);
-    int status = kvf_bench_reap(r->pid, kvf_clock_ns() + 10000000000ull, 5);
-    fclose(r->from);
-    free(r->desc);
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
-}
-
-/* ---- ucx_perftest ---------------------------------------------------- */
-
-/* The server in the background on port, its output discarded. */
-static pid_t start_perftest_server(const char *port)
-{
-    pid_t server = fork();
-    if (server == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        char *argv[] = {"ucx_perftest", "-p", (char *)port, NULL};
-        execvp("ucx_perftest", argv);
-        _exit(127);
-    }
-    return server;
-}
-
-/* The client's ucp_put_bw against 127.0.0.1:port; its overall bandwidth
- * in MB/s (1e6 bytes), 0 when it printed none, -1 when it could not
- * start. */
-static double run_perftest_client(const char *port, const char *size, const char *iters,
-                                  const char *warmup)
-{
-    int out[2];
-    if (pipe(out))
-        return -1;
-    pid_t client = fork();
-    if (client == 0) {
-        dup2(out[1], 1);
-        close(out[0]);
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 2);
-        char *argv[] = {"ucx_perftest", "-p",         (char *)port,   "-t",
-                        "ucp_put_bw",   "-s",         (char *)size,   "-n",
-                        (char *)iters,  "-w",         (char *)warmup, "127.0.0.1",
-                        NULL};
-        execvp("ucx_perftest", argv);
-        _exit(127);
-    }
-    close(out[1]);
-    FILE *f = fdopen(out[0], "r");
-    char line[512];
-    double mbps = 0;
-    while (f && fgets(line, sizeof(line), f)) {
-        double v[7];
-        /* iterations, overhead 50%ile / average / overall (us), then
-         * bandwidth average / overall in MB/s with MB = 2^20 */
-        if (sscanf(line, " Final: %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3], &v[4],
-                   &v[5], &v[6]) == 7)
-            mbps = v[5] * 1048576.0 / 1e6;
-    }
-    if (f)
-        fclose(f);
-    int status;
-    if (client > 0)
-        waitpid(client, &status, 0);
-    return mbps;
-}
-
-/* ucp_put_bw at size bytes between two ucx_perftest processes on
- * 127.0.0.1 (server in the background on a free port, then the client);
- * GB/s (1e9 bytes), or 0 when it could not run. */
-static double perftest_gbps(uint64_t size, bool quick)
-{
-    uint64_t target = quick ? (128ull << 20) : (1ull << 30);
-    uint64_t iters = target / size;
-    if (iters < 200)
-        iters = 200;
-    if (iters > 200000)
-        iters = 200000;
-    char s_size[32], s_iters[32], s_warm[32], s_port[16];
-    snprintf(s_size, sizeof(s_size), "%" PRIu64, size);
-    snprintf(s_iters, sizeof(s_iters), "%" PRIu64, iters);
-    snprintf(s_warm, sizeof(s_warm), "%" PRIu64, iters / 10 + 10);
-    for (int attempt = 0; attempt < 5; attempt++) {
-        int port;
-        if (kvf_net_free_port(&port) != KVF_OK)
-            return 0;
-        snprintf(s_port, sizeof(s_port), "%d", port);
-        pid_t server = start_perftest_server(s_port);
-        if (server < 0)
-            return 0;
-        kvf_clock_sleep_ms(150 + 100 * (unsigned)attempt);
-        double mbps = run_perftest_client(s_port, s_size, s_iters, s_warm);
-        if (mbps < 0)
-            return 0;
-        int status;
-        kill(server, SIGKILL);
-        waitpid(server, &status, 0);
-        if (mbps > 0)
-            return mbps / 1e3;
-    }
-    return 0;
-}
-
-/* The ceiling at size: the best of a few runs, the rate of a quiet moment
- * (a ceiling measured too low would flatter the ratio). */
-static double perftest_best_gbps(uint64_t size, bool quick)
-{
-    double perf = 0;
-    for (int k = 0; k < (quick ? 2 : 3); k++) {
-        double g = perftest_gbps(size, quick);
-        perf = g > perf ? g : perf;
-    }
-    return perf;
-}
 
 /* ---- the sender ------------------------------------------------------ */
 
@@ -311,7 +64,7 @@ static double measure(tls_run_t *t, kvf_xfer_peer_t *peer, uint64_t slice, int n
 {
     kvf_xfer_slice_t *slices = t->slices;
     double *samples = t->samples;
-    uint64_t slots = BENCH_POOL / slice;
+    uint64_t slots = KVF_BENCH_XFER_POOL / slice;
     for (int i = 0; i < n; i++) {
         uint64_t k = spread ? (uint64_t)i % slots : 0;
         slices[i] = (kvf_xfer_slice_t){k * slice, (slots - 1 - k) * slice, slice};
@@ -397,7 +150,7 @@ typedef struct {
 
 /* A receiver process and this process's transfer endpoint connected to it. */
 typedef struct {
-    receiver_t r;
+    kvf_bench_receiver_t r;
     kvf_xfer_t *x;
     kvf_xfer_peer_t *peer;
 } sender_t;
@@ -409,11 +162,11 @@ static int sender_open(sender_t *s, const tls_run_t *t, bool checksum)
 {
     s->x = NULL;
     s->peer = NULL;
-    if (receiver_start(&s->r, checksum, t->two_sided, t->spin_us) != 0)
+    if (kvf_bench_receiver_start(&s->r, checksum, t->two_sided, t->spin_us) != 0)
         return -1;
     kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX,
-                             .pool_bytes = BENCH_POOL,
-                             .geometry = bench_geom,
+                             .pool_bytes = KVF_BENCH_XFER_POOL,
+                             .geometry = kvf_bench_xfer_geom,
                              .timeout_ms = BENCH_TIMEOUT_MS,
                              .checksum = checksum};
     if (kvf_xfer_create(&cfg, &s->x) != KVF_OK ||
@@ -428,7 +181,7 @@ static int sender_close(sender_t *s)
 {
     kvf_xfer_destroy(s->x);
     s->x = NULL;
-    return receiver_stop(&s->r);
+    return kvf_bench_receiver_stop(&s->r);
 }
 
 /* Sets UCX_TLS for the transport and picks the receiver's spin and the
@@ -469,7 +222,7 @@ static int measure_cell(tls_run_t *t, kvf_xfer_peer_t *peer, uint64_t slice, int
     /* Spread batches larger than the pool would only wrap round it. */
     double bytes = (double)slice * n;
     double spread = sec < 0                      ? -1
-                    : bytes > (double)BENCH_POOL ? 0
+                    : bytes > (double)KVF_BENCH_XFER_POOL ? 0
                                                  : measure(t, peer, slice, n, true, &med_spread,
                                                            &iters);
     if (sec < 0 || spread < 0)
@@ -518,7 +271,7 @@ static int measure_grid(tls_run_t *t, row_t *rows, int *n_rows_p, tls_result_t *
         sender_close(&s);
         return -1;
     }
-    memset(kvf_xfer_pool(s.x), 0x6b, BENCH_POOL);
+    memset(kvf_xfer_pool(s.x), 0x6b, KVF_BENCH_XFER_POOL);
     printf("%8s %6s %10s %10s %8s %10s %10s %7s %12s\n", "slice", "batch", "median us", "mean us",
            "GB/s", "mean GB/s", "perftest", "ratio", "spread GB/s");
     int first = *n_rows_p;
@@ -527,7 +280,7 @@ static int measure_grid(tls_run_t *t, row_t *rows, int *n_rows_p, tls_result_t *
     for (int i = 0; i < ns && rc == 0; i++) {
         /* perftest right before our rows of the same size: both see the
          * machine in the same state. Our receiver sleeps meanwhile. */
-        double perf = perftest_best_gbps(sl[i], t->quick);
+        double perf = kvf_bench_perftest_gbps(sl[i], t->quick);
         for (int j = 0; j < nb && rc == 0; j++) {
             rc = measure_cell(t, s.peer, sl[i], bt[j], perf, &rows[*n_rows_p], res);
             if (rc == 0)
@@ -707,7 +460,7 @@ int kvf_bench_transfer(int argc, char **argv)
     if (rc >= 0)
         return rc;
     if (o.serve_role)
-        return serve(o.checksum, o.two_sided, o.spin_us);
+        return kvf_bench_xfer_serve(o.checksum, o.two_sided, o.spin_us);
     if (strcmp(o.mode, "auto") && strcmp(o.mode, "rma") && strcmp(o.mode, "am")) {
         fprintf(stderr, "%s: --mode must be auto, rma or am, not '%s'\n", argv[0], o.mode);
         return 2;
