@@ -1,0 +1,118 @@
+/* What the decode node sends the router: token chunks, gathered into one
+ * TokenBatch per step; errors; PrefillDone of local prefills. */
+#include "decode_internal.h"
+
+#include "kvf/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+void dec_send_router(kvf_decode_t *d, kvf_envelope_t *env)
+{
+    kvf_status_t st = kvf_node_send_router(d->node, env, KVF_DECODE_SEND_TIMEOUT_MS);
+    if (st != KVF_OK)
+        kvf_log_warn("%s to router dropped: %s", kvf_envelope_body_name(env), kvf_status_str(st));
+}
+
+void dec_send_error(kvf_decode_t *d, uint64_t req_id, uint64_t epoch, kvf_status_t status,
+                    const char *fmt, ...)
+{
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    Kvf__Error e = KVF__ERROR__INIT;
+    e.req_id = req_id;
+    e.epoch = epoch;
+    e.status = status;
+    e.message = text;
+    e.node_id = (char *)kvf_node_id(d->node);
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, kvf_node_id(d->node));
+    env.body_case = KVF__ENVELOPE__BODY_ERROR;
+    env.error = &e;
+    dec_send_router(d, &env);
+}
+
+void dec_emit_chunk(kvf_decode_t *d, dec_req_t *r, bool has_token, uint32_t token,
+                    Kvf__FinishReason finish)
+{
+    if (d->n_chunks == d->cap_chunks) {
+        size_t cap = d->cap_chunks ? 2 * d->cap_chunks : 64;
+        dec_chunk_t *c = realloc(d->chunks, cap * sizeof(*c));
+        if (!c) {
+            /* The router's request timeout covers a lost chunk. */
+            kvf_log_error("request %llu: out of memory queueing a token chunk",
+                          (unsigned long long)r->req_id);
+            return;
+        }
+        d->chunks = c;
+        d->cap_chunks = cap;
+    }
+    d->chunks[d->n_chunks++] = (dec_chunk_t){
+        .req_id = r->req_id,
+        .epoch = r->epoch,
+        .seq = r->chunk_seq++,
+        .token = token,
+        .has_token = has_token,
+        .finish = finish,
+        .n_generated = r->n_generated_before + r->gen,
+        .rng_state = r->has_sampler ? kvf_sampler_state(&r->sampler) : 0,
+    };
+}
+
+void dec_flush_chunks(kvf_decode_t *d)
+{
+    if (!d->n_chunks)
+        return;
+    size_t n = d->n_chunks;
+    Kvf__TokenChunk *body = calloc(n, sizeof(*body));
+    Kvf__TokenChunk **ptrs = calloc(n, sizeof(*ptrs));
+    if (!body || !ptrs) {
+        kvf_log_error("out of memory sending %zu token chunks", n);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        dec_chunk_t *c = &d->chunks[i];
+        kvf__token_chunk__init(&body[i]);
+        body[i].req_id = c->req_id;
+        body[i].epoch = c->epoch;
+        body[i].seq = c->seq;
+        body[i].n_tokens = c->has_token ? 1 : 0;
+        body[i].tokens = c->has_token ? &c->token : NULL;
+        body[i].finish_reason = c->finish;
+        body[i].n_generated = c->n_generated;
+        body[i].rng_state = c->rng_state;
+        ptrs[i] = &body[i];
+    }
+    Kvf__TokenBatch batch = KVF__TOKEN_BATCH__INIT;
+    batch.node_id = (char *)kvf_node_id(d->node);
+    batch.n_chunks = n;
+    batch.chunks = ptrs;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, kvf_node_id(d->node));
+    env.body_case = KVF__ENVELOPE__BODY_TOKEN_BATCH;
+    env.token_batch = &batch;
+    dec_send_router(d, &env);
+out:
+    free(ptrs);
+    free(body);
+    d->n_chunks = 0;
+}
+
+void dec_send_prefill_done(kvf_decode_t *d, const dec_req_t *r)
+{
+    Kvf__PrefillDone done = KVF__PREFILL_DONE__INIT;
+    done.req_id = r->req_id;
+    done.epoch = r->epoch;
+    done.node_id = (char *)kvf_node_id(d->node);
+    done.first_token = r->next_token;
+    done.prefill_compute_us = r->prefill_us;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, kvf_node_id(d->node));
+    env.body_case = KVF__ENVELOPE__BODY_PREFILL_DONE;
+    env.prefill_done = &done;
+    dec_send_router(d, &env);
+}

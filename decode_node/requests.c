@@ -1,0 +1,145 @@
+/* The decode node's request table: one entry per (req_id, epoch) it holds,
+ * in admission order (local prefills are served oldest first), from
+ * admission until its blocks are back in the pool. See decode_internal.h. */
+#include "decode_internal.h"
+
+#include "kvf/kvcache.h"
+#include "kvf/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void dec_req_free(dec_req_t *r)
+{
+    if (r->has_sampler)
+        kvf_sampler_fini(&r->sampler);
+    free(r->blocks);
+    free(r->prompt);
+    free(r);
+}
+
+kvf_status_t dec_req_add(kvf_decode_t *d, dec_req_t *r)
+{
+    if (d->n_reqs == d->cap_reqs) {
+        size_t cap = d->cap_reqs ? 2 * d->cap_reqs : 64;
+        dec_req_t **t = realloc(d->reqs, cap * sizeof(*t));
+        if (!t)
+            return KVF_ERR_NOMEM;
+        d->reqs = t;
+        d->cap_reqs = cap;
+    }
+    d->reqs[d->n_reqs++] = r;
+    return KVF_OK;
+}
+
+/* Removes r from the table (keeping the order) and frees it. */
+static void req_remove(kvf_decode_t *d, dec_req_t *r)
+{
+    for (size_t i = 0; i < d->n_reqs; i++) {
+        if (d->reqs[i] == r) {
+            memmove(&d->reqs[i], &d->reqs[i + 1], (d->n_reqs - i - 1) * sizeof(*d->reqs));
+            d->n_reqs--;
+            break;
+        }
+    }
+    dec_req_free(r);
+}
+
+dec_req_t *dec_req_find_live(const kvf_decode_t *d, uint64_t req_id)
+{
+    for (size_t i = 0; i < d->n_reqs; i++)
+        if (d->reqs[i]->req_id == req_id && kvf_handoff_live(&d->reqs[i]->h))
+            return d->reqs[i];
+    return NULL;
+}
+
+dec_req_t *dec_req_find(const kvf_decode_t *d, uint64_t req_id, uint64_t epoch)
+{
+    for (size_t i = 0; i < d->n_reqs; i++)
+        if (d->reqs[i]->req_id == req_id && d->reqs[i]->epoch == epoch)
+            return d->reqs[i];
+    return NULL;
+}
+
+bool dec_req_seen_epoch(const kvf_decode_t *d, uint64_t req_id, uint64_t epoch)
+{
+    for (size_t i = 0; i < d->n_reqs; i++)
+        if (d->reqs[i]->req_id == req_id && d->reqs[i]->epoch >= epoch)
+            return true;
+    return false;
+}
+
+bool dec_req_releasing_reserved(const kvf_decode_t *d, uint64_t req_id)
+{
+    for (size_t i = 0; i < d->n_reqs; i++)
+        if (d->reqs[i]->req_id == req_id && d->reqs[i]->reserved &&
+            d->reqs[i]->h.state == KVF_HANDOFF_RELEASING)
+            return true;
+    return false;
+}
+
+uint32_t dec_req_live_count(const kvf_decode_t *d)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < d->n_reqs; i++)
+        n += kvf_handoff_live(&d->reqs[i]->h);
+    return n;
+}
+
+kvf_status_t dec_req_alloc_blocks(kvf_decode_t *d, dec_req_t *r, uint32_t n_blocks)
+{
+    r->blocks = malloc((size_t)n_blocks * sizeof(*r->blocks));
+    if (!r->blocks)
+        return KVF_ERR_NOMEM;
+    kvf_status_t st = kvf_kvpool_alloc(d->rt.pool, n_blocks, r->blocks);
+    if (st != KVF_OK) {
+        free(r->blocks);
+        r->blocks = NULL;
+        return st;
+    }
+    r->n_blocks = n_blocks;
+    return KVF_OK;
+}
+
+void dec_req_release_blocks(kvf_decode_t *d, dec_req_t *r)
+{
+    if (kvf_kvpool_release(d->rt.pool, r->blocks, r->n_blocks) != KVF_OK)
+        kvf_log_error("request %llu epoch %llu: block table held blocks that were not allocated",
+                      (unsigned long long)r->req_id, (unsigned long long)r->epoch);
+    (void)kvf_handoff_on_released(&r->h);
+    d->stats.requests_released++;
+    kvf_log_debug("request %llu epoch %llu: %u blocks released", (unsigned long long)r->req_id,
+                  (unsigned long long)r->epoch, r->n_blocks);
+    req_remove(d, r);
+}
+
+void dec_req_end(kvf_decode_t *d, dec_req_t *r)
+{
+    if (kvf_handoff_end(&r->h) != KVF_OK)
+        return;
+    if (r->reserved) {
+        kvf_status_t st = kvf_xfer_cancel(d->xfer, r->req_id, r->epoch);
+        if (st == KVF_OK)
+            return;
+        /* No reservation any more: nothing can land, release now. */
+        kvf_log_warn("request %llu epoch %llu: transport had no reservation (%s)",
+                     (unsigned long long)r->req_id, (unsigned long long)r->epoch,
+                     kvf_status_str(st));
+        r->reserved = false;
+    }
+    dec_req_release_blocks(d, r);
+}
+
+void dec_req_fail(kvf_decode_t *d, dec_req_t *r, kvf_status_t status, const char *fmt, ...)
+{
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    dec_send_error(d, r->req_id, r->epoch, status, "%s", text);
+    d->stats.requests_failed++;
+    dec_req_end(d, r);
+}
