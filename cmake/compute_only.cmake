@@ -7,14 +7,15 @@ find_path(KVF_CJSON_INCLUDE cjson/cJSON.h REQUIRED)
 find_library(KVF_CJSON_LIB cjson REQUIRED)
 find_path(KVF_CMOCKA_INCLUDE cmocka.h REQUIRED)
 find_library(KVF_CMOCKA_LIB cmocka REQUIRED)
-# uthash (kvf/hashmap.h, used by safetensors.c and the model files): header
+# uthash (kvf/hashmap.h: safetensors.c, model_load.c, hashmap.c): header
 # only, the build machine's own uthash-dev serves the target too.
 find_path(KVF_UTHASH_INCLUDE uthash.h REQUIRED)
 
 set(_c ${CMAKE_SOURCE_DIR}/common)
 file(GLOB _cpu CONFIGURE_DEPENDS ${_c}/backend/cpu/*.c)
 add_library(kvf_compute STATIC
-  ${_c}/engine.c ${_c}/engine_stack.c ${_c}/model.c ${_c}/safetensors.c ${_c}/kvcache.c
+  ${_c}/engine.c ${_c}/engine_stack.c ${_c}/model_config.c ${_c}/model_load.c
+  ${_c}/model_write.c ${_c}/safetensors.c ${_c}/hashmap.c ${_c}/file.c ${_c}/kvcache.c
   ${_c}/dtype.c ${_c}/detmath.c ${_c}/log.c ${_c}/status.c ${_c}/threadpool.c ${_c}/clock.c
   ${_c}/sampling.c ${_c}/backend_select.c ${_cpu})
 target_include_directories(kvf_compute PUBLIC ${_c}/include ${KVF_CJSON_INCLUDE}

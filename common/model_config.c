@@ -1,0 +1,335 @@
+/* config.json and generation_config.json (kvf_model_config_load): the
+ * architecture, geometry, RoPE scaling and special ids. See kvf/model.h. */
+#include "model_internal.h"
+
+#include "kvf/file.h"
+#include "kvf/log.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KVF_JSON_MAX_BYTES (64u << 20)
+
+kvf_status_t kvf_model__read_json(const char *path, cJSON **root_p)
+{
+    char *text;
+    size_t len;
+    kvf_status_t st = kvf_file_read(path, KVF_JSON_MAX_BYTES, &text, &len);
+    if (st != KVF_OK)
+        return st;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root) {
+        kvf_log_error("%s: not valid JSON", path);
+        return KVF_ERR_FORMAT;
+    }
+    *root_p = root;
+    return KVF_OK;
+}
+
+/* Integer field: -1 absent (keeps *v), 0 read, -2 present but not a
+ * non-negative integer. */
+static int json_int(const cJSON *obj, const char *key, int *v)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!it || cJSON_IsNull(it))
+        return -1;
+    if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 1e9 ||
+        it->valuedouble != (double)(int)it->valuedouble)
+        return -2;
+    *v = (int)it->valuedouble;
+    return 0;
+}
+
+static int json_double(const cJSON *obj, const char *key, double *v)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!it || cJSON_IsNull(it))
+        return -1;
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
+        return -2;
+    *v = it->valuedouble;
+    return 0;
+}
+
+static void add_eos(kvf_model_config_t *cfg, int64_t id)
+{
+    if (id < 0 || kvf_model_is_eos(cfg, id) || cfg->n_eos >= KVF_MODEL_MAX_EOS)
+        return;
+    cfg->eos_ids[cfg->n_eos++] = id;
+}
+
+/* eos_token_id: an int or a list of ints. */
+static kvf_status_t parse_eos(kvf_model_config_t *cfg, const cJSON *obj, const char *path)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, "eos_token_id");
+    if (!it || cJSON_IsNull(it))
+        return KVF_OK;
+    if (cJSON_IsNumber(it)) {
+        add_eos(cfg, (int64_t)it->valuedouble);
+        return KVF_OK;
+    }
+    if (cJSON_IsArray(it)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, it)
+        {
+            if (!cJSON_IsNumber(e))
+                goto fail_type;
+            add_eos(cfg, (int64_t)e->valuedouble);
+        }
+        return KVF_OK;
+    }
+fail_type:
+    kvf_log_error("%s: eos_token_id must be an integer or a list of integers", path);
+    return KVF_ERR_FORMAT;
+}
+
+bool kvf_model_is_eos(const kvf_model_config_t *cfg, int64_t id)
+{
+    for (int i = 0; i < cfg->n_eos; i++)
+        if (cfg->eos_ids[i] == id)
+            return true;
+    return false;
+}
+
+kvf_status_t kvf_model_config_validate(const kvf_model_config_t *c, const char *source)
+{
+    const char *why = NULL;
+    if (c->n_layers <= 0 || c->n_layers > 4096)
+        why = "num_hidden_layers out of range";
+    else if (c->hidden <= 0 || c->hidden > (1 << 20))
+        why = "hidden_size out of range";
+    else if (c->n_heads <= 0 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0)
+        why = "num_attention_heads must be a positive multiple of num_key_value_heads";
+    else if (c->head_dim <= 0 || c->head_dim % 2 != 0 || c->head_dim > 1024)
+        why = "head_dim must be even and at most 1024";
+    else if (c->inter <= 0 || c->inter > (1 << 22))
+        why = "intermediate_size out of range";
+    else if (c->vocab <= 0 || c->vocab > (1 << 24))
+        why = "vocab_size out of range";
+    else if (c->max_pos <= 0)
+        why = "max_position_embeddings must be positive";
+    else if (!(c->rope_theta > 0))
+        why = "rope_theta must be positive";
+    else if (!(c->rms_eps > 0))
+        why = "rms_norm_eps must be positive";
+    else if (c->rope_scaling != KVF_ROPE_SCALING_NONE && !(c->rope_factor > 0))
+        why = "rope_scaling factor must be positive";
+    if (why) {
+        kvf_log_error("%s: %s", source, why);
+        return KVF_ERR_FORMAT;
+    }
+    return KVF_OK;
+}
+
+static kvf_status_t parse_rope_scaling(kvf_model_config_t *cfg, const cJSON *root,
+                                       const char *path)
+{
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs))
+        return KVF_OK;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!cJSON_IsString(type))
+        type = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    if (!cJSON_IsObject(rs) || !cJSON_IsString(type)) {
+        kvf_log_error("%s: rope_scaling must be null or an object with rope_type", path);
+        return KVF_ERR_FORMAT;
+    }
+    cfg->rope_factor = 1.0;
+    json_double(rs, "factor", &cfg->rope_factor);
+    if (!strcmp(type->valuestring, "default")) {
+        cfg->rope_scaling = KVF_ROPE_SCALING_NONE;
+    } else if (!strcmp(type->valuestring, "linear")) {
+        cfg->rope_scaling = KVF_ROPE_SCALING_LINEAR;
+    } else if (!strcmp(type->valuestring, "llama3")) {
+        cfg->rope_scaling = KVF_ROPE_SCALING_LLAMA3;
+        cfg->rope_low_freq_factor = 1.0;
+        cfg->rope_high_freq_factor = 4.0;
+        cfg->rope_orig_max_pos = 8192;
+        json_double(rs, "low_freq_factor", &cfg->rope_low_freq_factor);
+        json_double(rs, "high_freq_factor", &cfg->rope_high_freq_factor);
+        json_int(rs, "original_max_position_embeddings", &cfg->rope_orig_max_pos);
+        if (!(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
+            cfg->rope_orig_max_pos <= 0) {
+            kvf_log_error("%s: rope_scaling llama3: bad frequency factors", path);
+            return KVF_ERR_FORMAT;
+        }
+    } else {
+        kvf_log_error("%s: rope_scaling type '%s' is not supported (default, linear, llama3)",
+                      path, type->valuestring);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    return KVF_OK;
+}
+
+/* architectures[0]: the decoder family. */
+static kvf_status_t parse_arch(kvf_model_config_t *cfg, const cJSON *root, const char *path)
+{
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *arch = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+    if (!cJSON_IsString(arch)) {
+        kvf_log_error("%s: no \"architectures\" list", path);
+        return KVF_ERR_FORMAT;
+    }
+    snprintf(cfg->arch_name, sizeof(cfg->arch_name), "%s", arch->valuestring);
+    if (!strcmp(arch->valuestring, "LlamaForCausalLM")) {
+        cfg->arch = KVF_ARCH_LLAMA;
+    } else if (!strcmp(arch->valuestring, "MistralForCausalLM")) {
+        cfg->arch = KVF_ARCH_MISTRAL;
+    } else if (!strcmp(arch->valuestring, "Qwen2ForCausalLM")) {
+        cfg->arch = KVF_ARCH_QWEN2;
+        cfg->qkv_bias = true;
+    } else {
+        kvf_log_error("%s: architecture '%s' is not supported (LlamaForCausalLM, "
+                      "MistralForCausalLM, Qwen2ForCausalLM)",
+                      path, arch->valuestring);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    return KVF_OK;
+}
+
+/* Sizes and the RoPE base and norm epsilon, with the defaults of absent
+ * optional fields. */
+static kvf_status_t parse_geometry(kvf_model_config_t *cfg, const cJSON *root, const char *path)
+{
+    static const struct {
+        const char *key;
+        size_t off;
+        bool required;
+    } ints[] = {
+        {"num_hidden_layers", offsetof(kvf_model_config_t, n_layers), true},
+        {"hidden_size", offsetof(kvf_model_config_t, hidden), true},
+        {"num_attention_heads", offsetof(kvf_model_config_t, n_heads), true},
+        {"num_key_value_heads", offsetof(kvf_model_config_t, n_kv_heads), false},
+        {"head_dim", offsetof(kvf_model_config_t, head_dim), false},
+        {"intermediate_size", offsetof(kvf_model_config_t, inter), true},
+        {"vocab_size", offsetof(kvf_model_config_t, vocab), true},
+        {"max_position_embeddings", offsetof(kvf_model_config_t, max_pos), false},
+    };
+    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
+        int r = json_int(root, ints[i].key, (int *)((char *)cfg + ints[i].off));
+        if (r == -2 || (r == -1 && ints[i].required)) {
+            kvf_log_error("%s: \"%s\" %s", path, ints[i].key,
+                          r == -1 ? "is missing" : "must be a non-negative integer");
+            return KVF_ERR_FORMAT;
+        }
+    }
+    if (cfg->n_kv_heads == 0)
+        cfg->n_kv_heads = cfg->n_heads;
+    if (cfg->head_dim == 0 && cfg->n_heads > 0)
+        cfg->head_dim = cfg->hidden / cfg->n_heads;
+    if (cfg->max_pos == 0)
+        cfg->max_pos = 2048;
+    cfg->rope_theta = 10000.0;
+    cfg->rms_eps = 1e-6;
+    if (json_double(root, "rope_theta", &cfg->rope_theta) == -2 ||
+        json_double(root, "rms_norm_eps", &cfg->rms_eps) == -2) {
+        kvf_log_error("%s: rope_theta and rms_norm_eps must be numbers", path);
+        return KVF_ERR_FORMAT;
+    }
+    return KVF_OK;
+}
+
+/* Tied embeddings, biases, the activation and the checkpoint's dtype. */
+static kvf_status_t parse_features(kvf_model_config_t *cfg, const cJSON *root, const char *path)
+{
+    cfg->tie_embeddings =
+        cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"));
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "attention_bias")))
+        cfg->qkv_bias = true;
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "mlp_bias"))) {
+        kvf_log_error("%s: mlp_bias is not supported", path);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (cJSON_IsString(act) && strcmp(act->valuestring, "silu") != 0) {
+        kvf_log_error("%s: hidden_act '%s' is not supported (silu)", path, act->valuestring);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    const cJSON *td = cJSON_GetObjectItemCaseSensitive(root, "torch_dtype");
+    cfg->dtype = KVF_DTYPE_F32;
+    if (cJSON_IsString(td))
+        (void)kvf_dtype_parse(td->valuestring, &cfg->dtype);
+    return KVF_OK;
+}
+
+/* Sliding-window attention is not supported: say so when a config turns
+ * it on for contexts it would change. */
+static void warn_sliding_window(const kvf_model_config_t *cfg, const cJSON *root,
+                                const char *path)
+{
+    int window = 0;
+    const cJSON *use_sw = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window");
+    if (json_int(root, "sliding_window", &window) == 0 && window > 0 && window < cfg->max_pos &&
+        (cfg->arch == KVF_ARCH_MISTRAL || cJSON_IsTrue(use_sw)))
+        kvf_log_warn("%s: sliding_window %d is not applied: contexts beyond %d tokens differ "
+                     "from the reference implementation",
+                     path, window, window);
+}
+
+/* bos_token_id (sets it) and eos_token_id (adds to the list), as both
+ * config.json and generation_config.json give them. */
+static kvf_status_t parse_special_ids(kvf_model_config_t *cfg, const cJSON *root,
+                                      const char *path)
+{
+    const cJSON *bos = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
+    if (cJSON_IsNumber(bos))
+        cfg->bos_id = (int64_t)bos->valuedouble;
+    return parse_eos(cfg, root, path);
+}
+
+/* Everything config.json says, then the geometry's validation. */
+static kvf_status_t parse_config_json(kvf_model_config_t *cfg, const cJSON *root,
+                                      const char *path)
+{
+    kvf_status_t st = parse_arch(cfg, root, path);
+    if (st == KVF_OK)
+        st = parse_geometry(cfg, root, path);
+    if (st == KVF_OK)
+        st = parse_features(cfg, root, path);
+    if (st == KVF_OK)
+        st = parse_rope_scaling(cfg, root, path);
+    if (st != KVF_OK)
+        return st;
+    warn_sliding_window(cfg, root, path);
+    st = parse_special_ids(cfg, root, path);
+    if (st != KVF_OK)
+        return st;
+    return kvf_model_config_validate(cfg, path);
+}
+
+kvf_status_t kvf_model_config_load(const char *dir, kvf_model_config_t *cfg_p)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    cJSON *root;
+    kvf_status_t st = kvf_model__read_json(path, &root);
+    if (st == KVF_ERR_NOT_FOUND)
+        kvf_log_error("%s: not found (is %s a Hugging Face model directory?)", path, dir);
+    if (st != KVF_OK)
+        return st;
+    kvf_model_config_t cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.bos_id = -1;
+    st = parse_config_json(&cfg, root, path);
+    cJSON_Delete(root);
+    if (st != KVF_OK)
+        return st;
+
+    /* generation_config.json (optional) adds EOS ids and may set BOS. */
+    snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    st = kvf_model__read_json(path, &root);
+    if (st == KVF_ERR_NOT_FOUND)
+        st = KVF_OK;
+    else if (st == KVF_OK) {
+        st = parse_special_ids(&cfg, root, path);
+        cJSON_Delete(root);
+    }
+    if (st != KVF_OK)
+        return st;
+    *cfg_p = cfg;
+    return KVF_OK;
+}

@@ -1,0 +1,210 @@
+/* A random-weight model directory (kvf_model_write_random): config.json,
+ * generation_config.json and model.safetensors, deterministic in the seed.
+ * See kvf/model.h. */
+#include "model_internal.h"
+
+#include "kvf/log.h"
+#include "kvf/safetensors.h"
+#include "kvf/sampling.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Uniform in [-1, 1). */
+static float rand_sym(uint64_t *state)
+{
+    return (float)((double)(kvf_splitmix64(state) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+static kvf_status_t write_config_json(const char *dir, const kvf_model_config_t *c,
+                                      kvf_dtype_t dtype)
+{
+    static const char *arch_names[] = {"LlamaForCausalLM", "MistralForCausalLM",
+                                       "Qwen2ForCausalLM"};
+    static const char *model_types[] = {"llama", "mistral", "qwen2"};
+    char path[4096];
+    kvf_status_t st = KVF_OK;
+    cJSON *root = cJSON_CreateObject();
+    cJSON *archs = cJSON_AddArrayToObject(root, "architectures");
+    cJSON_AddItemToArray(archs, cJSON_CreateString(arch_names[c->arch]));
+    cJSON_AddStringToObject(root, "model_type", model_types[c->arch]);
+    cJSON_AddNumberToObject(root, "num_hidden_layers", c->n_layers);
+    cJSON_AddNumberToObject(root, "hidden_size", c->hidden);
+    cJSON_AddNumberToObject(root, "num_attention_heads", c->n_heads);
+    cJSON_AddNumberToObject(root, "num_key_value_heads", c->n_kv_heads);
+    cJSON_AddNumberToObject(root, "head_dim", c->head_dim);
+    cJSON_AddNumberToObject(root, "intermediate_size", c->inter);
+    cJSON_AddNumberToObject(root, "vocab_size", c->vocab);
+    cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_pos);
+    cJSON_AddNumberToObject(root, "rope_theta", c->rope_theta);
+    cJSON_AddNumberToObject(root, "rms_norm_eps", c->rms_eps);
+    cJSON_AddBoolToObject(root, "tie_word_embeddings", c->tie_embeddings);
+    if (c->arch != KVF_ARCH_QWEN2)
+        cJSON_AddBoolToObject(root, "attention_bias", c->qkv_bias);
+    cJSON_AddStringToObject(root, "hidden_act", "silu");
+    cJSON_AddStringToObject(root, "torch_dtype", dtype == KVF_DTYPE_F32   ? "float32"
+                                                 : dtype == KVF_DTYPE_F16 ? "float16"
+                                                                          : "bfloat16");
+    if (c->bos_id >= 0)
+        cJSON_AddNumberToObject(root, "bos_token_id", (double)c->bos_id);
+    if (c->n_eos > 0)
+        cJSON_AddNumberToObject(root, "eos_token_id", (double)c->eos_ids[0]);
+    for (int pass = 0; pass < 2 && st == KVF_OK; pass++) {
+        if (pass == 1) {
+            cJSON_Delete(root);
+            root = cJSON_CreateObject();
+            if (c->bos_id >= 0)
+                cJSON_AddNumberToObject(root, "bos_token_id", (double)c->bos_id);
+            cJSON *eos = cJSON_AddArrayToObject(root, "eos_token_id");
+            for (int i = 0; i < c->n_eos; i++)
+                cJSON_AddItemToArray(eos, cJSON_CreateNumber((double)c->eos_ids[i]));
+        }
+        snprintf(path, sizeof(path), "%s/%s", dir,
+                 pass == 0 ? "config.json" : "generation_config.json");
+        char *text = cJSON_Print(root);
+        FILE *fp = text ? fopen(path, "w") : NULL;
+        if (!fp || fputs(text, fp) < 0 || fputc('\n', fp) == EOF) {
+            kvf_log_error("%s: cannot write: %m", path);
+            st = text ? KVF_ERR_IO : KVF_ERR_NOMEM;
+        }
+        if (fp && fclose(fp) != 0)
+            st = KVF_ERR_IO;
+        free(text);
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+/* How a random tensor's values are drawn. */
+typedef enum {
+    RANDOM_MATRIX, /* uniform(-sqrt(3/cols), sqrt(3/cols)): unit-variance outputs */
+    RANDOM_NORM,   /* 1 + uniform(-0.1, 0.1) */
+    RANDOM_BIAS,   /* uniform(-0.1, 0.1) */
+    RANDOM_EMBED,  /* uniform(-1, 1) */
+} random_kind_t;
+
+/* The tensors of a random model, filled in the file's order. */
+typedef struct {
+    kvf_st_write_t *t; /* (cap) */
+    char (*names)[96]; /* (cap) */
+    void **bufs;       /* (cap) the tensors' data */
+    int n, cap;
+    kvf_dtype_t dtype;
+    uint64_t rng;
+} random_tensors_t;
+
+/* Appends tensor name_fmt (formatted with layer), rows x cols (cols 0: a
+ * vector) of the given kind, drawing from the generator in element order. */
+static kvf_status_t add_random_tensor(random_tensors_t *r, const char *name_fmt, int layer,
+                                      int64_t rows, int64_t cols, random_kind_t kind)
+{
+    KVF_ASSERT(r->n < r->cap);
+    int n = r->n;
+    snprintf(r->names[n], sizeof(r->names[n]), name_fmt, layer);
+    size_t cnt = (size_t)rows * (size_t)(cols ? cols : 1);
+    r->bufs[n] = malloc(cnt * kvf_dtype_size(r->dtype));
+    if (!r->bufs[n])
+        return KVF_ERR_NOMEM;
+    float scale = kind == RANDOM_MATRIX ? sqrtf(3.0f / (float)(cols ? cols : 1))
+                  : kind == RANDOM_NORM ? 0.1f
+                  : kind == RANDOM_BIAS ? 0.1f
+                                        : 1.0f;
+    for (size_t i = 0; i < cnt; i++) {
+        float v = rand_sym(&r->rng) * scale + (kind == RANDOM_NORM ? 1.0f : 0.0f);
+        if (r->dtype == KVF_DTYPE_F32)
+            ((float *)r->bufs[n])[i] = v;
+        else if (r->dtype == KVF_DTYPE_BF16)
+            ((uint16_t *)r->bufs[n])[i] = kvf_f32_to_bf16(v);
+        else
+            ((uint16_t *)r->bufs[n])[i] = kvf_f32_to_f16(v);
+    }
+    r->t[n] = (kvf_st_write_t){.name = r->names[n],
+                               .dtype = r->dtype,
+                               .ndim = cols ? 2 : 1,
+                               .shape = {rows, cols},
+                               .data = r->bufs[n]};
+    r->n++;
+    return KVF_OK;
+}
+
+/* One decoder layer's tensors, in checkpoint order. */
+static kvf_status_t add_random_layer(random_tensors_t *r, const kvf_model_config_t *c, int l)
+{
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    const struct {
+        const char *fmt;
+        int64_t rows, cols;
+        random_kind_t kind;
+        bool bias; /* only with qkv_bias */
+    } layer[] = {
+        {"model.layers.%d.input_layernorm.weight", c->hidden, 0, RANDOM_NORM, false},
+        {"model.layers.%d.self_attn.q_proj.weight", q_dim, c->hidden, RANDOM_MATRIX, false},
+        {"model.layers.%d.self_attn.k_proj.weight", kv_dim, c->hidden, RANDOM_MATRIX, false},
+        {"model.layers.%d.self_attn.v_proj.weight", kv_dim, c->hidden, RANDOM_MATRIX, false},
+        {"model.layers.%d.self_attn.q_proj.bias", q_dim, 0, RANDOM_BIAS, true},
+        {"model.layers.%d.self_attn.k_proj.bias", kv_dim, 0, RANDOM_BIAS, true},
+        {"model.layers.%d.self_attn.v_proj.bias", kv_dim, 0, RANDOM_BIAS, true},
+        {"model.layers.%d.self_attn.o_proj.weight", c->hidden, q_dim, RANDOM_MATRIX, false},
+        {"model.layers.%d.post_attention_layernorm.weight", c->hidden, 0, RANDOM_NORM, false},
+        {"model.layers.%d.mlp.gate_proj.weight", c->inter, c->hidden, RANDOM_MATRIX, false},
+        {"model.layers.%d.mlp.up_proj.weight", c->inter, c->hidden, RANDOM_MATRIX, false},
+        {"model.layers.%d.mlp.down_proj.weight", c->hidden, c->inter, RANDOM_MATRIX, false},
+    };
+    for (size_t i = 0; i < sizeof(layer) / sizeof(layer[0]); i++) {
+        if (layer[i].bias && !c->qkv_bias)
+            continue;
+        kvf_status_t st =
+            add_random_tensor(r, layer[i].fmt, l, layer[i].rows, layer[i].cols, layer[i].kind);
+        if (st != KVF_OK)
+            return st;
+    }
+    return KVF_OK;
+}
+
+/* Every tensor of the model, in checkpoint order. */
+static kvf_status_t add_random_model(random_tensors_t *r, const kvf_model_config_t *c)
+{
+    kvf_status_t st =
+        add_random_tensor(r, "model.embed_tokens.weight%.0d", 0, c->vocab, c->hidden, RANDOM_EMBED);
+    for (int l = 0; l < c->n_layers && st == KVF_OK; l++)
+        st = add_random_layer(r, c, l);
+    if (st == KVF_OK)
+        st = add_random_tensor(r, "model.norm.weight%.0d", 0, c->hidden, 0, RANDOM_NORM);
+    if (st == KVF_OK && !c->tie_embeddings)
+        st = add_random_tensor(r, "lm_head.weight%.0d", 0, c->vocab, c->hidden, RANDOM_MATRIX);
+    return st;
+}
+
+kvf_status_t kvf_model_write_random(const char *dir, const kvf_model_config_t *cfg,
+                                    kvf_dtype_t dtype, uint64_t seed)
+{
+    kvf_status_t st = kvf_model_config_validate(cfg, dir);
+    if (st != KVF_OK)
+        return st;
+    if (dtype == KVF_DTYPE_UNKNOWN)
+        return KVF_ERR_INVAL;
+    st = write_config_json(dir, cfg, dtype);
+    if (st != KVF_OK)
+        return st;
+    random_tensors_t r = {.cap = 3 + 12 * cfg->n_layers, .dtype = dtype, .rng = seed};
+    r.t = calloc((size_t)r.cap, sizeof(*r.t));
+    r.names = calloc((size_t)r.cap, sizeof(*r.names));
+    r.bufs = calloc((size_t)r.cap, sizeof(*r.bufs));
+    if (!r.t || !r.names || !r.bufs)
+        st = KVF_ERR_NOMEM;
+    if (st == KVF_OK)
+        st = add_random_model(&r, cfg);
+    if (st == KVF_OK) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+        st = kvf_safetensors_write(path, r.t, (size_t)r.n);
+    }
+    for (int i = 0; i < r.n && r.bufs; i++)
+        free(r.bufs[i]);
+    free(r.bufs);
+    free(r.names);
+    free(r.t);
+    return st;
+}
