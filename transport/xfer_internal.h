@@ -1,8 +1,11 @@
 /* Private to transport/: the handle structures and the backend ops table
- * behind kvf/xfer.h. xfer.c owns everything backend-neutral (config and
- * descriptor checks, slice validation and coalescing, batch lifetime and
- * deadlines, the completion message, reservations and fencing); a backend
- * (ucx.c, nccl.c) moves bytes and messages. */
+ * behind kvf/xfer.h, and what the backend-neutral files share. Those own
+ * everything that is not moving bytes, one concept a file: xfer.c (the
+ * handle, its teardown and event loop entry points), xfer_connect.c
+ * (descriptors, tokens, peers), xfer_batch.c (the sender's batches and
+ * their deadlines), xfer_fin.c (the completion message), xfer_resv.c
+ * (reservations, fencing, leases, events). A backend (ucx.c, nccl.c)
+ * moves bytes and messages. */
 #ifndef KVF_XFER_INTERNAL_H
 #define KVF_XFER_INTERNAL_H
 
@@ -199,5 +202,43 @@ bool kvf_xfer__resv_accepts(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch, u
 
 /* Handles a completion message of len untrusted bytes. */
 void kvf_xfer__on_fin(kvf_xfer_t *xfer, const void *msg, size_t len);
+
+/* Between the backend-neutral files. */
+
+/* Brings the handle's next deadline (lease, fence, batch) forward to t. */
+static inline void kvf_xfer__timer_at(kvf_xfer_t *xfer, uint64_t t)
+{
+    if (t < xfer->next_timer_ns)
+        xfer->next_timer_ns = t;
+}
+
+/* xfer_batch.c: fails the peers of batches past their deadline; returns
+ * the earliest deadline of a running batch, UINT64_MAX if none. */
+uint64_t kvf_xfer__batch_deadlines(kvf_xfer_t *xfer, uint64_t now);
+
+/* xfer_fin.c: builds batch's completion message into batch->fin (owned by
+ * the batch): every remote range of batch->ranges and, when the connection
+ * has checksums, their CRC32Cs. */
+kvf_status_t kvf_xfer__fin_build(kvf_xfer_batch_t *batch, uint32_t flags, uint64_t bytes);
+
+/* xfer_resv.c: queues an event for kvf_xfer_poll (lost, and logged, only
+ * when out of memory). */
+void kvf_xfer__event_push(kvf_xfer_t *xfer, kvf_xfer_event_kind_t kind, uint64_t req_id,
+                          uint64_t epoch, uint64_t bytes, bool last, kvf_status_t status);
+
+/* xfer_resv.c: the reservation of req_id (any state), NULL if none. */
+kvf_resv_t *kvf_xfer__resv_find(kvf_xfer_t *xfer, uint64_t req_id);
+
+/* xfer_resv.c: reports r RELEASED and frees it; the last reservation moves
+ * into r's slot. */
+void kvf_xfer__resv_remove(kvf_xfer_t *xfer, kvf_resv_t *r);
+
+/* xfer_resv.c: whether [off, off+len) lies inside one of r's ranges. */
+bool kvf_xfer__resv_covers(const kvf_resv_t *r, uint64_t off, uint64_t len);
+
+/* xfer_resv.c: expires leases and releases the fenced reservations whose
+ * grace ended; returns the earliest lease or fence deadline ahead,
+ * UINT64_MAX if none. */
+uint64_t kvf_xfer__resv_deadlines(kvf_xfer_t *xfer, uint64_t now);
 
 #endif
