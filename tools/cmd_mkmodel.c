@@ -20,6 +20,7 @@
 #include "commands.h"
 #include "kvf/dtype.h"
 #include "kvf/flags.h"
+#include "kvf/hashmap.h"
 #include "kvf/log.h"
 #include "kvf/model.h"
 
@@ -37,45 +38,6 @@ extern const size_t kvf_mkmodel_tokenizer_json_len;
 #define MAX_VOCAB (1 << 22)
 #define BOS_TEXT  "<|begin_of_text|>"
 #define EOS_TEXT  "<|end_of_text|>"
-
-/* ---- a set of token strings, for picking new merges -------------------- */
-
-typedef struct {
-    const char **slots; /* borrowed strings; NULL = empty */
-    size_t mask;
-} string_set_t;
-
-static size_t string_hash(const char *s)
-{
-    size_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
-/* Adds s (borrowed: must outlive the set); false if it was there. */
-static bool string_set_add(string_set_t *set, const char *s)
-{
-    size_t i = string_hash(s) & set->mask;
-    while (set->slots[i]) {
-        if (!strcmp(set->slots[i], s))
-            return false;
-        i = (i + 1) & set->mask;
-    }
-    set->slots[i] = s;
-    return true;
-}
-
-static bool string_set_has(const string_set_t *set, const char *s)
-{
-    size_t i = string_hash(s) & set->mask;
-    while (set->slots[i]) {
-        if (!strcmp(set->slots[i], s))
-            return true;
-        i = (i + 1) & set->mask;
-    }
-    return false;
-}
 
 /* ---- tokenizer.json ---------------------------------------------------- */
 
@@ -139,16 +101,14 @@ static kvf_status_t extend_vocab(cJSON *vocab, cJSON *merges, int base, int firs
     size_t n_all = (size_t)base + (size_t)n_new;
     const char **by_id = NULL;
     char **owned = calloc((size_t)n_new + 1, sizeof(*owned));
-    string_set_t set = {0};
-    size_t size = 16;
-    while (size < n_all * 2)
-        size <<= 1;
-    set.mask = size - 1;
-    set.slots = calloc(size, sizeof(*set.slots));
+    /* every token string, to pick only new ones */
+    kvf_strset_t set;
+    kvf_status_t set_st = kvf_strset_init(&set, n_all);
     /* the order tokens are combined in: the shipped merges (word pieces)
      * first, then the byte symbols, then the new tokens themselves */
     const char **order = calloc(n_all, sizeof(*order));
-    if (!owned || !set.slots || !order || strings_by_id(vocab, (size_t)base, &by_id) != KVF_OK)
+    if (!owned || set_st != KVF_OK || !order ||
+        strings_by_id(vocab, (size_t)base, &by_id) != KVF_OK)
         goto fail_extend;
     size_t n_order = 0;
     for (int id = 256; id < base; id++)
@@ -159,7 +119,8 @@ static kvf_status_t extend_vocab(cJSON *vocab, cJSON *merges, int base, int firs
             order[n_order++] = by_id[id];
     size_t n_base = n_order;
     for (size_t i = 0; i < n_base; i++)
-        string_set_add(&set, order[i]);
+        if (kvf_strset_add(&set, order[i], NULL) != KVF_OK)
+            goto fail_extend;
     int made = 0;
     char merge_text[1024];
     for (size_t a = 0; a < n_order && made < n_new; a++) {
@@ -169,13 +130,14 @@ static kvf_status_t extend_vocab(cJSON *vocab, cJSON *merges, int base, int firs
                 continue;
             memcpy(merge_text, order[a], la);
             memcpy(merge_text + la, order[b], lb + 1);
-            if (string_set_has(&set, merge_text))
+            if (kvf_strset_has(&set, merge_text))
                 continue;
             char *joined = strdup(merge_text);
             if (!joined)
                 goto fail_extend;
             owned[made] = joined;
-            string_set_add(&set, joined);
+            if (kvf_strset_add(&set, joined, NULL) != KVF_OK)
+                goto fail_extend;
             order[n_order++] = joined;
             snprintf(merge_text, sizeof(merge_text), "%s %s", order[a], order[b]);
             if (!cJSON_AddNumberToObject(vocab, joined, first_id + made) ||
@@ -191,7 +153,7 @@ fail_extend:
     free(owned);
     free(order);
     free(by_id);
-    free(set.slots);
+    kvf_strset_fini(&set);
     return st;
 }
 
@@ -320,32 +282,50 @@ static kvf_status_t make_dirs(const char *dir)
     return KVF_OK;
 }
 
-int kvf_cmd_mkmodel(int argc, char **argv)
+/* What the command line asks for. */
+typedef struct {
+    const char *dir;
+    const char *arch, *dtype_name;
+    bool qwen2, tie, theta_seen, eps_seen;
+    int layers, hidden, heads, kv_heads, inter, vocab, max_pos, head_dim;
+    double rope_theta, rms_eps;
+    uint64_t seed;
+} mkmodel_opts_t;
+
+/* Parses the flags into *o (defaults first). Returns -1 to go on, else
+ * the command's exit code (0 after --help, 2 for a bad command line). */
+static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
 {
-    const char *arch = "llama", *dtype_name = "f32";
-    bool qwen2 = false, tie = false, theta_seen = false, eps_seen = false;
-    int layers = 4, hidden = 256, heads = 4, kv_heads = 2, inter = 688, vocab = 512;
-    int max_pos = 4096, head_dim = 0;
-    double rope_theta = 10000.0, rms_eps = 1e-5;
-    uint64_t seed = 0;
+    *o = (mkmodel_opts_t){.arch = "llama",
+                          .dtype_name = "f32",
+                          .layers = 4,
+                          .hidden = 256,
+                          .heads = 4,
+                          .kv_heads = 2,
+                          .inter = 688,
+                          .vocab = 512,
+                          .max_pos = 4096,
+                          .rope_theta = 10000.0,
+                          .rms_eps = 1e-5};
     const kvf_flag_t flags[] = {
-        {"arch", KVF_FLAG_STRING, &arch, "llama|qwen2", "architecture", NULL},
-        {"qwen2", KVF_FLAG_BOOL, &qwen2, NULL, "same as --arch qwen2", NULL},
-        {"layers", KVF_FLAG_INT, &layers, "N", "decoder layers", NULL},
-        {"hidden", KVF_FLAG_INT, &hidden, "N", "hidden size", NULL},
-        {"heads", KVF_FLAG_INT, &heads, "N", "attention heads", NULL},
-        {"kv-heads", KVF_FLAG_INT, &kv_heads, "N", "key/value heads (GQA; = heads for MHA)", NULL},
-        {"head-dim", KVF_FLAG_INT, &head_dim, "N", "head dimension (0: hidden / heads)", NULL},
-        {"inter", KVF_FLAG_INT, &inter, "N", "MLP intermediate size", NULL},
-        {"vocab", KVF_FLAG_INT, &vocab, "N", "vocabulary size (at least 258)", NULL},
-        {"max-pos", KVF_FLAG_INT, &max_pos, "N", "max_position_embeddings", NULL},
-        {"dtype", KVF_FLAG_STRING, &dtype_name, "f32|bf16|f16", "weight type", NULL},
-        {"tie", KVF_FLAG_BOOL, &tie, NULL, "tie lm_head to the embedding", NULL},
-        {"rope-theta", KVF_FLAG_DOUBLE, &rope_theta, "T", "RoPE base (qwen2 default: 1000000)",
-         &theta_seen},
-        {"rms-eps", KVF_FLAG_DOUBLE, &rms_eps, "E", "RMSNorm epsilon (qwen2 default: 1e-6)",
-         &eps_seen},
-        {"seed", KVF_FLAG_UINT64, &seed, "S", "random seed (same seed, same weights)", NULL},
+        {"arch", KVF_FLAG_STRING, &o->arch, "llama|qwen2", "architecture", NULL},
+        {"qwen2", KVF_FLAG_BOOL, &o->qwen2, NULL, "same as --arch qwen2", NULL},
+        {"layers", KVF_FLAG_INT, &o->layers, "N", "decoder layers", NULL},
+        {"hidden", KVF_FLAG_INT, &o->hidden, "N", "hidden size", NULL},
+        {"heads", KVF_FLAG_INT, &o->heads, "N", "attention heads", NULL},
+        {"kv-heads", KVF_FLAG_INT, &o->kv_heads, "N", "key/value heads (GQA; = heads for MHA)",
+         NULL},
+        {"head-dim", KVF_FLAG_INT, &o->head_dim, "N", "head dimension (0: hidden / heads)", NULL},
+        {"inter", KVF_FLAG_INT, &o->inter, "N", "MLP intermediate size", NULL},
+        {"vocab", KVF_FLAG_INT, &o->vocab, "N", "vocabulary size (at least 258)", NULL},
+        {"max-pos", KVF_FLAG_INT, &o->max_pos, "N", "max_position_embeddings", NULL},
+        {"dtype", KVF_FLAG_STRING, &o->dtype_name, "f32|bf16|f16", "weight type", NULL},
+        {"tie", KVF_FLAG_BOOL, &o->tie, NULL, "tie lm_head to the embedding", NULL},
+        {"rope-theta", KVF_FLAG_DOUBLE, &o->rope_theta, "T", "RoPE base (qwen2 default: 1000000)",
+         &o->theta_seen},
+        {"rms-eps", KVF_FLAG_DOUBLE, &o->rms_eps, "E", "RMSNorm epsilon (qwen2 default: 1e-6)",
+         &o->eps_seen},
+        {"seed", KVF_FLAG_UINT64, &o->seed, "S", "random seed (same seed, same weights)", NULL},
     };
     const char *positional[1] = {NULL};
     kvf_flagset_t set = {
@@ -367,86 +347,117 @@ int kvf_cmd_mkmodel(int argc, char **argv)
         return 0;
     if (rc < 0)
         return 2;
-    const char *dir = positional[0];
-    if (!dir) {
+    o->dir = positional[0];
+    if (!o->dir) {
         fprintf(stderr, "%s: needs OUTDIR (see --help)\n", argv[0]);
         return 2;
     }
-    if (qwen2)
-        arch = "qwen2";
-    bool is_qwen2 = !strcmp(arch, "qwen2");
-    if (!is_qwen2 && strcmp(arch, "llama")) {
-        fprintf(stderr, "%s: --arch must be llama or qwen2, not '%s'\n", argv[0], arch);
-        return 2;
+    if (o->qwen2)
+        o->arch = "qwen2";
+    return -1;
+}
+
+/* The model's config from the options; false (after saying why) for
+ * options that make no model. */
+static bool config_from_opts(const char *prog, const mkmodel_opts_t *o, kvf_model_config_t *cfg)
+{
+    bool is_qwen2 = !strcmp(o->arch, "qwen2");
+    if (!is_qwen2 && strcmp(o->arch, "llama")) {
+        fprintf(stderr, "%s: --arch must be llama or qwen2, not '%s'\n", prog, o->arch);
+        return false;
     }
     kvf_dtype_t dtype;
-    if (kvf_dtype_parse(dtype_name, &dtype) != KVF_OK) {
-        fprintf(stderr, "%s: --dtype must be f32, bf16 or f16, not '%s'\n", argv[0], dtype_name);
-        return 2;
+    if (kvf_dtype_parse(o->dtype_name, &dtype) != KVF_OK) {
+        fprintf(stderr, "%s: --dtype must be f32, bf16 or f16, not '%s'\n", prog, o->dtype_name);
+        return false;
     }
-    if (vocab < MIN_VOCAB || vocab > MAX_VOCAB) {
+    if (o->vocab < MIN_VOCAB || o->vocab > MAX_VOCAB) {
         fprintf(stderr, "%s: --vocab must be between %d (256 bytes + BOS + EOS) and %d, not %d\n",
-                argv[0], MIN_VOCAB, MAX_VOCAB, vocab);
-        return 2;
+                prog, MIN_VOCAB, MAX_VOCAB, o->vocab);
+        return false;
     }
-    if (heads <= 0 || (head_dim == 0 && hidden % heads != 0)) {
+    if (o->heads <= 0 || (o->head_dim == 0 && o->hidden % o->heads != 0)) {
         fprintf(stderr, "%s: --hidden %d is not a multiple of --heads %d (or give --head-dim)\n",
-                argv[0], hidden, heads);
-        return 2;
+                prog, o->hidden, o->heads);
+        return false;
     }
-    kvf_model_config_t cfg = {
+    *cfg = (kvf_model_config_t){
         .arch = is_qwen2 ? KVF_ARCH_QWEN2 : KVF_ARCH_LLAMA,
-        .n_layers = layers,
-        .hidden = hidden,
-        .n_heads = heads,
-        .n_kv_heads = kv_heads,
-        .head_dim = head_dim ? head_dim : hidden / heads,
-        .inter = inter,
-        .vocab = vocab,
-        .max_pos = max_pos,
-        .rope_theta = is_qwen2 && !theta_seen ? 1000000.0 : rope_theta,
-        .rms_eps = is_qwen2 && !eps_seen ? 1e-6 : rms_eps,
-        .tie_embeddings = tie,
+        .n_layers = o->layers,
+        .hidden = o->hidden,
+        .n_heads = o->heads,
+        .n_kv_heads = o->kv_heads,
+        .head_dim = o->head_dim ? o->head_dim : o->hidden / o->heads,
+        .inter = o->inter,
+        .vocab = o->vocab,
+        .max_pos = o->max_pos,
+        .rope_theta = is_qwen2 && !o->theta_seen ? 1000000.0 : o->rope_theta,
+        .rms_eps = is_qwen2 && !o->eps_seen ? 1e-6 : o->rms_eps,
+        .tie_embeddings = o->tie,
         .qkv_bias = is_qwen2,
         .dtype = dtype,
         .n_eos = 1,
     };
-    snprintf(cfg.arch_name, sizeof(cfg.arch_name), "%s",
+    snprintf(cfg->arch_name, sizeof(cfg->arch_name), "%s",
              is_qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
-    if (kvf_model_config_validate(&cfg, "mkmodel") != KVF_OK)
-        return 2;
+    return kvf_model_config_validate(cfg, "mkmodel") == KVF_OK;
+}
 
+/* The directory's files: the tokenizer (which fixes BOS and EOS in cfg),
+ * then the weights and configs. */
+static kvf_status_t write_model_dir(const char *prog, const char *dir, kvf_model_config_t *cfg,
+                                    uint64_t seed)
+{
     cJSON *tokenizer;
     int bos, eos;
-    kvf_status_t st = build_tokenizer(vocab, &tokenizer, &bos, &eos);
+    kvf_status_t st = build_tokenizer(cfg->vocab, &tokenizer, &bos, &eos);
     if (st != KVF_OK) {
-        fprintf(stderr, "%s: cannot build the tokenizer: %s\n", argv[0], kvf_status_str(st));
-        return 1;
+        fprintf(stderr, "%s: cannot build the tokenizer: %s\n", prog, kvf_status_str(st));
+        return st;
     }
-    cfg.bos_id = bos;
-    cfg.eos_ids[0] = eos;
+    cfg->bos_id = bos;
+    cfg->eos_ids[0] = eos;
     st = make_dirs(dir);
     if (st == KVF_OK)
         st = write_json(dir, "tokenizer.json", tokenizer);
     cJSON_Delete(tokenizer);
     if (st == KVF_OK)
-        st = write_tokenizer_config(dir, bos, eos, max_pos);
+        st = write_tokenizer_config(dir, bos, eos, cfg->max_pos);
     if (st == KVF_OK)
-        st = kvf_model_write_random(dir, &cfg, dtype, seed);
-    if (st != KVF_OK) {
-        fprintf(stderr, "%s: cannot write %s: %s\n", argv[0], dir, kvf_status_str(st));
-        return 1;
-    }
-    uint64_t q_dim = (uint64_t)cfg.n_heads * (uint64_t)cfg.head_dim;
-    uint64_t kv_dim = (uint64_t)cfg.n_kv_heads * (uint64_t)cfg.head_dim;
-    uint64_t h = (uint64_t)hidden;
-    uint64_t per_layer = 2 * h + q_dim * h + 2 * kv_dim * h + h * q_dim + 3 * (uint64_t)inter * h +
-                         (cfg.qkv_bias ? q_dim + 2 * kv_dim : 0);
-    uint64_t params = (uint64_t)vocab * h * (tie ? 1 : 2) + (uint64_t)layers * per_layer + h;
+        st = kvf_model_write_random(dir, cfg, cfg->dtype, seed);
+    if (st != KVF_OK)
+        fprintf(stderr, "%s: cannot write %s: %s\n", prog, dir, kvf_status_str(st));
+    return st;
+}
+
+static void print_summary(const char *dir, const kvf_model_config_t *cfg)
+{
+    uint64_t q_dim = (uint64_t)cfg->n_heads * (uint64_t)cfg->head_dim;
+    uint64_t kv_dim = (uint64_t)cfg->n_kv_heads * (uint64_t)cfg->head_dim;
+    uint64_t h = (uint64_t)cfg->hidden;
+    uint64_t per_layer = 2 * h + q_dim * h + 2 * kv_dim * h + h * q_dim +
+                         3 * (uint64_t)cfg->inter * h + (cfg->qkv_bias ? q_dim + 2 * kv_dim : 0);
+    uint64_t params = (uint64_t)cfg->vocab * h * (cfg->tie_embeddings ? 1 : 2) +
+                      (uint64_t)cfg->n_layers * per_layer + h;
     printf("%s: %s, %d layers, hidden %d, %d heads / %d kv heads (head_dim %d), inter %d, "
            "vocab %d (bos %d, eos %d), %s, %.1fM parameters, %.1f MB of weights\n",
-           dir, cfg.arch_name, layers, hidden, heads, kv_heads, cfg.head_dim, inter, vocab, bos,
-           eos, kvf_dtype_name(dtype), (double)params / 1e6,
-           (double)(params * kvf_dtype_size(dtype)) / 1e6);
+           dir, cfg->arch_name, cfg->n_layers, cfg->hidden, cfg->n_heads, cfg->n_kv_heads,
+           cfg->head_dim, cfg->inter, cfg->vocab, (int)cfg->bos_id, (int)cfg->eos_ids[0],
+           kvf_dtype_name(cfg->dtype), (double)params / 1e6,
+           (double)(params * kvf_dtype_size(cfg->dtype)) / 1e6);
+}
+
+int kvf_cmd_mkmodel(int argc, char **argv)
+{
+    mkmodel_opts_t o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    kvf_model_config_t cfg;
+    if (!config_from_opts(argv[0], &o, &cfg))
+        return 2;
+    if (write_model_dir(argv[0], o.dir, &cfg, o.seed) != KVF_OK)
+        return 1;
+    print_summary(o.dir, &cfg);
     return 0;
 }
