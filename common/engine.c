@@ -244,27 +244,12 @@ static kvf_status_t project(const kvf_engine_t *e, float *y, const float *x, int
         }                                                                                          \
     } while (0)
 
-kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, int n_seqs,
-                                const kvf_engine_hooks_t *hooks)
+/* The batch's token layout (position and sequence of each row, the block
+ * tables), its embeddings into x and the cos/sin of its rotation angles. */
+static void lay_out_batch(kvf_engine_t *e, const kvf_engine_seq_t *seqs, int n_seqs)
 {
     const kvf_model_t *m = e->model;
-    const kvf_model_config_t *c = &m->cfg;
-    const kvf_backend_ops_t *ops = e->be->ops;
-    void *bx = e->be->ctx;
-    int n, n_out;
-    kvf_status_t st = validate(e, seqs, n_seqs, &n, &n_out);
-    if (st != KVF_OK)
-        return st;
-    if (ops->forward)
-        return ops->forward(bx, e->pool, seqs, n_seqs, hooks);
-    st = reserve(e, n, n_seqs, n_out);
-    if (st != KVF_OK) {
-        kvf_log_error("engine: no memory for a batch of %d tokens", n);
-        return st;
-    }
-    const int hidden = c->hidden, hd = c->head_dim, half = hd / 2;
-
-    /* Token layout, embeddings and rotation angles. */
+    const int hidden = m->cfg.hidden, hd = m->cfg.head_dim, half = hd / 2;
     int t = 0;
     for (int s = 0; s < n_seqs; s++) {
         e->tables[s] = seqs[s].block_ids;
@@ -283,40 +268,53 @@ kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, i
             }
         }
     }
-    kvf_batch_layout_t batch = {
-        .n_tokens = n, .pos = e->pos, .seq = e->seq, .n_seqs = n_seqs, .block_tables = e->tables};
+}
+
+/* Decoder layer l over the batch's n rows of x, in place. */
+static kvf_status_t forward_layer(kvf_engine_t *e, int l, int n, const kvf_batch_layout_t *batch,
+                                  const kvf_engine_hooks_t *hooks)
+{
+    const kvf_model_config_t *c = &e->model->cfg;
+    const kvf_layer_weights_t *L = &e->model->layers[l];
+    const kvf_backend_ops_t *ops = e->be->ops;
+    void *bx = e->be->ctx;
+    const int hidden = c->hidden, hd = c->head_dim;
     const float eps = (float)c->rms_eps;
-
-    for (int l = 0; l < c->n_layers; l++) {
-        const kvf_layer_weights_t *L = &m->layers[l];
-        float *q = e->qkv, *k = e->qkv + e->q_dim, *v = k + e->kv_dim;
-        CHECK(ops->rmsnorm(bx, e->h, e->x, L->attn_norm, n, hidden, eps));
-        CHECK(project(e, e->qkv, e->h, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_QKV), L->wqkv, L->bqkv, n,
-                      e->qkv_dim, hidden, 0));
-        CHECK(ops->rope(bx, q, e->qkv_dim, e->cos_sin, n, c->n_heads, hd));
-        CHECK(ops->rope(bx, k, e->qkv_dim, e->cos_sin, n, c->n_kv_heads, hd));
-        CHECK(ops->kv_write(bx, e->pool, l, k, v, e->qkv_dim, &batch));
-        if (hooks && hooks->on_layer_done) {
-            if (ops->synchronize)
-                CHECK(ops->synchronize(bx));
-            hooks->on_layer_done(hooks->arg, l);
-        }
-        CHECK(ops->attention(bx, e->att, q, e->qkv_dim, e->pool, l, c->n_heads, &batch));
-        CHECK(project(e, e->x, e->att, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_O), L->wo, NULL, n, hidden,
-                      e->q_dim, 1));
-        CHECK(ops->rmsnorm(bx, e->h, e->x, L->ffn_norm, n, hidden, eps));
-        CHECK(project(e, e->gu, e->h, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_GU), L->wgu, NULL, n,
-                      2 * c->inter, hidden, 0));
-        CHECK(ops->swiglu(bx, e->act, e->gu, n, c->inter));
-        CHECK(project(e, e->x, e->act, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_DOWN), L->wdown, NULL, n,
-                      hidden, c->inter, 1));
+    float *q = e->qkv, *k = e->qkv + e->q_dim, *v = k + e->kv_dim;
+    CHECK(ops->rmsnorm(bx, e->h, e->x, L->attn_norm, n, hidden, eps));
+    CHECK(project(e, e->qkv, e->h, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_QKV), L->wqkv, L->bqkv, n,
+                  e->qkv_dim, hidden, 0));
+    CHECK(ops->rope(bx, q, e->qkv_dim, e->cos_sin, n, c->n_heads, hd));
+    CHECK(ops->rope(bx, k, e->qkv_dim, e->cos_sin, n, c->n_kv_heads, hd));
+    CHECK(ops->kv_write(bx, e->pool, l, k, v, e->qkv_dim, batch));
+    if (hooks && hooks->on_layer_done) {
+        if (ops->synchronize)
+            CHECK(ops->synchronize(bx));
+        hooks->on_layer_done(hooks->arg, l);
     }
+    CHECK(ops->attention(bx, e->att, q, e->qkv_dim, e->pool, l, c->n_heads, batch));
+    CHECK(project(e, e->x, e->att, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_O), L->wo, NULL, n, hidden,
+                  e->q_dim, 1));
+    CHECK(ops->rmsnorm(bx, e->h, e->x, L->ffn_norm, n, hidden, eps));
+    CHECK(project(e, e->gu, e->h, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_GU), L->wgu, NULL, n, 2 * c->inter,
+                  hidden, 0));
+    CHECK(ops->swiglu(bx, e->act, e->gu, n, c->inter));
+    CHECK(project(e, e->x, e->act, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_DOWN), L->wdown, NULL, n, hidden,
+                  c->inter, 1));
+    return KVF_OK;
+}
 
-    if (n_out == 0)
-        return ops->synchronize ? ops->synchronize(bx) : KVF_OK;
-    /* Gather the rows that want logits, norm them, project to the vocab. */
-    int o = 0;
-    t = 0;
+/* The n_out rows of x that want logits into hout, normed, projected to
+ * the vocabulary into logits. */
+static kvf_status_t compute_logits(kvf_engine_t *e, const kvf_engine_seq_t *seqs, int n_seqs,
+                                   int n_out)
+{
+    const kvf_model_t *m = e->model;
+    const kvf_model_config_t *c = &m->cfg;
+    const kvf_backend_ops_t *ops = e->be->ops;
+    void *bx = e->be->ctx;
+    const int hidden = c->hidden;
+    int o = 0, t = 0;
     for (int s = 0; s < n_seqs; s++) {
         const kvf_engine_seq_t *q = &seqs[s];
         if (q->logits || q->greedy_token) {
@@ -327,25 +325,64 @@ kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, i
         }
         t += (int)q->n_tokens;
     }
-    CHECK(ops->rmsnorm(bx, e->hout, e->hout, m->final_norm, n_out, hidden, eps));
+    CHECK(ops->rmsnorm(bx, e->hout, e->hout, m->final_norm, n_out, hidden, (float)c->rms_eps));
     CHECK(project(e, e->logits, e->hout, KVF_WEIGHT_INDEX(c->n_layers, 0), m->lm_head, NULL, n_out,
                   c->vocab, hidden, 0));
     if (ops->synchronize)
         CHECK(ops->synchronize(bx));
-    o = 0;
+    return KVF_OK;
+}
+
+/* Each sequence's logits rows (all or the last) to its buffer, and the
+ * argmax of its last row to its greedy token. */
+static void deliver_logits(const kvf_engine_t *e, const kvf_engine_seq_t *seqs, int n_seqs)
+{
+    const int vocab = e->model->cfg.vocab;
+    int o = 0;
     for (int s = 0; s < n_seqs; s++) {
         const kvf_engine_seq_t *q = &seqs[s];
         if (!q->logits && !q->greedy_token)
             continue;
         size_t rows = q->logits && q->all_logits ? q->n_tokens : 1;
-        const float *rows_logits = e->logits + (size_t)o * c->vocab;
+        const float *rows_logits = e->logits + (size_t)o * vocab;
         if (q->logits)
-            memcpy(q->logits, rows_logits, rows * (size_t)c->vocab * sizeof(float));
+            memcpy(q->logits, rows_logits, rows * (size_t)vocab * sizeof(float));
         if (q->greedy_token)
-            *q->greedy_token =
-                kvf_sample_argmax(rows_logits + (rows - 1) * (size_t)c->vocab, c->vocab);
+            *q->greedy_token = kvf_sample_argmax(rows_logits + (rows - 1) * (size_t)vocab, vocab);
         o += (int)rows;
     }
+}
+
+kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, int n_seqs,
+                                const kvf_engine_hooks_t *hooks)
+{
+    const kvf_backend_ops_t *ops = e->be->ops;
+    void *bx = e->be->ctx;
+    int n, n_out;
+    kvf_status_t st = validate(e, seqs, n_seqs, &n, &n_out);
+    if (st != KVF_OK)
+        return st;
+    if (ops->forward)
+        return ops->forward(bx, e->pool, seqs, n_seqs, hooks);
+    st = reserve(e, n, n_seqs, n_out);
+    if (st != KVF_OK) {
+        kvf_log_error("engine: no memory for a batch of %d tokens", n);
+        return st;
+    }
+    lay_out_batch(e, seqs, n_seqs);
+    kvf_batch_layout_t batch = {
+        .n_tokens = n, .pos = e->pos, .seq = e->seq, .n_seqs = n_seqs, .block_tables = e->tables};
+    for (int l = 0; l < e->model->cfg.n_layers; l++) {
+        st = forward_layer(e, l, n, &batch, hooks);
+        if (st != KVF_OK)
+            return st;
+    }
+    if (n_out == 0)
+        return ops->synchronize ? ops->synchronize(bx) : KVF_OK;
+    st = compute_logits(e, seqs, n_seqs, n_out);
+    if (st != KVF_OK)
+        return st;
+    deliver_logits(e, seqs, n_seqs);
     return KVF_OK;
 }
 
