@@ -130,29 +130,3 @@ void kvf_engine_stack_fini(kvf_engine_stack_t *s)
     kvf_model_destroy(s->model);
     memset(s, 0, sizeof(*s));
 }
-
-kvf_status_t kvf_backend_flags_apply(const kvf_backend_flags_t *f, kvf_engine_stack_config_t *cfg)
-{
-    kvf_backend_kind_t kind = KVF_BACKEND_CPU;
-    if (f->backend && kvf_backend_kind_parse(f->backend, &kind) != KVF_OK)
-        return KVF_ERR_INVAL;
-    kvf_cuda_config_t cc = kvf_cuda_config_default();
-    if (f->gpu_dtype &&
-        (kvf_dtype_parse(f->gpu_dtype, &cc.wdtype) != KVF_OK || cc.wdtype == KVF_DTYPE_UNKNOWN)) {
-        kvf_log_error("unknown --gpu-dtype '%s' (bf16, f16 or f32)", f->gpu_dtype);
-        return KVF_ERR_INVAL;
-    }
-    if (f->device < 0) {
-        kvf_log_error("--device %d: a CUDA device index is 0 or more", f->device);
-        return KVF_ERR_INVAL;
-    }
-    kvf_cpu_weights_t cw = KVF_CPU_WEIGHTS_NATIVE;
-    if (f->cpu_dtype && kvf_cpu_weights_parse(f->cpu_dtype, &cw) != KVF_OK)
-        return KVF_ERR_INVAL;
-    cfg->cpu_weights = cw;
-    cc.device = f->device;
-    cc.cuda_graphs = !f->no_graphs;
-    cfg->backend = kind;
-    cfg->cuda = cc;
-    return KVF_OK;
-}

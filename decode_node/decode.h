@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kvf/backend_flags.h"
 #include "kvf/engine.h"
 #include "kvf/status.h"
 

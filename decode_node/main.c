@@ -2,6 +2,7 @@
  * node (decode.h) and runs its loop until SIGTERM (drain) or SIGINT (stop). */
 #include "decode.h"
 
+#include "kvf/backend_flags.h"
 #include "kvf/flags.h"
 #include "kvf/kvcache.h"
 #include "kvf/log.h"

@@ -2,6 +2,7 @@
  * node (prefill.c) and runs its loop until SIGINT or SIGTERM. */
 #include "prefill.h"
 
+#include "kvf/backend_flags.h"
 #include "kvf/flags.h"
 #include "kvf/log.h"
 #include "kvf/signals.h"

@@ -2,6 +2,7 @@
  * cluster's output is compared with), or, with --router, a client of a
  * running cluster. */
 #include "commands.h"
+#include "kvf/backend_flags.h"
 #include "kvf/flags.h"
 #include "kvf/log.h"
 #include "kvf/sampling.h"

@@ -1,5 +1,6 @@
 /* kvf logits: the last position's logits of a prompt, as one JSON array. */
 #include "commands.h"
+#include "kvf/backend_flags.h"
 #include "kvf/flags.h"
 #include "local_engine.h"
 

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "kvf/backend.h"
+#include "kvf/backend_flags.h"
 #include "kvf/engine.h"
 #include "kvf/kvcache.h"
 #include "kvf/model.h"

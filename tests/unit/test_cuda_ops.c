@@ -12,6 +12,7 @@
 
 #include "../../common/backend/cuda/cuda_ops.h"
 #include "kvf/backend.h"
+#include "kvf/backend_flags.h"
 #include "kvf/engine.h"
 #include "kvf/gpu.h"
 #include "kvf/kvcache.h"

@@ -94,24 +94,6 @@ typedef struct {
                                     ship K/V over the transport) */
 } kvf_engine_stack_config_t;
 
-/* The backend flags of every command that runs an engine (kvf generate,
- * kvf logits, kvf bench engine, kvf-prefill, kvf-decode). */
-typedef struct {
-    const char *backend;   /* "cpu" (default) or "cuda" */
-    int device;            /* CUDA device index */
-    const char *gpu_dtype; /* weights on the GPU: "bf16" (default), "f16", "f32" */
-    bool no_graphs;        /* do not replay CUDA graphs */
-    const char *cpu_dtype; /* CPU weight matrices: "native" (default) or "f32" */
-} kvf_backend_flags_t;
-
-/* kvf_flag_t entries for a kvf_backend_flags_t *f (flags.h). */
-#define KVF_BACKEND_FLAG_ENTRIES(f)                                                                    {"backend", KVF_FLAG_STRING, &(f)->backend, "cpu|cuda",                                             "compute backend (cuda: weights and KV cache on the GPU)", NULL},                                     {"device", KVF_FLAG_INT, &(f)->device, "N", "CUDA device index (--backend cuda)", NULL},           {"gpu-dtype", KVF_FLAG_STRING, &(f)->gpu_dtype, "bf16|f16|f32",                                     "weight type on the GPU (f32: exact comparisons with the CPU)", NULL},                        {                                                                                                      "no-cuda-graphs", KVF_FLAG_BOOL, &(f)->no_graphs, NULL,                                                "launch every kernel instead of replaying captured decode steps", NULL                     },     {"cpu-dtype", KVF_FLAG_STRING, &(f)->cpu_dtype, "native|f32",                                       "CPU weights: as the checkpoint stores them (bf16/f16 stay 2 bytes) or widened to f32; "       "same results", NULL}
-
-/* Parses f into cfg->backend and cfg->cuda. KVF_ERR_INVAL (logged) for an
- * unknown backend or dtype, or a negative device. */
-kvf_status_t kvf_backend_flags_apply(const kvf_backend_flags_t *f,
-                                     kvf_engine_stack_config_t *cfg);
-
 /* Loads model_dir, creates the backend cfg names, a pool sized by cfg (at
  * least one block, else KVF_ERR_NO_SPACE; with cuda, in device memory and
  * never more than 90% of what is free after the weights) and the engine
