@@ -150,7 +150,7 @@ struct kvf_xfer_ops {
     /* The descriptor body into a malloc'd buffer owned by the caller. */
     kvf_status_t (*export_body)(kvf_xfer_t *xfer, uint8_t **body_p, size_t *len_p);
     /* Connects peer (remote_base, remote_bytes set) from a body already
-     * bounds-checked by xfer.c (its internal lengths still untrusted). */
+     * bounds-checked by xfer_connect.c (its internal lengths still untrusted). */
     kvf_status_t (*connect)(kvf_xfer_peer_t *peer, const uint8_t *body, size_t len);
     /* Tears the connection down by force; outstanding requests end with
      * errors during later progress (each drops backend_busy). May be
@@ -166,7 +166,7 @@ struct kvf_xfer_ops {
     bool (*ready)(kvf_xfer_peer_t *peer);
     /* (optional) Two-sided backends: the body of the token the receiver
      * accepts (malloc'd, owned by the caller), and the receiver's half of
-     * connecting from a token's body (bounds-checked by xfer.c). */
+     * connecting from a token's body (bounds-checked by xfer_connect.c). */
     kvf_status_t (*token_body)(kvf_xfer_peer_t *peer, uint8_t **body_p, size_t *len_p);
     kvf_status_t (*accept)(kvf_xfer_peer_t *peer, const uint8_t *body, size_t len);
     /* Starts the batch (ranges and fin ready); ends it through
