@@ -4,11 +4,7 @@
 #include <string.h>
 
 #ifdef KVF_HAVE_CUDA
-/* Implemented in backend/cuda/device_query.cu. */
-int kvf_cuda_device_count(void);
-int kvf_cuda_device_props(int index, char *name, size_t name_len, int *major, int *minor,
-                          size_t *total_mem, int *sms);
-int kvf_cuda_runtime_version(void);
+#include "backend/cuda/device_query.h"
 #endif
 
 int kvf_gpu_built_with_cuda(void)

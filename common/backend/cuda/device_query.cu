@@ -1,8 +1,9 @@
-// Device discovery for kvf --version and the CUDA backend's --device check.
-// Plain C ABI so the C side needs no CUDA headers.
+// Device discovery for kvf --version and the CUDA backend (device_query.h).
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "device_query.h"
 
 extern "C" int kvf_cuda_device_count(void)
 {
