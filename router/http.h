@@ -3,15 +3,20 @@
  * and Prometheus /metrics, served by libmicrohttpd.
  *
  * Threads: libmicrohttpd runs one thread per connection. Those threads
- * never touch router state: each request becomes an exchange (shared,
- * reference-counted) that is handed to the loop with kvf_router_post();
- * on the loop, kvf_router_submit() gets a sink that appends the output to
- * the exchange under its mutex and signals its condition variable; the
- * connection thread waits on it (in bounded slices, checking for a client
- * that hung up) and writes the response. A client that disconnects or a
+ * never touch router state: each request becomes an exchange (exchange.h:
+ * shared, reference-counted) that is handed to the loop with
+ * kvf_router_post(); on the loop, kvf_router_submit() gets a sink that
+ * appends the output to the exchange under its mutex and signals its
+ * eventfd; the connection thread sleeps on that eventfd and its client's
+ * socket together (woken by output, a hang-up, the server stopping, or
+ * its deadline) and writes the response. A client that disconnects or a
  * write that fails posts a cancel, which frees the request's KV blocks.
  * /health and /metrics are read the same way: a task posted to the loop
- * fills in the answer. */
+ * fills in the answer.
+ *
+ * Files: http.c (the server, routes, /v1/models, /health, /metrics),
+ * http_generate.c (completions: whole or streamed), openai.c (the JSON),
+ * exchange.c (the hand-over to the loop). */
 #ifndef KVF_HTTP_H
 #define KVF_HTTP_H
 

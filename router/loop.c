@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "kvf/clock.h"
@@ -65,18 +66,28 @@ static void run_posted(kvf_router_t *r)
 static void handle_node_message(kvf_router_t *r, kvf_envelope_t *env)
 {
     switch (env->body_case) {
-    case KVF__ENVELOPE__BODY_REGISTER: kvf_router__on_register(r, env->register_); break;
-    case KVF__ENVELOPE__BODY_HEARTBEAT: kvf_router__on_heartbeat(r, env->heartbeat); break;
-    case KVF__ENVELOPE__BODY_DEREGISTER: kvf_router__on_deregister(r, env->deregister); break;
+    case KVF__ENVELOPE__BODY_REGISTER:
+        kvf_router__on_register(r, env->register_);
+        break;
+    case KVF__ENVELOPE__BODY_HEARTBEAT:
+        kvf_router__on_heartbeat(r, env->heartbeat);
+        break;
+    case KVF__ENVELOPE__BODY_DEREGISTER:
+        kvf_router__on_deregister(r, env->deregister);
+        break;
     case KVF__ENVELOPE__BODY_PREFILL_DONE:
         kvf_router__on_prefill_done(r, env->prefill_done);
         break;
-    case KVF__ENVELOPE__BODY_TOKEN_CHUNK: kvf_router__on_token_chunk(r, env->token_chunk); break;
+    case KVF__ENVELOPE__BODY_TOKEN_CHUNK:
+        kvf_router__on_token_chunk(r, env->token_chunk);
+        break;
     case KVF__ENVELOPE__BODY_TOKEN_BATCH:
         for (size_t i = 0; i < env->token_batch->n_chunks; i++)
             kvf_router__on_token_chunk(r, env->token_batch->chunks[i]);
         break;
-    case KVF__ENVELOPE__BODY_ERROR: kvf_router__on_error(r, env->error, env->sender); break;
+    case KVF__ENVELOPE__BODY_ERROR:
+        kvf_router__on_error(r, env->error, env->sender);
+        break;
     default:
         r->count.malformed++;
         kvf_log_warn("unexpected %s from %s dropped", kvf_envelope_body_name(env), env->sender);
@@ -199,6 +210,9 @@ kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **ro
     r->cfg = *cfg;
     config_defaults(&r->cfg);
     r->next_req_id = 1;
+    if (getrandom(&r->seed_state, sizeof(r->seed_state), GRND_NONBLOCK) !=
+        (ssize_t)sizeof(r->seed_state))
+        r->seed_state = kvf_clock_ns() ^ ((uint64_t)getpid() << 32);
     r->post_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (r->post_fd < 0) {
         free(r);

@@ -60,8 +60,7 @@ static void native_on_chunk(void *arg, const kvf_router_chunk_t *c)
     }
 }
 
-static void on_generate(kvf_router_t *r, const Kvf__GenerateRequest *g,
-                        const kvf_client_hdr_t *hdr)
+static void on_generate(kvf_router_t *r, const Kvf__GenerateRequest *g, const kvf_client_hdr_t *hdr)
 {
     kvf_native_sink_t *ns = calloc(1, sizeof(*ns));
     if (!ns)
@@ -71,23 +70,12 @@ static void on_generate(kvf_router_t *r, const Kvf__GenerateRequest *g,
     ns->client_req_id = g->client_req_id;
     ns->next = r->natives;
     r->natives = ns;
-    const Kvf__Sampling *s = g->sampling;
     kvf_router_gen_t gen = {
         .prompt = g->prompt,
         .ids = g->prompt_ids,
         .n_ids = g->n_prompt_ids,
+        .sampling = g->sampling,
     };
-    if (s) {
-        gen.max_tokens = s->max_tokens;
-        gen.temperature = s->temperature;
-        gen.top_p = s->top_p;
-        gen.top_k = s->top_k;
-        gen.seed = s->seed;
-        gen.has_seed = s->has_seed;
-        gen.ignore_eos = s->ignore_eos;
-        gen.stop = (const char *const *)s->stop;
-        gen.n_stop = s->n_stop;
-    }
     kvf_router_sink_t sink = {native_on_chunk, ns};
     /* The id the request will get. A refused (or at once finished) request
      * has had its final chunk, and ns is gone: do not touch it after. */
@@ -163,9 +151,15 @@ void kvf_router__handle_client_message(kvf_router_t *r, kvf_envelope_t *env,
                                        const kvf_client_hdr_t *hdr)
 {
     switch (env->body_case) {
-    case KVF__ENVELOPE__BODY_GENERATE_REQUEST: on_generate(r, env->generate_request, hdr); break;
-    case KVF__ENVELOPE__BODY_CANCEL: on_client_cancel(r, env->cancel, hdr); break;
-    case KVF__ENVELOPE__BODY_STATS_REQUEST: on_stats(r, env->stats_request, hdr); break;
+    case KVF__ENVELOPE__BODY_GENERATE_REQUEST:
+        on_generate(r, env->generate_request, hdr);
+        break;
+    case KVF__ENVELOPE__BODY_CANCEL:
+        on_client_cancel(r, env->cancel, hdr);
+        break;
+    case KVF__ENVELOPE__BODY_STATS_REQUEST:
+        on_stats(r, env->stats_request, hdr);
+        break;
     default:
         r->count.malformed++;
         kvf_log_warn("unexpected %s on the client socket dropped", kvf_envelope_body_name(env));

@@ -98,12 +98,12 @@ static const char *register_refusal(const kvf_router_t *r, const Kvf__Register *
         snprintf(msg, msg_len,
                  "KV geometry %u layers x %u kv heads x %u head dim does not match the model "
                  "(%d x %d x %d)",
-                 g->n_layers, g->n_kv_heads, g->head_dim, r->model.n_layers,
-                 r->model.n_kv_heads, r->model.head_dim);
+                 g->n_layers, g->n_kv_heads, g->head_dim, r->model.n_layers, r->model.n_kv_heads,
+                 r->model.head_dim);
         return msg;
     }
-    if (r->nodes.have_geometry && (g->block_size != cg->block_size || g->dtype != cg->dtype ||
-                                   g->layout != cg->layout)) {
+    if (r->nodes.have_geometry &&
+        (g->block_size != cg->block_size || g->dtype != cg->dtype || g->layout != cg->layout)) {
         snprintf(msg, msg_len,
                  "KV block size %u / dtype %d / layout %u differ from the cluster's (%u / %d / "
                  "%u)",
@@ -151,8 +151,7 @@ static bool node_fill(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Register
         r->nodes.have_geometry = true;
     }
     if (!r->nodes.fingerprint[0])
-        snprintf(r->nodes.fingerprint, sizeof(r->nodes.fingerprint), "%s",
-                 reg->model_fingerprint);
+        snprintf(r->nodes.fingerprint, sizeof(r->nodes.fingerprint), "%s", reg->model_fingerprint);
     return true;
 }
 

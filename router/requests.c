@@ -1,13 +1,13 @@
 /* The request table: submit (validate, tokenize, enter the table), cancel,
  * finish, output to the request's sink, and the nodes' progress messages
  * for a request. See router_internal.h. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvf/clock.h"
 #include "kvf/log.h"
+#include "kvf/sampling_msg.h"
 #include "metrics.h"
 #include "router_internal.h"
 
@@ -31,14 +31,20 @@ kvf_router_req_t *kvf_router__req_current(kvf_router_t *r, uint64_t id, uint64_t
     return q;
 }
 
-void kvf_router__emit(kvf_router_req_t *q, kvf_router_chunk_t *chunk)
+/* Hands a chunk of q's output to its sink. */
+static void emit(kvf_router_req_t *q, kvf_router_chunk_t *chunk)
 {
     chunk->req_id = q->id;
     chunk->prompt_tokens = q->ask.n_prompt;
-    chunk->completion_tokens = q->out.n_gen;
+    chunk->completion_tokens = q->out.n;
     if (!chunk->text)
         chunk->text = "";
     q->sink.on_chunk(q->sink.arg, chunk);
+}
+
+static uint64_t ttft_us(const kvf_router_req_t *q)
+{
+    return q->t.first_ns ? (q->t.first_ns - q->t.arrival_ns) / 1000 : 0;
 }
 
 /* Answers a request that never entered the table. */
@@ -60,9 +66,8 @@ static void req_free(kvf_router_t *r, kvf_router_req_t *q)
 {
     kvf_router__queue_remove(r, q);
     HASH_DEL(r->requests, q);
-    kvf_router__output_fini(&q->out);
-    for (size_t i = 0; i < q->ask.n_stop; i++)
-        free(q->ask.stop[i]);
+    kvf_stream_fini(&q->out);
+    kvf_sampling_msg_free(q->ask.sampling);
     free(q->ask.prompt);
     free(q);
     r->count.running--;
@@ -71,24 +76,18 @@ static void req_free(kvf_router_t *r, kvf_router_req_t *q)
 void kvf_router__req_finish(kvf_router_t *r, kvf_router_req_t *q, Kvf__FinishReason reason,
                             kvf_status_t status, const char *error)
 {
-    const char *tail = NULL;
-    size_t tail_len = 0;
-    if (reason != KVF__FINISH_REASON__FINISH_ERROR &&
-        reason != KVF__FINISH_REASON__FINISH_CANCELLED)
-        kvf_detok_flush(&q->out.detok, &tail, &tail_len);
     kvf_router_chunk_t chunk = {
-        .text = tail_len ? tail : "",
-        .text_len = tail_len,
+        .text = "",
         .finish = reason,
         .status = status,
         .error = error ? error : "",
-        .ttft_us = q->t.first_ns ? (q->t.first_ns - q->t.arrival_ns) / 1000 : 0,
+        .ttft_us = ttft_us(q),
         .prefill_compute_us = q->t.prefill_compute_us,
         .handoff_us = q->t.handoff_us,
         .kv_bytes = q->t.kv_bytes,
     };
-    kvf_router__emit(q, &chunk);
-    kvf_metrics_observe_finished(r->metrics, reason, q->ask.n_prompt, q->out.n_gen,
+    emit(q, &chunk);
+    kvf_metrics_observe_finished(r->metrics, reason, q->ask.n_prompt, q->out.n,
                                  kvf_clock_ns() - q->t.arrival_ns);
     if (reason == KVF__FINISH_REASON__FINISH_ERROR)
         r->count.failed++;
@@ -97,7 +96,7 @@ void kvf_router__req_finish(kvf_router_t *r, kvf_router_req_t *q, Kvf__FinishRea
     else
         r->count.completed++;
     kvf_log_debug("request %llu finished (%d) after %u tokens", (unsigned long long)q->id,
-                  (int)reason, q->out.n_gen);
+                  (int)reason, q->out.n);
     req_free(r, q);
 }
 
@@ -112,32 +111,10 @@ void kvf_router__requests_fini(kvf_router_t *r)
 
 /* ---- submit ------------------------------------------------------------------ */
 
-static kvf_status_t validate_generate(kvf_router_t *r, const kvf_router_gen_t *g, char *why,
-                                      size_t why_len)
+/* The prompt ids g gives are in the vocabulary. */
+static kvf_status_t check_ids(const kvf_router_t *r, const kvf_router_gen_t *g, char *why,
+                              size_t why_len)
 {
-    if (!isfinite(g->temperature) || g->temperature < 0 || g->temperature > 100) {
-        snprintf(why, why_len, "temperature %g is outside 0..100", g->temperature);
-        return KVF_ERR_INVAL;
-    }
-    if (!isfinite(g->top_p) || g->top_p < 0 || g->top_p > 1) {
-        snprintf(why, why_len, "top_p %g is outside 0..1", g->top_p);
-        return KVF_ERR_INVAL;
-    }
-    if (g->top_k > (uint32_t)r->model.vocab) {
-        snprintf(why, why_len, "top_k %u is larger than the vocabulary (%d)", g->top_k,
-                 r->model.vocab);
-        return KVF_ERR_INVAL;
-    }
-    if (g->n_stop > ROUTER_MAX_STOP) {
-        snprintf(why, why_len, "at most %d stop strings", ROUTER_MAX_STOP);
-        return KVF_ERR_INVAL;
-    }
-    for (size_t i = 0; i < g->n_stop; i++) {
-        if (!g->stop[i] || !g->stop[i][0]) {
-            snprintf(why, why_len, "empty stop string");
-            return KVF_ERR_INVAL;
-        }
-    }
     for (size_t i = 0; i < g->n_ids; i++) {
         if (g->ids[i] >= (uint32_t)r->model.vocab) {
             snprintf(why, why_len, "prompt id %u is outside the vocabulary (%d)", g->ids[i],
@@ -187,37 +164,43 @@ static kvf_status_t prompt_ids(kvf_router_t *r, const kvf_router_gen_t *g, char 
     return KVF_OK;
 }
 
-/* What g asks for, into q (prompt ids taken over). */
-static void fill_asked(kvf_router_t *r, kvf_router_req_t *q, const kvf_router_gen_t *g,
-                       uint32_t *ids, size_t n)
+/* A seed for a request that brings none (splitmix64 over the router's
+ * state): every node and every epoch of the request then samples alike. */
+static uint64_t fresh_seed(kvf_router_t *r)
+{
+    uint64_t z = (r->seed_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* What g asks for, into q: the prompt ids (taken over) and a completed
+ * copy of the sampling message. */
+static kvf_status_t fill_asked(kvf_router_t *r, kvf_router_req_t *q, const Kvf__Sampling *s,
+                               uint32_t *ids, size_t n)
 {
     kvf_req_asked_t *a = &q->ask;
     a->prompt = ids;
     a->n_prompt = (uint32_t)n;
+    kvf_status_t st = kvf_sampling_msg_copy(s, &a->sampling);
+    if (st != KVF_OK)
+        return st;
     uint32_t room = (uint32_t)r->model.max_pos - a->n_prompt;
-    a->max_tokens = g->max_tokens ? g->max_tokens : r->cfg.default_max_tokens;
-    if (a->max_tokens > room)
-        a->max_tokens = room;
-    a->temperature = g->temperature;
-    a->top_p = g->top_p;
-    a->top_k = g->top_k;
-    a->seed = g->seed;
-    a->has_seed = g->has_seed;
-    a->ignore_eos = g->ignore_eos;
-    for (size_t i = 0; i < g->n_stop; i++) {
-        a->stop[a->n_stop] = strdup(g->stop[i]);
-        if (a->stop[a->n_stop])
-            a->n_stop++;
-    }
+    kvf_sampling_msg_complete(a->sampling, r->cfg.default_max_tokens, room, fresh_seed(r));
+    return KVF_OK;
 }
 
 uint64_t kvf_router_submit(kvf_router_t *r, const kvf_router_gen_t *g,
                            const kvf_router_sink_t *sink)
 {
+    static const Kvf__Sampling defaults = KVF__SAMPLING__INIT;
+    const Kvf__Sampling *s = g->sampling ? g->sampling : &defaults;
     char why[256];
     uint32_t *ids = NULL;
     size_t n = 0;
-    kvf_status_t st = validate_generate(r, g, why, sizeof(why));
+    kvf_status_t st = kvf_sampling_msg_check(s, r->model.vocab, why, sizeof(why));
+    if (st == KVF_OK)
+        st = check_ids(r, g, why, sizeof(why));
     if (st == KVF_OK)
         st = prompt_ids(r, g, why, sizeof(why), &ids, &n);
     if (st != KVF_OK) {
@@ -231,24 +214,30 @@ uint64_t kvf_router_submit(kvf_router_t *r, const kvf_router_gen_t *g,
         return 0;
     }
     q->id = r->next_req_id;
-    HASH_ADD(hh, r->requests, id, sizeof(q->id), q);
-    if (!q->hh.tbl) { /* the table could not grow */
+    KVF_HASH_ADD(r->requests, id, q, st);
+    if (st != KVF_OK) {
+        free(ids);
+        free(q);
+        reject(r, sink, KVF_ERR_NOMEM, "out of memory");
+        return 0;
+    }
+    q->sink = *sink;
+    kvf_stream_init(&q->out);
+    if (fill_asked(r, q, s, ids, n) != KVF_OK) {
+        HASH_DEL(r->requests, q);
         free(ids);
         free(q);
         reject(r, sink, KVF_ERR_NOMEM, "out of memory");
         return 0;
     }
     r->next_req_id++;
-    q->sink = *sink;
-    fill_asked(r, q, g, ids, n);
-    kvf_detok_init(&q->out.detok, r->tok);
     q->t.arrival_ns = kvf_clock_ns();
     q->t.deadline_ns = q->t.arrival_ns + (uint64_t)r->cfg.request_timeout_ms * 1000000ull;
     r->count.requests++;
     r->count.running++;
     uint64_t id = q->id;
     kvf_log_debug("request %llu: %u prompt tokens, max %u new", (unsigned long long)id,
-                  q->ask.n_prompt, q->ask.max_tokens);
+                  q->ask.n_prompt, q->ask.sampling->max_tokens);
     kvf_router__schedule(r, q);
     return id;
 }
@@ -265,6 +254,8 @@ void kvf_router_cancel(kvf_router_t *r, uint64_t req_id)
 
 /* ---- the nodes' progress ------------------------------------------------------ */
 
+/* The prefill node is done with q's epoch: its timings, and q is the
+ * decode node's now (for node-loss decisions). */
 void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
 {
     kvf_router_req_t *q = kvf_router__req_current(r, pd->req_id, pd->epoch, "prefill done");
@@ -274,13 +265,29 @@ void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
     q->t.handoff_us += pd->handoff_us;
     q->t.kv_bytes += pd->kv_bytes;
     kvf_metrics_observe_handoff(r->metrics, pd->handoff_us, pd->kv_bytes);
-    if (q->place.state == REQ_PREFILL)
+    if (q->place.state == REQ_PREFILL) {
         q->place.state = REQ_DECODE;
-    if (!q->t.first_ns)
-        q->t.first_ns = kvf_clock_ns();
-    if (!kvf_router__stream_tokens(r, q, q->out.gen_at_dispatch, &pd->first_token, 1,
-                                   KVF__FINISH_REASON__FINISH_NONE))
-        kvf_router__release_held(r, q);
+        q->t.progress_ns = kvf_clock_ns();
+    }
+}
+
+/* Forwards the chunk's new tokens and text (c continues q's stream). */
+static void forward(kvf_router_t *r, kvf_router_req_t *q, const Kvf__TokenChunk *c, uint32_t from)
+{
+    uint64_t now = kvf_clock_ns();
+    q->t.progress_ns = now;
+    size_t text_len = c->text ? strlen(c->text) : 0;
+    if (c->n_tokens == 0 && text_len == 0)
+        return;
+    if (!q->t.first_ns && c->n_tokens)
+        q->t.first_ns = now;
+    kvf_router_chunk_t chunk;
+    kvf_stream_chunk(&q->out, from, text_len ? c->text : "", text_len,
+                     KVF__FINISH_REASON__FINISH_NONE, &chunk);
+    if (from == 0 && c->n_tokens)
+        chunk.ttft_us = ttft_us(q);
+    kvf_metrics_observe_tokens(r->metrics, q->t.arrival_ns, &q->t.last_token_ns, c->n_tokens, now);
+    emit(q, &chunk);
 }
 
 void kvf_router__on_token_chunk(kvf_router_t *r, const Kvf__TokenChunk *c)
@@ -288,17 +295,32 @@ void kvf_router__on_token_chunk(kvf_router_t *r, const Kvf__TokenChunk *c)
     kvf_router_req_t *q = kvf_router__req_current(r, c->req_id, c->epoch, "tokens");
     if (!q)
         return;
-    if (c->n_tokens > c->n_generated) {
+    uint32_t from = q->out.n;
+    kvf_stream_place_t place;
+    kvf_status_t st = kvf_stream_place(&q->out, c->n_generated, c->tokens, c->n_tokens, &place);
+    if (st == KVF_ERR_INVAL) {
         r->count.malformed++;
+        return;
+    }
+    if (st != KVF_OK) {
+        kvf_router__cancel_nodes(r, q, "out of memory");
+        kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, st, "out of memory");
+        return;
+    }
+    if (place == KVF_STREAM_RESENT)
+        return;
+    if (place != KVF_STREAM_NEXT) {
+        /* A message of this epoch got lost: try again from what the client
+         * has. */
+        kvf_router__redispatch(
+            r, q, place == KVF_STREAM_GAP ? "token stream has a gap" : "token stream overlaps");
         return;
     }
     if (q->place.state == REQ_PREFILL)
         q->place.state = REQ_DECODE;
-    if (!q->t.first_ns && c->n_tokens)
-        q->t.first_ns = kvf_clock_ns();
     q->place.rng_state = c->rng_state;
-    /* n_generated counts every token of the request, earlier epochs'
-     * included, so each token lands at its position exactly once. */
-    uint32_t first = c->n_generated - (uint32_t)c->n_tokens;
-    kvf_router__stream_tokens(r, q, first, c->tokens, c->n_tokens, c->finish_reason);
+    forward(r, q, c, from);
+    /* The decode node decided the request is done: nothing to cancel. */
+    if (c->finish_reason != KVF__FINISH_REASON__FINISH_NONE)
+        kvf_router__req_finish(r, q, c->finish_reason, KVF_OK, NULL);
 }

@@ -5,11 +5,13 @@
  * at its inbox; native clients at its client socket (kvf/clientsock.h).
  * The router reads the model's tokenizer and configs, never its weights.
  *
- * A request's life in the router (see proto/PROTOCOL.md):
+ * A request's life in the router (see docs/PROTOCOL.md):
  *   QUEUED   waiting for a decode node with room (bounded queue)
  *   PREFILL  PrefillRequest sent to a prefill node (epoch e)
- *   DECODE   first token known; decode node streaming
- * then it is finished (stop, length, cancel, error) and removed. A node
+ *   DECODE   the prefill node is done; the decode node streams
+ * then it is finished (the decode node's stop or length; cancel, error)
+ * and removed. The router forwards what the decode node produced: tokens,
+ * their text and its finish; it never decides when a request ends. A node
  * that dies or leaves takes no request with it: its requests are sent
  * again, as prompt + tokens already streamed, with a new epoch. */
 #ifndef KVF_ROUTER_H
@@ -21,6 +23,7 @@
 #include <stdint.h>
 
 #include "kvf/model.h"
+#include "kvf/msg.h"
 #include "kvf/status.h"
 #include "kvf/tokenizer.h"
 
@@ -82,26 +85,23 @@ typedef struct {
     void *arg;
 } kvf_router_sink_t;
 
-/* A generation request. Strings and arrays are borrowed for the call. */
+/* A generation request. Strings, arrays and the message are borrowed for
+ * the call. */
 typedef struct {
-    const char *prompt;     /* text: tokenized with BOS as the model's config says */
-    const uint32_t *ids;    /* or prompt ids, used exactly (wins when n_ids > 0) */
+    const char *prompt;  /* text: tokenized with BOS as the model's config says */
+    const uint32_t *ids; /* or prompt ids, used exactly (wins when n_ids > 0) */
     size_t n_ids;
-    uint32_t max_tokens;    /* 0: the router's default; clamped to the context */
-    float temperature;      /* 0: greedy */
-    float top_p;            /* 0 or 1: off */
-    uint32_t top_k;         /* 0: off */
-    uint64_t seed;
-    bool has_seed;
-    bool ignore_eos;
-    const char *const *stop; /* (n_stop) stop strings */
-    size_t n_stop;
+    /* The sampling parameters (proto/kvferry.proto), NULL: all defaults
+     * (greedy). max_tokens 0: the router's default; it is clamped to the
+     * context; without a seed the router draws one. */
+    const Kvf__Sampling *sampling;
 } kvf_router_gen_t;
 
-/* Validates, tokenizes and schedules g; its output goes to sink (copied).
- * Returns the request id, or 0 when g was refused: then the sink has
- * already received one final chunk with the error (status INVAL or
- * TOO_BIG for bad input, NO_SPACE when overloaded). */
+/* Validates (kvf_sampling_msg_check), tokenizes and schedules g; its
+ * output goes to sink (copied). Returns the request id, or 0 when g was
+ * refused: then the sink has already received one final chunk with the
+ * error (status INVAL or TOO_BIG for bad input, NO_SPACE when
+ * overloaded). */
 uint64_t kvf_router_submit(kvf_router_t *router, const kvf_router_gen_t *g,
                            const kvf_router_sink_t *sink);
 

@@ -4,7 +4,7 @@
  *   registry.c  the node table: registration, heartbeats, liveness, health
  *   requests.c  the request table: submit, cancel, finish, output to sinks
  *   sched.c     picking nodes, dispatch, re-dispatch, the wait queue
- *   stream.c    a request's output: tokens placed by position
+ *   stream.c    a request's output: tokens placed by position (stream.h)
  *   native.c    the native client front end (kvf/clientsock.h)
  *   loop.c      the event loop, work posted by other threads, lifecycle
  * Everything here runs on the loop thread (kvf_router_post aside). */
@@ -16,20 +16,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The request table survives an allocation failure (the add is refused,
- * hh.tbl left NULL) instead of exiting. */
-#define HASH_NONFATAL_OOM 1
-#include <uthash.h>
-
 #include "kvf/clientsock.h"
+#include "kvf/hashmap.h"
 #include "kvf/model.h"
 #include "kvf/msg.h"
 #include "kvf/tokenizer.h"
 #include "router.h"
+#include "stream.h"
 
 #define ROUTER_MAX_NODES    256
 #define ROUTER_MAX_EXCLUDED 8
-#define ROUTER_MAX_STOP     8
 #define ROUTER_ID_LEN       64
 #define ROUTER_URL_LEN      256
 /* Sends to nodes must not stall the loop: a node's outbox is connected when
@@ -100,14 +96,9 @@ typedef enum {
 typedef struct {
     uint32_t *prompt; /* (n_prompt) */
     uint32_t n_prompt;
-    float temperature, top_p;
-    uint32_t top_k;
-    uint64_t seed;
-    bool has_seed;
-    uint32_t max_tokens; /* in total */
-    bool ignore_eos;
-    char *stop[ROUTER_MAX_STOP]; /* (n_stop) owned */
-    size_t n_stop;
+    /* Checked and completed once (max_tokens in total, a seed always),
+     * then sent unchanged with every epoch. Owned (kvf_sampling_msg_free). */
+    Kvf__Sampling *sampling;
 } kvf_req_asked_t;
 
 /* Where the current attempt (epoch) runs. */
@@ -121,27 +112,10 @@ typedef struct {
     uint64_t rng_state; /* sampler state after the last streamed token */
 } kvf_req_placement_t;
 
-/* The output stream: what the client has been sent. */
-typedef struct {
-    uint32_t *gen; /* (n_gen) tokens streamed so far, cap_gen allocated */
-    uint32_t n_gen, cap_gen;
-    uint32_t gen_at_dispatch; /* n_gen when the current epoch was sent */
-    /* Tokens of the current epoch that arrived before its first token
-     * (the decode node's chunks can overtake the prefill node's
-     * PrefillDone): positions [held_first, held_first + n_held). */
-    uint32_t *held;
-    uint32_t held_first, n_held, cap_held;
-    int held_finish;
-    /* Text for the client and stop strings. */
-    kvf_detok_t detok;
-    char *text; /* (text_len) everything streamed as text so far */
-    size_t text_len, text_cap;
-    size_t text_sent;
-} kvf_req_output_t;
-
 /* Timing, and what the nodes reported. */
 typedef struct {
-    uint64_t arrival_ns, queued_ns, first_ns, deadline_ns;
+    uint64_t arrival_ns, queued_ns, deadline_ns;
+    uint64_t first_ns;      /* the first token chunk (time to first token) */
     uint64_t last_token_ns; /* when the client got its latest token (metrics) */
     uint64_t progress_ns;   /* the current attempt's last sign of progress */
     uint64_t prefill_compute_us, handoff_us, kv_bytes;
@@ -153,9 +127,9 @@ struct kvf_router_req {
     kvf_router_sink_t sink; /* where the output goes */
     kvf_req_asked_t ask;
     kvf_req_placement_t place;
-    kvf_req_output_t out;
+    kvf_stream_t out; /* what the client has been sent */
     kvf_req_timing_t t;
-    UT_hash_handle hh;                        /* the request table, by id */
+    UT_hash_handle hh;                         /* the request table, by id */
     kvf_router_req_t *queue_prev, *queue_next; /* the wait queue; prev NULL: not in it */
 };
 
@@ -181,9 +155,9 @@ struct kvf_router {
     kvf_posted_t *posted, *posted_tail;
     int post_fd; /* eventfd: readable while work is posted */
     uint64_t next_req_id;
+    uint64_t seed_state; /* draws the seeds of requests that bring none */
     struct {
-        uint64_t requests, running, failed, cancelled, completed, stale, malformed,
-            redispatched;
+        uint64_t requests, running, failed, cancelled, completed, stale, malformed, redispatched;
     } count;
     kvf_metrics_t *metrics; /* owned */
 };
@@ -214,8 +188,6 @@ kvf_router_req_t *kvf_router__req_current(kvf_router_t *r, uint64_t id, uint64_t
 /* Ends q towards the client (one final chunk) and frees it. */
 void kvf_router__req_finish(kvf_router_t *r, kvf_router_req_t *q, Kvf__FinishReason reason,
                             kvf_status_t status, const char *error);
-/* Hands a chunk of q's output to its sink. */
-void kvf_router__emit(kvf_router_req_t *q, kvf_router_chunk_t *chunk);
 void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd);
 void kvf_router__on_token_chunk(kvf_router_t *r, const Kvf__TokenChunk *c);
 void kvf_router__on_error(kvf_router_t *r, const Kvf__Error *e, const char *sender);
@@ -238,18 +210,6 @@ void kvf_router__queue_remove(kvf_router_t *r, kvf_router_req_t *q);
 void kvf_router__node_lost(kvf_router_t *r, kvf_router_node_t *n, const char *why);
 /* Finishes or re-dispatches requests past their deadlines. */
 void kvf_router__check_deadlines(kvf_router_t *r, uint64_t now_ns);
-
-/* ---- stream.c -------------------------------------------------------------- */
-
-/* Appends tokens at positions [first, first + n) of q's output (tokens it
- * already has are skipped), streams them and checks the stop conditions.
- * Returns true when q was finished (and freed). */
-bool kvf_router__stream_tokens(kvf_router_t *r, kvf_router_req_t *q, uint32_t first,
-                               const uint32_t *tokens, size_t n, Kvf__FinishReason node_finish);
-/* Streams what was held once the gap before it is closed. Returns true
- * when q was finished (and freed). */
-bool kvf_router__release_held(kvf_router_t *r, kvf_router_req_t *q);
-void kvf_router__output_fini(kvf_req_output_t *out);
 
 /* ---- native.c -------------------------------------------------------------- */
 

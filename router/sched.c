@@ -9,6 +9,7 @@
 
 #include "kvf/clock.h"
 #include "kvf/log.h"
+#include "kvf/sampling_msg.h"
 #include "router_internal.h"
 
 /* ---- the wait queue ------------------------------------------------------------ */
@@ -41,11 +42,10 @@ static uint32_t blocks_for(uint32_t tokens, uint32_t block_size)
  * generate. */
 static uint32_t tokens_needed(const kvf_router_req_t *q)
 {
-    return q->ask.n_prompt + q->ask.max_tokens;
+    return q->ask.n_prompt + q->ask.sampling->max_tokens;
 }
 
-static bool excluded(const kvf_router_t *r, const kvf_router_req_t *q,
-                     const kvf_router_node_t *n)
+static bool excluded(const kvf_router_t *r, const kvf_router_req_t *q, const kvf_router_node_t *n)
 {
     kvf_node_ref_t ref = kvf_router__node_ref(r, n);
     for (int i = 0; i < q->place.n_excluded; i++)
@@ -115,12 +115,9 @@ static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
     q->place.prefill = kvf_router__node_ref(r, p);
     q->place.decode = kvf_router__node_ref(r, d);
     q->place.state = REQ_PREFILL;
-    q->out.gen_at_dispatch = q->out.n_gen;
-    q->out.n_held = 0;
-    q->out.held_finish = KVF__FINISH_REASON__FINISH_NONE;
     q->t.progress_ns = kvf_clock_ns();
-    uint32_t n_tokens = q->ask.n_prompt + q->out.n_gen;
-    uint32_t remaining = q->ask.max_tokens - q->out.n_gen;
+    uint32_t n_tokens = q->ask.n_prompt + q->out.n;
+    uint32_t remaining = kvf_sampling_msg_remaining(q->ask.sampling, q->out.n);
     d->pending_blocks += blocks_for(n_tokens + remaining, d->block_size);
     d->pending_running++;
     p->pending_tokens += n_tokens;
@@ -135,27 +132,19 @@ static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
         return;
     }
     memcpy(ids, q->ask.prompt, (size_t)q->ask.n_prompt * sizeof(*ids));
-    if (q->out.n_gen)
-        memcpy(ids + q->ask.n_prompt, q->out.gen, (size_t)q->out.n_gen * sizeof(*ids));
-    Kvf__Sampling s = KVF__SAMPLING__INIT;
-    s.temperature = q->ask.temperature;
-    s.top_p = q->ask.top_p;
-    s.top_k = q->ask.top_k;
-    s.seed = q->ask.seed;
-    s.has_seed = q->ask.has_seed;
-    s.max_tokens = remaining;
-    s.ignore_eos = q->ask.ignore_eos;
+    if (q->out.n)
+        memcpy(ids + q->ask.n_prompt, q->out.ids, (size_t)q->out.n * sizeof(*ids));
     Kvf__PrefillRequest pr = KVF__PREFILL_REQUEST__INIT;
     pr.req_id = q->id;
     pr.epoch = q->place.epoch;
     pr.token_ids = ids;
     pr.n_token_ids = n_tokens;
-    pr.sampling = &s;
+    pr.sampling = q->ask.sampling; /* as completed at submit, every epoch */
     pr.decode_node_id = d->id;
     pr.decode_inbox = d->inbox;
     pr.decode_xfer_desc.data = d->xfer_desc;
     pr.decode_xfer_desc.len = d->xfer_desc_len;
-    pr.n_generated = q->out.n_gen;
+    pr.n_generated = q->out.n;
     pr.rng_state = q->place.rng_state;
     kvf_envelope_t env;
     kvf_envelope_init(&env, "router");
