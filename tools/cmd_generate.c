@@ -6,6 +6,7 @@
 #include "kvf/flags.h"
 #include "kvf/log.h"
 #include "kvf/sampling.h"
+#include "kvf/textstream.h"
 #include "kvf/tokenizer.h"
 #include "local_engine.h"
 #include "remote.h"
@@ -14,94 +15,44 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Streams generated text to stdout, holding back any tail that could be
- * the start of the stop string; reports when the stop string appears. */
 typedef struct {
-    const char *stop; /* NULL or "" : none */
-    char *held;       /* text not yet printed */
-    size_t n_held, cap;
-} text_out_t;
+    const char *model_dir, *prompt, *prompt_ids, *stop, *router;
+    int max_tokens, top_k, threads, timeout_ms;
+    kvf_backend_flags_t bf;
+    double temperature, top_p;
+    uint64_t seed;
+    bool ignore_eos, print_ids, seed_seen, verbose;
+    kvf_sampling_params_t sp; /* from the above */
+} gen_opts_t;
 
-/* Adds text; prints what is safe. Returns 1 when the stop string was
- * reached (the text before it printed, the rest dropped), -1 on OOM. */
-static int text_out_push(text_out_t *o, const char *text, size_t len)
+/* Returns -1 to run, else the exit code (help printed, or bad options). */
+static int parse_gen_opts(int argc, char **argv, gen_opts_t *o)
 {
-    if (o->n_held + len + 1 > o->cap) {
-        size_t cap = (o->n_held + len + 1) * 2;
-        char *grown = realloc(o->held, cap);
-        if (!grown)
-            return -1;
-        o->held = grown;
-        o->cap = cap;
-    }
-    memcpy(o->held + o->n_held, text, len);
-    o->n_held += len;
-    o->held[o->n_held] = 0;
-    size_t safe = o->n_held;
-    if (o->stop && *o->stop) {
-        size_t sl = strlen(o->stop);
-        char *hit = memmem(o->held, o->n_held, o->stop, sl);
-        if (hit) {
-            fwrite(o->held, 1, (size_t)(hit - o->held), stdout);
-            o->n_held = 0;
-            return 1;
-        }
-        /* keep the longest suffix that is a proper prefix of stop */
-        for (size_t k = sl - 1 < o->n_held ? sl - 1 : o->n_held; k > 0; k--) {
-            if (!memcmp(o->held + o->n_held - k, o->stop, k)) {
-                safe = o->n_held - k;
-                break;
-            }
-        }
-    }
-    fwrite(o->held, 1, safe, stdout);
-    fflush(stdout);
-    memmove(o->held, o->held + safe, o->n_held - safe);
-    o->n_held -= safe;
-    return 0;
-}
-
-static void text_out_flush(text_out_t *o)
-{
-    fwrite(o->held, 1, o->n_held, stdout);
-    o->n_held = 0;
-    free(o->held);
-    o->held = NULL;
-}
-
-int kvf_cmd_generate(int argc, char **argv)
-{
-    const char *model_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *stop = NULL;
-    const char *router = NULL;
-    int max_tokens = 128, top_k = 0, threads = 0, timeout_ms = 60000;
-    kvf_backend_flags_t bf = {0};
-    double temperature = 0, top_p = 1;
-    uint64_t seed = 0;
-    bool ignore_eos = false, print_ids = false, seed_seen = false, verbose = false;
+    *o = (gen_opts_t){.max_tokens = 128, .timeout_ms = 60000, .top_p = 1};
     const kvf_flag_t flags[] = {
-        {"model", KVF_FLAG_STRING, &model_dir, "DIR", "Hugging Face model directory", NULL},
-        {"prompt", KVF_FLAG_STRING, &prompt, "TEXT", "prompt text (BOS per the tokenizer config)",
-         NULL},
-        {"prompt-ids", KVF_FLAG_STRING, &prompt_ids, "IDS",
+        {"model", KVF_FLAG_STRING, &o->model_dir, "DIR", "Hugging Face model directory", NULL},
+        {"prompt", KVF_FLAG_STRING, &o->prompt, "TEXT",
+         "prompt text (BOS per the tokenizer config)", NULL},
+        {"prompt-ids", KVF_FLAG_STRING, &o->prompt_ids, "IDS",
          "prompt as comma-separated token ids, used exactly as given", NULL},
-        {"max-tokens", KVF_FLAG_INT, &max_tokens, "N", "most tokens to generate (default 128)",
+        {"max-tokens", KVF_FLAG_INT, &o->max_tokens, "N", "most tokens to generate (default 128)",
          NULL},
-        {"temperature", KVF_FLAG_DOUBLE, &temperature, "T", "0 (default): greedy", NULL},
-        {"top-k", KVF_FLAG_INT, &top_k, "K", "sample among the K most likely (0: all)", NULL},
-        {"top-p", KVF_FLAG_DOUBLE, &top_p, "P", "nucleus sampling mass (default 1)", NULL},
-        {"seed", KVF_FLAG_UINT64, &seed, "S", "random seed (same seed, same output)",
-         &seed_seen},
-        {"ignore-eos", KVF_FLAG_BOOL, &ignore_eos, NULL, "do not stop at EOS", NULL},
-        {"stop", KVF_FLAG_STRING, &stop, "TEXT", "stop when the text contains TEXT", NULL},
-        {"ids", KVF_FLAG_BOOL, &print_ids, NULL,
+        {"temperature", KVF_FLAG_DOUBLE, &o->temperature, "T", "0 (default): greedy", NULL},
+        {"top-k", KVF_FLAG_INT, &o->top_k, "K", "sample among the K most likely (0: all)", NULL},
+        {"top-p", KVF_FLAG_DOUBLE, &o->top_p, "P", "nucleus sampling mass (default 1)", NULL},
+        {"seed", KVF_FLAG_UINT64, &o->seed, "S", "random seed (same seed, same output)",
+         &o->seed_seen},
+        {"ignore-eos", KVF_FLAG_BOOL, &o->ignore_eos, NULL, "do not stop at EOS", NULL},
+        {"stop", KVF_FLAG_STRING, &o->stop, "TEXT", "stop when the text contains TEXT", NULL},
+        {"ids", KVF_FLAG_BOOL, &o->print_ids, NULL,
          "print only the generated ids, comma-separated, on one line", NULL},
-        {"threads", KVF_FLAG_INT, &threads, "N", "compute threads (default: all cores)", NULL},
-        KVF_BACKEND_FLAG_ENTRIES(&bf),
-        {"router", KVF_FLAG_STRING, &router, "URL",
+        {"threads", KVF_FLAG_INT, &o->threads, "N", "compute threads (default: all cores)", NULL},
+        KVF_BACKEND_FLAG_ENTRIES(&o->bf),
+        {"router", KVF_FLAG_STRING, &o->router, "URL",
          "generate through a running cluster's router (client URL) instead of locally", NULL},
-        {"timeout-ms", KVF_FLAG_INT, &timeout_ms, "MS", "with --router: give up after MS of "
+        {"timeout-ms", KVF_FLAG_INT, &o->timeout_ms, "MS", "with --router: give up after MS of "
          "silence", NULL},
-        {"verbose", KVF_FLAG_BOOL, &verbose, NULL, "timings on stderr", NULL},
+        {"verbose", KVF_FLAG_BOOL, &o->verbose, NULL, "timings on stderr", NULL},
     };
     kvf_flagset_t set = {
         .prog = argv[0],
@@ -118,152 +69,245 @@ int kvf_cmd_generate(int argc, char **argv)
         return 0;
     if (rc < 0)
         return 2;
-    if ((!prompt) == (!prompt_ids) || (!model_dir && !router)) {
+    if ((!o->prompt) == (!o->prompt_ids) || (!o->model_dir && !o->router)) {
         fprintf(stderr, "%s: needs --model DIR (or --router URL) and one of --prompt or "
                         "--prompt-ids (see --help)\n",
                 argv[0]);
         return 2;
     }
-    kvf_sampling_params_t sp = {.temperature = (float)temperature, .top_k = top_k,
-                                .top_p = (float)top_p, .seed = seed};
-    if (max_tokens < 0 || kvf_sampling_validate(&sp) != KVF_OK) {
+    o->sp = (kvf_sampling_params_t){.temperature = (float)o->temperature, .top_k = o->top_k,
+                                    .top_p = (float)o->top_p, .seed = o->seed};
+    if (o->max_tokens < 0 || kvf_sampling_validate(&o->sp) != KVF_OK) {
         fprintf(stderr, "%s: bad sampling options (temperature >= 0, top-k >= 0, 0 < top-p <= 1, "
                         "max-tokens >= 0)\n",
                 argv[0]);
         return 2;
     }
-    uint32_t *ids = NULL;
-    size_t n_ids = 0;
-    if (prompt_ids && kvf_parse_id_list(prompt_ids, &ids, &n_ids) != KVF_OK) {
-        fprintf(stderr, "%s: --prompt-ids: not a comma-separated list of ids: %s\n", argv[0],
-                prompt_ids);
-        return 2;
-    }
-    if (router) {
-        const char *stops[1] = {stop};
-        kvf_remote_generate_t req = {
-            .router_url = router, .prompt = prompt, .ids = ids, .n_ids = n_ids,
-            .max_tokens = (uint32_t)max_tokens, .temperature = sp.temperature,
-            .top_p = sp.top_p, .top_k = (uint32_t)top_k, .seed = seed, .has_seed = seed_seen,
-            .ignore_eos = ignore_eos, .stop = stops, .n_stop = stop ? 1 : 0,
-            .print_ids = print_ids, .verbose = verbose, .timeout_ms = timeout_ms};
-        rc = kvf_remote_generate(&req);
-        free(ids);
-        return rc;
-    }
+    return -1;
+}
 
-    /* The tokenizer is needed for text in or out; ids-only runs go without. */
-    kvf_tokenizer_t *tok = NULL;
-    if (prompt || !print_ids || stop) {
-        kvf_status_t st = kvf_tokenizer_load(model_dir, &tok);
-        if (st != KVF_OK) {
-            fprintf(stderr, "%s: cannot load the tokenizer of %s: %s\n", argv[0], model_dir,
-                    kvf_status_str(st));
-            free(ids);
-            return 1;
-        }
-        if (prompt && kvf_tokenizer_encode(tok, prompt, strlen(prompt), true, &ids, &n_ids) !=
-                          KVF_OK) {
-            fprintf(stderr, "%s: cannot tokenize the prompt\n", argv[0]);
-            kvf_tokenizer_destroy(tok);
-            return 1;
-        }
+/* The same request through the router at o->router. */
+static int generate_remote(const gen_opts_t *o, const uint32_t *ids, size_t n_ids)
+{
+    const char *stops[1] = {o->stop};
+    kvf_remote_generate_t req = {
+        .router_url = o->router, .prompt = o->prompt, .ids = ids, .n_ids = n_ids,
+        .max_tokens = (uint32_t)o->max_tokens, .temperature = o->sp.temperature,
+        .top_p = o->sp.top_p, .top_k = (uint32_t)o->top_k, .seed = o->seed,
+        .has_seed = o->seed_seen, .ignore_eos = o->ignore_eos, .stop = stops,
+        .n_stop = o->stop ? 1 : 0, .print_ids = o->print_ids, .verbose = o->verbose,
+        .timeout_ms = o->timeout_ms};
+    return kvf_remote_generate(&req);
+}
+
+/* The tokenizer, needed for text in or out (*tok_p stays NULL for an
+ * ids-only run), and the prompt text's ids into *ids_p / *n_p. Returns 0,
+ * or 1 after a line on stderr. */
+static int load_tokenizer(const char *prog, const gen_opts_t *o, kvf_tokenizer_t **tok_p,
+                          uint32_t **ids_p, size_t *n_p)
+{
+    if (!o->prompt && o->print_ids && !o->stop)
+        return 0;
+    kvf_status_t st = kvf_tokenizer_load(o->model_dir, tok_p);
+    if (st != KVF_OK) {
+        fprintf(stderr, "%s: cannot load the tokenizer of %s: %s\n", prog, o->model_dir,
+                kvf_status_str(st));
+        return 1;
     }
-    rc = 1;
-    kvf_local_engine_t le;
-    kvf_sampler_t sampler;
-    kvf_detok_t detok;
-    text_out_t out = {.stop = stop};
-    uint32_t *gen = NULL;
+    if (o->prompt &&
+        kvf_tokenizer_encode(*tok_p, o->prompt, strlen(o->prompt), true, ids_p, n_p) != KVF_OK) {
+        fprintf(stderr, "%s: cannot tokenize the prompt\n", prog);
+        return 1;
+    }
+    return 0;
+}
+
+/* The budget of tokens to generate: --max-tokens, less where the context
+ * ends first (as in the cluster). Returns -1 when the prompt does not fit,
+ * after a line on stderr. */
+static int token_budget(const char *prog, const gen_opts_t *o, size_t n_ids)
+{
     if (n_ids == 0) {
-        fprintf(stderr, "%s: the prompt has no tokens\n", argv[0]);
-        goto fail_engine;
+        fprintf(stderr, "%s: the prompt has no tokens\n", prog);
+        return -1;
     }
     kvf_model_config_t mcfg;
-    if (kvf_model_config_load(model_dir, &mcfg) != KVF_OK)
-        goto fail_engine;
+    if (kvf_model_config_load(o->model_dir, &mcfg) != KVF_OK)
+        return -1;
     if (n_ids >= (size_t)mcfg.max_pos) {
-        fprintf(stderr, "%s: a prompt of %zu tokens does not fit the context of %d\n", argv[0],
+        fprintf(stderr, "%s: a prompt of %zu tokens does not fit the context of %d\n", prog,
                 n_ids, mcfg.max_pos);
-        goto fail_engine;
+        return -1;
     }
-    /* Generation ends when the context is full, as in the cluster. */
-    if ((size_t)max_tokens > (size_t)mcfg.max_pos - n_ids)
-        max_tokens = mcfg.max_pos - (int)n_ids;
-    if (kvf_local_engine_init(&le, argv[0], model_dir, threads, &bf,
+    if ((size_t)o->max_tokens > (size_t)mcfg.max_pos - n_ids)
+        return mcfg.max_pos - (int)n_ids;
+    return o->max_tokens;
+}
+
+/* Where the generated tokens go: text streamed to stdout with the stop
+ * string held back (kvf/textstream.h), or with --ids kept for one line at
+ * the end. */
+typedef struct {
+    bool print_ids;
+    const char *stop;
+    kvf_textstream_t *text; /* the text path */
+    kvf_detok_t detok;      /* --ids with --stop: each token's text */
+    bool has_detok;
+    uint32_t *gen; /* (max_tokens + 1) */
+    int n_gen;
+} gen_out_t;
+
+static kvf_status_t gen_out_init(gen_out_t *g, const gen_opts_t *o, const kvf_tokenizer_t *tok,
+                                 int max_tokens)
+{
+    *g = (gen_out_t){.print_ids = o->print_ids, .stop = o->stop};
+    g->gen = malloc(((size_t)max_tokens + 1) * sizeof(*g->gen));
+    if (!g->gen)
+        return KVF_ERR_NOMEM;
+    if (!o->print_ids) {
+        const char *stops[1] = {o->stop};
+        size_t n_stop = o->stop && *o->stop ? 1 : 0;
+        return kvf_textstream_create(tok, stops, n_stop, &g->text);
+    }
+    if (o->stop) {
+        kvf_detok_init(&g->detok, tok);
+        g->has_detok = true;
+    }
+    return KVF_OK;
+}
+
+static void gen_out_fini(gen_out_t *g)
+{
+    kvf_textstream_destroy(g->text);
+    if (g->has_detok)
+        kvf_detok_fini(&g->detok);
+    free(g->gen);
+}
+
+/* Takes one generated token; false when generation ends here (the stop
+ * string, or its text could not be made). */
+static bool gen_out_push(gen_out_t *g, uint32_t id)
+{
+    g->gen[g->n_gen++] = id;
+    const char *text;
+    size_t len;
+    if (g->text) {
+        bool stopped;
+        if (kvf_textstream_push(g->text, id, &text, &len, &stopped) != KVF_OK)
+            return false;
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+        return !stopped;
+    }
+    if (!g->has_detok)
+        return true;
+    if (kvf_detok_push(&g->detok, id, &text, &len) != KVF_OK)
+        return false;
+    /* --ids with --stop: a stop string inside one token's text (across
+     * tokens needs the text path) */
+    return !(len && memmem(text, len, g->stop, strlen(g->stop)));
+}
+
+/* The ids on one line, or the text still held back and a newline. */
+static void gen_out_finish(gen_out_t *g)
+{
+    if (g->print_ids) {
+        for (int i = 0; i < g->n_gen; i++)
+            printf("%s%u", i ? "," : "", g->gen[i]);
+        printf("\n");
+        return;
+    }
+    const char *text;
+    size_t len;
+    if (!kvf_textstream_stopped(g->text) &&
+        kvf_textstream_finish(g->text, &text, &len) == KVF_OK)
+        fwrite(text, 1, len, stdout);
+    printf("\n");
+}
+
+/* Feeds the prompt, then samples up to max_tokens tokens, each fed back,
+ * until EOS (unless --ignore-eos) or the stop string. */
+static kvf_status_t generate_tokens(kvf_local_engine_t *le, kvf_sampler_t *sampler,
+                                    const kvf_tokenizer_t *tok, const gen_opts_t *o,
+                                    const uint32_t *ids, size_t n_ids, int max_tokens,
+                                    gen_out_t *out)
+{
+    const kvf_model_config_t *cfg = &le->rt.model->cfg;
+    int64_t tok_eos = tok ? kvf_tokenizer_eos_id(tok) : -1;
+    kvf_status_t st = kvf_local_engine_feed(le, ids, (uint32_t)n_ids);
+    while (st == KVF_OK && out->n_gen < max_tokens) {
+        uint32_t next = kvf_sampler_sample(sampler, le->logits);
+        if (!o->ignore_eos && (kvf_model_is_eos(cfg, next) || (tok_eos >= 0 && next == tok_eos)))
+            break;
+        if (!gen_out_push(out, next) || out->n_gen == max_tokens)
+            break;
+        st = kvf_local_engine_feed(le, &next, 1);
+    }
+    return st;
+}
+
+/* Generation in this process. Returns the exit code. */
+static int generate_local(const char *prog, const gen_opts_t *o, const kvf_tokenizer_t *tok,
+                          const uint32_t *ids, size_t n_ids)
+{
+    int max_tokens = token_budget(prog, o, n_ids);
+    if (max_tokens < 0)
+        return 1;
+    kvf_local_engine_t le;
+    if (kvf_local_engine_init(&le, prog, o->model_dir, o->threads, &o->bf,
                               (uint32_t)n_ids + (uint32_t)max_tokens + 1) != KVF_OK)
-        goto fail_engine;
+        return 1;
+    int rc = 1;
     const kvf_model_config_t *cfg = &le.rt.model->cfg;
     for (size_t i = 0; i < n_ids; i++) {
         if (ids[i] >= (uint32_t)cfg->vocab) {
-            fprintf(stderr, "%s: prompt id %u is not below the vocabulary size %d\n", argv[0],
+            fprintf(stderr, "%s: prompt id %u is not below the vocabulary size %d\n", prog,
                     ids[i], cfg->vocab);
             goto fail_sampler;
         }
     }
-    if (kvf_sampler_init(&sampler, &sp, cfg->vocab) != KVF_OK)
+    kvf_sampler_t sampler;
+    if (kvf_sampler_init(&sampler, &o->sp, cfg->vocab) != KVF_OK)
         goto fail_sampler;
-    gen = malloc(((size_t)max_tokens + 1) * sizeof(*gen));
-    if (!gen)
-        goto fail_gen;
-    if (tok)
-        kvf_detok_init(&detok, tok);
-    int64_t tok_eos = tok ? kvf_tokenizer_eos_id(tok) : -1;
-    int n_gen = 0;
-    bool stopped = false;
-    kvf_status_t st = kvf_local_engine_feed(&le, ids, (uint32_t)n_ids);
-    while (st == KVF_OK && n_gen < max_tokens) {
-        uint32_t next = kvf_sampler_sample(&sampler, le.logits);
-        if (!ignore_eos && (kvf_model_is_eos(cfg, next) || (tok_eos >= 0 && next == tok_eos)))
-            break;
-        gen[n_gen++] = next;
-        if (tok && (!print_ids || stop)) {
-            const char *text;
-            size_t len;
-            if (kvf_detok_push(&detok, next, &text, &len) != KVF_OK)
-                break;
-            if (!print_ids) {
-                if (text_out_push(&out, text, len) != 0) {
-                    stopped = true;
-                    break;
-                }
-            } else if (stop && len && memmem(text, len, stop, strlen(stop))) {
-                /* --ids with --stop: a stop string inside one token's text
-                 * (across tokens needs the text path) */
-                break;
-            }
-        }
-        if (n_gen == max_tokens)
-            break;
-        st = kvf_local_engine_feed(&le, &next, 1);
-    }
-    if (st != KVF_OK) {
-        fprintf(stderr, "%s: forward pass failed: %s\n", argv[0], kvf_status_str(st));
-    } else {
+    gen_out_t out;
+    if (gen_out_init(&out, o, tok, max_tokens) != KVF_OK)
+        goto fail_out;
+    kvf_status_t st = generate_tokens(&le, &sampler, tok, o, ids, n_ids, max_tokens, &out);
+    if (st != KVF_OK)
+        fprintf(stderr, "%s: forward pass failed: %s\n", prog, kvf_status_str(st));
+    else
         rc = 0;
-    }
-    if (print_ids) {
-        for (int i = 0; i < n_gen; i++)
-            printf("%s%u", i ? "," : "", gen[i]);
-        printf("\n");
-    } else {
-        const char *text;
-        size_t len;
-        if (tok && !stopped && kvf_detok_flush(&detok, &text, &len) == KVF_OK && len)
-            stopped = text_out_push(&out, text, len) != 0;
-        if (!stopped)
-            text_out_flush(&out);
-        printf("\n");
-    }
-    free(out.held);
-    if (tok)
-        kvf_detok_fini(&detok);
-    free(gen);
-fail_gen:
+    gen_out_finish(&out);
+fail_out:
+    gen_out_fini(&out);
     kvf_sampler_fini(&sampler);
 fail_sampler:
     kvf_local_engine_fini(&le);
-fail_engine:
+    return rc;
+}
+
+int kvf_cmd_generate(int argc, char **argv)
+{
+    gen_opts_t o;
+    int rc = parse_gen_opts(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    uint32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (o.prompt_ids && kvf_parse_id_list(o.prompt_ids, &ids, &n_ids) != KVF_OK) {
+        fprintf(stderr, "%s: --prompt-ids: not a comma-separated list of ids: %s\n", argv[0],
+                o.prompt_ids);
+        return 2;
+    }
+    if (o.router) {
+        rc = generate_remote(&o, ids, n_ids);
+        free(ids);
+        return rc;
+    }
+    kvf_tokenizer_t *tok = NULL;
+    rc = load_tokenizer(argv[0], &o, &tok, &ids, &n_ids);
+    if (rc == 0)
+        rc = generate_local(argv[0], &o, tok, ids, n_ids);
     kvf_tokenizer_destroy(tok);
     free(ids);
     return rc;
