@@ -7,6 +7,7 @@
 #include "kvf/clock.h"
 #include "kvf/log.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,36 +109,39 @@ void pf_send_alloc(kvf_prefill_t *p, pf_req_t *r, int timeout_ms)
         r->alloc_sent = true;
         r->alloc_sent_ns = now; /* the lease counts from here */
         r->alloc_deadline_ns = now + (uint64_t)p->cfg.alloc_timeout_ms * 1000000ull;
-        return;
-    }
-    if (st != KVF_ERR_TIMEOUT && st != KVF_ERR_AGAIN) {
+    } else if (st == KVF_ERR_TIMEOUT || st == KVF_ERR_AGAIN) {
+        r->next_alloc_try_ns = now + PF_ALLOC_RETRY_MS * 1000000ull;
+    } else {
         pf_req_fail(p, r, KVF_ERR_PEER, "kv alloc not sent to the decode node");
         return;
     }
-    r->next_alloc_try_ns = now + PF_ALLOC_RETRY_MS * 1000000ull;
+    uint64_t at = r->alloc_sent ? r->alloc_deadline_ns : r->next_alloc_try_ns;
+    if (kvf_timer_arm(kvf_evloop_timers(p->loop), &r->alloc_timer, at) != KVF_OK)
+        pf_req_fail(p, r, KVF_ERR_NOMEM, "out of memory");
 }
 
-uint64_t pf_alloc_deadline_ns(const pf_req_t *r)
-{
-    return r->alloc_sent ? r->alloc_deadline_ns : r->next_alloc_try_ns;
-}
-
-void pf_alloc_service(kvf_prefill_t *p, pf_req_t *r, uint64_t now_ns)
+/* r's alloc timer is due: the retry of an unsent KvAlloc (or, past
+ * alloc_timeout_ms of trying, giving up), or the reply's deadline. */
+static void alloc_timer_due(kvf_prefill_t *p, pf_req_t *r, uint64_t now_ns)
 {
     if (!r->alloc_sent) {
         uint64_t give_up = r->alloc_first_try_ns + (uint64_t)p->cfg.alloc_timeout_ms * 1000000ull;
         if (now_ns >= give_up)
             pf_req_fail(p, r, KVF_ERR_TIMEOUT, "decode node inbox unreachable");
-        else if (now_ns >= r->next_alloc_try_ns)
+        else
             pf_send_alloc(p, r, 0);
         return;
     }
-    if (now_ns >= r->alloc_deadline_ns) {
-        if (r->state == REQ_CANCELLED)
-            pf_req_destroy(p, r);
-        else
-            pf_req_fail(p, r, KVF_ERR_TIMEOUT, "no kv alloc reply from the decode node");
-    }
+    if (r->state == REQ_CANCELLED)
+        pf_req_destroy(p, r);
+    else
+        pf_req_fail(p, r, KVF_ERR_TIMEOUT, "no kv alloc reply from the decode node");
+}
+
+void pf_on_alloc_timer(kvf_timer_t *timer, void *arg)
+{
+    pf_req_t *r = (pf_req_t *)((char *)timer - offsetof(pf_req_t, alloc_timer));
+    alloc_timer_due(arg, r, kvf_clock_ns());
 }
 
 /* A refusal: the router hears of it unless the request was cancelled. */
@@ -165,6 +169,7 @@ void pf_on_alloc_reply(kvf_prefill_t *p, const Kvf__KvAllocReply *a)
         p->count.stale_dropped++;
         return;
     }
+    kvf_timer_cancel(kvf_evloop_timers(p->loop), &r->alloc_timer);
     if (a->status != KVF_OK) {
         alloc_refused(p, r, a);
         return;

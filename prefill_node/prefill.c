@@ -8,8 +8,6 @@
 #include "kvf/log.h"
 #include "kvf/model.h"
 
-#include <errno.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,51 +34,79 @@ static void fill_load(void *arg, Kvf__Load *load)
     load->running = running;
 }
 
-/* How long the loop may sleep: the next heartbeat, transfer deadline,
- * KvAlloc retry or deadline. */
-static int loop_timeout_ms(kvf_prefill_t *p)
+/* ---- the loop's timers ----------------------------------------------- */
+
+static void on_node_timer(kvf_timer_t *timer, void *arg)
 {
-    int ms = kvf_node_timeout_ms(p->node);
-    int x = kvf_xfer_timeout_ms(p->xfer);
-    if (x >= 0 && x < ms)
-        ms = x;
-    bool batches = false;
-    for (const pf_req_t *r = p->head; r; r = r->next) {
-        uint64_t at = 0;
-        if (r->state == REQ_WAIT_ALLOC || r->state == REQ_CANCELLED)
-            at = pf_alloc_deadline_ns(r);
-        if (at) {
-            int left = kvf_clock_ms_until(at);
-            if (left < ms)
-                ms = left;
-        }
-        if (r->n_batches)
-            batches = true;
-    }
-    /* Without a transport fd, batches are driven on a short timer; with
-     * one, a short cap still bounds the handoff's latency should a
-     * completion not wake the fd (kvf_xfer_wait caps its sleeps the same
-     * way). */
-    if (batches && ms > (kvf_xfer_fd(p->xfer) < 0 ? 1 : 10))
-        ms = kvf_xfer_fd(p->xfer) < 0 ? 1 : 10;
-    return ms < 0 ? 0 : ms;
+    (void)timer;
+    kvf_prefill_t *p = arg;
+    kvf_status_t st = kvf_node_tick(p->node);
+    if (st != KVF_OK)
+        p->node_status = st; /* the router's final refusal: the loop ends */
 }
 
-static void wait_for_work(kvf_prefill_t *p)
+/* The transport's deadline, or the poll period of a transport whose fd may
+ * not wake for its traffic: progress it (the loop then looks at what
+ * ended). */
+static void on_xfer_timer(kvf_timer_t *timer, void *arg)
 {
-    struct pollfd fds[2];
-    int nfds = 0;
-    fds[nfds++] = (struct pollfd){.fd = kvf_inbox_fd(kvf_node_inbox(p->node)), .events = POLLIN};
-    int xfd = kvf_xfer_fd(p->xfer);
-    if (xfd >= 0) {
-        if (kvf_xfer_arm(p->xfer) == KVF_ERR_AGAIN)
-            return;
-        fds[nfds++] = (struct pollfd){.fd = xfd, .events = POLLIN};
-    }
-    int ms = loop_timeout_ms(p);
-    if (poll(fds, (nfds_t)nfds, ms) < 0 && errno != EINTR)
-        kvf_log_warn("poll: %s", strerror(errno));
+    (void)timer;
+    kvf_prefill_t *p = arg;
+    kvf_xfer_progress(p->xfer);
 }
+
+static void on_deadline_timer(kvf_timer_t *timer, void *arg)
+{
+    kvf_prefill_t *p = arg;
+    if (timer == &p->drain_timer)
+        p->drain_expired = true;
+    else
+        p->stop_expired = true;
+}
+
+static bool batches_out(const kvf_prefill_t *p)
+{
+    for (const pf_req_t *r = p->head; r; r = r->next)
+        if (r->n_batches)
+            return true;
+    return false;
+}
+
+/* Re-arms the timer of the transport's next deadline and, while batches
+ * are out on a transport whose fd may not wake for them, the poll period.
+ * false when a timer could not be armed (out of memory). */
+static bool arm_xfer_timers(kvf_prefill_t *p)
+{
+    kvf_timers_t *timers = kvf_evloop_timers(p->loop);
+    bool ok = true;
+    int ms = kvf_xfer_timeout_ms(p->xfer);
+    if (ms >= 0)
+        ok &= kvf_timer_arm_in_ms(timers, &p->xfer_timer, (uint64_t)ms) == KVF_OK;
+    else
+        kvf_timer_cancel(timers, &p->xfer_timer);
+    if (!p->xfer_caps.fd_wakes_on_data && batches_out(p))
+        ok &= kvf_timer_arm_in_ms(timers, &p->poll_timer, p->xfer_caps.poll_ms) == KVF_OK;
+    else
+        kvf_timer_cancel(timers, &p->poll_timer);
+    return ok;
+}
+
+/* Re-arms every timer the loop's steps may have moved (the node runtime's
+ * next registration or heartbeat, the transport's), then sleeps until the
+ * earliest, an fd, or a signal; busy: only look, do not sleep. Request
+ * deadlines (KvAlloc retries and replies) are timers of their own. */
+static void loop_wait(kvf_prefill_t *p, bool busy)
+{
+    kvf_timers_t *timers = kvf_evloop_timers(p->loop);
+    bool ok = kvf_timer_arm_in_ms(timers, &p->node_timer,
+                                  (uint64_t)kvf_node_timeout_ms(p->node)) == KVF_OK;
+    ok &= arm_xfer_timers(p);
+    /* A timer that could not be armed leaves the sleep without its
+     * deadline: look again soon instead. */
+    (void)kvf_evloop_wait(p->loop, busy ? 0 : ok ? -1 : PF_NOMEM_WAIT_MS);
+}
+
+/* ---- the loop ---------------------------------------------------------- */
 
 /* Receives everything waiting in the inbox. */
 static void drain_inbox(kvf_prefill_t *p)
@@ -100,7 +126,9 @@ static void drain_inbox(kvf_prefill_t *p)
     }
 }
 
-static void stop_all(kvf_prefill_t *p)
+/* Gives up every request held: Error{CLOSED} to the router (it sends them
+ * elsewhere), ABORT to the decode nodes that reserved blocks. */
+static void give_up_all(kvf_prefill_t *p)
 {
     pf_req_t *next;
     for (pf_req_t *r = p->head; r; r = next) {
@@ -114,55 +142,46 @@ static void stop_all(kvf_prefill_t *p)
         else
             pf_req_abort(p, r);
     }
-    uint64_t until = kvf_clock_ns() + PF_STOP_DRAIN_MS * 1000000ull;
-    while (p->head && kvf_clock_ns() < until) {
+}
+
+/* Gives everything up, then waits a bounded time for the transfers that
+ * read the local blocks to end. The inbox is no longer read (nor woken
+ * for), nor is the router sent heartbeats. */
+static void stop_all(kvf_prefill_t *p)
+{
+    give_up_all(p);
+    kvf_timers_t *timers = kvf_evloop_timers(p->loop);
+    kvf_timer_cancel(timers, &p->node_timer);
+    (void)kvf_evloop_remove_fd(p->loop, kvf_inbox_fd(kvf_node_inbox(p->node)));
+    /* Out of memory for the timer: no bound on the wait, so no wait. */
+    p->stop_expired = kvf_timer_arm_in_ms(timers, &p->stop_timer, PF_STOP_DRAIN_MS) != KVF_OK;
+    for (;;) {
         kvf_xfer_progress(p->xfer);
         pf_service_requests(p);
-        if (p->head)
-            kvf_clock_sleep_ms(1);
+        if (!p->head || p->stop_expired)
+            break;
+        bool ok = arm_xfer_timers(p);
+        (void)kvf_evloop_wait(p->loop, ok ? -1 : PF_NOMEM_WAIT_MS);
     }
+    kvf_timer_cancel(timers, &p->stop_timer);
     if (p->head)
         kvf_log_warn("stopping with transfers still running");
 }
 
-kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
+/* SIGTERM: the router is told, new work is refused, and after
+ * PF_DRAIN_TIMEOUT_MS what is still held is given up. */
+static void drain_begin(kvf_prefill_t *p)
 {
-    kvf_status_t result = KVF_OK;
-    char be_desc[128];
-    kvf_backend_describe(&p->rt.backend, be_desc, sizeof(be_desc));
-    kvf_log_info("serving on %s (router %s): %u kv blocks of %d tokens, %d tokens per forward, "
-                 "backend %s",
-                 p->cfg.listen_url, p->cfg.router_url, kvf_kvpool_num_blocks(p->rt.pool),
-                 p->geo.block_size, p->cfg.max_batch_tokens, be_desc);
-    uint64_t drain_deadline = 0;
-    while (*stop != KVF_PREFILL_STOP) {
-        if (*stop == KVF_PREFILL_DRAIN && !p->draining) {
-            p->draining = true;
-            kvf_node_set_draining(p->node, true);
-            drain_deadline = kvf_clock_ns() + (uint64_t)PF_DRAIN_TIMEOUT_MS * 1000000ull;
-            kvf_log_info("draining: completing the requests held, taking no new ones");
-        }
-        if (p->draining && (!p->head || kvf_clock_ns() > drain_deadline)) {
-            if (p->head)
-                kvf_log_warn("drain timed out with requests still held");
-            break;
-        }
-        kvf_status_t st = kvf_node_tick(p->node);
-        if (st != KVF_OK) {
-            result = st;
-            break;
-        }
-        drain_inbox(p);
-        kvf_xfer_progress(p->xfer);
-        pf_service_requests(p);
-        if (pf_forward_step(p))
-            continue;
-        wait_for_work(p);
-    }
-    stop_all(p);
-    if (result == KVF_OK)
-        (void)kvf_node_deregister(p->node, "stopped");
-    const pf_counters_t *c = &p->count;
+    p->draining = true;
+    kvf_node_set_draining(p->node, true);
+    /* Out of memory for the timer: no bound on the drain, so no drain. */
+    p->drain_expired = kvf_timer_arm_in_ms(kvf_evloop_timers(p->loop), &p->drain_timer,
+                                           PF_DRAIN_TIMEOUT_MS) != KVF_OK;
+    kvf_log_info("draining: completing the requests held, taking no new ones");
+}
+
+static void log_counters(const pf_counters_t *c)
+{
     kvf_log_info("stopped: %llu requests, %llu completed, %llu failed, %llu cancelled, %llu "
                  "refused; dropped %llu stale, %llu malformed, %llu unexpected",
                  (unsigned long long)c->requests, (unsigned long long)c->completed,
@@ -170,7 +189,36 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
                  (unsigned long long)c->refused, (unsigned long long)c->stale_dropped,
                  (unsigned long long)c->malformed_dropped,
                  (unsigned long long)c->unexpected_dropped);
-    return result;
+}
+
+kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
+{
+    char be_desc[128];
+    kvf_backend_describe(&p->rt.backend, be_desc, sizeof(be_desc));
+    kvf_log_info("serving on %s (router %s): %u kv blocks of %d tokens, %d tokens per forward, "
+                 "backend %s",
+                 p->cfg.listen_url, p->cfg.router_url, kvf_kvpool_num_blocks(p->rt.pool),
+                 p->geo.block_size, p->cfg.max_batch_tokens, be_desc);
+    while (*stop != KVF_PREFILL_STOP && p->node_status == KVF_OK) {
+        if (*stop == KVF_PREFILL_DRAIN && !p->draining)
+            drain_begin(p);
+        if (p->draining && (!p->head || p->drain_expired)) {
+            if (p->head)
+                kvf_log_warn("drain timed out with requests still held");
+            break;
+        }
+        drain_inbox(p);
+        kvf_xfer_progress(p->xfer);
+        pf_service_requests(p);
+        bool ran = pf_forward_step(p);
+        loop_wait(p, ran);
+    }
+    stop_all(p);
+    kvf_timer_cancel(kvf_evloop_timers(p->loop), &p->drain_timer);
+    if (p->node_status == KVF_OK)
+        (void)kvf_node_deregister(p->node, "stopped");
+    log_counters(&p->count);
+    return p->node_status;
 }
 
 /* ---- create / destroy ------------------------------------------------- */
@@ -213,7 +261,9 @@ static kvf_status_t create_xfer(kvf_prefill_t *p, const kvf_prefill_config_t *cf
         .geometry = kvf_xfer_geometry_of_pool(&p->geo),
         .checksum = cfg->checksum,
     };
-    kvf_status_t st = kvf_xfer_create(&xc, &p->xfer);
+    kvf_status_t st = kvf_xfer_caps(&xc, &p->xfer_caps);
+    if (st == KVF_OK)
+        st = kvf_xfer_create(&xc, &p->xfer);
     if (st != KVF_OK)
         kvf_log_error("transfer handle: %s", kvf_status_str(st));
     return st;
@@ -243,6 +293,36 @@ static kvf_status_t create_node(kvf_prefill_t *p, const kvf_prefill_config_t *cf
     return KVF_OK;
 }
 
+static kvf_status_t arm_xfer(void *xfer)
+{
+    return kvf_xfer_arm(xfer);
+}
+
+/* The loop's wait: the inbox, the transport's fd (armed before each sleep)
+ * and the loop's own timers. */
+static kvf_status_t create_loop(kvf_prefill_t *p)
+{
+    kvf_status_t st = kvf_evloop_create(&p->loop);
+    if (st != KVF_OK)
+        return st;
+    kvf_timer_init(&p->node_timer, on_node_timer, p);
+    kvf_timer_init(&p->xfer_timer, on_xfer_timer, p);
+    kvf_timer_init(&p->poll_timer, on_xfer_timer, p);
+    kvf_timer_init(&p->drain_timer, on_deadline_timer, p);
+    kvf_timer_init(&p->stop_timer, on_deadline_timer, p);
+    st = kvf_evloop_add_fd(p->loop, kvf_inbox_fd(kvf_node_inbox(p->node)), NULL, NULL);
+    int xfd = kvf_xfer_fd(p->xfer);
+    if (st == KVF_OK && xfd >= 0)
+        st = kvf_evloop_add_fd(p->loop, xfd, NULL, NULL);
+    if (st == KVF_OK && xfd >= 0)
+        st = kvf_evloop_add_hook(p->loop, arm_xfer, p->xfer);
+    if (st != KVF_OK) {
+        kvf_evloop_destroy(p->loop);
+        p->loop = NULL;
+    }
+    return st;
+}
+
 kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t **prefill_p)
 {
     if (!config_valid(cfg))
@@ -268,9 +348,14 @@ kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t *
     st = create_node(p, cfg);
     if (st != KVF_OK)
         goto fail_node;
+    st = create_loop(p);
+    if (st != KVF_OK)
+        goto fail_loop;
     *prefill_p = p;
     return KVF_OK;
 
+fail_loop:
+    kvf_node_destroy(p->node);
 fail_node:
     kvf_xfer_destroy(p->xfer);
 fail_xfer:
@@ -298,6 +383,7 @@ void kvf_prefill_destroy(kvf_prefill_t *p)
         r->peer = NULL;
         pf_req_destroy(p, r);
     }
+    kvf_evloop_destroy(p->loop); /* no timer of a request is left armed */
     kvf_node_destroy(p->node);
     kvf_engine_stack_fini(&p->rt);
     pf_forward_fini(&p->fwd);

@@ -18,10 +18,12 @@
 #include "prefill.h"
 
 #include "kvf/engine.h"
+#include "kvf/evloop.h"
 #include "kvf/kvcache.h"
 #include "kvf/msg.h"
 #include "kvf/node.h"
 #include "kvf/sampling.h"
+#include "kvf/timer.h"
 #include "kvf/xfer.h"
 
 #include <stdbool.h>
@@ -39,6 +41,9 @@
 #define PF_STOP_DRAIN_MS 2000
 /* A graceful drain (SIGTERM) gives up what is left after this long. */
 #define PF_DRAIN_TIMEOUT_MS 60000
+/* A loop that could not arm a timer (out of memory) does not know its next
+ * deadline: it looks again after this long instead of sleeping. */
+#define PF_NOMEM_WAIT_MS 10
 /* Lease margin: a request whose lease ends sooner than this is not started. */
 #define PF_LEASE_MARGIN_NS (50ull * 1000000ull)
 
@@ -74,6 +79,7 @@ typedef struct pf_req {
     pf_peer_t *peer; /* one reference held */
     bool alloc_sent;
     uint64_t alloc_first_try_ns, alloc_sent_ns, alloc_deadline_ns, next_alloc_try_ns;
+    kvf_timer_t alloc_timer; /* WAIT_ALLOC, CANCELLED: the KvAlloc retry or reply deadline */
     bool reserved;              /* D accepted: a reservation exists there */
     uint32_t *remote_blocks;    /* (n_prompt blocks) D's block ids, owned */
     uint64_t not_after_ns;      /* lease end on our clock; 0 = none */
@@ -119,6 +125,16 @@ struct kvf_prefill {
     pf_peer_t *peers;
     pf_counters_t count;
     pf_forward_t fwd;
+    /* The loop: every deadline is a timer of loop's set. */
+    kvf_evloop_t *loop;
+    kvf_xfer_caps_t xfer_caps;
+    kvf_timer_t node_timer;  /* the node runtime's next registration or heartbeat */
+    kvf_timer_t xfer_timer;  /* the transport's next deadline (batch timeout, lease) */
+    kvf_timer_t poll_timer;  /* batches out, fd may not wake for them: progress period */
+    kvf_timer_t drain_timer; /* SIGTERM's drain gives up */
+    kvf_timer_t stop_timer;  /* stopping: the wait for transfers ends */
+    kvf_status_t node_status; /* the router's final refusal, seen by a tick */
+    bool drain_expired, stop_expired;
 };
 
 static inline uint64_t pf_us_between(uint64_t from_ns, uint64_t to_ns)
@@ -185,11 +201,10 @@ void pf_peers_free(kvf_prefill_t *p);
 void pf_send_alloc(kvf_prefill_t *p, pf_req_t *r, int timeout_ms);
 /* D's answer to a KvAlloc: r becomes READY, or is refused or aborted. */
 void pf_on_alloc_reply(kvf_prefill_t *p, const Kvf__KvAllocReply *a);
-/* For r waiting on its KvAlloc (WAIT_ALLOC or CANCELLED): retries an unsent
- * KvAlloc and gives up on one unanswered past its deadline. */
-void pf_alloc_service(kvf_prefill_t *p, pf_req_t *r, uint64_t now_ns);
-/* The deadline r's alloc wait sleeps until (retry or timeout). */
-uint64_t pf_alloc_deadline_ns(const pf_req_t *r);
+/* The alloc timer of a request (pf_req_add arms nothing; pf_send_alloc
+ * does): retries an unsent KvAlloc, gives up on one unanswered past its
+ * deadline. arg: the kvf_prefill_t. */
+void pf_on_alloc_timer(kvf_timer_t *timer, void *arg);
 /* Whether r's lease ends too soon (PF_LEASE_MARGIN_NS) to start it. */
 bool pf_lease_ending(const pf_req_t *r, uint64_t now_ns);
 

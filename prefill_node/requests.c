@@ -41,6 +41,7 @@ pf_req_t *pf_req_add(kvf_prefill_t *p, kvf_envelope_t *env, pf_peer_t *peer)
     r->n_prompt = (uint32_t)pr->n_token_ids;
     r->state = REQ_WAIT_ALLOC;
     r->hook_status = KVF_OK;
+    kvf_timer_init(&r->alloc_timer, pf_on_alloc_timer, p);
     kvf_block_table_init(&r->local);
     r->prev = p->tail;
     if (p->tail)
@@ -61,6 +62,7 @@ void pf_req_release_batches(pf_req_t *r)
 
 void pf_req_destroy(kvf_prefill_t *p, pf_req_t *r)
 {
+    kvf_timer_cancel(kvf_evloop_timers(p->loop), &r->alloc_timer);
     if (r->prev)
         r->prev->next = r->next;
     else
@@ -132,6 +134,7 @@ void pf_req_abort(kvf_prefill_t *p, pf_req_t *r)
                           kvf_status_str(st));
         r->abort_posted = true;
     }
+    kvf_timer_cancel(kvf_evloop_timers(p->loop), &r->alloc_timer);
     r->state = REQ_ABORTING;
 }
 
@@ -209,13 +212,11 @@ static void req_service_batches(kvf_prefill_t *p, pf_req_t *r)
 
 void pf_service_requests(kvf_prefill_t *p)
 {
-    uint64_t now = kvf_clock_ns();
     pf_req_t *next;
     for (pf_req_t *r = p->head; r; r = next) {
         next = r->next;
-        if (r->state == REQ_WAIT_ALLOC || r->state == REQ_CANCELLED)
-            pf_alloc_service(p, r, now);
-        else
+        /* Requests waiting on a KvAlloc move on their reply or timer. */
+        if (r->state != REQ_WAIT_ALLOC && r->state != REQ_CANCELLED)
             req_service_batches(p, r);
     }
 }

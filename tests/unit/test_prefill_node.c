@@ -238,7 +238,9 @@ static void rig_stop(rig_t *r)
     kvf_model_destroy(r->model);
 }
 
-static void send_prefill(rig_t *r, uint64_t req_id, uint64_t epoch, const uint32_t *ids, size_t n)
+/* A PrefillRequest naming decode_inbox as the decode node's inbox. */
+static void send_prefill_to(rig_t *r, uint64_t req_id, uint64_t epoch, const uint32_t *ids,
+                            size_t n, const char *decode_inbox)
 {
     Kvf__Sampling s = KVF__SAMPLING__INIT;
     s.max_tokens = MAX_NEW;
@@ -249,7 +251,7 @@ static void send_prefill(rig_t *r, uint64_t req_id, uint64_t epoch, const uint32
     pr.token_ids = (uint32_t *)ids;
     pr.sampling = &s;
     pr.decode_node_id = "d-test";
-    pr.decode_inbox = r->decode_url;
+    pr.decode_inbox = (char *)decode_inbox;
     pr.decode_xfer_desc.data = r->desc;
     pr.decode_xfer_desc.len = r->desc_len;
     kvf_envelope_t env;
@@ -257,6 +259,11 @@ static void send_prefill(rig_t *r, uint64_t req_id, uint64_t epoch, const uint32
     env.body_case = KVF__ENVELOPE__BODY_PREFILL_REQUEST;
     env.prefill_request = &pr;
     send_to(r->to_prefill, &env);
+}
+
+static void send_prefill(rig_t *r, uint64_t req_id, uint64_t epoch, const uint32_t *ids, size_t n)
+{
+    send_prefill_to(r, req_id, epoch, ids, n, r->decode_url);
 }
 
 static void send_cancel(rig_t *r, uint64_t req_id, uint64_t epoch)
@@ -573,6 +580,68 @@ static void test_prefill_refusal_and_cancel(void **state)
 static void expect_no_blocks(rig_t *r);
 static void write_model(char *dir, size_t len, int n_layers);
 static void remove_model(const char *dir);
+
+#define ALLOC_TIMEOUT_MS 300
+
+/* The KvAlloc deadlines (--alloc-timeout-ms through its KVF_ environment
+ * override): a decode node that never answers fails its request with
+ * Error{TIMEOUT}, one whose inbox nobody binds too (the KvAlloc is retried
+ * until then), neither before the timeout; a request cancelled while its
+ * KvAlloc waits for a reply ends silently. */
+static void test_prefill_alloc_timeout(void **state)
+{
+    (void)state;
+    rig_t r;
+    char timeout[16];
+    snprintf(timeout, sizeof(timeout), "%d", ALLOC_TIMEOUT_MS);
+    assert_int_equal(setenv("KVF_ALLOC_TIMEOUT_MS", timeout, 1), 0);
+    rig_start(&r, NULL, "4M", "2048");
+    assert_int_equal(unsetenv("KVF_ALLOC_TIMEOUT_MS"), 0);
+    char nowhere[64];
+    url_for(nowhere, sizeof(nowhere)); /* a free port: nothing listens there */
+    uint32_t ids[20];
+    make_prompt(ids, 20, 5);
+    uint64_t sent_ns = kvf_clock_ns();
+    send_prefill(&r, 1, 1, ids, 20);
+    send_prefill_to(&r, 2, 1, ids, 20, nowhere);
+    send_prefill(&r, 3, 1, ids, 20);
+    bool got1 = false, got2 = false;
+    while (!got1 || !got2) {
+        bool from_router = false;
+        kvf_envelope_t *env = next_msg(&r, 20000, &from_router);
+        if (!env)
+            fail_msg("timed out waiting for the alloc timeouts");
+        if (env->body_case == KVF__ENVELOPE__BODY_KV_ALLOC) {
+            /* Never answered; request 3 is cancelled instead. */
+            if (env->kv_alloc->req_id == 3)
+                send_cancel(&r, 3, 1);
+            else
+                assert_int_equal(env->kv_alloc->req_id, 1);
+        } else if (env->body_case == KVF__ENVELOPE__BODY_ERROR) {
+            const Kvf__Error *e = env->error;
+            assert_true(from_router);
+            assert_true(e->req_id == 1 || e->req_id == 2);
+            assert_int_equal(e->status, KVF_ERR_TIMEOUT);
+            assert_true(kvf_clock_ns() - sent_ns >= ALLOC_TIMEOUT_MS * 1000000ull);
+            if (e->req_id == 1)
+                got1 = true;
+            else
+                got2 = true;
+        } else {
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        }
+        kvf_envelope_free(env);
+    }
+    /* Past the cancelled request's deadline too: it ends without an Error. */
+    uint64_t until = sent_ns + 3 * ALLOC_TIMEOUT_MS * 1000000ull;
+    while (kvf_clock_ns() < until) {
+        bool fr;
+        kvf_envelope_t *env = next_msg(&r, 20, &fr);
+        if (env)
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+    }
+    rig_stop(&r);
+}
 
 /* A local pool of 8 blocks (128 tokens): prompts of 7 blocks wait for each
  * other's blocks instead of failing, and one that can never fit is refused
@@ -921,6 +990,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefill_pool_full, kill_child),
         cmocka_unit_test_teardown(test_prefill_cancel_in_flight, kill_child),
         cmocka_unit_test_teardown(test_prefill_decode_dies, kill_child),
+        cmocka_unit_test_teardown(test_prefill_alloc_timeout, kill_child),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
