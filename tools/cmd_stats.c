@@ -26,6 +26,97 @@ static void print_json_string(const char *s)
     putchar('"');
 }
 
+/* Asks the router for its StatsReply and waits up to timeout_ms for it
+ * (other replies are dropped). Returns 0 with *in_p the caller's
+ * (kvf_envelope_free), or 1 after a line on stderr. */
+static int fetch_stats(kvf_client_t *client, const char *prog, const char *router,
+                       int timeout_ms, kvf_envelope_t **in_p)
+{
+    Kvf__StatsRequest sr = KVF__STATS_REQUEST__INIT;
+    sr.req_id = kvf_clock_ns();
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "kvf-stats");
+    env.body_case = KVF__ENVELOPE__BODY_STATS_REQUEST;
+    env.stats_request = &sr;
+    if (kvf_client_send(client, &env, timeout_ms) != KVF_OK) {
+        fprintf(stderr, "%s: router at %s does not answer\n", prog, router);
+        return 1;
+    }
+    uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
+    kvf_envelope_t *in = NULL;
+    while (kvf_clock_ns() < deadline) {
+        kvf_status_t st = kvf_client_recv(client, kvf_clock_ms_until(deadline), &in);
+        if (st != KVF_OK)
+            continue;
+        if (in->body_case == KVF__ENVELOPE__BODY_STATS_REPLY &&
+            in->stats_reply->req_id == sr.req_id)
+            break;
+        kvf_envelope_free(in);
+        in = NULL;
+    }
+    if (!in) {
+        fprintf(stderr, "%s: no stats from %s\n", prog, router);
+        return 1;
+    }
+    *in_p = in;
+    return 0;
+}
+
+static void print_node_json(const Kvf__NodeStats *n)
+{
+    const Kvf__Load *l = n->load;
+    printf("{\"id\": ");
+    print_json_string(n->node_id);
+    printf(", \"role\": \"%s\", \"state\": ", role_name(n->role));
+    print_json_string(n->state);
+    printf(", \"inbox\": ");
+    print_json_string(n->inbox_url);
+    printf(", \"blocks_used\": %u, \"blocks_total\": %u, \"blocks_free\": %u, "
+           "\"running\": %u, \"queued_requests\": %u, \"queued_tokens\": %llu, "
+           "\"age_ms\": %llu, \"dispatched\": %llu}",
+           l ? l->blocks_used : 0, l ? l->blocks_total : 0, l ? l->blocks_free : 0,
+           l ? l->running : 0, l ? l->queued_requests : 0,
+           (unsigned long long)(l ? l->queued_tokens : 0), (unsigned long long)n->age_ms,
+           (unsigned long long)n->dispatched);
+}
+
+/* --json: one object, the nodes and the request counts. */
+static void print_stats_json(const Kvf__StatsReply *s)
+{
+    printf("{\"nodes\": [");
+    for (size_t i = 0; i < s->n_nodes; i++) {
+        printf("%s", i ? ", " : "");
+        print_node_json(s->nodes[i]);
+    }
+    printf("], \"requests\": {\"total\": %llu, \"running\": %llu, \"queued\": %llu, "
+           "\"failed\": %llu, \"cancelled\": %llu, \"redispatched\": %llu}, "
+           "\"stale_dropped\": %llu}\n",
+           (unsigned long long)s->requests_total, (unsigned long long)s->requests_running,
+           (unsigned long long)s->requests_queued, (unsigned long long)s->requests_failed,
+           (unsigned long long)s->requests_cancelled, (unsigned long long)s->redispatched,
+           (unsigned long long)s->stale_dropped);
+}
+
+/* A table of the nodes, then the request counts. */
+static void print_stats_table(const Kvf__StatsReply *s)
+{
+    printf("%-28s %-8s %-9s %12s %8s %8s\n", "node", "role", "state", "kv blocks", "running",
+           "queued");
+    for (size_t i = 0; i < s->n_nodes; i++) {
+        const Kvf__NodeStats *n = s->nodes[i];
+        const Kvf__Load *l = n->load;
+        char blocks[32];
+        snprintf(blocks, sizeof(blocks), "%u/%u", l ? l->blocks_used : 0,
+                 l ? l->blocks_total : 0);
+        printf("%-28s %-8s %-9s %12s %8u %8u\n", n->node_id, role_name(n->role), n->state,
+               blocks, l ? l->running : 0, l ? l->queued_requests : 0);
+    }
+    printf("requests: %llu total, %llu running, %llu queued, %llu failed, %llu cancelled\n",
+           (unsigned long long)s->requests_total, (unsigned long long)s->requests_running,
+           (unsigned long long)s->requests_queued, (unsigned long long)s->requests_failed,
+           (unsigned long long)s->requests_cancelled);
+}
+
 int kvf_cmd_stats(int argc, char **argv)
 {
     const char *router = NULL;
@@ -56,80 +147,15 @@ int kvf_cmd_stats(int argc, char **argv)
         fprintf(stderr, "%s: cannot connect to %s\n", argv[0], router);
         return 1;
     }
-    Kvf__StatsRequest sr = KVF__STATS_REQUEST__INIT;
-    sr.req_id = kvf_clock_ns();
-    kvf_envelope_t env;
-    kvf_envelope_init(&env, "kvf-stats");
-    env.body_case = KVF__ENVELOPE__BODY_STATS_REQUEST;
-    env.stats_request = &sr;
-    rc = 1;
-    if (kvf_client_send(client, &env, timeout_ms) != KVF_OK) {
-        fprintf(stderr, "%s: router at %s does not answer\n", argv[0], router);
-        goto out;
-    }
-    uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
     kvf_envelope_t *in = NULL;
-    while (kvf_clock_ns() < deadline) {
-        kvf_status_t st = kvf_client_recv(client, kvf_clock_ms_until(deadline), &in);
-        if (st != KVF_OK)
-            continue;
-        if (in->body_case == KVF__ENVELOPE__BODY_STATS_REPLY &&
-            in->stats_reply->req_id == sr.req_id)
-            break;
+    rc = fetch_stats(client, argv[0], router, timeout_ms, &in);
+    if (rc == 0) {
+        if (json)
+            print_stats_json(in->stats_reply);
+        else
+            print_stats_table(in->stats_reply);
         kvf_envelope_free(in);
-        in = NULL;
     }
-    if (!in) {
-        fprintf(stderr, "%s: no stats from %s\n", argv[0], router);
-        goto out;
-    }
-    const Kvf__StatsReply *s = in->stats_reply;
-    if (json) {
-        printf("{\"nodes\": [");
-        for (size_t i = 0; i < s->n_nodes; i++) {
-            const Kvf__NodeStats *n = s->nodes[i];
-            const Kvf__Load *l = n->load;
-            printf("%s{\"id\": ", i ? ", " : "");
-            print_json_string(n->node_id);
-            printf(", \"role\": \"%s\", \"state\": ", role_name(n->role));
-            print_json_string(n->state);
-            printf(", \"inbox\": ");
-            print_json_string(n->inbox_url);
-            printf(", \"blocks_used\": %u, \"blocks_total\": %u, \"blocks_free\": %u, "
-                   "\"running\": %u, \"queued_requests\": %u, \"queued_tokens\": %llu, "
-                   "\"age_ms\": %llu, \"dispatched\": %llu}",
-                   l ? l->blocks_used : 0, l ? l->blocks_total : 0, l ? l->blocks_free : 0,
-                   l ? l->running : 0, l ? l->queued_requests : 0,
-                   (unsigned long long)(l ? l->queued_tokens : 0),
-                   (unsigned long long)n->age_ms, (unsigned long long)n->dispatched);
-        }
-        printf("], \"requests\": {\"total\": %llu, \"running\": %llu, \"queued\": %llu, "
-               "\"failed\": %llu, \"cancelled\": %llu, \"redispatched\": %llu}, "
-               "\"stale_dropped\": %llu}\n",
-               (unsigned long long)s->requests_total, (unsigned long long)s->requests_running,
-               (unsigned long long)s->requests_queued, (unsigned long long)s->requests_failed,
-               (unsigned long long)s->requests_cancelled, (unsigned long long)s->redispatched,
-               (unsigned long long)s->stale_dropped);
-    } else {
-        printf("%-28s %-8s %-9s %12s %8s %8s\n", "node", "role", "state", "kv blocks", "running",
-               "queued");
-        for (size_t i = 0; i < s->n_nodes; i++) {
-            const Kvf__NodeStats *n = s->nodes[i];
-            const Kvf__Load *l = n->load;
-            char blocks[32];
-            snprintf(blocks, sizeof(blocks), "%u/%u", l ? l->blocks_used : 0,
-                     l ? l->blocks_total : 0);
-            printf("%-28s %-8s %-9s %12s %8u %8u\n", n->node_id, role_name(n->role), n->state,
-                   blocks, l ? l->running : 0, l ? l->queued_requests : 0);
-        }
-        printf("requests: %llu total, %llu running, %llu queued, %llu failed, %llu cancelled\n",
-               (unsigned long long)s->requests_total, (unsigned long long)s->requests_running,
-               (unsigned long long)s->requests_queued, (unsigned long long)s->requests_failed,
-               (unsigned long long)s->requests_cancelled);
-    }
-    kvf_envelope_free(in);
-    rc = 0;
-out:
     kvf_client_destroy(client);
     return rc;
 }
