@@ -286,8 +286,8 @@ static bool is_space(uint8_t c)
 }
 
 /* The longest added token starting at text[pos], or NULL. */
-static const kvf_tok_added_t *match_added(const kvf_tokenizer_t *tok, const uint8_t *text, size_t len,
-                                        size_t pos)
+static const kvf_tok_added_t *match_added(const kvf_tokenizer_t *tok, const uint8_t *text,
+                                          size_t len, size_t pos)
 {
     const kvf_tok_added_t *best = NULL;
     for (size_t i = 0; i < tok->n_added; i++) {
@@ -361,4 +361,3 @@ fail_encode:
     pcre2_jit_stack_free(enc.jit_stack);
     return st;
 }
-

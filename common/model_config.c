@@ -125,8 +125,7 @@ kvf_status_t kvf_model_config_validate(const kvf_model_config_t *c, const char *
     return KVF_OK;
 }
 
-static kvf_status_t parse_rope_scaling(kvf_model_config_t *cfg, const cJSON *root,
-                                       const char *path)
+static kvf_status_t parse_rope_scaling(kvf_model_config_t *cfg, const cJSON *root, const char *path)
 {
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
     if (!rs || cJSON_IsNull(rs))
@@ -158,8 +157,8 @@ static kvf_status_t parse_rope_scaling(kvf_model_config_t *cfg, const cJSON *roo
             return KVF_ERR_FORMAT;
         }
     } else {
-        kvf_log_error("%s: rope_scaling type '%s' is not supported (default, linear, llama3)",
-                      path, type->valuestring);
+        kvf_log_error("%s: rope_scaling type '%s' is not supported (default, linear, llama3)", path,
+                      type->valuestring);
         return KVF_ERR_UNSUPPORTED;
     }
     return KVF_OK;
@@ -258,8 +257,7 @@ static kvf_status_t parse_features(kvf_model_config_t *cfg, const cJSON *root, c
 
 /* Sliding-window attention is not supported: say so when a config turns
  * it on for contexts it would change. */
-static void warn_sliding_window(const kvf_model_config_t *cfg, const cJSON *root,
-                                const char *path)
+static void warn_sliding_window(const kvf_model_config_t *cfg, const cJSON *root, const char *path)
 {
     int window = 0;
     const cJSON *use_sw = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window");
@@ -272,8 +270,7 @@ static void warn_sliding_window(const kvf_model_config_t *cfg, const cJSON *root
 
 /* bos_token_id (sets it) and eos_token_id (adds to the list), as both
  * config.json and generation_config.json give them. */
-static kvf_status_t parse_special_ids(kvf_model_config_t *cfg, const cJSON *root,
-                                      const char *path)
+static kvf_status_t parse_special_ids(kvf_model_config_t *cfg, const cJSON *root, const char *path)
 {
     const cJSON *bos = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
     if (cJSON_IsNumber(bos))
@@ -282,8 +279,7 @@ static kvf_status_t parse_special_ids(kvf_model_config_t *cfg, const cJSON *root
 }
 
 /* Everything config.json says, then the geometry's validation. */
-static kvf_status_t parse_config_json(kvf_model_config_t *cfg, const cJSON *root,
-                                      const char *path)
+static kvf_status_t parse_config_json(kvf_model_config_t *cfg, const cJSON *root, const char *path)
 {
     kvf_status_t st = parse_arch(cfg, root, path);
     if (st == KVF_OK)

@@ -217,8 +217,8 @@ typedef struct {
 /* Appends a tensor to the slab plan at *off. pad: align the next tensor
  * to 64 bytes; without it the next one follows directly (q|k|v, gate|up
  * form one matrix). */
-static void want_add(want_t *w, int *n, size_t *off, const char *name, int64_t rows,
-                     int64_t cols, bool pad)
+static void want_add(want_t *w, int *n, size_t *off, const char *name, int64_t rows, int64_t cols,
+                     bool pad)
 {
     want_t *t = &w[(*n)++];
     snprintf(t->name, sizeof(t->name), "%s", name);
@@ -294,9 +294,9 @@ static void compute_inv_freq(const kvf_model_config_t *c, double *inv_freq)
 
 static uint64_t config_hash(const kvf_model_config_t *c)
 {
-    int64_t geo[] = {c->arch,       c->n_layers,      c->hidden,        c->n_heads,
-                     c->n_kv_heads, c->head_dim,      c->inter,         c->vocab,
-                     c->max_pos,    c->tie_embeddings, c->qkv_bias,     c->rope_scaling};
+    int64_t geo[] = {c->arch,       c->n_layers,       c->hidden,   c->n_heads,
+                     c->n_kv_heads, c->head_dim,       c->inter,    c->vocab,
+                     c->max_pos,    c->tie_embeddings, c->qkv_bias, c->rope_scaling};
     double real[] = {c->rope_theta, c->rms_eps, c->rope_factor, c->rope_low_freq_factor,
                      c->rope_high_freq_factor};
     uint64_t h = kvf_fnv64(KVF_FNV64_INIT, geo, sizeof(geo));
@@ -323,7 +323,8 @@ static void layer_want(want_t *w, int *n, size_t *off, size_t *moff, int l, cons
 static int plan_weights(const kvf_model_config_t *c, want_t *wants, size_t *floats_p,
                         size_t *mfloats_p)
 {
-    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim,
+            kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
     int nw = 0;
     size_t off = 0, moff = 0;
     want_add(wants, &nw, &off, "model.embed_tokens.weight", c->vocab, c->hidden, true);
@@ -397,15 +398,14 @@ static void convert_weights(kvf_model_t *m, const want_t *wants, const kvf_st_te
         float *dst = (wants[i].matrix ? m->mslab : m->slab) + wants[i].slab_off;
         kvf_dtype_to_f32(dst, found[i]->data, found[i]->dtype, count);
         if (wants[i].matrix)
-            m->matrix_dtype = m->matrix_dtype == KVF_DTYPE_UNKNOWN ||
-                                      m->matrix_dtype == found[i]->dtype
-                                  ? found[i]->dtype
-                                  : KVF_DTYPE_F32;
+            m->matrix_dtype =
+                m->matrix_dtype == KVF_DTYPE_UNKNOWN || m->matrix_dtype == found[i]->dtype
+                    ? found[i]->dtype
+                    : KVF_DTYPE_F32;
         done += count * sizeof(float);
         int pct = (int)(100.0 * (double)done / (double)total_bytes);
         if (progress && pct / 10 > last_pct / 10) {
-            kvf_log_info("loading %s: %d%% of %.2f GiB", dir, pct,
-                         (double)total_bytes / (1 << 30));
+            kvf_log_info("loading %s: %d%% of %.2f GiB", dir, pct, (double)total_bytes / (1 << 30));
             last_pct = pct;
         }
     }

@@ -44,9 +44,10 @@ static kvf_status_t write_config_json(const char *dir, const kvf_model_config_t 
     if (c->arch != KVF_ARCH_QWEN2)
         cJSON_AddBoolToObject(root, "attention_bias", c->qkv_bias);
     cJSON_AddStringToObject(root, "hidden_act", "silu");
-    cJSON_AddStringToObject(root, "torch_dtype", dtype == KVF_DTYPE_F32   ? "float32"
-                                                 : dtype == KVF_DTYPE_F16 ? "float16"
-                                                                          : "bfloat16");
+    cJSON_AddStringToObject(root, "torch_dtype",
+                            dtype == KVF_DTYPE_F32   ? "float32"
+                            : dtype == KVF_DTYPE_F16 ? "float16"
+                                                     : "bfloat16");
     if (c->bos_id >= 0)
         cJSON_AddNumberToObject(root, "bos_token_id", (double)c->bos_id);
     if (c->n_eos > 0)
@@ -132,7 +133,8 @@ static kvf_status_t add_random_tensor(random_tensors_t *r, const char *name_fmt,
 /* One decoder layer's tensors, in checkpoint order. */
 static kvf_status_t add_random_layer(random_tensors_t *r, const kvf_model_config_t *c, int l)
 {
-    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim,
+            kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
     const struct {
         const char *fmt;
         int64_t rows, cols;

@@ -101,9 +101,8 @@ void kvf_tokenizer__byte_mapping(kvf_tokenizer_t *tok);
 
 /* Reads model.vocab, added_tokens (NULL: none) and model.merges into tok
  * and builds the maps; errors are logged naming path. */
-kvf_status_t kvf_tokenizer__load_vocab(kvf_tokenizer_t *tok, const char *path,
-                                       const cJSON *vocab, const cJSON *added,
-                                       const cJSON *merges);
+kvf_status_t kvf_tokenizer__load_vocab(kvf_tokenizer_t *tok, const char *path, const cJSON *vocab,
+                                       const cJSON *added, const cJSON *merges);
 
 /* Frees what kvf_tokenizer__load_vocab() built (not tok itself). */
 void kvf_tokenizer__free_vocab(kvf_tokenizer_t *tok);

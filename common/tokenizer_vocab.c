@@ -92,8 +92,7 @@ static kvf_status_t set_token(kvf_tokenizer_t *tok, uint32_t id, const char *tex
 
 bool kvf_tokenizer__json_id(const cJSON *item, uint32_t *id_p)
 {
-    if (!cJSON_IsNumber(item) ||
-        !(item->valuedouble >= 0 && item->valuedouble < KVF_TOK_MAX_IDS) ||
+    if (!cJSON_IsNumber(item) || !(item->valuedouble >= 0 && item->valuedouble < KVF_TOK_MAX_IDS) ||
         item->valuedouble != (double)(uint32_t)item->valuedouble)
         return false;
     *id_p = (uint32_t)item->valuedouble;
@@ -253,8 +252,8 @@ static kvf_status_t merge_sides(const char *path, uint32_t rank, const cJSON *m,
 
 /* Adds merge m at rank: its sides and their concatenation must be
  * vocabulary entries. joined is scratch space (*joined_cap bytes). */
-static kvf_status_t add_merge(kvf_tokenizer_t *tok, const char *path, uint32_t rank,
-                              const cJSON *m, char **joined, size_t *joined_cap)
+static kvf_status_t add_merge(kvf_tokenizer_t *tok, const char *path, uint32_t rank, const cJSON *m,
+                              char **joined, size_t *joined_cap)
 {
     const char *left, *right;
     size_t left_len, right_len;
@@ -316,9 +315,8 @@ const kvf_tok_merge_t *kvf_tokenizer__merge_find(const kvf_tokenizer_t *tok, uin
 
 /* ---- loading and freeing --------------------------------------------------- */
 
-kvf_status_t kvf_tokenizer__load_vocab(kvf_tokenizer_t *tok, const char *path,
-                                       const cJSON *vocab, const cJSON *added,
-                                       const cJSON *merges)
+kvf_status_t kvf_tokenizer__load_vocab(kvf_tokenizer_t *tok, const char *path, const cJSON *vocab,
+                                       const cJSON *added, const cJSON *merges)
 {
     kvf_status_t st = load_vocab(tok, path, vocab, added);
     if (st == KVF_OK)
