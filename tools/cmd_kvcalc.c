@@ -73,19 +73,27 @@ static void print_bytes(const char *what, uint64_t bytes)
     printf("%-22s %" PRIu64 " bytes (%.6f GiB)\n", what, bytes, (double)bytes / GIB);
 }
 
-int kvf_cmd_kvcalc(int argc, char **argv)
+typedef struct {
+    const char *model_dir, *kv_dtype;
+    int layers, kv_heads, head_dim, context, batch;
+    int elem; /* bytes per KV element, from kv_dtype */
+    kvf_model_config_t cfg; /* with --model */
+} kvcalc_opts_t;
+
+/* Returns -1 to run, else the exit code (help printed, or bad flags). */
+static int parse_kvcalc_opts(int argc, char **argv, kvcalc_opts_t *o)
 {
-    const char *model_dir = NULL, *kv_dtype = "f32";
-    int layers = 0, kv_heads = 0, head_dim = 0, context = 0, batch = 1;
+    *o = (kvcalc_opts_t){.kv_dtype = "f32", .batch = 1};
     const kvf_flag_t flags[] = {
-        {"model", KVF_FLAG_STRING, &model_dir, "DIR", "take the geometry from DIR/config.json",
+        {"model", KVF_FLAG_STRING, &o->model_dir, "DIR", "take the geometry from DIR/config.json",
          NULL},
-        {"layers", KVF_FLAG_INT, &layers, "L", "decoder layers (without --model)", NULL},
-        {"kv-heads", KVF_FLAG_INT, &kv_heads, "H", "key/value heads (without --model)", NULL},
-        {"head-dim", KVF_FLAG_INT, &head_dim, "D", "head dimension (without --model)", NULL},
-        {"context", KVF_FLAG_INT, &context, "N", "tokens per request (prompt + output)", NULL},
-        {"batch", KVF_FLAG_INT, &batch, "B", "concurrent requests", NULL},
-        {"kv-dtype", KVF_FLAG_STRING, &kv_dtype, "f32|f16|bf16|fp8|int8", "KV element type", NULL},
+        {"layers", KVF_FLAG_INT, &o->layers, "L", "decoder layers (without --model)", NULL},
+        {"kv-heads", KVF_FLAG_INT, &o->kv_heads, "H", "key/value heads (without --model)", NULL},
+        {"head-dim", KVF_FLAG_INT, &o->head_dim, "D", "head dimension (without --model)", NULL},
+        {"context", KVF_FLAG_INT, &o->context, "N", "tokens per request (prompt + output)", NULL},
+        {"batch", KVF_FLAG_INT, &o->batch, "B", "concurrent requests", NULL},
+        {"kv-dtype", KVF_FLAG_STRING, &o->kv_dtype, "f32|f16|bf16|fp8|int8", "KV element type",
+         NULL},
     };
     kvf_flagset_t set = {
         .prog = argv[0],
@@ -102,59 +110,78 @@ int kvf_cmd_kvcalc(int argc, char **argv)
         return 0;
     if (rc < 0)
         return 2;
-    int elem = kv_dtype_bytes(kv_dtype);
-    if (!elem) {
+    o->elem = kv_dtype_bytes(o->kv_dtype);
+    if (!o->elem) {
         fprintf(stderr, "%s: --kv-dtype must be f32, f16, bf16, fp8 or int8, not '%s'\n", argv[0],
-                kv_dtype);
+                o->kv_dtype);
         return 2;
     }
-    if (context <= 0 || batch <= 0) {
+    if (o->context <= 0 || o->batch <= 0) {
         fprintf(stderr, "%s: needs --context N > 0 (and --batch B > 0)\n", argv[0]);
         return 2;
     }
-    kvf_model_config_t cfg;
-    if (model_dir) {
-        if (layers || kv_heads || head_dim) {
-            fprintf(stderr, "%s: give --model or --layers/--kv-heads/--head-dim, not both\n",
-                    argv[0]);
+    return -1;
+}
+
+/* The geometry: from --model's config.json, or the flags. Returns -1 when
+ * there is one, else the exit code after a line on stderr. */
+static int resolve_geometry(const char *prog, kvcalc_opts_t *o)
+{
+    if (!o->model_dir) {
+        if (o->layers <= 0 || o->kv_heads <= 0 || o->head_dim <= 0) {
+            fprintf(stderr,
+                    "%s: needs --model DIR or positive --layers, --kv-heads and --head-dim\n",
+                    prog);
             return 2;
         }
-        kvf_status_t st = kvf_model_config_load(model_dir, &cfg);
-        if (st != KVF_OK) {
-            fprintf(stderr, "%s: cannot read %s/config.json: %s\n", argv[0], model_dir,
-                    kvf_status_str(st));
-            return 1;
-        }
-        layers = cfg.n_layers;
-        kv_heads = cfg.n_kv_heads;
-        head_dim = cfg.head_dim;
-    } else if (layers <= 0 || kv_heads <= 0 || head_dim <= 0) {
-        fprintf(stderr, "%s: needs --model DIR or positive --layers, --kv-heads and --head-dim\n",
-                argv[0]);
+        return -1;
+    }
+    if (o->layers || o->kv_heads || o->head_dim) {
+        fprintf(stderr, "%s: give --model or --layers/--kv-heads/--head-dim, not both\n", prog);
         return 2;
     }
-    uint64_t per_token =
-        2ull * (uint64_t)layers * (uint64_t)kv_heads * (uint64_t)head_dim * (uint64_t)elem;
-    uint64_t per_request = per_token * (uint64_t)context;
-    uint64_t per_batch = per_request * (uint64_t)batch;
-    if (model_dir)
-        printf("%-22s %s (%s)\n", "model", model_dir, cfg.arch_name);
+    kvf_status_t st = kvf_model_config_load(o->model_dir, &o->cfg);
+    if (st != KVF_OK) {
+        fprintf(stderr, "%s: cannot read %s/config.json: %s\n", prog, o->model_dir,
+                kvf_status_str(st));
+        return 1;
+    }
+    o->layers = o->cfg.n_layers;
+    o->kv_heads = o->cfg.n_kv_heads;
+    o->head_dim = o->cfg.head_dim;
+    return -1;
+}
+
+int kvf_cmd_kvcalc(int argc, char **argv)
+{
+    kvcalc_opts_t o;
+    int rc = parse_kvcalc_opts(argc, argv, &o);
+    if (rc < 0)
+        rc = resolve_geometry(argv[0], &o);
+    if (rc >= 0)
+        return rc;
+    uint64_t per_token = 2ull * (uint64_t)o.layers * (uint64_t)o.kv_heads *
+                         (uint64_t)o.head_dim * (uint64_t)o.elem;
+    uint64_t per_request = per_token * (uint64_t)o.context;
+    uint64_t per_batch = per_request * (uint64_t)o.batch;
+    if (o.model_dir)
+        printf("%-22s %s (%s)\n", "model", o.model_dir, o.cfg.arch_name);
     printf("%-22s layers %d, kv_heads %d, head_dim %d, kv dtype %s (%d bytes)\n", "geometry",
-           layers, kv_heads, head_dim, kv_dtype, elem);
-    printf("%-22s context %d tokens, batch %d\n", "load", context, batch);
+           o.layers, o.kv_heads, o.head_dim, o.kv_dtype, o.elem);
+    printf("%-22s context %d tokens, batch %d\n", "load", o.context, o.batch);
     print_bytes("kv_bytes_per_token", per_token);
     print_bytes("kv_bytes_per_request", per_request);
     print_bytes("kv_bytes_batch", per_batch);
-    if (model_dir) {
-        uint64_t weights;
-        kvf_status_t st = weight_bytes(model_dir, &weights);
-        if (st != KVF_OK) {
-            fprintf(stderr, "%s: cannot size the weights of %s: %s\n", argv[0], model_dir,
-                    kvf_status_str(st));
-            return 1;
-        }
-        print_bytes("weight_bytes", weights);
-        printf("%-22s %.4f\n", "kv_batch_per_weight", (double)per_batch / (double)weights);
+    if (!o.model_dir)
+        return 0;
+    uint64_t weights;
+    kvf_status_t st = weight_bytes(o.model_dir, &weights);
+    if (st != KVF_OK) {
+        fprintf(stderr, "%s: cannot size the weights of %s: %s\n", argv[0], o.model_dir,
+                kvf_status_str(st));
+        return 1;
     }
+    print_bytes("weight_bytes", weights);
+    printf("%-22s %.4f\n", "kv_batch_per_weight", (double)per_batch / (double)weights);
     return 0;
 }

@@ -7,6 +7,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Prints text's ids, comma-separated. */
+static kvf_status_t encode_text(const kvf_tokenizer_t *tok, const char *text, bool bos)
+{
+    uint32_t *ids;
+    size_t n;
+    kvf_status_t st = kvf_tokenizer_encode(tok, text, strlen(text), bos, &ids, &n);
+    if (st != KVF_OK)
+        return st;
+    for (size_t i = 0; i < n; i++)
+        printf("%s%u", i ? "," : "", ids[i]);
+    printf("\n");
+    free(ids);
+    return KVF_OK;
+}
+
+/* Prints the text of ids[0..n) (a warning for each id the vocabulary
+ * lacks). */
+static kvf_status_t decode_ids(const char *prog, const kvf_tokenizer_t *tok, const uint32_t *ids,
+                               size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!kvf_tokenizer_has_id(tok, ids[i]))
+            fprintf(stderr, "%s: warning: id %u is not in the tokenizer's vocabulary\n", prog,
+                    ids[i]);
+    char *out;
+    size_t len;
+    kvf_status_t st = kvf_tokenizer_decode(tok, ids, n, &out, &len);
+    if (st != KVF_OK)
+        return st;
+    fwrite(out, 1, len, stdout);
+    printf("\n");
+    free(out);
+    return KVF_OK;
+}
+
 int kvf_cmd_tokenize(int argc, char **argv)
 {
     const char *model_dir = NULL, *text = NULL, *decode = NULL;
@@ -41,44 +76,21 @@ int kvf_cmd_tokenize(int argc, char **argv)
                 kvf_status_str(st));
         return 1;
     }
-    int ret = 1;
     if (text) {
-        uint32_t *ids;
-        size_t n;
-        st = kvf_tokenizer_encode(tok, text, strlen(text), !no_bos, &ids, &n);
-        if (st == KVF_OK) {
-            for (size_t i = 0; i < n; i++)
-                printf("%s%u", i ? "," : "", ids[i]);
-            printf("\n");
-            free(ids);
-            ret = 0;
-        }
+        st = encode_text(tok, text, !no_bos);
     } else {
         uint32_t *ids;
         size_t n;
-        st = kvf_parse_id_list(decode, &ids, &n);
-        if (st != KVF_OK) {
+        if (kvf_parse_id_list(decode, &ids, &n) != KVF_OK) {
             fprintf(stderr, "%s: --decode: not a list of ids: %s\n", argv[0], decode);
             kvf_tokenizer_destroy(tok);
             return 2;
         }
-        for (size_t i = 0; i < n; i++)
-            if (!kvf_tokenizer_has_id(tok, ids[i]))
-                fprintf(stderr, "%s: warning: id %u is not in the tokenizer's vocabulary\n",
-                        argv[0], ids[i]);
-        char *out;
-        size_t len;
-        st = kvf_tokenizer_decode(tok, ids, n, &out, &len);
+        st = decode_ids(argv[0], tok, ids, n);
         free(ids);
-        if (st == KVF_OK) {
-            fwrite(out, 1, len, stdout);
-            printf("\n");
-            free(out);
-            ret = 0;
-        }
     }
     if (st != KVF_OK)
         fprintf(stderr, "%s: %s\n", argv[0], kvf_status_str(st));
     kvf_tokenizer_destroy(tok);
-    return ret;
+    return st == KVF_OK ? 0 : 1;
 }
