@@ -14,45 +14,54 @@
 /* The one mutable global: set by the signal handler, read by the loop. */
 static volatile sig_atomic_t g_stop;
 
-int main(int argc, char **argv)
+typedef struct {
+    const char *router_url, *listen_url, *model_dir, *node_id;
+    uint64_t kv_mem;
+    int max_running, threads;
+    kvf_backend_flags_t bf;
+    bool prefill_local;
+    int block_size, lease_ms, drain_timeout_ms, max_batch_tokens;
+    const char *xfer_mode;
+} decode_opts_t;
+
+/* Returns -1 to run, else the exit code (help printed, or a bad flag). */
+static int parse_decode_flags(int argc, char **argv, decode_opts_t *o)
 {
-    const char *router_url = NULL, *listen_url = NULL, *model_dir = NULL, *node_id = NULL;
-    uint64_t kv_mem = KVF_DECODE_KV_MEM_DEFAULT;
-    int max_running = KVF_DECODE_MAX_RUNNING_DEFAULT;
-    int threads = 0;
-    kvf_backend_flags_t bf = {0};
-    bool prefill_local = false;
-    int block_size = 16;
-    int lease_ms = KVF_DECODE_LEASE_MS_DEFAULT;
-    int drain_timeout_ms = 120000;
-    int max_batch_tokens = KVF_DECODE_MAX_BATCH_TOKENS_DEFAULT;
-    const char *xfer_mode = "auto";
+    *o = (decode_opts_t){
+        .kv_mem = KVF_DECODE_KV_MEM_DEFAULT,
+        .max_running = KVF_DECODE_MAX_RUNNING_DEFAULT,
+        .block_size = 16,
+        .lease_ms = KVF_DECODE_LEASE_MS_DEFAULT,
+        .drain_timeout_ms = 120000,
+        .max_batch_tokens = KVF_DECODE_MAX_BATCH_TOKENS_DEFAULT,
+        .xfer_mode = "auto",
+    };
     kvf_flag_t flags[] = {
-        {"router", KVF_FLAG_STRING, &router_url, "URL", "the router's inbox (required)", NULL},
-        {"listen", KVF_FLAG_STRING, &listen_url, "URL", "this node's inbox (required)", NULL},
-        {"model", KVF_FLAG_STRING, &model_dir, "DIR", "Hugging Face model directory (required)",
-         NULL},
-        {"kv-mem", KVF_FLAG_SIZE, &kv_mem, "BYTES",
+        {"router", KVF_FLAG_STRING, &o->router_url, "URL", "the router's inbox (required)", NULL},
+        {"listen", KVF_FLAG_STRING, &o->listen_url, "URL", "this node's inbox (required)", NULL},
+        {"model", KVF_FLAG_STRING, &o->model_dir, "DIR",
+         "Hugging Face model directory (required)", NULL},
+        {"kv-mem", KVF_FLAG_SIZE, &o->kv_mem, "BYTES",
          "KV pool budget; capped to what max-running full-context sequences use", NULL},
-        {"max-running", KVF_FLAG_INT, &max_running, "N",
+        {"max-running", KVF_FLAG_INT, &o->max_running, "N",
          "most requests held at once, reserved or decoding", NULL},
-        {"threads", KVF_FLAG_INT, &threads, "N", "compute threads, 0: one per CPU", NULL},
-        KVF_BACKEND_FLAG_ENTRIES(&bf),
-        {"prefill-local", KVF_FLAG_BOOL, &prefill_local, NULL,
+        {"threads", KVF_FLAG_INT, &o->threads, "N", "compute threads, 0: one per CPU", NULL},
+        KVF_BACKEND_FLAG_ENTRIES(&o->bf),
+        {"prefill-local", KVF_FLAG_BOOL, &o->prefill_local, NULL,
          "also serve prefill requests naming this node (the colocated baseline)", NULL},
-        {"block-size", KVF_FLAG_INT, &block_size, "N",
+        {"block-size", KVF_FLAG_INT, &o->block_size, "N",
          "tokens per KV block, 1..256; must match the cluster", NULL},
-        {"drain-timeout-ms", KVF_FLAG_INT, &drain_timeout_ms, "MS",
+        {"drain-timeout-ms", KVF_FLAG_INT, &o->drain_timeout_ms, "MS",
          "SIGTERM drains: finish held sequences, then exit; give up after this long", NULL},
-        {"lease-ms", KVF_FLAG_INT, &lease_ms, "MS",
+        {"lease-ms", KVF_FLAG_INT, &o->lease_ms, "MS",
          "how long a reservation may wait for its K/V and KvReady", NULL},
-        {"max-batch-tokens", KVF_FLAG_INT, &max_batch_tokens, "N",
+        {"max-batch-tokens", KVF_FLAG_INT, &o->max_batch_tokens, "N",
          "tokens per forward: decoding sequences plus local prompt chunks", NULL},
-        {"xfer-mode", KVF_FLAG_STRING, &xfer_mode, "auto|rma|am",
+        {"xfer-mode", KVF_FLAG_STRING, &o->xfer_mode, "auto|rma|am",
          "how prefill nodes write K/V here: one-sided puts (rma) or two-sided messages (am); "
          "auto: am unless UCX_TLS leaves tcp out",
          NULL},
-        {"node-id", KVF_FLAG_STRING, &node_id, "ID",
+        {"node-id", KVF_FLAG_STRING, &o->node_id, "ID",
          "this node's id (default: decode-<pid>-<random>)", NULL},
     };
     kvf_flagset_t set = {
@@ -75,48 +84,69 @@ int main(int argc, char **argv)
     int rc = kvf_flags_parse(&set, argc, argv);
     if (rc != KVF_FLAGS_RUN)
         return rc == KVF_FLAGS_EXIT ? 0 : 2;
-    kvf_log_init("decode", node_id);
-    if (!router_url || !listen_url || !model_dir) {
+    return -1;
+}
+
+/* Returns -1 when the options make a node (the transfer mode in
+ * *mode_p), else 2 after logging why. */
+static int check_decode_opts(const decode_opts_t *o, kvf_decode_xfer_mode_t *mode_p)
+{
+    if (!o->router_url || !o->listen_url || !o->model_dir) {
         kvf_log_error("--router, --listen and --model are required (see --help)");
         return 2;
     }
-    if (max_running < 1 || block_size < 1 || block_size > KVF_KV_BLOCK_SIZE_MAX || lease_ms < 1 ||
-        max_batch_tokens < 1) {
+    if (o->max_running < 1 || o->block_size < 1 || o->block_size > KVF_KV_BLOCK_SIZE_MAX ||
+        o->lease_ms < 1 || o->max_batch_tokens < 1) {
         kvf_log_error("--max-running, --lease-ms and --max-batch-tokens must be positive, "
                       "--block-size in 1..256");
         return 2;
     }
-
-    kvf_decode_xfer_mode_t mode;
-    if (!strcmp(xfer_mode, "auto")) {
-        mode = KVF_DECODE_XFER_AUTO;
-    } else if (!strcmp(xfer_mode, "rma")) {
-        mode = KVF_DECODE_XFER_RMA;
-    } else if (!strcmp(xfer_mode, "am")) {
-        mode = KVF_DECODE_XFER_AM;
+    if (!strcmp(o->xfer_mode, "auto")) {
+        *mode_p = KVF_DECODE_XFER_AUTO;
+    } else if (!strcmp(o->xfer_mode, "rma")) {
+        *mode_p = KVF_DECODE_XFER_RMA;
+    } else if (!strcmp(o->xfer_mode, "am")) {
+        *mode_p = KVF_DECODE_XFER_AM;
     } else {
-        kvf_log_error("--xfer-mode must be auto, rma or am, not '%s'", xfer_mode);
+        kvf_log_error("--xfer-mode must be auto, rma or am, not '%s'", o->xfer_mode);
         return 2;
     }
+    return -1;
+}
 
-    kvf_signals_install(&g_stop);
-
-    kvf_decode_config_t cfg = {
-        .router_url = router_url,
-        .listen_url = listen_url,
-        .model_dir = model_dir,
-        .node_id = node_id,
-        .kv_mem = kv_mem,
-        .max_running = max_running,
-        .threads = threads,
-        .backend = bf,
-        .prefill_local = prefill_local,
-        .block_size = block_size,
-        .lease_ms = (uint32_t)lease_ms,
-        .drain_timeout_ms = drain_timeout_ms > 0 ? (uint32_t)drain_timeout_ms : 1,
-        .max_batch_tokens = (uint32_t)max_batch_tokens,
+static kvf_decode_config_t decode_config(const decode_opts_t *o, kvf_decode_xfer_mode_t mode)
+{
+    return (kvf_decode_config_t){
+        .router_url = o->router_url,
+        .listen_url = o->listen_url,
+        .model_dir = o->model_dir,
+        .node_id = o->node_id,
+        .kv_mem = o->kv_mem,
+        .max_running = o->max_running,
+        .threads = o->threads,
+        .backend = o->bf,
+        .prefill_local = o->prefill_local,
+        .block_size = o->block_size,
+        .lease_ms = (uint32_t)o->lease_ms,
+        .drain_timeout_ms = o->drain_timeout_ms > 0 ? (uint32_t)o->drain_timeout_ms : 1,
+        .max_batch_tokens = (uint32_t)o->max_batch_tokens,
         .xfer_mode = mode,
     };
+}
+
+int main(int argc, char **argv)
+{
+    decode_opts_t o;
+    int rc = parse_decode_flags(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    kvf_log_init("decode", o.node_id);
+    kvf_decode_xfer_mode_t mode;
+    rc = check_decode_opts(&o, &mode);
+    if (rc >= 0)
+        return rc;
+    kvf_signals_install(&g_stop);
+    kvf_decode_config_t cfg = decode_config(&o, mode);
     kvf_decode_t *dec = NULL;
     kvf_status_t st = kvf_decode_create(&cfg, &dec);
     if (st != KVF_OK) {

@@ -13,31 +13,41 @@
 /* The only mutable global: set by the signal handler, read by the loop. */
 static volatile sig_atomic_t stop_requested;
 
-int main(int argc, char **argv)
+typedef struct {
+    const char *router_url, *listen_url, *model_dir, *node_id;
+    int threads, max_batch_tokens;
+    kvf_backend_flags_t bf;
+    int block_size, alloc_timeout_ms;
+    uint64_t kv_mem;
+    bool checksum;
+} prefill_opts_t;
+
+/* Returns -1 to run, else the exit code (help printed, or a bad flag). */
+static int parse_prefill_flags(int argc, char **argv, prefill_opts_t *o)
 {
-    const char *router_url = NULL, *listen_url = NULL, *model_dir = NULL, *node_id = NULL;
-    int threads = 0, max_batch_tokens = KVF_PREFILL_MAX_BATCH_TOKENS_DEFAULT;
-    kvf_backend_flags_t bf = {0};
-    int block_size = 16, alloc_timeout_ms = KVF_PREFILL_ALLOC_TIMEOUT_MS_DEFAULT;
-    uint64_t kv_mem = KVF_PREFILL_KV_MEM_DEFAULT;
-    bool checksum = false;
+    *o = (prefill_opts_t){
+        .max_batch_tokens = KVF_PREFILL_MAX_BATCH_TOKENS_DEFAULT,
+        .block_size = 16,
+        .alloc_timeout_ms = KVF_PREFILL_ALLOC_TIMEOUT_MS_DEFAULT,
+        .kv_mem = KVF_PREFILL_KV_MEM_DEFAULT,
+    };
     kvf_flag_t flags[] = {
-        {"router", KVF_FLAG_STRING, &router_url, "URL", "the router's inbox (required)", NULL},
-        {"listen", KVF_FLAG_STRING, &listen_url, "URL", "this node's inbox (required)", NULL},
-        {"model", KVF_FLAG_STRING, &model_dir, "DIR", "Hugging Face model directory (required)",
-         NULL},
-        {"threads", KVF_FLAG_INT, &threads, "N", "compute threads; 0: one per CPU", NULL},
-        KVF_BACKEND_FLAG_ENTRIES(&bf),
-        {"kv-mem", KVF_FLAG_SIZE, &kv_mem, "BYTES", "local KV pool size", NULL},
-        {"max-batch-tokens", KVF_FLAG_INT, &max_batch_tokens, "N",
+        {"router", KVF_FLAG_STRING, &o->router_url, "URL", "the router's inbox (required)", NULL},
+        {"listen", KVF_FLAG_STRING, &o->listen_url, "URL", "this node's inbox (required)", NULL},
+        {"model", KVF_FLAG_STRING, &o->model_dir, "DIR",
+         "Hugging Face model directory (required)", NULL},
+        {"threads", KVF_FLAG_INT, &o->threads, "N", "compute threads; 0: one per CPU", NULL},
+        KVF_BACKEND_FLAG_ENTRIES(&o->bf),
+        {"kv-mem", KVF_FLAG_SIZE, &o->kv_mem, "BYTES", "local KV pool size", NULL},
+        {"max-batch-tokens", KVF_FLAG_INT, &o->max_batch_tokens, "N",
          "prompt tokens per forward; longer prompts are chunked", NULL},
-        {"block-size", KVF_FLAG_INT, &block_size, "N",
+        {"block-size", KVF_FLAG_INT, &o->block_size, "N",
          "tokens per KV block; must match the decode nodes", NULL},
-        {"node-id", KVF_FLAG_STRING, &node_id, "ID", "node id (default: prefill-<pid>-<random>)",
-         NULL},
-        {"checksum", KVF_FLAG_BOOL, &checksum, NULL,
+        {"node-id", KVF_FLAG_STRING, &o->node_id, "ID",
+         "node id (default: prefill-<pid>-<random>)", NULL},
+        {"checksum", KVF_FLAG_BOOL, &o->checksum, NULL,
          "send a CRC32C with every shipped range (the decode node verifies it)", NULL},
-        {"alloc-timeout-ms", KVF_FLAG_INT, &alloc_timeout_ms, "MS",
+        {"alloc-timeout-ms", KVF_FLAG_INT, &o->alloc_timeout_ms, "MS",
          "how long to wait for a decode node's KvAllocReply", NULL},
     };
     kvf_flagset_t set = {
@@ -59,31 +69,48 @@ int main(int argc, char **argv)
     int rc = kvf_flags_parse(&set, argc, argv);
     if (rc != KVF_FLAGS_RUN)
         return rc == KVF_FLAGS_EXIT ? 0 : 2;
-    kvf_log_init("prefill", node_id);
-    if (!router_url || !listen_url || !model_dir) {
+    return -1;
+}
+
+/* Returns -1 when the options make a node, else 2 after logging why. */
+static int check_prefill_opts(const prefill_opts_t *o)
+{
+    if (!o->router_url || !o->listen_url || !o->model_dir) {
         kvf_log_error("--router, --listen and --model are required (see --help)");
         return 2;
     }
-    if (max_batch_tokens < 1 || block_size < 1 || block_size > 256 || alloc_timeout_ms < 1) {
+    if (o->max_batch_tokens < 1 || o->block_size < 1 || o->block_size > 256 ||
+        o->alloc_timeout_ms < 1) {
         kvf_log_error("--max-batch-tokens, --alloc-timeout-ms must be positive and --block-size "
                       "in 1..256");
         return 2;
     }
+    return -1;
+}
 
+int main(int argc, char **argv)
+{
+    prefill_opts_t o;
+    int rc = parse_prefill_flags(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    kvf_log_init("prefill", o.node_id);
+    rc = check_prefill_opts(&o);
+    if (rc >= 0)
+        return rc;
     kvf_signals_install(&stop_requested);
-
     kvf_prefill_config_t cfg = {
-        .router_url = router_url,
-        .listen_url = listen_url,
-        .model_dir = model_dir,
-        .node_id = node_id,
-        .threads = threads,
-        .backend = bf,
-        .kv_mem = kv_mem,
-        .max_batch_tokens = max_batch_tokens,
-        .block_size = block_size,
-        .checksum = checksum,
-        .alloc_timeout_ms = alloc_timeout_ms,
+        .router_url = o.router_url,
+        .listen_url = o.listen_url,
+        .model_dir = o.model_dir,
+        .node_id = o.node_id,
+        .threads = o.threads,
+        .backend = o.bf,
+        .kv_mem = o.kv_mem,
+        .max_batch_tokens = o.max_batch_tokens,
+        .block_size = o.block_size,
+        .checksum = o.checksum,
+        .alloc_timeout_ms = o.alloc_timeout_ms,
     };
     kvf_prefill_t *node = NULL;
     kvf_status_t st = kvf_prefill_create(&cfg, &node);
