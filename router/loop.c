@@ -1,9 +1,12 @@
 /* The router's event loop: node and client messages, work posted by other
- * threads, timers; and the router's lifecycle. See router_internal.h. */
-#include <poll.h>
+ * threads, timers; and the router's lifecycle. See router_internal.h.
+ *
+ * The loop sleeps in kvf_evloop_wait until a socket has messages, another
+ * thread posted work (kvf_evloop_wake), or the earliest deadline: every
+ * deadline is a timer on the loop's heap (a request's timeout and its
+ * state's, a node's heartbeats), so there is no scan of everything. */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -14,6 +17,12 @@
 
 /* Messages taken from one socket before the loop looks at the others. */
 #define LOOP_BURST 256
+/* The stop flag cannot wake the loop: a signal may be taken by another
+ * thread (libmicrohttpd's, nanomsg's) or arrive just before the sleep, and
+ * a test sets it from its own thread. So no sleep is longer than this:
+ * the router stops within LOOP_STOP_CHECK_MS of the flag being set. Only
+ * the flag is looked at; nothing else runs on this bound. */
+#define LOOP_STOP_CHECK_MS 100
 
 /* ---- work from other threads ------------------------------------------------ */
 
@@ -38,17 +47,12 @@ kvf_status_t kvf_router_post(kvf_router_t *r, void (*fn)(kvf_router_t *, void *)
         r->posted = p;
     r->posted_tail = p;
     pthread_mutex_unlock(&r->post_lock);
-    uint64_t one = 1;
-    ssize_t w = write(r->post_fd, &one, sizeof(one));
-    (void)w; /* the counter saturating still leaves the fd readable */
+    kvf_evloop_wake(r->loop);
     return KVF_OK;
 }
 
 static void run_posted(kvf_router_t *r)
 {
-    uint64_t count;
-    ssize_t rd = read(r->post_fd, &count, sizeof(count));
-    (void)rd;
     pthread_mutex_lock(&r->post_lock);
     kvf_posted_t *p = r->posted;
     r->posted = r->posted_tail = NULL;
@@ -94,8 +98,10 @@ static void handle_node_message(kvf_router_t *r, kvf_envelope_t *env)
     }
 }
 
-static void recv_nodes(kvf_router_t *r)
+static void recv_nodes(int fd, void *arg)
 {
+    (void)fd;
+    kvf_router_t *r = arg;
     for (int burst = 0; burst < LOOP_BURST; burst++) {
         kvf_envelope_t *env = NULL;
         kvf_status_t st = kvf_inbox_recv(r->inbox, 0, &env);
@@ -110,8 +116,10 @@ static void recv_nodes(kvf_router_t *r)
     }
 }
 
-static void recv_clients(kvf_router_t *r)
+static void recv_clients(int fd, void *arg)
 {
+    (void)fd;
+    kvf_router_t *r = arg;
     for (int burst = 0; burst < LOOP_BURST; burst++) {
         kvf_envelope_t *env = NULL;
         kvf_client_hdr_t hdr;
@@ -127,33 +135,15 @@ static void recv_clients(kvf_router_t *r)
     }
 }
 
-static void check_timers(kvf_router_t *r)
-{
-    kvf_router__check_liveness(r, kvf_clock_ns());
-    /* Re-dispatching above stamps requests with a newer time than now. */
-    kvf_router__check_deadlines(r, kvf_clock_ns());
-}
-
 kvf_status_t kvf_router_run(kvf_router_t *r, volatile sig_atomic_t *stop)
 {
     kvf_log_info("serving: nodes at %s, clients at %s", r->cfg.listen_url, r->cfg.client_url);
-    uint64_t next_timer = 0;
     while (!*stop) {
-        struct pollfd fds[3] = {
-            {.fd = kvf_inbox_fd(r->inbox), .events = POLLIN},
-            {.fd = kvf_client_server_fd(r->clients), .events = POLLIN},
-            {.fd = r->post_fd, .events = POLLIN},
-        };
-        int rc = poll(fds, 3, 50);
-        if (rc > 0 && (fds[2].revents & POLLIN))
-            run_posted(r);
-        recv_nodes(r);
-        recv_clients(r);
-        uint64_t now = kvf_clock_ns();
-        if (now >= next_timer) {
-            check_timers(r);
-            next_timer = now + 100000000ull;
-        }
+        /* Sleeps until a socket is readable (its callback drains it), work
+         * is posted or a deadline is due (its timer fires). */
+        if (kvf_evloop_wait(r->loop, LOOP_STOP_CHECK_MS) == KVF_ERR_IO)
+            return KVF_ERR_IO;
+        run_posted(r);
     }
     kvf_log_info("stopping: %llu requests served, %llu failed, %llu cancelled, %llu stale "
                  "messages dropped",
@@ -202,6 +192,22 @@ static void config_defaults(kvf_router_config_t *cfg)
         cfg->stall_timeout_ms = 30000;
 }
 
+/* The loop, watching both sockets. */
+static kvf_status_t loop_create(kvf_router_t *r)
+{
+    kvf_status_t st = kvf_evloop_create(&r->loop);
+    if (st != KVF_OK)
+        return st;
+    st = kvf_evloop_add_fd(r->loop, kvf_inbox_fd(r->inbox), recv_nodes, r);
+    if (st == KVF_OK)
+        st = kvf_evloop_add_fd(r->loop, kvf_client_server_fd(r->clients), recv_clients, r);
+    if (st != KVF_OK) {
+        kvf_evloop_destroy(r->loop);
+        r->loop = NULL;
+    }
+    return st;
+}
+
 kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **router_p)
 {
     kvf_router_t *r = calloc(1, sizeof(*r));
@@ -213,11 +219,6 @@ kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **ro
     if (getrandom(&r->seed_state, sizeof(r->seed_state), GRND_NONBLOCK) !=
         (ssize_t)sizeof(r->seed_state))
         r->seed_state = kvf_clock_ns() ^ ((uint64_t)getpid() << 32);
-    r->post_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (r->post_fd < 0) {
-        free(r);
-        return KVF_ERR_IO;
-    }
     pthread_mutex_init(&r->post_lock, NULL);
     kvf_status_t st = kvf_model_config_load(cfg->model_dir, &r->model);
     if (st != KVF_OK)
@@ -237,8 +238,13 @@ kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **ro
     st = kvf_metrics_create(&r->metrics);
     if (st != KVF_OK)
         goto fail_metrics;
+    st = loop_create(r);
+    if (st != KVF_OK)
+        goto fail_loop;
     *router_p = r;
     return KVF_OK;
+fail_loop:
+    kvf_metrics_destroy(r->metrics);
 fail_metrics:
     kvf_outboxes_destroy(r->outboxes);
 fail_outboxes:
@@ -249,7 +255,6 @@ fail_inbox:
     kvf_tokenizer_destroy(r->tok);
 fail_model:
     pthread_mutex_destroy(&r->post_lock);
-    close(r->post_fd);
     free(r);
     return st;
 }
@@ -258,17 +263,17 @@ void kvf_router_destroy(kvf_router_t *r)
 {
     if (!r)
         return;
+    /* Requests and nodes disarm their timers before the loop goes. */
     kvf_router__requests_fini(r);
     kvf_router__natives_fini(r);
+    kvf_router__registry_fini(r);
     while (r->posted) {
         kvf_posted_t *p = r->posted;
         r->posted = p->next;
         free(p);
     }
     pthread_mutex_destroy(&r->post_lock);
-    if (r->post_fd >= 0)
-        close(r->post_fd);
-    kvf_router__registry_fini(r);
+    kvf_evloop_destroy(r->loop);
     kvf_outboxes_destroy(r->outboxes);
     kvf_client_server_destroy(r->clients);
     kvf_inbox_destroy(r->inbox);

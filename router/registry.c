@@ -1,5 +1,6 @@
 /* The node table: registration, heartbeats, liveness, health and the
  * snapshot for /metrics. See router_internal.h. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,10 +58,28 @@ static kvf_router_node_t *node_find(kvf_router_t *r, const char *id)
 }
 
 /* Empties n's slot: references to it no longer resolve. */
-static void node_free(kvf_router_node_t *n)
+static void node_free(kvf_router_t *r, kvf_router_node_t *n)
 {
+    if (n->used) /* a free slot's timer was never set up */
+        kvf_timer_cancel(kvf_evloop_timers(r->loop), &n->liveness);
     free(n->xfer_desc);
     memset(n, 0, sizeof(*n));
+}
+
+/* Heartbeats missed: the node is dead, its requests are sent again. */
+static void on_liveness_timer(kvf_timer_t *t, void *arg)
+{
+    kvf_router_t *r = arg;
+    kvf_router_node_t *n = (kvf_router_node_t *)((char *)t - offsetof(kvf_router_node_t, liveness));
+    kvf_router__node_lost(r, n, "missed its heartbeats: dead");
+}
+
+/* (Re-)arms n's liveness deadline: dead_after_missed heartbeats from now.
+ * Fails (NOMEM) only for a node not armed yet. */
+static kvf_status_t node_seen(kvf_router_t *r, kvf_router_node_t *n)
+{
+    uint64_t dead_ms = (uint64_t)r->cfg.heartbeat_ms * r->cfg.dead_after_missed;
+    return kvf_timer_arm_in_ms(kvf_evloop_timers(r->loop), &n->liveness, dead_ms);
 }
 
 static void reply_register(kvf_router_t *r, const char *url, const char *node_id,
@@ -121,12 +140,17 @@ static const char *register_refusal(const kvf_router_t *r, const Kvf__Register *
     return NULL;
 }
 
-/* Fills the free slot n from reg; false when out of memory. */
+/* Fills the free slot n from reg; false when out of memory (n left
+ * free). */
 static bool node_fill(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Register *reg)
 {
+    kvf_timer_init(&n->liveness, on_liveness_timer, r);
     n->xfer_desc = reg->xfer_desc.len ? malloc(reg->xfer_desc.len) : NULL;
-    if (reg->xfer_desc.len && !n->xfer_desc)
+    if ((reg->xfer_desc.len && !n->xfer_desc) || node_seen(r, n) != KVF_OK) {
+        free(n->xfer_desc);
+        memset(n, 0, sizeof(*n));
         return false;
+    }
     if (reg->xfer_desc.len)
         memcpy(n->xfer_desc, reg->xfer_desc.data, reg->xfer_desc.len);
     n->xfer_desc_len = reg->xfer_desc.len;
@@ -144,7 +168,7 @@ static bool node_fill(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Register
     n->prefill_local = reg->prefill_local;
     n->state = NODE_LIVE;
     n->blocks_free = n->blocks_total = reg->capacity_blocks;
-    n->last_seen_ns = n->registered_ns = kvf_clock_ns();
+    n->registered_ns = kvf_clock_ns();
     if (!r->nodes.have_geometry) {
         r->nodes.geometry = *reg->geometry;
         r->nodes.geometry.base.descriptor = &kvf__kv_geometry__descriptor;
@@ -179,7 +203,7 @@ void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg)
     if (n) {
         /* The same id again: the node restarted; what it held is gone. */
         kvf_router__node_lost(r, n, "registered again (restarted)");
-        node_free(n);
+        node_free(r, n);
     } else {
         for (int i = 0; i < ROUTER_MAX_NODES && !n; i++)
             if (!r->nodes.slots[i].used)
@@ -190,8 +214,10 @@ void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg)
             return;
         }
     }
-    if (!node_fill(r, n, reg))
+    if (!node_fill(r, n, reg)) {
+        reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_NOMEM, "out of memory");
         return;
+    }
     kvf_log_info("node %s registered: %s%s at %s, %u blocks of %u tokens", n->id,
                  kvf_router__role_name(n->role), n->prefill_local ? " (+prefill)" : "", n->inbox,
                  n->capacity_blocks, n->block_size);
@@ -221,7 +247,7 @@ void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
         refuse_heartbeat(r, hb);
         return;
     }
-    n->last_seen_ns = kvf_clock_ns();
+    node_seen(r, n); /* armed while live: re-arming cannot fail */
     if (hb->load) {
         n->blocks_free = hb->load->blocks_free;
         n->blocks_used = hb->load->blocks_used;
@@ -246,25 +272,13 @@ void kvf_router__on_deregister(kvf_router_t *r, const Kvf__Deregister *d)
         return;
     kvf_router__node_lost(r, n, "deregistered");
     kvf_log_info("node %s left: %s", n->id, d->reason);
-    node_free(n);
-}
-
-void kvf_router__check_liveness(kvf_router_t *r, uint64_t now_ns)
-{
-    uint64_t dead_ns = (uint64_t)r->cfg.heartbeat_ms * r->cfg.dead_after_missed * 1000000ull;
-    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
-        kvf_router_node_t *n = &r->nodes.slots[i];
-        if (n->used && n->state != NODE_DEAD && now_ns - n->last_seen_ns > dead_ns) {
-            n->state = NODE_DEAD;
-            kvf_router__node_lost(r, n, "missed its heartbeats: dead");
-        }
-    }
+    node_free(r, n);
 }
 
 void kvf_router__registry_fini(kvf_router_t *r)
 {
     for (int i = 0; i < ROUTER_MAX_NODES; i++)
-        node_free(&r->nodes.slots[i]);
+        node_free(r, &r->nodes.slots[i]);
 }
 
 /* ---- health and metrics ------------------------------------------------------ */

@@ -64,6 +64,7 @@ static void reject(kvf_router_t *r, const kvf_router_sink_t *sink, kvf_status_t 
 
 static void req_free(kvf_router_t *r, kvf_router_req_t *q)
 {
+    kvf_router__timers_stop(r, q);
     kvf_router__queue_remove(r, q);
     HASH_DEL(r->requests, q);
     kvf_stream_fini(&q->out);
@@ -190,6 +191,38 @@ static kvf_status_t fill_asked(kvf_router_t *r, kvf_router_req_t *q, const Kvf__
     return KVF_OK;
 }
 
+/* A new request in the table for prompt ids (taken over on success) and
+ * sampling s, with its timers armed. NOMEM leaves nothing behind. */
+static kvf_status_t req_create(kvf_router_t *r, const Kvf__Sampling *s, uint32_t *ids, size_t n,
+                               const kvf_router_sink_t *sink, kvf_router_req_t **q_p)
+{
+    kvf_router_req_t *q = calloc(1, sizeof(*q));
+    if (!q)
+        return KVF_ERR_NOMEM;
+    q->id = r->next_req_id;
+    q->sink = *sink;
+    kvf_stream_init(&q->out);
+    q->t.arrival_ns = kvf_clock_ns();
+    kvf_status_t st = fill_asked(r, q, s, ids, n);
+    if (st != KVF_OK)
+        goto fail_asked;
+    KVF_HASH_ADD(r->requests, id, q, st);
+    if (st != KVF_OK)
+        goto fail_asked;
+    st = kvf_router__timers_start(r, q);
+    if (st != KVF_OK)
+        goto fail_timers;
+    r->next_req_id++;
+    *q_p = q;
+    return KVF_OK;
+fail_timers:
+    HASH_DEL(r->requests, q);
+fail_asked:
+    kvf_sampling_msg_free(q->ask.sampling);
+    free(q);
+    return st;
+}
+
 uint64_t kvf_router_submit(kvf_router_t *r, const kvf_router_gen_t *g,
                            const kvf_router_sink_t *sink)
 {
@@ -207,32 +240,12 @@ uint64_t kvf_router_submit(kvf_router_t *r, const kvf_router_gen_t *g,
         reject(r, sink, st, why);
         return 0;
     }
-    kvf_router_req_t *q = calloc(1, sizeof(*q));
-    if (!q) {
+    kvf_router_req_t *q;
+    if (req_create(r, s, ids, n, sink, &q) != KVF_OK) {
         free(ids);
         reject(r, sink, KVF_ERR_NOMEM, "out of memory");
         return 0;
     }
-    q->id = r->next_req_id;
-    KVF_HASH_ADD(r->requests, id, q, st);
-    if (st != KVF_OK) {
-        free(ids);
-        free(q);
-        reject(r, sink, KVF_ERR_NOMEM, "out of memory");
-        return 0;
-    }
-    q->sink = *sink;
-    kvf_stream_init(&q->out);
-    if (fill_asked(r, q, s, ids, n) != KVF_OK) {
-        HASH_DEL(r->requests, q);
-        free(ids);
-        free(q);
-        reject(r, sink, KVF_ERR_NOMEM, "out of memory");
-        return 0;
-    }
-    r->next_req_id++;
-    q->t.arrival_ns = kvf_clock_ns();
-    q->t.deadline_ns = q->t.arrival_ns + (uint64_t)r->cfg.request_timeout_ms * 1000000ull;
     r->count.requests++;
     r->count.running++;
     uint64_t id = q->id;
@@ -267,7 +280,7 @@ void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
     kvf_metrics_observe_handoff(r->metrics, pd->handoff_us, pd->kv_bytes);
     if (q->place.state == REQ_PREFILL) {
         q->place.state = REQ_DECODE;
-        q->t.progress_ns = kvf_clock_ns();
+        kvf_router__progress(r, q);
     }
 }
 
@@ -275,7 +288,7 @@ void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
 static void forward(kvf_router_t *r, kvf_router_req_t *q, const Kvf__TokenChunk *c, uint32_t from)
 {
     uint64_t now = kvf_clock_ns();
-    q->t.progress_ns = now;
+    kvf_router__progress(r, q);
     size_t text_len = c->text ? strlen(c->text) : 0;
     if (c->n_tokens == 0 && text_len == 0)
         return;

@@ -17,9 +17,11 @@
 #include <stdint.h>
 
 #include "kvf/clientsock.h"
+#include "kvf/evloop.h"
 #include "kvf/hashmap.h"
 #include "kvf/model.h"
 #include "kvf/msg.h"
+#include "kvf/timer.h"
 #include "kvf/tokenizer.h"
 #include "router.h"
 #include "stream.h"
@@ -69,9 +71,9 @@ typedef struct {
     /* Work handed out since that heartbeat (not in its numbers yet). */
     uint32_t pending_blocks, pending_running;
     uint64_t pending_tokens;
-    uint64_t last_seen_ns;
     uint64_t registered_ns;
-    uint64_t dispatched; /* request attempts sent to it */
+    kvf_timer_t liveness; /* dead when it fires: heartbeats missed (armed while live) */
+    uint64_t dispatched;  /* request attempts sent to it */
 } kvf_router_node_t;
 
 /* The node table and what the cluster agreed on. */
@@ -114,11 +116,13 @@ typedef struct {
 
 /* Timing, and what the nodes reported. */
 typedef struct {
-    uint64_t arrival_ns, queued_ns, deadline_ns;
+    uint64_t arrival_ns;
     uint64_t first_ns;      /* the first token chunk (time to first token) */
     uint64_t last_token_ns; /* when the client got its latest token (metrics) */
-    uint64_t progress_ns;   /* the current attempt's last sign of progress */
     uint64_t prefill_compute_us, handoff_us, kv_bytes;
+    /* Armed from submit until the request is freed (sched.c). */
+    kvf_timer_t deadline; /* the request timeout */
+    kvf_timer_t phase;    /* the current state's: queue, prefill or stall timeout */
 } kvf_req_timing_t;
 
 typedef struct kvf_router_req kvf_router_req_t;
@@ -140,6 +144,7 @@ typedef struct kvf_posted kvf_posted_t;
 
 struct kvf_router {
     kvf_router_config_t cfg;
+    kvf_evloop_t *loop; /* the one wait: sockets, posted work, every deadline */
     kvf_model_config_t model;
     kvf_tokenizer_t *tok;
     kvf_inbox_t *inbox;
@@ -153,7 +158,6 @@ struct kvf_router {
     /* Work handed over by other threads (kvf_router_post). */
     pthread_mutex_t post_lock;
     kvf_posted_t *posted, *posted_tail;
-    int post_fd; /* eventfd: readable while work is posted */
     uint64_t next_req_id;
     uint64_t seed_state; /* draws the seeds of requests that bring none */
     struct {
@@ -173,9 +177,6 @@ void kvf_router__send(kvf_router_t *r, const char *url, kvf_envelope_t *env);
 void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg);
 void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb);
 void kvf_router__on_deregister(kvf_router_t *r, const Kvf__Deregister *d);
-/* Marks nodes that missed their heartbeats dead (their requests are sent
- * again). */
-void kvf_router__check_liveness(kvf_router_t *r, uint64_t now_ns);
 void kvf_router__registry_fini(kvf_router_t *r);
 
 /* ---- requests.c ------------------------------------------------------------ */
@@ -208,8 +209,13 @@ void kvf_router__cancel_nodes(kvf_router_t *r, kvf_router_req_t *q, const char *
 void kvf_router__queue_remove(kvf_router_t *r, kvf_router_req_t *q);
 /* Re-dispatches every request that used node n (it died or left). */
 void kvf_router__node_lost(kvf_router_t *r, kvf_router_node_t *n, const char *why);
-/* Finishes or re-dispatches requests past their deadlines. */
-void kvf_router__check_deadlines(kvf_router_t *r, uint64_t now_ns);
+/* Arms q's timers (request timeout, and its state's) at submit; NOMEM. */
+kvf_status_t kvf_router__timers_start(kvf_router_t *r, kvf_router_req_t *q);
+/* Disarms them (q is being freed). */
+void kvf_router__timers_stop(kvf_router_t *r, kvf_router_req_t *q);
+/* q showed progress (prefill done, tokens): its stall timeout starts
+ * again. */
+void kvf_router__progress(kvf_router_t *r, kvf_router_req_t *q);
 
 /* ---- native.c -------------------------------------------------------------- */
 

@@ -1,6 +1,7 @@
 /* Scheduling: picking a decode and a prefill node for a request, dispatch,
  * re-dispatch after a node failed, the wait queue, and request deadlines.
  * See router_internal.h. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +13,83 @@
 #include "kvf/sampling_msg.h"
 #include "router_internal.h"
 
+/* ---- deadlines ------------------------------------------------------------------ */
+
+static kvf_timers_t *timers(kvf_router_t *r)
+{
+    return kvf_evloop_timers(r->loop);
+}
+
+/* Re-arms q's phase timer for its state: the longest wait in the queue, for
+ * the first sign of the prefill, or between tokens. The timer is armed
+ * from submit on, so this never fails. */
+static void arm_phase(kvf_router_t *r, kvf_router_req_t *q)
+{
+    unsigned ms = q->place.state == REQ_QUEUED    ? r->cfg.queue_timeout_ms
+                  : q->place.state == REQ_PREFILL ? r->cfg.prefill_timeout_ms
+                                                  : r->cfg.stall_timeout_ms;
+    kvf_timer_arm_in_ms(timers(r), &q->t.phase, ms);
+}
+
+void kvf_router__progress(kvf_router_t *r, kvf_router_req_t *q)
+{
+    arm_phase(r, q);
+}
+
+static kvf_router_req_t *req_of_timer(kvf_timer_t *t, size_t offset)
+{
+    return (kvf_router_req_t *)((char *)t - offset);
+}
+
+static void on_deadline(kvf_timer_t *t, void *arg)
+{
+    kvf_router_t *r = arg;
+    kvf_router_req_t *q = req_of_timer(t, offsetof(kvf_router_req_t, t.deadline));
+    kvf_router__cancel_nodes(r, q, "timed out");
+    kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_TIMEOUT,
+                           "request timed out");
+}
+
+static void on_phase_timeout(kvf_timer_t *t, void *arg)
+{
+    kvf_router_t *r = arg;
+    kvf_router_req_t *q = req_of_timer(t, offsetof(kvf_router_req_t, t.phase));
+    /* Re-armed first (it cannot fail), so that q's phase timer stays armed
+     * while q lives, whatever happens to q below. */
+    arm_phase(r, q);
+    if (q->place.state == REQ_QUEUED)
+        kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NO_SPACE,
+                               "overloaded: no decode node could take the request in time");
+    else if (q->place.state == REQ_PREFILL)
+        kvf_router__redispatch(r, q, "no first token within the prefill timeout");
+    else
+        kvf_router__redispatch(r, q, "no token within the stall timeout");
+}
+
+kvf_status_t kvf_router__timers_start(kvf_router_t *r, kvf_router_req_t *q)
+{
+    kvf_timer_init(&q->t.deadline, on_deadline, r);
+    kvf_timer_init(&q->t.phase, on_phase_timeout, r);
+    kvf_status_t st = kvf_timer_arm_in_ms(timers(r), &q->t.deadline, r->cfg.request_timeout_ms);
+    if (st == KVF_OK)
+        st = kvf_timer_arm_in_ms(timers(r), &q->t.phase, r->cfg.queue_timeout_ms);
+    if (st != KVF_OK)
+        kvf_router__timers_stop(r, q);
+    return st;
+}
+
+void kvf_router__timers_stop(kvf_router_t *r, kvf_router_req_t *q)
+{
+    kvf_timer_cancel(timers(r), &q->t.deadline);
+    kvf_timer_cancel(timers(r), &q->t.phase);
+}
+
 /* ---- the wait queue ------------------------------------------------------------ */
 
 static void queue_push(kvf_router_t *r, kvf_router_req_t *q)
 {
     q->place.state = REQ_QUEUED;
-    q->t.queued_ns = kvf_clock_ns();
+    arm_phase(r, q);
     DL_APPEND2(r->queue, q, queue_prev, queue_next);
     r->queue_len++;
 }
@@ -115,7 +187,7 @@ static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
     q->place.prefill = kvf_router__node_ref(r, p);
     q->place.decode = kvf_router__node_ref(r, d);
     q->place.state = REQ_PREFILL;
-    q->t.progress_ns = kvf_clock_ns();
+    arm_phase(r, q);
     uint32_t n_tokens = q->ask.n_prompt + q->out.n;
     uint32_t remaining = kvf_sampling_msg_remaining(q->ask.sampling, q->out.n);
     d->pending_blocks += blocks_for(n_tokens + remaining, d->block_size);
@@ -261,6 +333,7 @@ void kvf_router__node_lost(kvf_router_t *r, kvf_router_node_t *n, const char *wh
     kvf_outboxes_forget(r->outboxes, n->inbox);
     /* Its requests must not be sent back to it. */
     n->state = NODE_DEAD;
+    kvf_timer_cancel(timers(r), &n->liveness);
     kvf_node_ref_t ref = kvf_router__node_ref(r, n);
     kvf_router_req_t *q, *next;
     HASH_ITER(hh, r->requests, q, next)
@@ -300,31 +373,4 @@ void kvf_router__on_error(kvf_router_t *r, const Kvf__Error *e, const char *send
         return;
     }
     kvf_router__redispatch(r, q, "a node failed it");
-}
-
-/* ---- deadlines ---------------------------------------------------------------------- */
-
-void kvf_router__check_deadlines(kvf_router_t *r, uint64_t now)
-{
-    kvf_router_req_t *q, *next;
-    HASH_ITER(hh, r->requests, q, next)
-    {
-        if (q->t.progress_ns > now)
-            continue;
-        if (now > q->t.deadline_ns) {
-            kvf_router__cancel_nodes(r, q, "timed out");
-            kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_TIMEOUT,
-                                   "request timed out");
-        } else if (q->place.state == REQ_QUEUED &&
-                   now - q->t.queued_ns > (uint64_t)r->cfg.queue_timeout_ms * 1000000ull) {
-            kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NO_SPACE,
-                                   "overloaded: no decode node could take the request in time");
-        } else if (q->place.state == REQ_PREFILL &&
-                   now - q->t.progress_ns > (uint64_t)r->cfg.prefill_timeout_ms * 1000000ull) {
-            kvf_router__redispatch(r, q, "no first token within the prefill timeout");
-        } else if (q->place.state == REQ_DECODE &&
-                   now - q->t.progress_ns > (uint64_t)r->cfg.stall_timeout_ms * 1000000ull) {
-            kvf_router__redispatch(r, q, "no token within the stall timeout");
-        }
-    }
 }

@@ -1,0 +1,243 @@
+/* router core in-process, without nodes processes: node handles are
+ * generation-counted (a handle to a node that left, or whose slot a
+ * restarted node took, resolves to nothing), and the deadlines are timers
+ * on the router's loop (the queue timeout, the request timeout, a node's
+ * missed heartbeats) that fire without any other event. The router's
+ * internals are driven directly on this thread, as its loop would. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvf/clock.h"
+#include "router_internal.h"
+
+#define MODEL KVF_TEST_DATA "/golden/tiny-llama-f32"
+
+typedef struct {
+    kvf_router_t *r;
+    kvf_inbox_t *node_inbox[2]; /* where the router's replies to "nodes" land */
+    char urls[4][128];
+} fixture_t;
+
+static int setup(void **state, unsigned queue_timeout_ms, unsigned request_timeout_ms)
+{
+    static fixture_t fx;
+    memset(&fx, 0, sizeof(fx));
+    snprintf(fx.urls[0], sizeof(fx.urls[0]), "ipc:///tmp/kvf-test-router-%d-in", (int)getpid());
+    snprintf(fx.urls[1], sizeof(fx.urls[1]), "ipc:///tmp/kvf-test-router-%d-cl", (int)getpid());
+    for (int i = 0; i < 2; i++)
+        snprintf(fx.urls[2 + i], sizeof(fx.urls[2 + i]), "ipc:///tmp/kvf-test-router-%d-node%d",
+                 (int)getpid(), i);
+    kvf_router_config_t rc = {
+        .listen_url = fx.urls[0],
+        .client_url = fx.urls[1],
+        .model_dir = MODEL,
+        .heartbeat_ms = 50,
+        .dead_after_missed = 3,
+        .max_queue = 4,
+        .queue_timeout_ms = queue_timeout_ms,
+        .request_timeout_ms = request_timeout_ms,
+        .max_attempts = 5,
+        .default_max_tokens = 8,
+    };
+    if (kvf_router_create(&rc, &fx.r) != KVF_OK)
+        return -1;
+    for (int i = 0; i < 2; i++)
+        if (kvf_inbox_create(fx.urls[2 + i], 0, &fx.node_inbox[i]) != KVF_OK)
+            return -1;
+    *state = &fx;
+    return 0;
+}
+
+static int setup_slow(void **state)
+{
+    return setup(state, 60000, 60000);
+}
+
+static int teardown(void **state)
+{
+    fixture_t *fx = *state;
+    kvf_router_destroy(fx->r);
+    kvf_inbox_destroy(fx->node_inbox[0]);
+    kvf_inbox_destroy(fx->node_inbox[1]);
+    return 0;
+}
+
+/* Registers a decode node id at inbox url (one of the fixture's). */
+static void register_decode(fixture_t *fx, const char *id, const char *url)
+{
+    const kvf_model_config_t *m = kvf_router_model(fx->r);
+    Kvf__KvGeometry g = KVF__KV_GEOMETRY__INIT;
+    g.block_size = 16;
+    g.n_layers = (uint32_t)m->n_layers;
+    g.n_kv_heads = (uint32_t)m->n_kv_heads;
+    g.head_dim = (uint32_t)m->head_dim;
+    uint8_t desc[4] = {1, 2, 3, 4};
+    Kvf__Register reg = KVF__REGISTER__INIT;
+    reg.node_id = (char *)id;
+    reg.role = KVF__ROLE__ROLE_DECODE;
+    reg.inbox_url = (char *)url;
+    reg.model_fingerprint = "fp";
+    reg.geometry = &g;
+    reg.capacity_blocks = 64;
+    reg.xfer_desc.data = desc;
+    reg.xfer_desc.len = sizeof(desc);
+    kvf_router__on_register(fx->r, &reg);
+}
+
+static kvf_router_node_t *node_named(fixture_t *fx, const char *id)
+{
+    for (int i = 0; i < ROUTER_MAX_NODES; i++)
+        if (fx->r->nodes.slots[i].used && !strcmp(fx->r->nodes.slots[i].id, id))
+            return &fx->r->nodes.slots[i];
+    return NULL;
+}
+
+static void test_handles(void **state)
+{
+    fixture_t *fx = *state;
+    register_decode(fx, "d1", fx->urls[2]);
+    kvf_router_node_t *n1 = node_named(fx, "d1");
+    assert_non_null(n1);
+    kvf_node_ref_t r1 = kvf_router__node_ref(fx->r, n1);
+    assert_ptr_equal(kvf_router__node_get(fx->r, r1), n1);
+    assert_null(kvf_router__node_get(fx->r, KVF_NODE_NONE));
+
+    /* d1 leaves; d2 takes its slot: d1's handle resolves to nothing. */
+    Kvf__Deregister d = KVF__DEREGISTER__INIT;
+    d.node_id = "d1";
+    d.reason = "test";
+    kvf_router__on_deregister(fx->r, &d);
+    assert_null(kvf_router__node_get(fx->r, r1));
+    register_decode(fx, "d2", fx->urls[2]);
+    kvf_router_node_t *n2 = node_named(fx, "d2");
+    assert_ptr_equal(n2, n1); /* the same slot */
+    kvf_node_ref_t r2 = kvf_router__node_ref(fx->r, n2);
+    assert_true(r2 != r1);
+    assert_null(kvf_router__node_get(fx->r, r1));
+    assert_ptr_equal(kvf_router__node_get(fx->r, r2), n2);
+
+    /* d2 restarts (registers again from another inbox): same id, same
+     * slot, new generation. */
+    register_decode(fx, "d2", fx->urls[3]);
+    assert_ptr_equal(node_named(fx, "d2"), n2);
+    assert_null(kvf_router__node_get(fx->r, r2));
+    assert_non_null(kvf_router__node_get(fx->r, kvf_router__node_ref(fx->r, n2)));
+}
+
+typedef struct {
+    bool finished;
+    int finish;
+    kvf_status_t status;
+} outcome_t;
+
+static void on_chunk(void *arg, const kvf_router_chunk_t *c)
+{
+    outcome_t *o = arg;
+    if (c->finish != KVF__FINISH_REASON__FINISH_NONE) {
+        o->finished = true;
+        o->finish = c->finish;
+        o->status = c->status;
+    }
+}
+
+/* Runs the router's loop until done says so or 10 s pass. */
+static void run_until(fixture_t *fx, bool (*done)(fixture_t *, void *), void *arg)
+{
+    uint64_t give_up = kvf_clock_ns() + 10000000000ull;
+    while (!done(fx, arg) && kvf_clock_ns() < give_up)
+        assert_int_not_equal(kvf_evloop_wait(fx->r->loop, 1000), KVF_ERR_IO);
+}
+
+static bool request_finished(fixture_t *fx, void *arg)
+{
+    (void)fx;
+    return ((outcome_t *)arg)->finished;
+}
+
+/* Submits a request (no nodes: it waits in the queue) and runs the loop
+ * until it ends; returns how long that took. */
+static uint64_t wait_for_end(fixture_t *fx, outcome_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    kvf_router_gen_t g = {.prompt = "hello"};
+    kvf_router_sink_t sink = {on_chunk, o};
+    uint64_t t0 = kvf_clock_ns();
+    assert_true(kvf_router_submit(fx->r, &g, &sink) != 0);
+    assert_false(o->finished);
+    assert_int_equal(fx->r->queue_len, 1);
+    run_until(fx, request_finished, o);
+    assert_true(o->finished);
+    assert_int_equal(fx->r->queue_len, 0);
+    assert_null(fx->r->requests);
+    return kvf_clock_ns() - t0;
+}
+
+static int setup_queue_timeout(void **state)
+{
+    return setup(state, 30, 60000);
+}
+
+static void test_queue_timeout(void **state)
+{
+    outcome_t o;
+    uint64_t took = wait_for_end(*state, &o);
+    assert_int_equal(o.finish, KVF__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(o.status, KVF_ERR_NO_SPACE);
+    assert_true(took >= 30000000ull);
+}
+
+static int setup_request_timeout(void **state)
+{
+    return setup(state, 60000, 30);
+}
+
+static void test_request_timeout(void **state)
+{
+    outcome_t o;
+    uint64_t took = wait_for_end(*state, &o);
+    assert_int_equal(o.finish, KVF__FINISH_REASON__FINISH_ERROR);
+    assert_int_equal(o.status, KVF_ERR_TIMEOUT);
+    assert_true(took >= 30000000ull);
+}
+
+static bool node_dead(fixture_t *fx, void *arg)
+{
+    kvf_router_node_t *n = arg;
+    (void)fx;
+    return n->state == NODE_DEAD;
+}
+
+/* A node that never sends a heartbeat is dead after 3 periods. */
+static void test_missed_heartbeats(void **state)
+{
+    fixture_t *fx = *state;
+    uint64_t t0 = kvf_clock_ns();
+    register_decode(fx, "quiet", fx->urls[2]);
+    kvf_router_node_t *n = node_named(fx, "quiet");
+    assert_non_null(n);
+    assert_int_equal(n->state, NODE_LIVE);
+    run_until(fx, node_dead, n);
+    assert_int_equal(n->state, NODE_DEAD);
+    assert_true(kvf_clock_ns() - t0 >= 150000000ull);
+    char why[128];
+    assert_int_equal(kvf_router_health(fx->r, why, sizeof(why)), KVF_ERR_AGAIN);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_handles, setup_slow, teardown),
+        cmocka_unit_test_setup_teardown(test_queue_timeout, setup_queue_timeout, teardown),
+        cmocka_unit_test_setup_teardown(test_request_timeout, setup_request_timeout, teardown),
+        cmocka_unit_test_setup_teardown(test_missed_heartbeats, setup_slow, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
