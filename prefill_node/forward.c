@@ -10,7 +10,6 @@
 #include "kvf/model.h"
 #include "kvf/sampling.h"
 
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -207,30 +206,14 @@ static void on_layer_done(void *arg, int layer)
     (void)kvf_node_tick(p->node); /* a refusal is seen by the loop's own tick */
 }
 
-kvf_sampling_params_t pf_sampling_params(const Kvf__Sampling *s, uint64_t req_id)
-{
-    kvf_sampling_params_t sp = kvf_sampling_defaults();
-    if (!s)
-        return sp;
-    sp.temperature = s->temperature;
-    sp.top_k = s->top_k > INT_MAX ? INT_MAX : (int)s->top_k;
-    /* The wire's 0 (unset) and 1 both mean "no top-p". */
-    sp.top_p = s->top_p == 0.0f ? 1.0f : s->top_p;
-    /* Without a seed the router left the choice to us: any fixed value
-     * per request will do; it travels on in rng_state. */
-    sp.seed = s->has_seed ? s->seed : (req_id * 0x9e3779b97f4a7c15ull) ^ kvf_clock_ns();
-    return sp;
-}
-
 /* The first token, from the last prompt position's logits, with the
  * sampler's state continued from an earlier epoch's (rng_state) when it
  * generated tokens already. */
 static kvf_status_t sample_first_token(kvf_prefill_t *p, pf_req_t *r)
 {
     const Kvf__PrefillRequest *pr = r->pr;
-    kvf_sampling_params_t sp = pf_sampling_params(pr->sampling, r->req_id);
     kvf_sampler_t sampler;
-    kvf_status_t st = kvf_sampler_init(&sampler, &sp, p->rt.model->cfg.vocab);
+    kvf_status_t st = kvf_sampler_init(&sampler, &r->sampling, p->rt.model->cfg.vocab);
     if (st != KVF_OK)
         return st;
     if (pr->n_generated > 0)

@@ -6,9 +6,8 @@
 #include "kvf/clock.h"
 #include "kvf/log.h"
 #include "kvf/model.h"
-#include "kvf/sampling.h"
+#include "kvf/sampling_msg.h"
 
-#include <limits.h>
 #include <stdio.h>
 
 void pf_send_error(kvf_prefill_t *p, uint64_t req_id, uint64_t epoch, kvf_status_t status,
@@ -54,9 +53,10 @@ static kvf_status_t check_prompt(const kvf_model_config_t *c, const Kvf__Prefill
     return KVF_OK;
 }
 
-/* Checks a PrefillRequest; on failure writes a reason into why. */
-static kvf_status_t check_request(kvf_prefill_t *p, const Kvf__PrefillRequest *pr, char *why,
-                                  size_t why_len)
+/* Checks a PrefillRequest and converts its sampling message into
+ * *sampling_p; on failure writes a reason into why. */
+static kvf_status_t check_request(kvf_prefill_t *p, const Kvf__PrefillRequest *pr,
+                                  kvf_sampling_params_t *sampling_p, char *why, size_t why_len)
 {
     if (pr->req_id == 0 || pr->epoch == 0) {
         snprintf(why, why_len, "request id or epoch 0");
@@ -65,10 +65,10 @@ static kvf_status_t check_request(kvf_prefill_t *p, const Kvf__PrefillRequest *p
     kvf_status_t st = check_prompt(&p->rt.model->cfg, pr, why, why_len);
     if (st != KVF_OK)
         return st;
-    kvf_sampling_params_t sp = pf_sampling_params(pr->sampling, pr->req_id);
-    if (kvf_sampling_validate(&sp) != KVF_OK || sp.top_p > 1.0f) {
-        snprintf(why, why_len, "bad sampling values");
-        return KVF_ERR_INVAL;
+    st = kvf_sampling_msg_params(pr->sampling, p->rt.model->cfg.vocab, sampling_p);
+    if (st != KVF_OK) {
+        snprintf(why, why_len, pr->sampling ? "bad sampling values" : "no sampling values");
+        return st;
     }
     if (!pr->decode_node_id || !pr->decode_node_id[0] || !pr->decode_inbox ||
         !pr->decode_inbox[0]) {
@@ -117,7 +117,8 @@ static void on_prefill_request(kvf_prefill_t *p, kvf_envelope_t *env)
     if (!supersedes(p, pr))
         goto free_env;
     char why[256];
-    kvf_status_t st = check_request(p, pr, why, sizeof(why));
+    kvf_sampling_params_t sampling;
+    kvf_status_t st = check_request(p, pr, &sampling, why, sizeof(why));
     if (st == KVF_OK && p->draining) {
         st = KVF_ERR_CLOSED;
         snprintf(why, sizeof(why), "prefill node is draining");
@@ -129,14 +130,14 @@ static void on_prefill_request(kvf_prefill_t *p, kvf_envelope_t *env)
         pf_send_error(p, pr->req_id, pr->epoch, st, why);
         goto free_env;
     }
-    pf_peer_t *peer =
-        pf_peer_get(p, pr->decode_node_id, pr->decode_xfer_desc.data, pr->decode_xfer_desc.len, &st);
+    pf_peer_t *peer = pf_peer_get(p, pr->decode_node_id, pr->decode_xfer_desc.data,
+                                  pr->decode_xfer_desc.len, &st);
     if (!peer) {
         pf_send_error(p, pr->req_id, pr->epoch, KVF_ERR_TRANSPORT,
                       "cannot connect to the decode node");
         goto free_env;
     }
-    pf_req_t *r = pf_req_add(p, env, peer);
+    pf_req_t *r = pf_req_add(p, env, peer, &sampling);
     if (!r) {
         pf_peer_put(p, peer);
         pf_send_error(p, pr->req_id, pr->epoch, KVF_ERR_NOMEM, "out of memory");
@@ -144,7 +145,7 @@ static void on_prefill_request(kvf_prefill_t *p, kvf_envelope_t *env)
     }
     kvf_log_debug("request %llu epoch %llu: %u tokens for %s", (unsigned long long)r->req_id,
                   (unsigned long long)r->epoch, r->n_prompt, pr->decode_node_id);
-    /* Allocation overlaps the queue wait (PROTOCOL.md step 2). */
+    /* Allocation overlaps the queue wait (docs/PROTOCOL.md, step 2). */
     r->alloc_first_try_ns = kvf_clock_ns();
     pf_send_alloc(p, r, PF_SEND_MS);
     return;
@@ -203,7 +204,6 @@ static void send_prefill_done(kvf_prefill_t *p, const pf_req_t *r, uint64_t comp
     d.req_id = r->req_id;
     d.epoch = r->epoch;
     d.node_id = (char *)kvf_node_id(p->node);
-    d.first_token = r->first_token;
     d.prefill_compute_us = compute_us;
     d.handoff_us = handoff_us;
     d.kv_bytes = r->kv_bytes;
@@ -242,9 +242,10 @@ static kvf_status_t send_kv_ready(kvf_prefill_t *p, const pf_req_t *r, uint64_t 
     return kvf_node_send(p->node, pr->decode_inbox, &env, PF_SEND_MS);
 }
 
-/* PrefillDone goes first: D streams tokens to the router as soon as it has
- * KvReady, and a router that got a later token before the first one would
- * see a gap in the stream. */
+/* PrefillDone goes first: the router reports the epoch's prefill timings
+ * with the request's finishing chunk, which D may send as soon as it has
+ * KvReady (a request that ends at its first token finishes with its first
+ * chunk); timings arriving after that would no longer count. */
 void pf_req_complete(kvf_prefill_t *p, pf_req_t *r)
 {
     uint64_t now = kvf_clock_ns();

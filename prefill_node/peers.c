@@ -1,11 +1,12 @@
 /* kvf-prefill's decode peers: one transfer connection per decode node's
  * pool, shared by the requests shipping to it; the KvAlloc a request sends
- * to its decode node (PROTOCOL.md step 2), the reply that reserves blocks
- * there, and the lease that reservation holds. */
+ * to its decode node (docs/PROTOCOL.md, step 2), the reply that reserves
+ * blocks there, and the lease that reservation holds. */
 #include "prefill_internal.h"
 
 #include "kvf/clock.h"
 #include "kvf/log.h"
+#include "kvf/sampling_msg.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -96,7 +97,8 @@ void pf_send_alloc(kvf_prefill_t *p, pf_req_t *r, int timeout_ms)
     a.req_id = r->req_id;
     a.epoch = r->epoch;
     a.n_tokens = r->n_prompt;
-    a.max_new_tokens = pr->sampling ? pr->sampling->max_tokens : 0;
+    /* sampling.max_tokens counts the request's tokens in total. */
+    a.max_new_tokens = kvf_sampling_msg_remaining(pr->sampling, pr->n_generated);
     a.prefill_node_id = (char *)kvf_node_id(p->node);
     a.reply_inbox = (char *)p->cfg.listen_url;
     kvf_envelope_t env;

@@ -3,7 +3,7 @@
  * No I/O, no state: the node (prefill.c) and tests/unit/test_prefill_plan.c
  * call them.
  *
- * Shipping rule (proto/PROTOCOL.md, step 4): after layer l of a chunk that
+ * Shipping rule (docs/PROTOCOL.md, step 4): after layer l of a chunk that
  * covers prompt positions [start, start + n), the node ships the layer-l
  * slice of every block that the chunk completes: a block whose last slot is
  * written, or, on the prompt's final chunk, the block holding the prompt's

@@ -98,8 +98,8 @@ static bool arm_xfer_timers(kvf_prefill_t *p)
 static void loop_wait(kvf_prefill_t *p, bool busy)
 {
     kvf_timers_t *timers = kvf_evloop_timers(p->loop);
-    bool ok = kvf_timer_arm_in_ms(timers, &p->node_timer,
-                                  (uint64_t)kvf_node_timeout_ms(p->node)) == KVF_OK;
+    uint64_t node_ms = (uint64_t)kvf_node_timeout_ms(p->node);
+    bool ok = kvf_timer_arm_in_ms(timers, &p->node_timer, node_ms) == KVF_OK;
     ok &= arm_xfer_timers(p);
     /* A timer that could not be armed leaves the sleep without its
      * deadline: look again soon instead. */

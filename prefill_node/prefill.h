@@ -1,13 +1,16 @@
-/* kvf-prefill: a prefill node of a kvferry cluster (docs/DESIGN.md, proto/PROTOCOL.md).
+/* kvf-prefill: a prefill node of a kvferry cluster (docs/DESIGN.md, docs/PROTOCOL.md).
  *
  * One event loop owns everything: the node runtime (inbox, registration,
  * heartbeats), the request table, the local KV pool and its allocator, the
- * engine and the transfer handle. A request goes
+ * engine (its forwards run on the loop's thread) and the transfer handle;
+ * it sleeps until I/O or its next deadline, each deadline a timer
+ * (kvf/evloop.h). A request goes
  *   PrefillRequest -> KvAlloc sent (WAIT_ALLOC) -> KvAllocReply accepted
  *   (READY) -> chunks computed in batched forwards, each layer's completed
  *   slices posted from the engine's per-layer hook -> first token sampled
- *   (SHIPPING) -> every batch completed -> KvReady to the decode node,
- *   PrefillDone to the router, local blocks freed.
+ *   (SHIPPING) -> every batch completed -> PrefillDone (timings) to the
+ *   router, KvReady (the first token, which the decode node emits) to the
+ *   decode node, local blocks freed.
  * Failures (refusal, transfer error, lease end, cancel) send the router an
  * Error (except for a cancel), post an ABORT batch where the peer is up,
  * and free the local blocks once no transfer reads them any more. */
@@ -29,17 +32,17 @@
 #define KVF_PREFILL_ALLOC_TIMEOUT_MS_DEFAULT 5000
 
 typedef struct {
-    const char *router_url; /* the router's inbox */
-    const char *listen_url; /* this node's inbox */
-    const char *model_dir;  /* Hugging Face model directory */
-    const char *node_id;    /* NULL: generated */
-    int threads;            /* compute threads; <= 0: one per CPU */
+    const char *router_url;      /* the router's inbox */
+    const char *listen_url;      /* this node's inbox */
+    const char *model_dir;       /* Hugging Face model directory */
+    const char *node_id;         /* NULL: generated */
+    int threads;                 /* compute threads; <= 0: one per CPU */
     kvf_backend_flags_t backend; /* --backend, --device, ...: zeroed is the CPU */
-    uint64_t kv_mem;        /* bytes of the local KV pool */
-    int max_batch_tokens;   /* tokens per forward (chunked prefill) */
-    int block_size;         /* tokens per KV block; must match the decode nodes */
-    bool checksum;          /* CRC32C per shipped range */
-    int alloc_timeout_ms;   /* how long to wait for a KvAllocReply */
+    uint64_t kv_mem;             /* bytes of the local KV pool */
+    int max_batch_tokens;        /* tokens per forward (chunked prefill) */
+    int block_size;              /* tokens per KV block; must match the decode nodes */
+    bool checksum;               /* CRC32C per shipped range */
+    int alloc_timeout_ms;        /* how long to wait for a KvAllocReply */
 } kvf_prefill_config_t;
 
 typedef struct kvf_prefill kvf_prefill_t;
@@ -64,7 +67,7 @@ kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t *
 kvf_status_t kvf_prefill_run(kvf_prefill_t *prefill, volatile sig_atomic_t *stop);
 
 #define KVF_PREFILL_DRAIN KVF_STOP_DRAIN
-#define KVF_PREFILL_STOP KVF_STOP_NOW
+#define KVF_PREFILL_STOP  KVF_STOP_NOW
 
 /* Frees every request, block and handle; NULL is a no-op. */
 void kvf_prefill_destroy(kvf_prefill_t *prefill);

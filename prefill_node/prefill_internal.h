@@ -30,8 +30,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Send timeouts from the loop (PROTOCOL.md: short, a failed send is a lost
- * message). */
+/* Send timeouts from the loop (docs/PROTOCOL.md: short, a failed send is
+ * a lost message). */
 #define PF_SEND_MS 50
 /* How long a post that the transport answers AGAIN is retried. */
 #define PF_POST_AGAIN_MS 200
@@ -75,11 +75,12 @@ typedef struct pf_req {
     const Kvf__PrefillRequest *pr;
     uint64_t req_id, epoch;
     uint32_t n_prompt;
+    kvf_sampling_params_t sampling; /* pr->sampling, converted (kvf/sampling_msg.h) */
     pf_req_state_t state;
     pf_peer_t *peer; /* one reference held */
     bool alloc_sent;
     uint64_t alloc_first_try_ns, alloc_sent_ns, alloc_deadline_ns, next_alloc_try_ns;
-    kvf_timer_t alloc_timer; /* WAIT_ALLOC, CANCELLED: the KvAlloc retry or reply deadline */
+    kvf_timer_t alloc_timer;    /* WAIT_ALLOC, CANCELLED: the KvAlloc retry or reply deadline */
     bool reserved;              /* D accepted: a reservation exists there */
     uint32_t *remote_blocks;    /* (n_prompt blocks) D's block ids, owned */
     uint64_t not_after_ns;      /* lease end on our clock; 0 = none */
@@ -128,11 +129,11 @@ struct kvf_prefill {
     /* The loop: every deadline is a timer of loop's set. */
     kvf_evloop_t *loop;
     kvf_xfer_caps_t xfer_caps;
-    kvf_timer_t node_timer;  /* the node runtime's next registration or heartbeat */
-    kvf_timer_t xfer_timer;  /* the transport's next deadline (batch timeout, lease) */
-    kvf_timer_t poll_timer;  /* batches out, fd may not wake for them: progress period */
-    kvf_timer_t drain_timer; /* SIGTERM's drain gives up */
-    kvf_timer_t stop_timer;  /* stopping: the wait for transfers ends */
+    kvf_timer_t node_timer;   /* the node runtime's next registration or heartbeat */
+    kvf_timer_t xfer_timer;   /* the transport's next deadline (batch timeout, lease) */
+    kvf_timer_t poll_timer;   /* batches out, fd may not wake for them: progress period */
+    kvf_timer_t drain_timer;  /* SIGTERM's drain gives up */
+    kvf_timer_t stop_timer;   /* stopping: the wait for transfers ends */
     kvf_status_t node_status; /* the router's final refusal, seen by a tick */
     bool drain_expired, stop_expired;
 };
@@ -150,9 +151,11 @@ pf_req_t *pf_req_find(kvf_prefill_t *p, uint64_t req_id, uint64_t epoch);
 /* Waiting for its reservation or being computed (counted as queued). */
 bool pf_req_computing(const pf_req_t *r);
 /* A new request for env's PrefillRequest (taken on success), holding peer's
- * reference, appended to the table. NULL when out of memory (env and the
- * reference are still the caller's). */
-pf_req_t *pf_req_add(kvf_prefill_t *p, kvf_envelope_t *env, pf_peer_t *peer);
+ * reference, sampling with the parameters its message converted to,
+ * appended to the table. NULL when out of memory (env and the reference
+ * are still the caller's). */
+pf_req_t *pf_req_add(kvf_prefill_t *p, kvf_envelope_t *env, pf_peer_t *peer,
+                     const kvf_sampling_params_t *sampling);
 /* Unlinks and frees r: its local blocks go back to the pool, its peer
  * reference is dropped. The caller made sure no batch still reads the
  * blocks (or the transfer handle is gone). */
@@ -217,7 +220,5 @@ bool pf_forward_possible(const kvf_prefill_t *p);
 bool pf_forward_step(kvf_prefill_t *p);
 /* Frees the forward scratch. */
 void pf_forward_fini(pf_forward_t *f);
-/* The sampler's parameters for a request's Sampling (NULL: defaults). */
-kvf_sampling_params_t pf_sampling_params(const Kvf__Sampling *s, uint64_t req_id);
 
 #endif

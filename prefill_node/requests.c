@@ -27,7 +27,8 @@ bool pf_req_computing(const pf_req_t *r)
     return r->state == REQ_WAIT_ALLOC || r->state == REQ_READY;
 }
 
-pf_req_t *pf_req_add(kvf_prefill_t *p, kvf_envelope_t *env, pf_peer_t *peer)
+pf_req_t *pf_req_add(kvf_prefill_t *p, kvf_envelope_t *env, pf_peer_t *peer,
+                     const kvf_sampling_params_t *sampling)
 {
     pf_req_t *r = calloc(1, sizeof(*r));
     if (!r)
@@ -39,6 +40,7 @@ pf_req_t *pf_req_add(kvf_prefill_t *p, kvf_envelope_t *env, pf_peer_t *peer)
     r->req_id = pr->req_id;
     r->epoch = pr->epoch;
     r->n_prompt = (uint32_t)pr->n_token_ids;
+    r->sampling = *sampling;
     r->state = REQ_WAIT_ALLOC;
     r->hook_status = KVF_OK;
     kvf_timer_init(&r->alloc_timer, pf_on_alloc_timer, p);
