@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <cjson/cJSON.h>
@@ -467,6 +468,21 @@ static kvf_status_t configure(kvf_http_t *h, const kvf_http_config_t *cfg)
     return KVF_OK;
 }
 
+/* A connection holds its socket and, while its request is in flight, the
+ * exchange's eventfd: raises the soft limit on open files (up to the hard
+ * one) so that max_connections of each fit beside the router's own. */
+static void ensure_fd_room(unsigned max_connections)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)max_connections * 2 + 256;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want)
+        return;
+    rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want ? rl.rlim_max : want;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < want)
+        kvf_log_warn("http: %u connections need about %llu open files; the limit is %llu",
+                     max_connections, (unsigned long long)want, (unsigned long long)rl.rlim_cur);
+}
+
 static kvf_status_t start_daemon(kvf_http_t *h, const kvf_http_config_t *cfg)
 {
     struct sockaddr_storage addr;
@@ -477,6 +493,8 @@ static kvf_status_t start_daemon(kvf_http_t *h, const kvf_http_config_t *cfg)
                       cfg->listen);
         return KVF_ERR_INVAL;
     }
+    unsigned max_connections = cfg->max_connections ? cfg->max_connections : 512;
+    ensure_fd_room(max_connections);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (addr.ss_family == AF_INET6)
@@ -484,8 +502,7 @@ static kvf_status_t start_daemon(kvf_http_t *h, const kvf_http_config_t *cfg)
     h->daemon = MHD_start_daemon(flags, h->port, NULL, NULL, on_request, h,
                                  MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_SOCK_ADDR,
                                  (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)(cfg->max_connections ? cfg->max_connections : 512),
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                                 max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
     if (!h->daemon) {
         kvf_log_error("http: cannot serve on %s (address in use?)", cfg->listen);

@@ -43,7 +43,8 @@ typedef struct {
  * kvf_router_post(), so they are answered once kvf_router_run() runs.
  * *http_p is owned by the caller: kvf_http_destroy(). Fails (logged) when
  * the address does not parse or cannot be bound, or the chat template
- * name is unknown. */
+ * name is unknown. Raises the process's soft limit on open files (up to
+ * the hard one) when max_connections needs more: two a connection. */
 kvf_status_t kvf_http_create(kvf_router_t *router, const kvf_http_config_t *cfg,
                              kvf_http_t **http_p);
 

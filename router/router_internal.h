@@ -2,8 +2,10 @@
  *
  * One concept per file:
  *   registry.c  the node table: registration, heartbeats, liveness, health
- *   requests.c  the request table: submit, cancel, finish, output to sinks
- *   sched.c     picking nodes, dispatch, re-dispatch, the wait queue
+ *   requests.c  the request table: submit, cancel, finish, output to sinks,
+ *               the nodes' progress messages (PrefillDone, TokenChunk)
+ *   sched.c     picking nodes, dispatch, re-dispatch, the wait queue, a
+ *               request's deadlines (timers)
  *   stream.c    a request's output: tokens placed by position (stream.h)
  *   native.c    the native client front end (kvf/clientsock.h)
  *   loop.c      the event loop, work posted by other threads, lifecycle
