@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- load, loop ------------------------------------------------------- */
+/* ---- the load report ------------------------------------------------- */
 
 static void fill_load(void *arg, Kvf__Load *load)
 {
@@ -34,7 +34,29 @@ static void fill_load(void *arg, Kvf__Load *load)
     load->running = running;
 }
 
-/* ---- the loop's timers ----------------------------------------------- */
+/* ---- the loop's inputs: the inbox, timers ----------------------------- */
+
+/* The inbox polls readable: receives everything waiting in it. Called
+ * from the loop's wait before it fires due timers, so a KvAllocReply that
+ * came in during a long forward is taken before its deadline is judged. */
+static void on_inbox_ready(int fd, void *arg)
+{
+    (void)fd;
+    kvf_prefill_t *p = arg;
+    kvf_inbox_t *inbox = kvf_node_inbox(p->node);
+    for (int i = 0; i < 256; i++) {
+        kvf_envelope_t *env = NULL;
+        kvf_status_t st = kvf_inbox_recv(inbox, 0, &env);
+        if (st == KVF_ERR_AGAIN || st == KVF_ERR_TIMEOUT)
+            return;
+        if (st != KVF_OK) {
+            /* Already logged and dropped by the inbox; keep serving. */
+            p->count.malformed_dropped++;
+            continue;
+        }
+        pf_handle_envelope(p, env);
+    }
+}
 
 static void on_node_timer(kvf_timer_t *timer, void *arg)
 {
@@ -93,8 +115,9 @@ static bool arm_xfer_timers(kvf_prefill_t *p)
 
 /* Re-arms every timer the loop's steps may have moved (the node runtime's
  * next registration or heartbeat, the transport's), then sleeps until the
- * earliest, an fd, or a signal; busy: only look, do not sleep. Request
- * deadlines (KvAlloc retries and replies) are timers of their own. */
+ * earliest, an fd, or a signal; busy: only look, do not sleep. Then the
+ * inbox is read (on_inbox_ready) and the due timers fire, request
+ * deadlines (KvAlloc retries and replies) included. */
 static void loop_wait(kvf_prefill_t *p, bool busy)
 {
     kvf_timers_t *timers = kvf_evloop_timers(p->loop);
@@ -107,24 +130,6 @@ static void loop_wait(kvf_prefill_t *p, bool busy)
 }
 
 /* ---- the loop ---------------------------------------------------------- */
-
-/* Receives everything waiting in the inbox. */
-static void drain_inbox(kvf_prefill_t *p)
-{
-    kvf_inbox_t *inbox = kvf_node_inbox(p->node);
-    for (int i = 0; i < 256; i++) {
-        kvf_envelope_t *env = NULL;
-        kvf_status_t st = kvf_inbox_recv(inbox, 0, &env);
-        if (st == KVF_ERR_AGAIN || st == KVF_ERR_TIMEOUT)
-            return;
-        if (st != KVF_OK) {
-            /* Already logged and dropped by the inbox; keep serving. */
-            p->count.malformed_dropped++;
-            continue;
-        }
-        pf_handle_envelope(p, env);
-    }
-}
 
 /* Gives up every request held: Error{CLOSED} to the router (it sends them
  * elsewhere), ABORT to the decode nodes that reserved blocks. */
@@ -207,7 +212,6 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
                 kvf_log_warn("drain timed out with requests still held");
             break;
         }
-        drain_inbox(p);
         kvf_xfer_progress(p->xfer);
         pf_service_requests(p);
         bool ran = pf_forward_step(p);
@@ -310,7 +314,7 @@ static kvf_status_t create_loop(kvf_prefill_t *p)
     kvf_timer_init(&p->poll_timer, on_xfer_timer, p);
     kvf_timer_init(&p->drain_timer, on_deadline_timer, p);
     kvf_timer_init(&p->stop_timer, on_deadline_timer, p);
-    st = kvf_evloop_add_fd(p->loop, kvf_inbox_fd(kvf_node_inbox(p->node)), NULL, NULL);
+    st = kvf_evloop_add_fd(p->loop, kvf_inbox_fd(kvf_node_inbox(p->node)), on_inbox_ready, p);
     int xfd = kvf_xfer_fd(p->xfer);
     if (st == KVF_OK && xfd >= 0)
         st = kvf_evloop_add_fd(p->loop, xfd, NULL, NULL);
