@@ -6,7 +6,9 @@
 #define CRC32C_POLY 0x82f63b78u /* reflected Castagnoli polynomial */
 
 static uint32_t crc_table[8][256];
+#if defined(__x86_64__)
 static int crc_have_sse42;
+#endif
 static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
 
 static void crc_init(void)

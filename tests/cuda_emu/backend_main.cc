@@ -314,7 +314,7 @@ int main(void)
            rs.replays, rs.deferred, seconds_since(t0));
     if (rc == 77) {
         fprintf(stderr, "test_cuda_backend_emu: the test skipped: the emulated GPU was not seen "
-                        "(is kvf_common_emu built with KVF_HAVE_CUDA?)\n");
+                        "(is kvf_engine_emu built with KVF_HAVE_CUDA?)\n");
         return 1;
     }
     if (rs.captures == 0 || rs.replays == 0) {
