@@ -1,0 +1,451 @@
+/* The kvf-prefill test rig (prefill_rig.h). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "prefill_rig.h"
+
+#include "kvf/backend.h"
+#include "kvf/clock.h"
+#include "kvf/engine.h"
+#include "kvf/sampling.h"
+#include "kvf/sampling_msg.h"
+#include "support.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The running kvf-prefill, killed by the teardown if a test failed before
+ * stopping it. */
+static pid_t rig_child_pid;
+
+void rig_url_for(char *buf, size_t len)
+{
+    int port = 0;
+    assert_int_equal(kvf_net_free_port(&port), KVF_OK);
+    snprintf(buf, len, "tcp://127.0.0.1:%d", port);
+}
+
+void rig_send(kvf_outbox_t *ob, kvf_envelope_t *env)
+{
+    assert_int_equal(kvf_outbox_send(ob, env, 2000), KVF_OK);
+}
+
+kvf_envelope_t *rig_next_msg(rig_t *r, int ms, bool *from_router_p)
+{
+    uint64_t until = kvf_clock_ns() + (uint64_t)ms * 1000000ull;
+    for (;;) {
+        kvf_xfer_event_t ev;
+        if (r->dxfer)
+            kvf_xfer_progress(r->dxfer);
+        while (r->dxfer && kvf_xfer_poll(r->dxfer, &ev) == KVF_OK) {
+            if (ev.kind == KVF_XFER_EV_LANDED) {
+                r->landed_bytes += ev.bytes;
+                r->landed_last += ev.last;
+            } else if (ev.kind == KVF_XFER_EV_ABORTED) {
+                r->aborted++;
+            } else if (ev.kind == KVF_XFER_EV_REJECTED) {
+                r->rejected++;
+            }
+        }
+        kvf_envelope_t *env = NULL;
+        if (kvf_inbox_recv(r->router_in, 0, &env) == KVF_OK) {
+            if (env->body_case == KVF__ENVELOPE__BODY_HEARTBEAT) {
+                if (env->heartbeat->load)
+                    r->last_blocks_used = env->heartbeat->load->blocks_used;
+                kvf_envelope_free(env);
+                continue;
+            }
+            if (env->body_case == KVF__ENVELOPE__BODY_DEREGISTER) {
+                r->deregistered = true;
+                kvf_envelope_free(env);
+                continue;
+            }
+            *from_router_p = true;
+            return env;
+        }
+        if (kvf_inbox_recv(r->decode_in, 1, &env) == KVF_OK) {
+            *from_router_p = false;
+            return env;
+        }
+        if (kvf_clock_ns() >= until)
+            return NULL;
+    }
+}
+
+int rig_kill_child(void **state)
+{
+    (void)state;
+    if (rig_child_pid > 0) {
+        kill(rig_child_pid, SIGKILL);
+        waitpid(rig_child_pid, NULL, 0);
+        rig_child_pid = 0;
+    }
+    return 0;
+}
+
+void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *max_batch_tokens)
+{
+    memset(r, 0, sizeof(*r));
+    char dir[1024];
+    if (model_dir)
+        snprintf(dir, sizeof(dir), "%s", model_dir);
+    else
+        snprintf(dir, sizeof(dir), "%s/golden/tiny-llama-f32", KVF_TEST_DATA);
+    assert_int_equal(kvf_model_load(dir, &r->model), KVF_OK);
+    r->geo = kvf_engine_kv_geometry(r->model, 16);
+    assert_int_equal(kvf_kvpool_create(&r->geo, 256, &r->dpool), KVF_OK);
+    kvf_xfer_config_t xc = {
+        .backend = KVF_XFER_UCX,
+        .pool = kvf_kvpool_base(r->dpool),
+        .pool_bytes = kvf_kvpool_bytes(r->dpool),
+        .geometry = {.block_size = 16,
+                     .n_layers = (uint32_t)r->geo.n_layers,
+                     .n_kv_heads = (uint32_t)r->geo.n_kv_heads,
+                     .head_dim = (uint32_t)r->geo.head_dim,
+                     .dtype = KVF_XFER_DTYPE_F32,
+                     .layout = 1},
+    };
+    assert_int_equal(kvf_xfer_create(&xc, &r->dxfer), KVF_OK);
+    assert_int_equal(kvf_xfer_export(r->dxfer, &r->desc, &r->desc_len), KVF_OK);
+    rig_url_for(r->router_url, sizeof(r->router_url));
+    rig_url_for(r->decode_url, sizeof(r->decode_url));
+    rig_url_for(r->prefill_url, sizeof(r->prefill_url));
+    assert_int_equal(kvf_inbox_create(r->router_url, 0, &r->router_in), KVF_OK);
+    assert_int_equal(kvf_inbox_create(r->decode_url, 0, &r->decode_in), KVF_OK);
+    assert_int_equal(kvf_outbox_create(r->prefill_url, &r->to_prefill), KVF_OK);
+
+    r->pid = fork();
+    assert_true(r->pid >= 0);
+    if (r->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        /* clang-format off */
+        const char *argv[] = {KVF_BIN_DIR "/kvf-prefill", "--router", r->router_url,
+                              "--listen", r->prefill_url, "--model", dir, "--threads", "1",
+                              "--kv-mem", kv_mem, "--max-batch-tokens", max_batch_tokens,
+                              "--node-id", "p-test", NULL};
+        /* clang-format on */
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    rig_child_pid = r->pid;
+    /* Registration: answer the first Register. */
+    bool from_router = false;
+    kvf_envelope_t *env = NULL;
+    for (;;) {
+        env = rig_next_msg(r, 20000, &from_router);
+        assert_non_null(env);
+        if (env->body_case == KVF__ENVELOPE__BODY_REGISTER)
+            break;
+        kvf_envelope_free(env);
+    }
+    const Kvf__Register *reg = env->register_;
+    assert_int_equal(reg->role, KVF__ROLE__ROLE_PREFILL);
+    assert_string_equal(reg->model_fingerprint, kvf_model_fingerprint(r->model));
+    assert_non_null(reg->geometry);
+    assert_int_equal(reg->geometry->block_size, 16);
+    assert_int_equal(reg->geometry->n_layers, (uint32_t)r->geo.n_layers);
+    assert_true(reg->capacity_blocks > 0);
+    snprintf(r->prefill_id, sizeof(r->prefill_id), "%s", reg->node_id);
+    kvf_envelope_free(env);
+
+    Kvf__RegisterReply rr = KVF__REGISTER_REPLY__INIT;
+    rr.node_id = r->prefill_id;
+    rr.heartbeat_ms = 100;
+    kvf_envelope_t out;
+    kvf_envelope_init(&out, "router");
+    out.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;
+    out.register_reply = &rr;
+    rig_send(r->to_prefill, &out);
+}
+
+void rig_stop(rig_t *r)
+{
+    /* SIGTERM: Deregister, exit 0. */
+    kill(r->pid, SIGTERM);
+    int status = 0;
+    uint64_t until = kvf_clock_ns() + 10000000000ull;
+    pid_t w = 0;
+    while ((w = waitpid(r->pid, &status, WNOHANG)) == 0 && kvf_clock_ns() < until) {
+        bool from_router;
+        kvf_envelope_t *env = rig_next_msg(r, 10, &from_router);
+        kvf_envelope_free(env);
+    }
+    if (w == 0) {
+        kill(r->pid, SIGKILL);
+        waitpid(r->pid, &status, 0);
+        rig_child_pid = 0;
+        fail_msg("kvf-prefill did not stop on SIGTERM");
+    }
+    rig_child_pid = 0;
+    bool from_router;
+    kvf_envelope_free(rig_next_msg(r, 50, &from_router));
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_true(r->deregistered);
+    kvf_outbox_destroy(r->to_prefill);
+    kvf_outbox_destroy(r->to_reply);
+    kvf_inbox_destroy(r->router_in);
+    kvf_inbox_destroy(r->decode_in);
+    free(r->desc);
+    kvf_xfer_destroy(r->dxfer);
+    kvf_kvpool_destroy(r->dpool);
+    kvf_model_destroy(r->model);
+}
+
+Kvf__Sampling rig_greedy_sampling(uint64_t req_id)
+{
+    Kvf__Sampling s = KVF__SAMPLING__INIT;
+    s.max_tokens = RIG_MAX_NEW;
+    s.has_seed = true;
+    s.seed = req_id * 1000u + 7u;
+    return s;
+}
+
+void rig_send_prefill_msg(rig_t *r, uint64_t req_id, uint64_t epoch, const uint32_t *ids, size_t n,
+                          uint32_t n_generated, const Kvf__Sampling *s, const char *decode_inbox)
+{
+    /* An earlier epoch's sampler state travels with its tokens. */
+    uint64_t rng_state = n_generated ? RIG_EARLIER_RNG_STATE : 0;
+    Kvf__PrefillRequest pr = KVF__PREFILL_REQUEST__INIT;
+    pr.req_id = req_id;
+    pr.epoch = epoch;
+    pr.n_token_ids = n;
+    pr.token_ids = (uint32_t *)ids;
+    pr.n_generated = n_generated;
+    pr.rng_state = rng_state;
+    pr.sampling = (Kvf__Sampling *)s;
+    pr.decode_node_id = "d-test";
+    pr.decode_inbox = (char *)decode_inbox;
+    pr.decode_xfer_desc.data = r->desc;
+    pr.decode_xfer_desc.len = r->desc_len;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_PREFILL_REQUEST;
+    env.prefill_request = &pr;
+    rig_send(r->to_prefill, &env);
+}
+
+void rig_send_prefill_to(rig_t *r, uint64_t req_id, uint64_t epoch, const uint32_t *ids, size_t n,
+                         const char *decode_inbox)
+{
+    Kvf__Sampling s = rig_greedy_sampling(req_id);
+    rig_send_prefill_msg(r, req_id, epoch, ids, n, 0, &s, decode_inbox);
+}
+
+void rig_send_prefill(rig_t *r, uint64_t req_id, uint64_t epoch, const uint32_t *ids, size_t n)
+{
+    rig_send_prefill_to(r, req_id, epoch, ids, n, r->decode_url);
+}
+
+void rig_send_cancel_on(kvf_outbox_t *ob, uint64_t req_id, uint64_t epoch)
+{
+    Kvf__Cancel c = KVF__CANCEL__INIT;
+    c.req_id = req_id;
+    c.epoch = epoch;
+    c.reason = "test";
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "router");
+    env.body_case = KVF__ENVELOPE__BODY_CANCEL;
+    env.cancel = &c;
+    rig_send(ob, &env);
+}
+
+void rig_send_cancel(rig_t *r, uint64_t req_id, uint64_t epoch)
+{
+    rig_send_cancel_on(r->to_prefill, req_id, epoch);
+}
+
+void rig_answer_alloc(rig_t *r, const Kvf__KvAlloc *a, int32_t status, uint64_t epoch,
+                      uint32_t **ids_p, uint32_t *n_p)
+{
+    Kvf__KvAllocReply rep = KVF__KV_ALLOC_REPLY__INIT;
+    rep.req_id = a->req_id;
+    rep.epoch = epoch;
+    rep.status = status;
+    uint32_t n = 0, *ids = NULL;
+    if (status == KVF_OK) {
+        n = kvf_kv_blocks_for_tokens(&r->geo, a->n_tokens + a->max_new_tokens);
+        ids = malloc(n * sizeof(uint32_t));
+        assert_int_equal(kvf_kvpool_alloc(r->dpool, n, ids), KVF_OK);
+        /* Scramble the order so positions and block ids differ. */
+        for (uint32_t i = 0; i + 1 < n; i += 2) {
+            uint32_t t = ids[i];
+            ids[i] = ids[i + 1];
+            ids[i + 1] = t;
+        }
+        uint32_t np = kvf_kv_blocks_for_tokens(&r->geo, a->n_tokens);
+        kvf_xfer_range_t *ranges = calloc(np, sizeof(*ranges));
+        for (uint32_t b = 0; b < np; b++) {
+            ranges[b].off = kvf_kvpool_slice_offset(r->dpool, ids[b], 0);
+            ranges[b].len = kvf_kv_block_bytes(&r->geo);
+        }
+        assert_int_equal(kvf_xfer_reserve(r->dxfer, a->req_id, a->epoch, ranges, np, 10000),
+                         KVF_OK);
+        free(ranges);
+        rep.n_block_ids = n;
+        rep.block_ids = ids;
+        rep.lease_ms = 10000;
+    } else {
+        rep.error = "no space (test)";
+    }
+    /* The decode node's own outbox to the reply inbox, kept like a node's. */
+    if (!r->to_reply)
+        assert_int_equal(kvf_outbox_create(a->reply_inbox, &r->to_reply), KVF_OK);
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "d-test");
+    env.body_case = KVF__ENVELOPE__BODY_KV_ALLOC_REPLY;
+    env.kv_alloc_reply = &rep;
+    rig_send(r->to_reply, &env);
+    *ids_p = ids;
+    *n_p = n;
+}
+
+/* The first token sampled from logits as a node does for sampling message
+ * s (kvf/sampling_msg.h; a fresh sampler: no earlier epoch). */
+static void reference_sample(const Kvf__Sampling *s, int vocab, const float *logits, rig_ref_t *ref)
+{
+    kvf_sampling_params_t sp;
+    assert_int_equal(kvf_sampling_msg_params(s, vocab, &sp), KVF_OK);
+    kvf_sampler_t sampler;
+    assert_int_equal(kvf_sampler_init(&sampler, &sp, vocab), KVF_OK);
+    ref->first_token = kvf_sampler_sample(&sampler, logits);
+    ref->rng_after = kvf_sampler_state(&sampler);
+    kvf_sampler_fini(&sampler);
+}
+
+void rig_reference(rig_t *r, const uint32_t *ids, uint32_t n, const Kvf__Sampling *sampling,
+                   rig_ref_t *ref)
+{
+    kvf_backend_t be;
+    kvf_test_cpu_backend(&be, 3, KVF_CPU_ISA_SCALAR, KVF_CPU_WEIGHTS_NATIVE);
+    assert_int_equal(kvf_kvpool_create(&r->geo, 64, &ref->pool), KVF_OK);
+    kvf_engine_t *e = NULL;
+    assert_int_equal(kvf_engine_create(r->model, &be, ref->pool, &e), KVF_OK);
+    uint32_t nb = kvf_kv_blocks_for_tokens(&r->geo, n);
+    assert_int_equal(kvf_kvpool_alloc(ref->pool, nb, ref->blocks), KVF_OK);
+    float *logits = malloc((size_t)r->model->cfg.vocab * sizeof(float));
+    kvf_engine_seq_t s = {
+        .tokens = ids, .n_tokens = n, .block_ids = ref->blocks, .n_blocks = nb, .logits = logits};
+    assert_int_equal(kvf_engine_forward(e, &s, 1, NULL), KVF_OK);
+    if (sampling)
+        reference_sample(sampling, r->model->cfg.vocab, logits, ref);
+    else
+        ref->first_token = kvf_sample_argmax(logits, r->model->cfg.vocab);
+    free(logits);
+    kvf_engine_destroy(e);
+    kvf_backend_destroy(&be);
+}
+
+double rig_compare_kv(rig_t *r, const uint32_t *dblocks, const rig_ref_t *ref, uint32_t n)
+{
+    double worst = 0;
+    const kvf_kv_geometry_t *g = &r->geo;
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t b = t / 16, slot = t % 16;
+        for (int l = 0; l < g->n_layers; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int h = 0; h < g->n_kv_heads; h++) {
+                    const float *x =
+                        kvf_kvpool_head(r->dpool, dblocks[b], l, kv, h) + slot * g->head_dim;
+                    const float *y =
+                        kvf_kvpool_head(ref->pool, ref->blocks[b], l, kv, h) + slot * g->head_dim;
+                    for (int d = 0; d < g->head_dim; d++) {
+                        double diff = fabs((double)x[d] - (double)y[d]);
+                        if (!(diff <= worst))
+                            worst = isnan(diff) ? INFINITY : diff;
+                    }
+                }
+    }
+    return worst;
+}
+
+void rig_make_prompt(uint32_t *ids, uint32_t n, uint32_t seed)
+{
+    ids[0] = 510; /* BOS */
+    for (uint32_t i = 1; i < n; i++)
+        ids[i] = (i * 37u + seed * 101u) % 500u;
+}
+
+uint64_t rig_prompt_kv_bytes(const rig_t *r, uint32_t len)
+{
+    return (uint64_t)kvf_kv_blocks_for_tokens(&r->geo, len) * kvf_kv_block_bytes(&r->geo);
+}
+
+void rig_write_model(char *dir, size_t len, int n_layers)
+{
+    snprintf(dir, len, "/tmp/kvf-test-prefill-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    kvf_model_config_t cfg = {
+        .arch = KVF_ARCH_LLAMA,
+        .n_layers = n_layers,
+        .hidden = 256,
+        .n_heads = 4,
+        .n_kv_heads = 2,
+        .head_dim = 64,
+        .inter = 688,
+        .vocab = 512,
+        .max_pos = 2048,
+        .rope_theta = 10000.0,
+        .rms_eps = 1e-5,
+        .bos_id = 510,
+        .eos_ids = {511},
+        .n_eos = 1,
+    };
+    snprintf(cfg.arch_name, sizeof(cfg.arch_name), "LlamaForCausalLM");
+    assert_int_equal(kvf_model_write_random(dir, &cfg, KVF_DTYPE_F32, 3), KVF_OK);
+}
+
+void rig_remove_model(const char *dir)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+uint32_t *rig_start_long_request(rig_t *r, char *dir, size_t dir_len, uint64_t req_id,
+                                 uint32_t seed, uint32_t *n_blocks_p)
+{
+    static uint32_t ids[1500];
+    rig_write_model(dir, dir_len, 6);
+    rig_start(r, dir, "64M", "16");
+    rig_make_prompt(ids, 1500, seed);
+    rig_send_prefill(r, req_id, 1, ids, 1500);
+    uint32_t *blocks = NULL;
+    uint64_t until = kvf_clock_ns() + 20000000000ull;
+    while (r->landed_bytes == 0) {
+        bool from_router = false;
+        kvf_envelope_t *env = rig_next_msg(r, 50, &from_router);
+        if (kvf_clock_ns() > until)
+            fail_msg("nothing landed");
+        if (!env)
+            continue;
+        if (env->body_case != KVF__ENVELOPE__BODY_KV_ALLOC)
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        rig_answer_alloc(r, env->kv_alloc, KVF_OK, env->kv_alloc->epoch, &blocks, n_blocks_p);
+        kvf_envelope_free(env);
+    }
+    assert_non_null(blocks);
+    return blocks;
+}
+
+void rig_expect_no_blocks(rig_t *r)
+{
+    uint64_t until = kvf_clock_ns() + 10000000000ull;
+    r->last_blocks_used = 1;
+    while (r->last_blocks_used != 0 && kvf_clock_ns() < until) {
+        bool fr;
+        kvf_envelope_t *env = rig_next_msg(r, 50, &fr);
+        if (env)
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+    }
+    assert_int_equal(r->last_blocks_used, 0);
+}
