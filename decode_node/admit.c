@@ -1,4 +1,4 @@
-/* The one admission path of the decode node (PROTOCOL.md step 3): a
+/* The one admission path of the decode node (docs/PROTOCOL.md, step 3): a
  * KvAlloc (K/V to come over the transport) and a local PrefillRequest
  * (--prefill-local: K/V computed here) both go through dec_admit(), which
  * orders epochs, applies the admission rule (handoff.h), takes the blocks
@@ -7,7 +7,6 @@
  * with their handlers in messages.c. */
 #include "decode_internal.h"
 
-#include "kvf/clock.h"
 #include "kvf/kvcache.h"
 #include "kvf/log.h"
 
@@ -54,8 +53,8 @@ static kvf_status_t order_epochs(kvf_decode_t *d, const dec_admit_spec_t *spec, 
 }
 
 /* Whether the node takes the request now; why says why not. */
-static kvf_status_t decide(kvf_decode_t *d, const dec_admit_spec_t *spec, char *why,
-                           size_t why_len, uint32_t *n_blocks_p)
+static kvf_status_t decide(kvf_decode_t *d, const dec_admit_spec_t *spec, char *why, size_t why_len,
+                           uint32_t *n_blocks_p)
 {
     if (d->draining) {
         snprintf(why, why_len, "decode node is draining");
@@ -99,11 +98,7 @@ static kvf_status_t reserve_prompt_blocks(kvf_decode_t *d, dec_req_t *r)
     if (st != KVF_OK)
         return st;
     r->reserved = true;
-    /* The transport's lease covers the data; this covers the KvReady
-     * message too (a lost one must not hold the blocks for ever). The
-     * margin lets the transport's own expiry speak first. */
-    r->seal_by_ns =
-        kvf_clock_ns() + ((uint64_t)d->cfg.lease_ms + DECODE_SEAL_MARGIN_MS) * 1000000ull;
+    dec_arm_seal_deadline(d, r);
     return KVF_OK;
 }
 
@@ -118,9 +113,12 @@ static kvf_status_t create_entry(kvf_decode_t *d, const dec_admit_spec_t *spec, 
     r->epoch = spec->epoch;
     r->local = spec->local;
     kvf_handoff_init(&r->h, spec->local);
+    kvf_timer_init(&r->seal_timer, NULL, NULL); /* armed by reserve_prompt_blocks */
     r->n_tokens = spec->n_tokens;
     r->max_new = spec->max_new;
     kvf_status_t st = KVF_ERR_NOMEM;
+    if (spec->sender && !(r->sender = strdup(spec->sender)))
+        goto fail_prompt;
     if (spec->local) {
         r->prompt = malloc((size_t)spec->n_tokens * sizeof(*r->prompt));
         if (!r->prompt)
@@ -149,7 +147,7 @@ fail_add:
 fail_reserve:
     kvf_kvpool_release(d->rt.pool, r->blocks, r->n_blocks);
 fail_prompt:
-    dec_req_free(r);
+    dec_req_free(d, r);
     return st;
 }
 

@@ -19,28 +19,6 @@ void kvf_decode_get_stats(const kvf_decode_t *d, kvf_decode_stats_t *stats_p)
     stats_p->malformed_dropped += kvf_inbox_dropped(kvf_node_inbox(d->node));
 }
 
-/* Whether the pool takes two-sided transfers. Over TCP, UCX 1.13 emulates
- * puts with messages whose receiver aborts when the sender dies mid-put,
- * so unless UCX_TLS leaves TCP out (or the operator chose), a decode node
- * receives two-sided: one prefill node's death must not take it down. */
-static bool xfer_two_sided(kvf_decode_xfer_mode_t mode)
-{
-    if (mode != KVF_DECODE_XFER_AUTO)
-        return mode == KVF_DECODE_XFER_AM;
-    const char *tls = getenv("UCX_TLS");
-    if (!tls || !*tls)
-        return true;
-    bool excluded = tls[0] == '^';
-    bool names_tcp = false;
-    char list[256];
-    snprintf(list, sizeof(list), "%s", excluded ? tls + 1 : tls);
-    char *save = NULL;
-    for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
-        if (!strcmp(t, "tcp") || !strcmp(t, "all"))
-            names_tcp = true;
-    return excluded ? !names_tcp : names_tcp;
-}
-
 /* Copies cfg's strings into d and fills the defaults. */
 static kvf_status_t take_config(kvf_decode_t *d, const kvf_decode_config_t *cfg)
 {
@@ -70,9 +48,9 @@ static kvf_status_t take_config(kvf_decode_t *d, const kvf_decode_config_t *cfg)
     return KVF_OK;
 }
 
-/* Model, backend, pool and engine. The pool: the budget, but no more than
- * max_running full-context sequences can ever use, with a host mirror the
- * transport ships into. */
+/* Model, backend, pool and engine, and the model's tokenizer. The pool:
+ * the budget, but no more than max_running full-context sequences can
+ * ever use, with a host mirror the transport ships into. */
 static kvf_status_t open_engine(kvf_decode_t *d)
 {
     kvf_engine_stack_config_t sc = {
@@ -88,6 +66,12 @@ static kvf_status_t open_engine(kvf_decode_t *d)
     st = kvf_engine_stack_init(&d->rt, d->model_dir, &sc);
     if (st != KVF_OK)
         return st;
+    /* The requests' text and stop strings (the router loads the same). */
+    st = kvf_tokenizer_load(d->model_dir, &d->tok);
+    if (st != KVF_OK) {
+        kvf_engine_stack_fini(&d->rt);
+        return st;
+    }
     const kvf_model_config_t *mc = &d->rt.model->cfg;
     d->vocab = mc->vocab;
     d->max_context = mc->max_pos > 0 ? (uint32_t)mc->max_pos : 1;
@@ -96,19 +80,33 @@ static kvf_status_t open_engine(kvf_decode_t *d)
     return KVF_OK;
 }
 
+static void close_engine(kvf_decode_t *d)
+{
+    kvf_tokenizer_destroy(d->tok);
+    kvf_engine_stack_fini(&d->rt);
+}
+
 /* The transfer handle registered over the pool: the receiving end of
- * every handoff. */
+ * every handoff. Two-sided when the operator says so, or (auto) when a
+ * one-sided receiver would not survive a prefill node dying mid-put: one
+ * prefill node's death must not take the decode node down. */
 static kvf_status_t open_transport(kvf_decode_t *d)
 {
-    d->two_sided = xfer_two_sided(d->cfg.xfer_mode);
     kvf_xfer_config_t xc = {
         .backend = KVF_XFER_UCX,
         .mem_type = KVF_XFER_MEM_HOST,
         .pool = kvf_kvpool_base(d->rt.pool),
         .pool_bytes = kvf_kvpool_bytes(d->rt.pool),
         .geometry = kvf_xfer_geometry_of_pool(kvf_kvpool_geometry(d->rt.pool)),
-        .two_sided = d->two_sided,
     };
+    kvf_status_t st = kvf_xfer_caps(&xc, &d->xfer_caps);
+    if (st != KVF_OK)
+        return st;
+    if (d->cfg.xfer_mode == KVF_DECODE_XFER_AUTO)
+        d->two_sided = d->xfer_caps.one_sided && !d->xfer_caps.one_sided_survives_sender_death;
+    else
+        d->two_sided = d->cfg.xfer_mode == KVF_DECODE_XFER_AM;
+    xc.two_sided = d->two_sided;
     return kvf_xfer_create(&xc, &d->xfer);
 }
 
@@ -213,6 +211,9 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
     st = open_node(d);
     if (st != KVF_OK)
         goto fail_node;
+    st = dec_loop_open(d);
+    if (st != KVF_OK)
+        goto fail_loop;
     st = alloc_scratch(d);
     if (st != KVF_OK)
         goto fail_scratch;
@@ -222,11 +223,13 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
 
 fail_scratch:
     free_scratch(d);
+fail_loop:
+    dec_loop_close(d);
     kvf_node_destroy(d->node);
 fail_node:
     kvf_xfer_destroy(d->xfer);
 fail_transport:
-    kvf_engine_stack_fini(&d->rt);
+    close_engine(d);
 fail_config:
     free_config(d);
     free(d);
@@ -240,13 +243,16 @@ void kvf_decode_destroy(kvf_decode_t *d)
     while (d->n_reqs)
         dec_req_release_blocks(d, d->reqs[d->n_reqs - 1]);
     free(d->reqs);
+    dec_senders_free(d);
     free(d->chunks);
+    free(d->chunk_text);
     free_scratch(d);
+    dec_loop_close(d); /* after the requests: their timers are in its set */
     kvf_node_destroy(d->node);
     /* The transport goes before the pool: its registration of the pool
      * memory ends first. */
     kvf_xfer_destroy(d->xfer);
-    kvf_engine_stack_fini(&d->rt);
+    close_engine(d);
     free_config(d);
     free(d);
 }

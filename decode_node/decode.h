@@ -1,4 +1,4 @@
-/* kvf-decode: the decode node of a kvferry cluster (docs/DESIGN.md, proto/PROTOCOL.md).
+/* kvf-decode: the decode node of a kvferry cluster (docs/DESIGN.md, docs/PROTOCOL.md).
  *
  * One kvf_decode_t owns everything the node has: the model, the CPU
  * backend, the paged KV pool, the engine, the transfer handle registered
@@ -8,7 +8,9 @@
  * control messages, drives the transport, and runs continuous-batching
  * decode steps (one engine forward over every decoding sequence, plus
  * prompt chunks of requests this node prefills itself with
- * --prefill-local), streaming one TokenBatch to the router per step.
+ * --prefill-local), streaming one TokenBatch to the router per step. It
+ * emits every token of a request, the first included, with the text the
+ * tokens add, and decides every finish (EOS, stop strings, length).
  *
  * Thread rules: one thread (the loop's) uses a kvf_decode_t; the backend's
  * thread pool only runs inside kvf_engine_forward(). */
@@ -67,7 +69,7 @@ typedef struct {
     uint64_t requests_released;  /* blocks back in the pool */
     uint64_t stale_dropped;      /* messages or events of another epoch */
     uint64_t malformed_dropped;  /* undecodable, invalid or unexpected messages */
-    uint64_t tokens_generated;   /* tokens sampled (first tokens of local prefills included) */
+    uint64_t tokens_generated;   /* tokens taken, every first token and an ending EOS included */
     uint64_t steps;              /* engine forwards */
 } kvf_decode_stats_t;
 

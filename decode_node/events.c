@@ -1,10 +1,90 @@
 /* The receiving end of KV handoffs: the transport's events for this
- * node's reservations (kvf/xfer.h) and the deadline by which a handoff
- * must seal. */
+ * node's reservations (kvf/xfer.h), the deadline by which a handoff must
+ * seal, and which prefill nodes' connections are known to work (for the
+ * loop's wake-up rule, loop.c). */
 #include "decode_internal.h"
 
-#include "kvf/clock.h"
 #include "kvf/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+/* Most prefill nodes remembered as proven; past it the oldest is
+ * forgotten (it is only looked at more often again). */
+#define DECODE_SENDERS_MAX 256
+
+/* ---- proven senders ---------------------------------------------------------- */
+
+static ssize_t sender_index(const kvf_decode_t *d, const char *id)
+{
+    for (size_t i = 0; i < d->n_senders; i++)
+        if (!strcmp(d->senders[i], id))
+            return (ssize_t)i;
+    return -1;
+}
+
+/* A batch of id's landed: its connection to this pool is set up. */
+static void sender_proven(kvf_decode_t *d, const char *id)
+{
+    if (!id || sender_index(d, id) >= 0)
+        return;
+    if (d->n_senders == DECODE_SENDERS_MAX) {
+        free(d->senders[0]);
+        memmove(d->senders, d->senders + 1, (d->n_senders - 1) * sizeof(*d->senders));
+        d->n_senders--;
+    }
+    if (!d->senders) {
+        d->senders = calloc(DECODE_SENDERS_MAX, sizeof(*d->senders));
+        if (!d->senders)
+            return; /* unproven: looked at more often, nothing worse */
+    }
+    char *copy = strdup(id);
+    if (copy)
+        d->senders[d->n_senders++] = copy;
+}
+
+/* A handoff of id's failed: it may connect anew, and a connection being
+ * set up does not wake the transport's fd. */
+static void sender_doubtful(kvf_decode_t *d, const char *id)
+{
+    ssize_t i = id ? sender_index(d, id) : -1;
+    if (i < 0)
+        return;
+    free(d->senders[i]);
+    memmove(d->senders + i, d->senders + i + 1, (d->n_senders - (size_t)i - 1) * sizeof(char *));
+    d->n_senders--;
+}
+
+void dec_senders_free(kvf_decode_t *d)
+{
+    for (size_t i = 0; i < d->n_senders; i++)
+        free(d->senders[i]);
+    free(d->senders);
+    d->senders = NULL;
+    d->n_senders = 0;
+}
+
+bool dec_handoff_needs_recheck(const kvf_decode_t *d, bool no_fd)
+{
+    for (size_t i = 0; i < d->n_reqs; i++) {
+        const dec_req_t *r = d->reqs[i];
+        bool expecting = r->h.state == KVF_HANDOFF_ALLOCATED || r->h.state == KVF_HANDOFF_WRITING;
+        if (!expecting)
+            continue;
+        if (no_fd)
+            return true;
+        /* KvReady came before the last LANDED was taken. */
+        if (r->h.ready && !r->h.landed_last)
+            return true;
+        /* The sender's connection may still be being set up. */
+        if (!r->sender || sender_index(d, r->sender) < 0)
+            return true;
+    }
+    return false;
+}
+
+/* ---- events ------------------------------------------------------------------ */
 
 /* The live entry an event is about, or NULL. */
 static dec_req_t *live_entry(const kvf_decode_t *d, const kvf_xfer_event_t *ev)
@@ -24,8 +104,9 @@ static void on_landed(kvf_decode_t *d, const kvf_xfer_event_t *ev)
         return;
     }
     r->kv_bytes += ev->bytes;
+    sender_proven(d, r->sender);
     if (r->h.state == KVF_HANDOFF_SEALED)
-        dec_req_join(d, r);
+        dec_req_join(d, r, r->first_token);
 }
 
 static void on_expired(kvf_decode_t *d, const kvf_xfer_event_t *ev)
@@ -36,6 +117,7 @@ static void on_expired(kvf_decode_t *d, const kvf_xfer_event_t *ev)
     kvf_log_warn("request %llu epoch %llu: lease of %u ms ended in state %s",
                  (unsigned long long)r->req_id, (unsigned long long)r->epoch, d->cfg.lease_ms,
                  kvf_handoff_state_name(r->h.state));
+    sender_doubtful(d, r->sender);
     dec_req_fail(d, r, KVF_ERR_TIMEOUT, "decode node: kv reservation not sealed within %u ms",
                  d->cfg.lease_ms);
 }
@@ -48,6 +130,7 @@ static void on_aborted(kvf_decode_t *d, const kvf_xfer_event_t *ev)
     /* The prefill node reports the failure to the router itself. */
     kvf_log_info("request %llu epoch %llu: transfer aborted by the prefill node",
                  (unsigned long long)r->req_id, (unsigned long long)r->epoch);
+    sender_doubtful(d, r->sender);
     d->stats.requests_failed++;
     dec_req_end(d, r);
 }
@@ -60,6 +143,7 @@ static void on_rejected(kvf_decode_t *d, const kvf_xfer_event_t *ev)
         return;
     }
     d->stats.malformed_dropped++;
+    sender_doubtful(d, r->sender);
     dec_req_fail(d, r, KVF_ERR_TRANSPORT, "decode node: kv transfer rejected: %s",
                  kvf_status_str(ev->status));
 }
@@ -104,23 +188,32 @@ void dec_drain_events(kvf_decode_t *d)
         on_xfer_event(d, &ev);
 }
 
-/* Ends transferred requests whose handoff did not seal in time: the data
- * may have landed (the transport lease then no longer runs) while the
- * prefill node's KvReady never came. */
-void dec_check_seal_deadlines(kvf_decode_t *d)
+/* The handoff did not seal in time: the data may have landed (the
+ * transport lease then no longer runs) while the prefill node's KvReady
+ * never came. */
+static void on_seal_deadline(kvf_timer_t *t, void *arg)
 {
-    uint64_t now = kvf_clock_ns();
-    for (size_t i = 0; i < d->n_reqs; i++) {
-        dec_req_t *r = d->reqs[i];
-        if (r->local || !r->seal_by_ns || now < r->seal_by_ns ||
-            (r->h.state != KVF_HANDOFF_ALLOCATED && r->h.state != KVF_HANDOFF_WRITING))
-            continue;
-        kvf_log_warn("request %llu epoch %llu: handoff not sealed within the lease (state %s)",
-                     (unsigned long long)r->req_id, (unsigned long long)r->epoch,
-                     kvf_handoff_state_name(r->h.state));
-        r->seal_by_ns = 0;
-        dec_req_fail(d, r, KVF_ERR_TIMEOUT, "decode node: kv handoff not sealed within %u ms",
-                     d->cfg.lease_ms);
-        i = (size_t)-1; /* the table may have changed: scan again */
-    }
+    kvf_decode_t *d = arg;
+    dec_req_t *r = (dec_req_t *)((char *)t - offsetof(dec_req_t, seal_timer));
+    if (r->h.state != KVF_HANDOFF_ALLOCATED && r->h.state != KVF_HANDOFF_WRITING)
+        return;
+    kvf_log_warn("request %llu epoch %llu: handoff not sealed within the lease (state %s)",
+                 (unsigned long long)r->req_id, (unsigned long long)r->epoch,
+                 kvf_handoff_state_name(r->h.state));
+    sender_doubtful(d, r->sender);
+    dec_req_fail(d, r, KVF_ERR_TIMEOUT, "decode node: kv handoff not sealed within %u ms",
+                 d->cfg.lease_ms);
+}
+
+void dec_arm_seal_deadline(kvf_decode_t *d, dec_req_t *r)
+{
+    /* The transport's lease covers the data; this covers the KvReady
+     * message too (a lost one must not hold the blocks for ever). The
+     * margin lets the transport's own expiry speak first. */
+    kvf_timer_init(&r->seal_timer, on_seal_deadline, d);
+    if (kvf_timer_arm_in_ms(kvf_evloop_timers(d->loop), &r->seal_timer,
+                            (uint64_t)d->cfg.lease_ms + DECODE_SEAL_MARGIN_MS) != KVF_OK)
+        kvf_log_warn("request %llu epoch %llu: no memory for the seal deadline; the "
+                     "transport's lease still ends the reservation",
+                     (unsigned long long)r->req_id, (unsigned long long)r->epoch);
 }

@@ -2,7 +2,7 @@
  * transport: admission control, the handoff state machine and the finish
  * rule. Private to decode_node/ (linked into kvf-decode and its unit tests).
  *
- * Handoff state machine (proto/PROTOCOL.md, step 6), one per (req_id, epoch):
+ * Handoff state machine (docs/PROTOCOL.md, step 6), one per (req_id, epoch):
  *
  *   ALLOCATED --LANDED--> WRITING --LANDED(last)+KvReady--> SEALED
  *   ALLOCATED --KvReady--> (still ALLOCATED, ready noted)
@@ -63,7 +63,7 @@ kvf_status_t kvf_handoff_end(kvf_handoff_t *h);
 /* RELEASING -> RELEASED. KVF_ERR_STALE from another state. */
 kvf_status_t kvf_handoff_on_released(kvf_handoff_t *h);
 
-/* What admission control looks at (PROTOCOL.md step 3). */
+/* What admission control looks at (docs/PROTOCOL.md, step 3). */
 typedef struct {
     uint32_t free_blocks;
     uint32_t live; /* requests admitted and not yet ended */
@@ -83,12 +83,16 @@ typedef struct {
 kvf_status_t kvf_decode_admit(const kvf_decode_admission_t *a, uint32_t n_tokens, uint32_t max_new,
                               uint32_t *n_blocks_p);
 
-/* Whether a sequence ends after producing a token. gen: tokens produced
- * in this epoch, that one included; seq_len: tokens of the sequence
- * (prompt, earlier epochs' tokens and gen); capacity: positions its blocks
- * hold. EOS ends it (FINISH_STOP) unless ignore_eos; gen reaching
- * max_tokens, seq_len reaching max_context or the next feed position
- * (seq_len - 1) falling outside the blocks end it with FINISH_LENGTH. */
+/* Whether a sequence ends after producing a token (a stop string, found in
+ * the text, is the caller's). gen: tokens produced in this epoch, that one
+ * included; seq_len: tokens of the sequence (prompt, earlier epochs'
+ * tokens and gen); capacity: positions its blocks hold; max_tokens: what
+ * this epoch may still produce. EOS ends it (FINISH_STOP) unless
+ * ignore_eos, whatever the counts (the EOS token itself is never emitted:
+ * the caller drops it and does not count it); gen reaching max_tokens,
+ * seq_len reaching max_context or the next feed position (seq_len - 1)
+ * falling outside the blocks end it with FINISH_LENGTH, that token
+ * included. */
 Kvf__FinishReason kvf_decode_finish_reason(bool is_eos, bool ignore_eos, uint32_t gen,
                                            uint32_t max_tokens, uint32_t seq_len,
                                            uint32_t max_context, uint32_t capacity);

@@ -1,15 +1,46 @@
 /* kvf_decode_run: the decode node's single event loop. Each turn takes
- * control messages, drives the transport and its events, checks the
- * deadlines, then runs a step when a sequence has work or sleeps until a
- * message, a transport event or a deadline. Also the drain and the stop. */
+ * control messages, drives the transport and takes its events, runs a
+ * step when a sequence has work, then waits in kvf_evloop_wait: without
+ * work it sleeps until a message, a transport wake-up or the earliest
+ * deadline. Every deadline is a timer: the node runtime's register and
+ * heartbeats, the transport's own deadlines, each handoff's seal
+ * deadline (events.c), the stats line, the drain's end.
+ *
+ * Wake-ups of the transport. Where its fd wakes for everything
+ * (kvf_xfer_caps_t.fd_wakes_on_data), sleeping on it loses nothing. UCX
+ * 1.13 does not promise that, and the loop does not poll for it; it
+ * relies on two facts and looks again after a short bounded timer only
+ * where they do not cover a handoff (dec_handoff_needs_recheck):
+ *  - the prefill node sends KvReady over the control socket, which wakes
+ *    the loop, only after every batch of the request completed on its
+ *    side; the turn that takes KvReady progresses the transport and takes
+ *    the LANDED events. So a handoff whose sender's connection works
+ *    needs no look of its own, with one exception: a KvReady taken before
+ *    the last LANDED was (the completion not yet through UCX's progress).
+ *    Then, and only until that LANDED comes, the loop looks again every
+ *    poll_ms.
+ *  - a sender's batch can only complete once its connection is set up,
+ *    and UCX 1.13 sets connections up without waking the receiver's fd
+ *    (measured here over shared memory and TCP: a first batch waited for
+ *    the receiver's next timeout, whatever it was); the sender then never
+ *    gets to send KvReady. So while a handoff waits on a prefill node
+ *    whose connection has not carried a batch yet (or whose last handoff
+ *    failed: it may reconnect), the loop looks every poll_ms too, until
+ *    that connection's first LANDED.
+ * A transport without an fd is looked at every poll_ms while any handoff
+ * is under way.
+ *
+ * The stop flag, written by a signal handler, does not wake the loop by
+ * itself: a signal that comes while the loop sleeps ends the wait (EINTR);
+ * one that comes between the flag's check and the sleep is seen at the
+ * next wake-up, at the latest the next heartbeat (the node timer is always
+ * armed, heartbeat_ms apart). */
 #include "decode_internal.h"
 
 #include "kvf/clock.h"
 #include "kvf/kvcache.h"
 #include "kvf/log.h"
 
-#include <errno.h>
-#include <poll.h>
 #include <string.h>
 
 /* Messages taken from the inbox per loop turn, so a flood cannot starve
@@ -18,9 +49,8 @@
 /* Time given to the last messages (errors, Deregister) to leave the
  * sockets before they close: nanomsg has no linger. */
 #define DECODE_FLUSH_MS 100
-/* Longest sleep while K/V is expected (the transport's fd cannot be relied
- * on to wake the loop for it). */
-#define DECODE_HANDOFF_POLL_MS 2
+/* Longest graceful drain when the configuration names none. */
+#define DECODE_DRAIN_TIMEOUT_MS 120000
 
 void dec_fill_load(void *arg, Kvf__Load *load)
 {
@@ -46,14 +76,11 @@ void dec_fill_load(void *arg, Kvf__Load *load)
     load->queued_tokens = queued_tokens;
 }
 
-/* Logs the counters every stats interval when they changed (force: now),
- * and what is held, so a request that stays too long can be traced. */
+/* Logs the counters when they changed since the last line (force: in any
+ * case), and what is held, so a request that stays too long can be
+ * traced. */
 static void log_stats(kvf_decode_t *d, bool force)
 {
-    uint64_t now = kvf_clock_ns();
-    if (!force && now < d->next_stats_ns)
-        return;
-    d->next_stats_ns = now + (uint64_t)d->cfg.stats_interval_ms * 1000000ull;
     kvf_decode_stats_t s;
     kvf_decode_get_stats(d, &s);
     if (!force && !memcmp(&s, &d->logged, sizeof(s)))
@@ -94,38 +121,113 @@ static void drain_inbox(kvf_decode_t *d)
     }
 }
 
-static int min_timeout(int a, int b)
+/* ---- timers ----------------------------------------------------------------- */
+
+static kvf_timers_t *timers(kvf_decode_t *d)
 {
-    if (a < 0)
-        return b;
-    if (b < 0)
-        return a;
-    return a < b ? a : b;
+    return kvf_evloop_timers(d->loop);
 }
 
-/* Sleeps until a message, a transport event or a timer is due. */
-static void wait_for_work(kvf_decode_t *d)
+static void arm_in_ms(kvf_decode_t *d, kvf_timer_t *t, int ms, const char *what)
 {
-    if (kvf_xfer_arm(d->xfer) == KVF_ERR_AGAIN)
-        return;
-    int timeout = kvf_node_timeout_ms(d->node);
-    timeout = min_timeout(timeout, kvf_xfer_timeout_ms(d->xfer));
-    timeout = min_timeout(timeout, kvf_clock_ms_until(d->next_stats_ns));
-    /* Without a transport fd the handle needs progress on a timer. With
-     * one, UCX 1.13's shared-memory transports still do not wake it for
-     * incoming data or connection set-up, so while a handoff is under way
-     * the loop also looks every few milliseconds (measured: a first
-     * request's handoff took up to a heartbeat period otherwise). */
-    int xfd = kvf_xfer_fd(d->xfer);
-    bool expecting = false;
-    for (size_t i = 0; i < d->n_reqs && !expecting; i++)
-        expecting = d->reqs[i]->h.state == KVF_HANDOFF_ALLOCATED ||
-                    d->reqs[i]->h.state == KVF_HANDOFF_WRITING;
-    timeout = min_timeout(timeout, xfd < 0 || expecting ? DECODE_HANDOFF_POLL_MS : 1000);
-    struct pollfd pfd[2] = {{.fd = kvf_inbox_fd(kvf_node_inbox(d->node)), .events = POLLIN},
-                            {.fd = xfd, .events = POLLIN}};
-    if (poll(pfd, xfd < 0 ? 1 : 2, timeout) < 0 && errno != EINTR)
-        kvf_log_warn("poll: %s", strerror(errno));
+    if (kvf_timer_arm_in_ms(timers(d), t, ms > 0 ? (uint64_t)ms : 0) != KVF_OK)
+        kvf_log_error("no memory to arm the %s timer", what);
+}
+
+/* The node runtime's next register or heartbeat (messages move it: a
+ * RegisterReply starts the heartbeats). */
+static void arm_node_timer(kvf_decode_t *d)
+{
+    arm_in_ms(d, &d->node_timer, kvf_node_timeout_ms(d->node), "heartbeat");
+}
+
+static void on_node_timer(kvf_timer_t *t, void *arg)
+{
+    kvf_decode_t *d = arg;
+    (void)t;
+    kvf_status_t st = kvf_node_tick(d->node);
+    if (st != KVF_OK)
+        d->node_status = st; /* the router's final refusal: the loop ends */
+    else
+        arm_node_timer(d);
+}
+
+static void on_stats_timer(kvf_timer_t *t, void *arg)
+{
+    kvf_decode_t *d = arg;
+    log_stats(d, false);
+    arm_in_ms(d, t, (int)d->cfg.stats_interval_ms, "stats");
+}
+
+static void on_drain_timer(kvf_timer_t *t, void *arg)
+{
+    kvf_decode_t *d = arg;
+    (void)t;
+    d->drain_expired = true;
+}
+
+/* The transport's internal deadlines, and the bounded re-check (see the
+ * top of this file): both progress it. */
+static void on_transport_timer(kvf_timer_t *t, void *arg)
+{
+    kvf_decode_t *d = arg;
+    (void)t;
+    (void)kvf_xfer_progress(d->xfer);
+}
+
+/* Whether the loop must look at the transport soon although nothing may
+ * wake it: see the top of this file. */
+static bool transport_needs_recheck(const kvf_decode_t *d)
+{
+    if (d->xfer_caps.fd_wakes_on_data)
+        return false;
+    return dec_handoff_needs_recheck(d, kvf_xfer_fd(d->xfer) < 0);
+}
+
+static void arm_transport_timers(kvf_decode_t *d)
+{
+    int ms = kvf_xfer_timeout_ms(d->xfer);
+    if (ms >= 0)
+        arm_in_ms(d, &d->xfer_timer, ms, "transport deadline");
+    else
+        kvf_timer_cancel(timers(d), &d->xfer_timer);
+    if (transport_needs_recheck(d)) {
+        if (!kvf_timer_armed(&d->recheck_timer))
+            arm_in_ms(d, &d->recheck_timer, (int)d->xfer_caps.poll_ms, "handoff re-check");
+    } else {
+        kvf_timer_cancel(timers(d), &d->recheck_timer);
+    }
+}
+
+static kvf_status_t arm_xfer(void *arg)
+{
+    return kvf_xfer_arm(arg);
+}
+
+kvf_status_t dec_loop_open(kvf_decode_t *d)
+{
+    kvf_status_t st = kvf_evloop_create(&d->loop);
+    if (st != KVF_OK)
+        return st;
+    st = kvf_evloop_add_fd(d->loop, kvf_inbox_fd(kvf_node_inbox(d->node)), NULL, NULL);
+    if (st == KVF_OK && kvf_xfer_fd(d->xfer) >= 0)
+        st = kvf_evloop_add_fd(d->loop, kvf_xfer_fd(d->xfer), NULL, NULL);
+    if (st == KVF_OK)
+        st = kvf_evloop_add_hook(d->loop, arm_xfer, d->xfer);
+    if (st != KVF_OK)
+        return st;
+    kvf_timer_init(&d->node_timer, on_node_timer, d);
+    kvf_timer_init(&d->xfer_timer, on_transport_timer, d);
+    kvf_timer_init(&d->recheck_timer, on_transport_timer, d);
+    kvf_timer_init(&d->stats_timer, on_stats_timer, d);
+    kvf_timer_init(&d->drain_timer, on_drain_timer, d);
+    return KVF_OK;
+}
+
+void dec_loop_close(kvf_decode_t *d)
+{
+    kvf_evloop_destroy(d->loop); /* disarms the timers still armed */
+    d->loop = NULL;
 }
 
 /* Ends every request as the node stops: the router hears that each live
@@ -150,44 +252,43 @@ static void stop_all(kvf_decode_t *d)
 }
 
 /* SIGTERM: tell the router, take nothing new, finish what is held. */
-static void start_drain(kvf_decode_t *d, uint64_t *deadline_p)
+static void start_drain(kvf_decode_t *d)
 {
     d->draining = true;
     kvf_node_set_draining(d->node, true);
-    uint32_t ms = d->cfg.drain_timeout_ms ? d->cfg.drain_timeout_ms : 120000;
-    *deadline_p = kvf_clock_ns() + (uint64_t)ms * 1000000ull;
+    uint32_t ms = d->cfg.drain_timeout_ms ? d->cfg.drain_timeout_ms : DECODE_DRAIN_TIMEOUT_MS;
+    arm_in_ms(d, &d->drain_timer, (int)ms, "drain");
     kvf_log_info("draining: %zu requests held; no new work", d->n_reqs);
 }
 
-/* One turn of the loop. */
+/* One turn of the loop: messages, the transport, a step, the wait (which
+ * fires the due timers). */
 static kvf_status_t turn(kvf_decode_t *d)
 {
-    kvf_status_t st = kvf_node_tick(d->node);
-    if (st != KVF_OK)
-        return st;
     drain_inbox(d);
+    arm_node_timer(d);
     (void)kvf_xfer_progress(d->xfer);
     dec_drain_events(d);
-    dec_check_seal_deadlines(d);
-    dec_flush_chunks(d); /* chunks of sequences that ended on joining */
-    if (dec_has_work(d))
+    dec_flush_chunks(d); /* first tokens of sequences that joined */
+    bool busy = dec_has_work(d);
+    if (busy)
         dec_step(d);
-    else
-        wait_for_work(d);
-    log_stats(d, false);
-    return KVF_OK;
+    arm_transport_timers(d);
+    /* Busy: only look (due timers, readable fds), the next step follows. */
+    (void)kvf_evloop_wait(d->loop, busy ? 0 : -1);
+    return d->node_status;
 }
 
 kvf_status_t kvf_decode_run(kvf_decode_t *d, volatile sig_atomic_t *stop)
 {
     kvf_status_t result = KVF_OK;
     kvf_log_info("serving on %s, router %s", d->cfg.listen_url, d->cfg.router_url);
-    d->next_stats_ns = kvf_clock_ns() + (uint64_t)d->cfg.stats_interval_ms * 1000000ull;
-    uint64_t drain_deadline = 0;
+    arm_node_timer(d);
+    arm_in_ms(d, &d->stats_timer, (int)d->cfg.stats_interval_ms, "stats");
     while (*stop != KVF_DECODE_STOP) {
         if (*stop == KVF_DECODE_DRAIN && !d->draining)
-            start_drain(d, &drain_deadline);
-        if (d->draining && (d->n_reqs == 0 || kvf_clock_ns() > drain_deadline)) {
+            start_drain(d);
+        if (d->draining && (d->n_reqs == 0 || d->drain_expired)) {
             if (d->n_reqs)
                 kvf_log_warn("drain timed out with %zu requests held", d->n_reqs);
             break;

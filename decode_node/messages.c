@@ -1,10 +1,11 @@
-/* Control messages the decode node receives (proto/PROTOCOL.md): KvAlloc
+/* Control messages the decode node receives (docs/PROTOCOL.md): KvAlloc
  * and KvReady from prefill nodes, PrefillRequest (--prefill-local) and
  * Cancel from the router. Each handler checks its message's own fields;
  * admission is admit.c's, the sequence's start generate.c's. */
 #include "decode_internal.h"
 
 #include "kvf/log.h"
+#include "kvf/sampling_msg.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -67,6 +68,7 @@ static void on_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m)
         .local = false,
         .n_tokens = m->n_tokens,
         .max_new = m->max_new_tokens,
+        .sender = m->prefill_node_id && *m->prefill_node_id ? m->prefill_node_id : NULL,
         .what = "kv alloc",
     };
     char why[160] = "";
@@ -107,10 +109,14 @@ static const char *kv_ready_problem(const kvf_decode_t *d, const dec_req_t *r,
         return "kv ready token count differs from the kv alloc";
     if (m->first_token >= (uint32_t)d->vocab)
         return "first token outside the vocabulary";
-    if (!m->sampling || dec_sampling_params(m->sampling, d->vocab, sp_p) != KVF_OK)
+    if (kvf_sampling_msg_params(m->sampling, d->vocab, sp_p) != KVF_OK)
         return "bad sampling settings";
-    if (m->n_generated > m->n_tokens)
-        return "n_generated above n_tokens";
+    if (m->n_generated > m->n_token_ids)
+        return "n_generated above the token count";
+    /* The tokens already streamed rebuild the request's text. */
+    for (size_t i = m->n_token_ids - m->n_generated; i < m->n_token_ids; i++)
+        if (m->token_ids[i] >= (uint32_t)d->vocab)
+            return "token id outside the vocabulary";
     return NULL;
 }
 
@@ -139,23 +145,22 @@ static void on_kv_ready(kvf_decode_t *d, const Kvf__KvReady *m)
     dec_gen_spec_t g = {
         .sampling = m->sampling,
         .params = &sp,
+        .token_ids = m->token_ids,
+        .n_token_ids = m->n_token_ids,
         .n_generated = m->n_generated,
         .resume_rng = true,
         .rng_state = m->rng_state,
     };
     kvf_status_t st = dec_req_start_generation(d, r, &g);
     if (st != KVF_OK) {
-        kvf_log_error("request %llu: sampler: %s", (unsigned long long)r->req_id,
+        kvf_log_error("request %llu: sampler or text stream: %s", (unsigned long long)r->req_id,
                       kvf_status_str(st));
-        dec_req_fail(d, r, st, "decode node: sampler setup failed");
+        dec_req_fail(d, r, st, "decode node: generation setup failed");
         return;
     }
-    r->next_token = m->first_token;
-    r->pos = r->n_tokens;
-    r->gen = 1;
-    d->stats.tokens_generated++;
+    r->first_token = m->first_token;
     if (r->h.state == KVF_HANDOFF_SEALED)
-        dec_req_join(d, r);
+        dec_req_join(d, r, r->first_token);
 }
 
 /* ---- Cancel ----------------------------------------------------------------- */
@@ -201,7 +206,7 @@ static const char *prefill_request_problem(const kvf_decode_t *d, const Kvf__Pre
         return "empty prompt";
     if (m->n_token_ids >= UINT32_MAX)
         return "prompt too long";
-    if (!m->sampling || dec_sampling_params(m->sampling, d->vocab, sp_p) != KVF_OK)
+    if (kvf_sampling_msg_params(m->sampling, d->vocab, sp_p) != KVF_OK)
         return "bad sampling settings";
     if (m->n_generated > m->n_token_ids)
         return "n_generated above the token count";
@@ -245,15 +250,17 @@ static void on_prefill_request(kvf_decode_t *d, const Kvf__PrefillRequest *m)
     dec_gen_spec_t g = {
         .sampling = m->sampling,
         .params = &sp,
+        .token_ids = m->token_ids,
+        .n_token_ids = m->n_token_ids,
         .n_generated = m->n_generated,
         .resume_rng = m->n_generated > 0,
         .rng_state = m->rng_state,
     };
     st = dec_req_start_generation(d, r, &g);
     if (st != KVF_OK) {
-        kvf_log_error("request %llu: sampler: %s", (unsigned long long)r->req_id,
+        kvf_log_error("request %llu: sampler or text stream: %s", (unsigned long long)r->req_id,
                       kvf_status_str(st));
-        dec_req_fail(d, r, st, "decode node: sampler setup failed");
+        dec_req_fail(d, r, st, "decode node: generation setup failed");
     }
 }
 

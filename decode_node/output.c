@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 void dec_send_router(kvf_decode_t *d, kvf_envelope_t *env)
 {
@@ -36,20 +37,75 @@ void dec_send_error(kvf_decode_t *d, uint64_t req_id, uint64_t epoch, kvf_status
     dec_send_router(d, &env);
 }
 
+/* Makes room for n more bytes of chunk text. */
+static bool text_reserve(kvf_decode_t *d, size_t n)
+{
+    if (d->text_cap - d->text_len >= n)
+        return true;
+    size_t cap = d->text_cap ? d->text_cap : 4096;
+    while (cap - d->text_len < n)
+        cap *= 2;
+    char *t = realloc(d->chunk_text, cap);
+    if (!t)
+        return false;
+    d->chunk_text = t;
+    d->text_cap = cap;
+    return true;
+}
+
+void dec_chunk_add_text(kvf_decode_t *d, const char *text, size_t len)
+{
+    if (!len)
+        return;
+    if (!text_reserve(d, len)) {
+        d->text_lost = true;
+        return;
+    }
+    memcpy(d->chunk_text + d->text_len, text, len);
+    d->text_len += len;
+}
+
+/* Ends the text of the chunk being built (NUL-terminated): its offset,
+ * or false when some of it was lost (the text buffer is rewound). */
+static bool text_close(kvf_decode_t *d, size_t *off_p)
+{
+    size_t start = d->text_start;
+    bool ok = !d->text_lost && text_reserve(d, 1);
+    d->text_lost = false;
+    if (!ok) {
+        d->text_len = d->text_start;
+        return false;
+    }
+    d->chunk_text[d->text_len++] = '\0';
+    d->text_start = d->text_len;
+    *off_p = start;
+    return true;
+}
+
+static bool chunks_reserve(kvf_decode_t *d)
+{
+    if (d->n_chunks < d->cap_chunks)
+        return true;
+    size_t cap = d->cap_chunks ? 2 * d->cap_chunks : 64;
+    dec_chunk_t *c = realloc(d->chunks, cap * sizeof(*c));
+    if (!c)
+        return false;
+    d->chunks = c;
+    d->cap_chunks = cap;
+    return true;
+}
+
 void dec_emit_chunk(kvf_decode_t *d, dec_req_t *r, bool has_token, uint32_t token,
                     Kvf__FinishReason finish)
 {
-    if (d->n_chunks == d->cap_chunks) {
-        size_t cap = d->cap_chunks ? 2 * d->cap_chunks : 64;
-        dec_chunk_t *c = realloc(d->chunks, cap * sizeof(*c));
-        if (!c) {
-            /* The router's request timeout covers a lost chunk. */
-            kvf_log_error("request %llu: out of memory queueing a token chunk",
-                          (unsigned long long)r->req_id);
-            return;
-        }
-        d->chunks = c;
-        d->cap_chunks = cap;
+    size_t text_off = 0;
+    if (!text_close(d, &text_off) || !chunks_reserve(d)) {
+        /* The router sees the gap in the positions and dispatches the
+         * request again; its request timeout covers a lost finish. */
+        kvf_log_error("request %llu: out of memory queueing a token chunk",
+                      (unsigned long long)r->req_id);
+        r->chunk_seq++;
+        return;
     }
     d->chunks[d->n_chunks++] = (dec_chunk_t){
         .req_id = r->req_id,
@@ -60,6 +116,7 @@ void dec_emit_chunk(kvf_decode_t *d, dec_req_t *r, bool has_token, uint32_t toke
         .finish = finish,
         .n_generated = r->n_generated_before + r->gen,
         .rng_state = r->has_sampler ? kvf_sampler_state(&r->sampler) : 0,
+        .text_off = text_off,
     };
 }
 
@@ -85,6 +142,7 @@ void dec_flush_chunks(kvf_decode_t *d)
         body[i].finish_reason = c->finish;
         body[i].n_generated = c->n_generated;
         body[i].rng_state = c->rng_state;
+        body[i].text = d->chunk_text + c->text_off;
         ptrs[i] = &body[i];
     }
     Kvf__TokenBatch batch = KVF__TOKEN_BATCH__INIT;
@@ -100,6 +158,7 @@ out:
     free(ptrs);
     free(body);
     d->n_chunks = 0;
+    d->text_len = d->text_start = 0;
 }
 
 void dec_send_prefill_done(kvf_decode_t *d, const dec_req_t *r)
@@ -108,7 +167,6 @@ void dec_send_prefill_done(kvf_decode_t *d, const dec_req_t *r)
     done.req_id = r->req_id;
     done.epoch = r->epoch;
     done.node_id = (char *)kvf_node_id(d->node);
-    done.first_token = r->next_token;
     done.prefill_compute_us = r->prefill_us;
     kvf_envelope_t env;
     kvf_envelope_init(&env, kvf_node_id(d->node));

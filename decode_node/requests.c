@@ -11,10 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-void dec_req_free(dec_req_t *r)
+void dec_req_free(kvf_decode_t *d, dec_req_t *r)
 {
+    kvf_timer_cancel(kvf_evloop_timers(d->loop), &r->seal_timer);
     if (r->has_sampler)
         kvf_sampler_fini(&r->sampler);
+    kvf_textstream_destroy(r->text);
+    free(r->sender);
     free(r->blocks);
     free(r->prompt);
     free(r);
@@ -44,7 +47,7 @@ static void req_remove(kvf_decode_t *d, dec_req_t *r)
             break;
         }
     }
-    dec_req_free(r);
+    dec_req_free(d, r);
 }
 
 dec_req_t *dec_req_find_live(const kvf_decode_t *d, uint64_t req_id)
@@ -119,6 +122,7 @@ void dec_req_end(kvf_decode_t *d, dec_req_t *r)
 {
     if (kvf_handoff_end(&r->h) != KVF_OK)
         return;
+    kvf_timer_cancel(kvf_evloop_timers(d->loop), &r->seal_timer);
     if (r->reserved) {
         kvf_status_t st = kvf_xfer_cancel(d->xfer, r->req_id, r->epoch);
         if (st == KVF_OK)

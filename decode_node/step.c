@@ -110,7 +110,8 @@ static kvf_status_t forward(kvf_decode_t *d, int n, uint64_t *step_us_p)
 }
 
 /* A local prefill's chunk was computed; after its last one it samples its
- * first token, reports the prefill done and joins the batch. */
+ * first token, reports the prefill done and joins the batch, its first
+ * token going out with this step's tokens. */
 static void prefill_row_done(kvf_decode_t *d, dec_req_t *r, const kvf_engine_seq_t *row,
                              uint64_t step_us)
 {
@@ -118,14 +119,10 @@ static void prefill_row_done(kvf_decode_t *d, dec_req_t *r, const kvf_engine_seq
     r->prefill_us += step_us;
     if (!row->logits)
         return;
-    r->next_token = kvf_sampler_sample(&r->sampler, row->logits);
-    r->pos = r->n_tokens;
-    r->gen = 1;
-    d->stats.tokens_generated++;
-    /* Chunks queued before this point belong to other requests; the
-     * router needs PrefillDone before this request's chunks. */
+    uint32_t first = kvf_sampler_sample(&r->sampler, row->logits);
+    /* Its timings, and the router's word that the prefill is over. */
     dec_send_prefill_done(d, r);
-    dec_req_join(d, r); /* may free r */
+    dec_req_join(d, r, first); /* may free r */
 }
 
 void dec_step(kvf_decode_t *d)
@@ -142,8 +139,8 @@ void dec_step(kvf_decode_t *d)
         if (r->h.state == KVF_HANDOFF_PREFILLING)
             prefill_row_done(d, r, row, step_us);
         else
-            dec_req_take_token(d, r, row->logits ? kvf_sampler_sample(&r->sampler, row->logits)
-                                                 : d->greedy[i]);
+            dec_req_take_token(
+                d, r, row->logits ? kvf_sampler_sample(&r->sampler, row->logits) : d->greedy[i]);
     }
     dec_flush_chunks(d);
 }

@@ -1,7 +1,9 @@
 /* kvf-decode as a process: this test plays the router (and, for the KV
  * handoff, the prefill node) over real sockets and the real transport,
  * and checks the tokens against the golden greedy continuations of
- * tests/data/golden (an independent float64 reference), the block
+ * tests/data/golden (an independent float64 reference), their text
+ * against the tokenizer's decoding, the finishes the node decides (EOS,
+ * stop strings, length), a re-dispatched request's text, the block
  * accounting reported in heartbeats, and the failure paths (lease expiry,
  * refusal, cancel, stale and malformed messages, SIGTERM). */
 #include <setjmp.h>
@@ -12,6 +14,7 @@
 #include <cmocka.h>
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -29,6 +32,7 @@
 #include "kvf/model.h"
 #include "kvf/msg.h"
 #include "kvf/sampling.h"
+#include "kvf/tokenizer.h"
 #include "kvf/xfer.h"
 
 #define MODEL_DIR  KVF_TEST_DATA "/golden/tiny-llama-f32"
@@ -36,8 +40,9 @@
 #define N_GREEDY   24
 #define BLOCK_SIZE 8
 #define LEASE_MS   600
-#define MAX_REQ    16
+#define MAX_REQ    24
 #define MAX_OUT    512
+#define MAX_TEXT   8192
 
 typedef struct {
     uint32_t ids[64];
@@ -45,17 +50,21 @@ typedef struct {
     uint32_t greedy[N_GREEDY];
 } golden_prompt_t;
 
-/* What the fake router saw of one request. */
+/* What the fake router saw of one request (of one epoch). */
 typedef struct {
     uint64_t req_id;
-    bool have_first;
-    uint32_t first;
+    bool prefill_done; /* a local prefill's PrefillDone came */
+    uint32_t base;     /* tokens earlier epochs streamed (a re-dispatch) */
     uint32_t tokens[MAX_OUT];
-    int n_tokens;
+    int n_tokens;        /* tokens of this epoch */
+    char text[MAX_TEXT]; /* every chunk's text, concatenated */
+    size_t text_len;
+    size_t text_after[MAX_OUT + 1]; /* text_len once i tokens had come */
     uint32_t next_seq;
-    uint32_t n_generated; /* from the last chunk */
-    int finish;           /* Kvf__FinishReason, 0 until finished */
-    int error;            /* last Error status, 0 if none */
+    uint32_t n_generated;   /* from the last chunk */
+    int first_chunk_tokens; /* tokens of the first chunk, -1 before it */
+    int finish;             /* Kvf__FinishReason, 0 until finished */
+    int error;              /* last Error status, 0 if none */
     int n_chunks_after_finish;
 } req_seen_t;
 
@@ -123,6 +132,7 @@ static req_seen_t *seen(harness_t *h, uint64_t req_id)
     req_seen_t *r = &h->reqs[h->n_reqs++];
     memset(r, 0, sizeof(*r));
     r->req_id = req_id;
+    r->first_chunk_tokens = -1;
     return r;
 }
 
@@ -130,6 +140,33 @@ static void send_node(harness_t *h, kvf_envelope_t *env)
 {
     env->sender = "fake-router";
     assert_int_equal(kvf_outbox_send(h->to_node, env, 2000), KVF_OK);
+}
+
+/* A chunk's tokens sit at positions n_generated - n_tokens onwards: the
+ * node emits every token, the first included, each exactly once. */
+static void on_chunk(harness_t *h, const Kvf__TokenChunk *ch)
+{
+    req_seen_t *r = seen(h, ch->req_id);
+    if (r->finish)
+        r->n_chunks_after_finish++;
+    assert_int_equal(ch->seq, r->next_seq);
+    r->next_seq++;
+    assert_int_equal(ch->n_generated - ch->n_tokens, r->base + (uint32_t)r->n_tokens);
+    if (r->first_chunk_tokens < 0)
+        r->first_chunk_tokens = (int)ch->n_tokens;
+    for (size_t i = 0; i < ch->n_tokens; i++) {
+        assert_true(r->n_tokens < MAX_OUT);
+        r->tokens[r->n_tokens++] = ch->tokens[i];
+    }
+    size_t len = ch->text ? strlen(ch->text) : 0;
+    assert_true(r->text_len + len < MAX_TEXT);
+    memcpy(r->text + r->text_len, ch->text, len);
+    r->text_len += len;
+    r->text[r->text_len] = '\0';
+    r->text_after[r->n_tokens] = r->text_len;
+    r->n_generated = ch->n_generated;
+    if (ch->finish_reason)
+        r->finish = ch->finish_reason;
 }
 
 static void on_message(harness_t *h, const kvf_envelope_t *env)
@@ -171,29 +208,15 @@ static void on_message(harness_t *h, const kvf_envelope_t *env)
     }
     case KVF__ENVELOPE__BODY_PREFILL_DONE: {
         req_seen_t *r = seen(h, env->prefill_done->req_id);
-        assert_false(r->have_first);
-        r->have_first = true;
-        r->first = env->prefill_done->first_token;
+        assert_false(r->prefill_done);
+        /* the timings come before the first token */
+        assert_int_equal(r->n_tokens, 0);
+        r->prefill_done = true;
         break;
     }
     case KVF__ENVELOPE__BODY_TOKEN_BATCH:
-        for (size_t c = 0; c < env->token_batch->n_chunks; c++) {
-            const Kvf__TokenChunk *ch = env->token_batch->chunks[c];
-            req_seen_t *r = seen(h, ch->req_id);
-            if (r->finish)
-                r->n_chunks_after_finish++;
-            assert_int_equal(ch->seq, r->next_seq);
-            r->next_seq++;
-            for (size_t i = 0; i < ch->n_tokens; i++) {
-                assert_true(r->n_tokens < MAX_OUT);
-                r->tokens[r->n_tokens++] = ch->tokens[i];
-            }
-            /* n_generated counts the first token */
-            assert_int_equal(ch->n_generated, (uint32_t)r->n_tokens + 1);
-            r->n_generated = ch->n_generated;
-            if (ch->finish_reason)
-                r->finish = ch->finish_reason;
-        }
+        for (size_t c = 0; c < env->token_batch->n_chunks; c++)
+            on_chunk(h, env->token_batch->chunks[c]);
         break;
     case KVF__ENVELOPE__BODY_ERROR:
         seen(h, env->error->req_id)->error = env->error->status;
@@ -379,22 +402,28 @@ static int teardown(void **state)
     return 0;
 }
 
+/* As the router sends it: max_tokens in total, a seed always. */
 static Kvf__Sampling greedy_sampling(uint32_t max_tokens)
 {
     Kvf__Sampling s = KVF__SAMPLING__INIT;
     s.max_tokens = max_tokens;
     s.ignore_eos = true;
+    s.seed = 12345;
+    s.has_seed = true;
     return s;
 }
 
-static void send_prefill_request(harness_t *h, uint64_t req_id, uint64_t epoch, const uint32_t *ids,
-                                 size_t n, Kvf__Sampling *s)
+/* n_generated: the last tokens of ids an earlier epoch streamed. */
+static void send_prefill_request_resumed(harness_t *h, uint64_t req_id, uint64_t epoch,
+                                         const uint32_t *ids, size_t n, Kvf__Sampling *s,
+                                         uint32_t n_generated)
 {
     Kvf__PrefillRequest pr = KVF__PREFILL_REQUEST__INIT;
     pr.req_id = req_id;
     pr.epoch = epoch;
     pr.token_ids = (uint32_t *)ids;
     pr.n_token_ids = n;
+    pr.n_generated = n_generated;
     pr.sampling = s;
     pr.decode_node_id = "dec-test";
     pr.decode_inbox = h->node_url;
@@ -405,17 +434,41 @@ static void send_prefill_request(harness_t *h, uint64_t req_id, uint64_t epoch, 
     send_node(h, &env);
 }
 
+static void send_prefill_request(harness_t *h, uint64_t req_id, uint64_t epoch, const uint32_t *ids,
+                                 size_t n, Kvf__Sampling *s)
+{
+    send_prefill_request_resumed(h, req_id, epoch, ids, n, s, 0);
+}
+
+/* The tokenizer's text for ids, NUL-terminated (malloc'd, the caller
+ * frees it). */
+static char *decode_text(const uint32_t *ids, size_t n, size_t *len_p)
+{
+    kvf_tokenizer_t *tok = NULL;
+    assert_int_equal(kvf_tokenizer_load(MODEL_DIR, &tok), KVF_OK);
+    char *text = NULL;
+    assert_int_equal(kvf_tokenizer_decode(tok, ids, n, &text, len_p), KVF_OK);
+    kvf_tokenizer_destroy(tok);
+    return text;
+}
+
+/* Every token from the node, the first in a chunk of its own, and the
+ * text of them all. */
 static void check_golden(harness_t *h, uint64_t req_id, const golden_prompt_t *g)
 {
     req_seen_t *r = seen(h, req_id);
-    assert_true(r->have_first);
-    assert_int_equal(r->first, g->greedy[0]);
-    assert_int_equal(r->n_tokens, N_GREEDY - 1);
-    for (int i = 0; i < N_GREEDY - 1; i++)
-        assert_int_equal(r->tokens[i], g->greedy[i + 1]);
+    assert_int_equal(r->first_chunk_tokens, 1);
+    assert_int_equal(r->n_tokens, N_GREEDY);
+    for (int i = 0; i < N_GREEDY; i++)
+        assert_int_equal(r->tokens[i], g->greedy[i]);
     assert_int_equal(r->finish, KVF__FINISH_REASON__FINISH_LENGTH);
     assert_int_equal(r->n_generated, N_GREEDY);
     assert_int_equal(r->error, 0);
+    size_t len = 0;
+    char *want = decode_text(g->greedy, N_GREEDY, &len);
+    assert_int_equal(r->text_len, len);
+    assert_memory_equal(r->text, want, len);
+    free(want);
 }
 
 /* ---- tests ------------------------------------------------------------------ */
@@ -434,8 +487,10 @@ static void test_local_prefill_matches_golden(void **state)
         uint64_t id = 100 + p;
         assert_true(pump(h, 30000, req_finished, &id));
     }
-    for (int p = 0; p < N_PROMPTS; p++)
+    for (int p = 0; p < N_PROMPTS; p++) {
         check_golden(h, 100 + p, &h->prompts[p]);
+        assert_true(seen(h, 100 + p)->prefill_done);
+    }
     expect_no_blocks_used(h);
     assert_int_equal(stop_node(h), 0);
     assert_true(h->deregistered);
@@ -591,13 +646,14 @@ static void handoff_matches_golden(harness_t *h, const char *mode)
             assert_int_equal(first, g->greedy[0]);
             send_kv_ready(h, id, 1, first, g->ids, (uint32_t)g->n_ids, &s);
         }
-        seen(h, id)->have_first = true; /* the prefill node reports it, not D */
-        seen(h, id)->first = g->greedy[0];
     }
     for (int p = 0; p < N_PROMPTS; p++) {
         uint64_t id = 200 + p;
         assert_true(pump(h, 30000, req_finished, &id));
+        /* the first token (sampled by the prefill node) comes from the
+         * decode node, as every other */
         check_golden(h, id, &h->prompts[p]);
+        assert_false(seen(h, id)->prefill_done);
     }
     expect_no_blocks_used(h);
     prefill_close(&f);
@@ -612,6 +668,156 @@ static void test_handoff_rma_matches_golden(void **state)
 static void test_handoff_am_matches_golden(void **state)
 {
     handoff_matches_golden(*state, "--xfer-mode am");
+}
+
+/* A first token that is EOS ends the request at once: a finishing chunk
+ * with no token, nothing counted, no text. */
+static void test_eos_first_token(void **state)
+{
+    harness_t *h = *state;
+    start_node(h, NULL);
+    fake_prefill_t f = {0};
+    prefill_open(h, &f);
+    assert_true(f.model->cfg.n_eos > 0);
+    uint32_t eos = (uint32_t)f.model->cfg.eos_ids[0];
+    const golden_prompt_t *g = &h->prompts[0];
+    uint64_t id = 250;
+    Kvf__Sampling s = greedy_sampling(N_GREEDY);
+    s.ignore_eos = false;
+    send_kv_alloc(h, id, 1, (uint32_t)g->n_ids, N_GREEDY);
+    assert_true(pump(h, 5000, alloc_replied, &id));
+    assert_int_equal(h->alloc_status, 0);
+    prefill_and_ship(h, &f, id, 1, g);
+    send_kv_ready(h, id, 1, eos, g->ids, (uint32_t)g->n_ids, &s);
+    assert_true(pump(h, 30000, req_finished, &id));
+    const req_seen_t *r = seen(h, id);
+    assert_int_equal(r->finish, KVF__FINISH_REASON__FINISH_STOP);
+    assert_int_equal(r->n_tokens, 0);
+    assert_int_equal(r->first_chunk_tokens, 0);
+    assert_int_equal(r->n_generated, 0);
+    assert_int_equal(r->text_len, 0);
+    assert_int_equal(r->error, 0);
+    expect_no_blocks_used(h);
+    prefill_close(&f);
+    assert_int_equal(stop_node(h), 0);
+}
+
+/* Sends a local prefill request and waits for its end. */
+static const req_seen_t *run_local(harness_t *h, uint64_t id, uint64_t epoch, const uint32_t *ids,
+                                   size_t n, Kvf__Sampling *s, uint32_t n_generated)
+{
+    seen(h, id)->base = n_generated;
+    send_prefill_request_resumed(h, id, epoch, ids, n, s, n_generated);
+    assert_true(pump(h, 30000, req_finished, &id));
+    assert_int_equal(seen(h, id)->error, 0);
+    return seen(h, id);
+}
+
+/* A stop string made of the end of one token's text and the start of the
+ * next: found in the golden continuations (the first place where both
+ * sides are plain ASCII and the string occurs nowhere before). *k_p: the
+ * first token's index; *cut_p: where the stop string starts in the text. */
+static bool find_split_stop(const golden_prompt_t *g, char stop[4], int *k_p, size_t *cut_p)
+{
+    for (int k = 1; k + 1 < N_GREEDY; k++) {
+        size_t la = 0, lb = 0;
+        char *a = decode_text(g->greedy, (size_t)k + 1, &la);
+        char *b = decode_text(g->greedy, (size_t)k + 2, &lb);
+        bool ok = la >= 1 && lb >= la + 2 && !memcmp(a, b, la) &&
+                  isalpha((unsigned char)a[la - 1]) && isalpha((unsigned char)b[la]) &&
+                  isalpha((unsigned char)b[la + 1]);
+        if (ok) {
+            memcpy(stop, b + la - 1, 3);
+            stop[3] = '\0';
+            ok = strstr(b, stop) == b + la - 1;
+        }
+        free(a);
+        free(b);
+        if (ok) {
+            *k_p = k;
+            *cut_p = la - 1;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The node matches stop strings in its own text: one that spans two
+ * tokens ends the request with both tokens, and its text ends before the
+ * stop string; the part of it in the first token's text was held back
+ * and never sent. */
+static void test_stop_string_across_tokens(void **state)
+{
+    harness_t *h = *state;
+    start_node(h, NULL);
+    char stop[4];
+    int k = -1, p = 0;
+    size_t cut = 0;
+    while (p < N_PROMPTS && !find_split_stop(&h->prompts[p], stop, &k, &cut))
+        p++;
+    assert_true(p < N_PROMPTS);
+    const golden_prompt_t *g = &h->prompts[p];
+    Kvf__Sampling s = greedy_sampling(N_GREEDY);
+    char *stops[1] = {stop};
+    s.stop = stops;
+    s.n_stop = 1;
+    const req_seen_t *r = run_local(h, 260, 1, g->ids, g->n_ids, &s, 0);
+    assert_int_equal(r->finish, KVF__FINISH_REASON__FINISH_STOP);
+    assert_int_equal(r->n_tokens, k + 2);
+    for (int i = 0; i < k + 2; i++)
+        assert_int_equal(r->tokens[i], g->greedy[i]);
+    assert_int_equal(r->n_generated, (uint32_t)k + 2);
+    size_t len = 0;
+    char *want = decode_text(g->greedy, (size_t)k + 2, &len);
+    assert_int_equal(r->text_len, cut);
+    assert_memory_equal(r->text, want, cut);
+    /* the chunk of the stop string's first token held its part back */
+    assert_true(r->text_after[k + 1] <= cut);
+    free(want);
+    expect_no_blocks_used(h);
+    assert_int_equal(stop_node(h), 0);
+}
+
+/* A request dispatched again after m streamed tokens (a new epoch with the
+ * prompt and those tokens) continues the text exactly where the client's
+ * ends: what the first epoch sent of its first m tokens, followed by what
+ * the new epoch sends, is the whole text. Cut where the first epoch still
+ * held text back: half a UTF-8 character, and the start of a stop string. */
+static void test_redispatch_text_continues(void **state)
+{
+    harness_t *h = *state;
+    start_node(h, NULL);
+    const golden_prompt_t *g = &h->prompts[1];
+    Kvf__Sampling s = greedy_sampling(N_GREEDY);
+    char stop_text[] = "enX"; /* "en" occurs in the output, "enX" does not */
+    char *stops[1] = {stop_text};
+    s.stop = stops;
+    s.n_stop = 1;
+    const req_seen_t *whole = run_local(h, 270, 1, g->ids, g->n_ids, &s, 0);
+    assert_int_equal(whole->finish, KVF__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(whole->n_tokens, N_GREEDY);
+    const uint32_t cuts[2] = {1, 5};
+    for (int c = 0; c < 2; c++) {
+        uint32_t m = cuts[c];
+        size_t len = 0;
+        char *streamed = decode_text(g->greedy, m, &len);
+        free(streamed);
+        assert_true(whole->text_after[m] < len); /* something was held back */
+        uint32_t ids[64 + N_GREEDY];
+        memcpy(ids, g->ids, (size_t)g->n_ids * sizeof(*ids));
+        memcpy(ids + g->n_ids, g->greedy, m * sizeof(*ids));
+        const req_seen_t *again = run_local(h, 271 + c, 2, ids, (size_t)g->n_ids + m, &s, m);
+        assert_int_equal(again->finish, KVF__FINISH_REASON__FINISH_LENGTH);
+        assert_int_equal(again->n_tokens, N_GREEDY - (int)m);
+        for (int i = 0; i < again->n_tokens; i++)
+            assert_int_equal(again->tokens[i], g->greedy[m + i]);
+        assert_int_equal(again->n_generated, N_GREEDY);
+        size_t before = whole->text_after[m];
+        assert_int_equal(before + again->text_len, whole->text_len);
+        assert_memory_equal(again->text, whole->text + before, again->text_len);
+    }
+    expect_no_blocks_used(h);
+    assert_int_equal(stop_node(h), 0);
 }
 
 /* A reservation nobody writes: the lease ends, the router hears TIMEOUT,
@@ -761,10 +967,10 @@ static void test_malformed_and_cancel(void **state)
      * finishes, stops far short of its 200 tokens (a step takes well under
      * a millisecond here) and frees its blocks is. */
     assert_int_equal(seen(h, id)->finish, 0);
-    assert_true(seen(h, id)->n_tokens < 200 - 1);
+    assert_true(seen(h, id)->n_tokens < 200);
     /* the tokens it did stream are the golden ones */
-    for (int i = 0; i < seen(h, id)->n_tokens && i < N_GREEDY - 1; i++)
-        assert_int_equal(seen(h, id)->tokens[i], g->greedy[i + 1]);
+    for (int i = 0; i < seen(h, id)->n_tokens && i < N_GREEDY; i++)
+        assert_int_equal(seen(h, id)->tokens[i], g->greedy[i]);
 
     /* still serving */
     s = greedy_sampling(N_GREEDY);
@@ -811,9 +1017,9 @@ static void test_sigterm_drains(void **state)
     assert_true(h->deregistered);
     assert_int_equal(seen(h, id)->error, 0);
     assert_int_equal(seen(h, id)->finish, KVF__FINISH_REASON__FINISH_LENGTH);
-    assert_int_equal(seen(h, id)->n_tokens, 200 - 1);
-    for (int i = 0; i < N_GREEDY - 1; i++)
-        assert_int_equal(seen(h, id)->tokens[i], h->prompts[3].greedy[i + 1]);
+    assert_int_equal(seen(h, id)->n_tokens, 200);
+    for (int i = 0; i < N_GREEDY; i++)
+        assert_int_equal(seen(h, id)->tokens[i], h->prompts[3].greedy[i]);
 }
 
 /* SIGINT while a request decodes: the node stops at once; the router hears
@@ -842,6 +1048,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_local_prefill_matches_golden, setup, teardown),
         cmocka_unit_test_setup_teardown(test_handoff_rma_matches_golden, setup, teardown),
         cmocka_unit_test_setup_teardown(test_handoff_am_matches_golden, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_eos_first_token, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_string_across_tokens, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_redispatch_text_continues, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lease_expiry_and_stale_epoch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_and_cancel, setup, teardown),
