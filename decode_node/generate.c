@@ -31,6 +31,8 @@ kvf_status_t dec_req_start_generation(kvf_decode_t *d, dec_req_t *r, const dec_g
         return st;
     /* The client already has the text of the tokens earlier epochs
      * streamed: the stream continues after them. */
+    if (!g->n_generated)
+        return KVF_OK;
     return kvf_textstream_replay(r->text, g->token_ids + (g->n_token_ids - g->n_generated),
                                  g->n_generated);
 }

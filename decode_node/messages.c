@@ -234,7 +234,7 @@ static void on_prefill_request(kvf_decode_t *d, const Kvf__PrefillRequest *m)
         .epoch = m->epoch,
         .local = true,
         .n_tokens = (uint32_t)m->n_token_ids,
-        .max_new = m->sampling->max_tokens,
+        .max_new = kvf_sampling_msg_remaining(m->sampling, m->n_generated),
         .prompt = m->token_ids,
         .what = "prefill request",
     };
