@@ -30,16 +30,15 @@
  * A transport without an fd is looked at every poll_ms while any handoff
  * is under way.
  *
- * The stop flag, written by a signal handler, does not wake the loop by
- * itself: a signal that comes while the loop sleeps ends the wait (EINTR);
- * one that comes between the flag's check and the sleep is seen at the
- * next wake-up, at the latest the next heartbeat (the node timer is always
- * armed, heartbeat_ms apart). */
+ * The stop flag is written by a signal handler, which then wakes this
+ * loop (kvf_signals_wake_loop): a stop is seen at once, whichever thread
+ * took the signal and whenever it came. */
 #include "decode_internal.h"
 
 #include "kvf/clock.h"
 #include "kvf/kvcache.h"
 #include "kvf/log.h"
+#include "kvf/signals.h"
 
 #include <string.h>
 
@@ -285,6 +284,7 @@ kvf_status_t kvf_decode_run(kvf_decode_t *d, volatile sig_atomic_t *stop)
     kvf_log_info("serving on %s, router %s", d->cfg.listen_url, d->cfg.router_url);
     arm_node_timer(d);
     arm_in_ms(d, &d->stats_timer, (int)d->cfg.stats_interval_ms, "stats");
+    kvf_signals_wake_loop(d->loop);
     while (*stop != KVF_DECODE_STOP) {
         if (*stop == KVF_DECODE_DRAIN && !d->draining)
             start_drain(d);
@@ -297,6 +297,7 @@ kvf_status_t kvf_decode_run(kvf_decode_t *d, volatile sig_atomic_t *stop)
         if (result != KVF_OK)
             break;
     }
+    kvf_signals_wake_loop(NULL);
     kvf_log_info("stopping: %zu requests held", d->n_reqs);
     stop_all(d);
     dec_flush_chunks(d);

@@ -6,6 +6,7 @@
 #include "kvf/backend.h"
 #include "kvf/clock.h"
 #include "kvf/log.h"
+#include "kvf/signals.h"
 #include "kvf/model.h"
 
 #include <stdlib.h>
@@ -204,6 +205,8 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
                  "backend %s",
                  p->cfg.listen_url, p->cfg.router_url, kvf_kvpool_num_blocks(p->rt.pool),
                  p->geo.block_size, p->cfg.max_batch_tokens, be_desc);
+    /* A stop signal wakes the loop after writing the flag (kvf/signals.h). */
+    kvf_signals_wake_loop(p->loop);
     while (*stop != KVF_PREFILL_STOP && p->node_status == KVF_OK) {
         if (*stop == KVF_PREFILL_DRAIN && !p->draining)
             drain_begin(p);
@@ -217,6 +220,7 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
         bool ran = pf_forward_step(p);
         loop_wait(p, ran);
     }
+    kvf_signals_wake_loop(NULL);
     stop_all(p);
     kvf_timer_cancel(kvf_evloop_timers(p->loop), &p->drain_timer);
     if (p->node_status == KVF_OK)

@@ -12,17 +12,12 @@
 
 #include "kvf/clock.h"
 #include "kvf/log.h"
+#include "kvf/signals.h"
 #include "metrics.h"
 #include "router_internal.h"
 
 /* Messages taken from one socket before the loop looks at the others. */
 #define LOOP_BURST 256
-/* The stop flag cannot wake the loop: a signal may be taken by another
- * thread (libmicrohttpd's, nanomsg's) or arrive just before the sleep, and
- * a test sets it from its own thread. So no sleep is longer than this:
- * the router stops within LOOP_STOP_CHECK_MS of the flag being set. Only
- * the flag is looked at; nothing else runs on this bound. */
-#define LOOP_STOP_CHECK_MS 100
 
 /* ---- work from other threads ------------------------------------------------ */
 
@@ -138,18 +133,33 @@ static void recv_clients(int fd, void *arg)
 kvf_status_t kvf_router_run(kvf_router_t *r, volatile sig_atomic_t *stop)
 {
     kvf_log_info("serving: nodes at %s, clients at %s", r->cfg.listen_url, r->cfg.client_url);
+    /* A stop signal, on whichever thread it lands, wakes the loop after
+     * setting the flag (kvf/signals.h); a thread that sets the flag itself
+     * calls kvf_router_wake. */
+    kvf_signals_wake_loop(r->loop);
+    kvf_status_t st = KVF_OK;
     while (!*stop) {
         /* Sleeps until a socket is readable (its callback drains it), work
-         * is posted or a deadline is due (its timer fires). */
-        if (kvf_evloop_wait(r->loop, LOOP_STOP_CHECK_MS) == KVF_ERR_IO)
-            return KVF_ERR_IO;
+         * is posted, a deadline is due (its timer fires) or a wake-up. */
+        if (kvf_evloop_wait(r->loop, -1) == KVF_ERR_IO) {
+            st = KVF_ERR_IO;
+            break;
+        }
         run_posted(r);
     }
+    kvf_signals_wake_loop(NULL);
+    if (st != KVF_OK)
+        return st;
     kvf_log_info("stopping: %llu requests served, %llu failed, %llu cancelled, %llu stale "
                  "messages dropped",
                  (unsigned long long)r->count.completed, (unsigned long long)r->count.failed,
                  (unsigned long long)r->count.cancelled, (unsigned long long)r->count.stale);
     return KVF_OK;
+}
+
+void kvf_router_wake(kvf_router_t *r)
+{
+    kvf_evloop_wake(r->loop);
 }
 
 /* ---- accessors --------------------------------------------------------------------- */

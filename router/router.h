@@ -52,6 +52,11 @@ kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **ro
  * it). Returns KVF_OK after a clean stop. */
 kvf_status_t kvf_router_run(kvf_router_t *router, volatile sig_atomic_t *stop);
 
+/* Wakes the loop so it looks at *stop now: for a thread that sets the flag
+ * itself (a signal handler installed by kvf_signals_install wakes it
+ * already). Thread-safe. */
+void kvf_router_wake(kvf_router_t *router);
+
 /* Frees everything; NULL is a no-op. */
 void kvf_router_destroy(kvf_router_t *router);
 

@@ -94,6 +94,7 @@ static int teardown(void **state)
 {
     (void)state;
     fx.stop = 1;
+    kvf_router_wake(fx.router);
     pthread_join(fx.loop, NULL);
     kvf_http_destroy(fx.http); /* wakes the connection still waiting */
     kvf_router_destroy(fx.router);
