@@ -10,3 +10,5 @@ set(CMAKE_FIND_ROOT_PATH /usr/aarch64-linux-gnu)
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY BOTH)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE BOTH)
+# ctest runs the target's test binaries under qemu user emulation.
+set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64)
