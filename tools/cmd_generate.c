@@ -145,42 +145,33 @@ static int token_budget(const char *prog, const gen_opts_t *o, size_t n_ids)
 }
 
 /* Where the generated tokens go: text streamed to stdout with the stop
- * string held back (kvf/textstream.h), or with --ids kept for one line at
- * the end. */
+ * string held back (kvf/textstream.h, as on a decode node), or with --ids
+ * kept for one line at the end (the text stream then only finds the stop
+ * string, across tokens as on a decode node). */
 typedef struct {
     bool print_ids;
-    const char *stop;
-    kvf_textstream_t *text; /* the text path */
-    kvf_detok_t detok;      /* --ids with --stop: each token's text */
-    bool has_detok;
-    uint32_t *gen; /* (max_tokens + 1) */
+    kvf_textstream_t *text; /* text or --stop; NULL with --ids alone */
+    uint32_t *gen;          /* (max_tokens + 1) */
     int n_gen;
 } gen_out_t;
 
 static kvf_status_t gen_out_init(gen_out_t *g, const gen_opts_t *o, const kvf_tokenizer_t *tok,
                                  int max_tokens)
 {
-    *g = (gen_out_t){.print_ids = o->print_ids, .stop = o->stop};
+    *g = (gen_out_t){.print_ids = o->print_ids};
     g->gen = malloc(((size_t)max_tokens + 1) * sizeof(*g->gen));
     if (!g->gen)
         return KVF_ERR_NOMEM;
-    if (!o->print_ids) {
-        const char *stops[1] = {o->stop};
-        size_t n_stop = o->stop && *o->stop ? 1 : 0;
-        return kvf_textstream_create(tok, stops, n_stop, &g->text);
-    }
-    if (o->stop) {
-        kvf_detok_init(&g->detok, tok);
-        g->has_detok = true;
-    }
-    return KVF_OK;
+    const char *stops[1] = {o->stop};
+    size_t n_stop = o->stop && *o->stop ? 1 : 0;
+    if (o->print_ids && !n_stop)
+        return KVF_OK;
+    return kvf_textstream_create(tok, stops, n_stop, &g->text);
 }
 
 static void gen_out_fini(gen_out_t *g)
 {
     kvf_textstream_destroy(g->text);
-    if (g->has_detok)
-        kvf_detok_fini(&g->detok);
     free(g->gen);
 }
 
@@ -189,23 +180,18 @@ static void gen_out_fini(gen_out_t *g)
 static bool gen_out_push(gen_out_t *g, uint32_t id)
 {
     g->gen[g->n_gen++] = id;
+    if (!g->text)
+        return true;
     const char *text;
     size_t len;
-    if (g->text) {
-        bool stopped;
-        if (kvf_textstream_push(g->text, id, &text, &len, &stopped) != KVF_OK)
-            return false;
+    bool stopped;
+    if (kvf_textstream_push(g->text, id, &text, &len, &stopped) != KVF_OK)
+        return false;
+    if (!g->print_ids) {
         fwrite(text, 1, len, stdout);
         fflush(stdout);
-        return !stopped;
     }
-    if (!g->has_detok)
-        return true;
-    if (kvf_detok_push(&g->detok, id, &text, &len) != KVF_OK)
-        return false;
-    /* --ids with --stop: a stop string inside one token's text (across
-     * tokens needs the text path) */
-    return !(len && memmem(text, len, g->stop, strlen(g->stop)));
+    return !stopped;
 }
 
 /* The ids on one line, or the text still held back and a newline. */
