@@ -20,13 +20,16 @@
  *    Then, and only until that LANDED comes, the loop looks again every
  *    poll_ms.
  *  - a sender's batch can only complete once its connection is set up,
- *    and UCX 1.13 sets connections up without waking the receiver's fd
- *    (measured here over shared memory and TCP: a first batch waited for
- *    the receiver's next timeout, whatever it was); the sender then never
- *    gets to send KvReady. So while a handoff waits on a prefill node
- *    whose connection has not carried a batch yet (or whose last handoff
- *    failed: it may reconnect), the loop looks every poll_ms too, until
- *    that connection's first LANDED.
+ *    and UCX 1.13 sets a connection up without waking the receiver's fd
+ *    until the receiver has progressed once after the sender connected
+ *    (measured over shared memory and TCP: a first batch to a receiver
+ *    that slept through the connect waited for its next timeout, whatever
+ *    it was). The KvAlloc the prefill node sends right after connecting
+ *    usually is that progress (measured: no first handoff waited), but
+ *    its message races UCX's accepting of the connection. So while a
+ *    handoff waits on a prefill node whose connection has not carried a
+ *    batch yet (or whose last handoff failed: it may reconnect), the loop
+ *    looks every poll_ms too, until that connection's first LANDED.
  * A transport without an fd is looked at every poll_ms while any handoff
  * is under way.
  *
