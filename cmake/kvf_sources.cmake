@@ -14,7 +14,7 @@ set(KVF_COMMON_DIR ${CMAKE_SOURCE_DIR}/common)
 # kvf_base: no model, no messaging, no third-party library.
 set(KVF_BASE_FILES
     status.c log.c clock.c file.c signals.c crc32c.c utf8.c hex.c hashmap.c threadpool.c
-    detmath.c dtype.c sampling.c timer.c evloop.c)
+    detmath.c dtype.c sampling.c timer.c evloop.c array.c)
 # kvf_text: the tokenizer and what turns its output into text.
 set(KVF_TEXT_FILES tokenizer*.c bpe.c detok.c textstream.c)
 # kvf_model: the checkpoint and the KV pool.
