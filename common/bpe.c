@@ -6,6 +6,7 @@
  * letters is one regex piece. Layout in tokenizer_internal.h. */
 #include "tokenizer_internal.h"
 
+#include "kvf/array.h"
 #include "kvf/log.h"
 #include "kvf/utf8.h"
 
@@ -31,30 +32,15 @@ typedef struct {
     pcre2_jit_stack *jit_stack;
 } encoder_t;
 
-/* Capacity for need elements of elem bytes, doubling from *cap. Returns
- * the (maybe moved) buffer, or NULL with buf still valid and still the
- * caller's. */
-static void *grow(void *buf, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return buf;
-    size_t cap2 = *cap ? *cap : 64;
-    while (cap2 < need)
-        cap2 *= 2;
-    void *grown = realloc(buf, cap2 * elem);
-    if (grown)
-        *cap = cap2;
-    return grown;
-}
+/* The encoder's buffers start at this many items and double. */
+#define ENC_MIN_CAP 64
 
 static kvf_status_t emit(encoder_t *enc, uint32_t id)
 {
-    if (enc->n_ids == enc->ids_cap) {
-        uint32_t *ids = grow(enc->ids, &enc->ids_cap, enc->n_ids + 1, sizeof(*ids));
-        if (!ids)
-            return KVF_ERR_NOMEM;
-        enc->ids = ids;
-    }
+    kvf_status_t st =
+        kvf_array_reserve(&enc->ids, &enc->ids_cap, enc->n_ids + 1, ENC_MIN_CAP, sizeof(*enc->ids));
+    if (st != KVF_OK)
+        return st;
     enc->ids[enc->n_ids++] = id;
     return KVF_OK;
 }
@@ -107,22 +93,12 @@ static void push_pair(encoder_t *enc, size_t *n_heap, int32_t left)
  * at first, then each merge pops one entry and pushes at most two). */
 static kvf_status_t reserve_symbols(encoder_t *enc, size_t n)
 {
-    size_t cap = enc->sym_cap ? enc->sym_cap : 64;
-    while (cap < n)
-        cap *= 2;
-    uint32_t *sym = realloc(enc->sym, cap * sizeof(*sym));
-    if (sym)
-        enc->sym = sym;
-    int32_t *prev = sym ? realloc(enc->prev, cap * sizeof(*prev)) : NULL;
-    if (prev)
-        enc->prev = prev;
-    int32_t *next = prev ? realloc(enc->next, cap * sizeof(*next)) : NULL;
-    if (next)
-        enc->next = next;
-    uint64_t *heap = next ? realloc(enc->heap, 2 * cap * sizeof(*heap)) : NULL;
-    if (!heap)
+    size_t cap = kvf_array_grow_cap(enc->sym_cap, n, ENC_MIN_CAP);
+    if (kvf_array_resize(&enc->sym, cap, sizeof(*enc->sym)) != KVF_OK ||
+        kvf_array_resize(&enc->prev, cap, sizeof(*enc->prev)) != KVF_OK ||
+        kvf_array_resize(&enc->next, cap, sizeof(*enc->next)) != KVF_OK ||
+        kvf_array_resize(&enc->heap, cap, 2 * sizeof(*enc->heap)) != KVF_OK)
         return KVF_ERR_NOMEM;
-    enc->heap = heap;
     enc->sym_cap = cap;
     return KVF_OK;
 }
@@ -134,10 +110,9 @@ static kvf_status_t bpe_piece(encoder_t *enc, const uint8_t *piece, size_t len)
     kvf_status_t st;
     if (tok->ignore_merges) {
         /* a byte's symbol is at most 2 bytes of UTF-8 (below U+0144) */
-        char *spelled = grow(enc->spelled, &enc->spelled_cap, len * 2 + 1, 1);
-        if (!spelled)
-            return KVF_ERR_NOMEM;
-        enc->spelled = spelled;
+        st = kvf_array_reserve(&enc->spelled, &enc->spelled_cap, len * 2 + 1, ENC_MIN_CAP, 1);
+        if (st != KVF_OK)
+            return st;
         size_t n = 0;
         for (size_t i = 0; i < len; i++) {
             memcpy(enc->spelled + n, tok->byte_spelling[piece[i]],
@@ -256,10 +231,9 @@ static kvf_status_t encode_segment(encoder_t *enc, const uint8_t *s, size_t len)
         return KVF_OK;
     kvf_status_t st;
     if (enc->tok->add_prefix_space && s[0] != ' ') {
-        uint8_t *prefixed = grow(enc->prefixed, &enc->prefixed_cap, len + 1, 1);
-        if (!prefixed)
-            return KVF_ERR_NOMEM;
-        enc->prefixed = prefixed;
+        st = kvf_array_reserve(&enc->prefixed, &enc->prefixed_cap, len + 1, ENC_MIN_CAP, 1);
+        if (st != KVF_OK)
+            return st;
         enc->prefixed[0] = ' ';
         memcpy(enc->prefixed + 1, s, len);
         s = enc->prefixed;
@@ -310,9 +284,9 @@ kvf_status_t kvf_tokenizer_encode(const kvf_tokenizer_t *tok, const char *text, 
         text = "";
     encoder_t enc = {.tok = tok};
     kvf_status_t st = KVF_OK;
-    enc.ids = grow(NULL, &enc.ids_cap, len / 3 + 16, sizeof(*enc.ids));
-    if (!enc.ids)
-        return KVF_ERR_NOMEM;
+    st = kvf_array_reserve(&enc.ids, &enc.ids_cap, len / 3 + 16, ENC_MIN_CAP, sizeof(*enc.ids));
+    if (st != KVF_OK)
+        return st;
     if (tok->n_steps) {
         /* only the whole match is read: one pair of offsets would do, a few
          * more cost nothing */

@@ -3,6 +3,7 @@
  * U+FFFD. Layout in tokenizer_internal.h. */
 #include "tokenizer_internal.h"
 
+#include "kvf/array.h"
 #include "kvf/utf8.h"
 
 #include <stdlib.h>
@@ -79,17 +80,7 @@ void kvf_detok_init(kvf_detok_t *detok, const kvf_tokenizer_t *tok)
 
 static kvf_status_t detok_reserve(kvf_detok_t *detok, size_t need)
 {
-    if (need <= detok->out_cap)
-        return KVF_OK;
-    size_t cap = detok->out_cap ? detok->out_cap : 64;
-    while (cap < need)
-        cap *= 2;
-    char *grown = realloc(detok->out, cap);
-    if (!grown)
-        return KVF_ERR_NOMEM;
-    detok->out = grown;
-    detok->out_cap = cap;
-    return KVF_OK;
+    return kvf_array_reserve(&detok->out, &detok->out_cap, need, 64, 1);
 }
 
 kvf_status_t kvf_detok_push(kvf_detok_t *detok, uint32_t id, const char **text_p, size_t *len_p)

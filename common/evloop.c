@@ -3,6 +3,7 @@
  * nanosecond) as its timeout. */
 #include "kvf/evloop.h"
 
+#include "kvf/array.h"
 #include "kvf/clock.h"
 #include "kvf/log.h"
 
@@ -92,15 +93,10 @@ static kvf_status_t watches_reserve(kvf_evloop_t *loop)
 {
     if (loop->n_watches < loop->cap_watches)
         return KVF_OK;
-    size_t cap = loop->cap_watches ? 2 * loop->cap_watches : 8;
-    struct pollfd *pfds = realloc(loop->pfds, (cap + 1) * sizeof(*pfds));
-    if (!pfds)
+    size_t cap = kvf_array_grow_cap(loop->cap_watches, loop->n_watches + 1, 8);
+    if (kvf_array_resize(&loop->pfds, cap + 1, sizeof(*loop->pfds)) != KVF_OK ||
+        kvf_array_resize(&loop->watches, cap, sizeof(*loop->watches)) != KVF_OK)
         return KVF_ERR_NOMEM;
-    loop->pfds = pfds;
-    watch_t *w = realloc(loop->watches, cap * sizeof(*w));
-    if (!w)
-        return KVF_ERR_NOMEM;
-    loop->watches = w;
     loop->cap_watches = cap;
     return KVF_OK;
 }
@@ -143,14 +139,10 @@ kvf_status_t kvf_evloop_remove_fd(kvf_evloop_t *loop, int fd)
 
 kvf_status_t kvf_evloop_add_hook(kvf_evloop_t *loop, kvf_evloop_hook_fn before_sleep, void *arg)
 {
-    if (loop->n_hooks == loop->cap_hooks) {
-        size_t cap = loop->cap_hooks ? 2 * loop->cap_hooks : 4;
-        hook_t *h = realloc(loop->hooks, cap * sizeof(*h));
-        if (!h)
-            return KVF_ERR_NOMEM;
-        loop->hooks = h;
-        loop->cap_hooks = cap;
-    }
+    kvf_status_t st = kvf_array_reserve(&loop->hooks, &loop->cap_hooks, loop->n_hooks + 1, 4,
+                                        sizeof(*loop->hooks));
+    if (st != KVF_OK)
+        return st;
     loop->hooks[loop->n_hooks++] = (hook_t){.before_sleep = before_sleep, .arg = arg};
     return KVF_OK;
 }

@@ -1,5 +1,6 @@
 #include "kvf/file.h"
 
+#include "kvf/array.h"
 #include "kvf/log.h"
 
 #include <errno.h>
@@ -27,13 +28,10 @@ kvf_status_t kvf_file_read(const char *path, size_t max_bytes, char **data_p, si
                 st = KVF_ERR_TOO_BIG;
                 goto fail_read;
             }
-            cap = cap ? cap * 2 : 65536;
-            char *grown = realloc(data, cap + 1);
-            if (!grown) {
-                st = KVF_ERR_NOMEM;
+            /* cap bytes of the file, then its NUL */
+            cap = kvf_array_grow_cap(cap, cap + 1, 65536);
+            if ((st = kvf_array_resize(&data, cap + 1, 1)) != KVF_OK)
                 goto fail_read;
-            }
-            data = grown;
         }
         size_t got = fread(data + len, 1, cap - len, f);
         len += got;

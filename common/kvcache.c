@@ -1,5 +1,6 @@
 /* Paged KV pool and allocator. See kvf/kvcache.h. */
 #include "kvf/kvcache.h"
+#include "kvf/array.h"
 #include "kvf/log.h"
 
 #include <stdlib.h>
@@ -303,14 +304,14 @@ static kvf_status_t table_grow(kvf_block_table_t *bt, uint32_t need)
 {
     if (need <= bt->cap)
         return KVF_OK;
-    uint32_t cap = bt->cap ? bt->cap : 8;
-    while (cap < need)
-        cap = cap > UINT32_MAX / 2 ? need : cap * 2;
-    uint32_t *grown = realloc(bt->blocks, (size_t)cap * sizeof(*grown));
-    if (!grown)
-        return KVF_ERR_NOMEM;
-    bt->blocks = grown;
-    bt->cap = cap;
+    /* the capacity is a uint32_t: exactly need where doubling passes it */
+    size_t cap = kvf_array_grow_cap(bt->cap, need, 8);
+    if (cap > UINT32_MAX)
+        cap = need;
+    kvf_status_t st = kvf_array_resize(&bt->blocks, cap, sizeof(*bt->blocks));
+    if (st != KVF_OK)
+        return st;
+    bt->cap = (uint32_t)cap;
     return KVF_OK;
 }
 

@@ -3,6 +3,7 @@
  * dropping the weights once a backend holds its own. See kvf/model.h. */
 #include "model_internal.h"
 
+#include "kvf/array.h"
 #include "kvf/detmath.h"
 #include "kvf/hashmap.h"
 #include "kvf/log.h"
@@ -103,21 +104,17 @@ static kvf_status_t shards_from_dir(const char *dir, char ***names_p, int *n_p)
     }
     kvf_status_t st = KVF_OK;
     char **names = NULL;
-    int n = 0, cap = 0;
+    int n = 0;
+    size_t cap = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
         size_t len = strlen(de->d_name);
         if (len < 12 || strcmp(de->d_name + len - 12, ".safetensors") != 0)
             continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 8;
-            char **grown =
-                cap <= KVF_MODEL_MAX_SHARDS ? realloc(names, (size_t)cap * sizeof(*names)) : NULL;
-            if (!grown) {
-                st = KVF_ERR_NOMEM;
-                break;
-            }
-            names = grown;
+        if (n == KVF_MODEL_MAX_SHARDS ||
+            kvf_array_reserve(&names, &cap, (size_t)n + 1, 8, sizeof(*names)) != KVF_OK) {
+            st = KVF_ERR_NOMEM;
+            break;
         }
         if (!(names[n] = strdup(de->d_name))) {
             st = KVF_ERR_NOMEM;

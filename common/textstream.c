@@ -6,6 +6,8 @@
  * the beginning of one, and appending text cannot change that. */
 #include "kvf/textstream.h"
 
+#include "kvf/array.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,16 +70,9 @@ bool kvf_textstream_stopped(const kvf_textstream_t *ts)
 
 static kvf_status_t held_append(kvf_textstream_t *ts, const char *s, size_t n)
 {
-    if (ts->n_held + n > ts->cap_held) {
-        size_t cap = ts->cap_held ? ts->cap_held : 64;
-        while (cap < ts->n_held + n)
-            cap *= 2;
-        char *h = realloc(ts->held, cap);
-        if (!h)
-            return KVF_ERR_NOMEM;
-        ts->held = h;
-        ts->cap_held = cap;
-    }
+    kvf_status_t st = kvf_array_reserve(&ts->held, &ts->cap_held, ts->n_held + n, 64, 1);
+    if (st != KVF_OK)
+        return st;
     if (n)
         memcpy(ts->held + ts->n_held, s, n);
     ts->n_held += n;
@@ -114,16 +109,9 @@ static bool could_begin_stop(const kvf_textstream_t *ts, size_t from)
 static kvf_status_t hand_out(kvf_textstream_t *ts, size_t n, bool drop_rest, const char **text_p,
                              size_t *len_p)
 {
-    if (n + 1 > ts->out_cap) {
-        size_t cap = ts->out_cap ? ts->out_cap : 64;
-        while (cap < n + 1)
-            cap *= 2;
-        char *o = realloc(ts->out, cap);
-        if (!o)
-            return KVF_ERR_NOMEM;
-        ts->out = o;
-        ts->out_cap = cap;
-    }
+    kvf_status_t st = kvf_array_reserve(&ts->out, &ts->out_cap, n + 1, 64, 1);
+    if (st != KVF_OK)
+        return st;
     if (n)
         memcpy(ts->out, ts->held, n);
     ts->out[n] = '\0';

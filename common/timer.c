@@ -3,6 +3,7 @@
  * cancel or re-arm finds it without a search. */
 #include "kvf/timer.h"
 
+#include "kvf/array.h"
 #include "kvf/clock.h"
 #include "kvf/log.h"
 
@@ -84,15 +85,10 @@ void kvf_timer_init(kvf_timer_t *timer, kvf_timer_fn fire, void *arg)
 
 static kvf_status_t heap_grow(kvf_timers_t *t)
 {
-    size_t cap = t->cap ? 2 * t->cap : 16;
-    kvf_timer_t **heap = realloc(t->heap, cap * sizeof(*heap));
-    if (!heap) {
-        kvf_log_error("timers: out of memory growing the heap to %zu", cap);
-        return KVF_ERR_NOMEM;
-    }
-    t->heap = heap;
-    t->cap = cap;
-    return KVF_OK;
+    kvf_status_t st = kvf_array_reserve(&t->heap, &t->cap, t->cap + 1, 16, sizeof(*t->heap));
+    if (st != KVF_OK)
+        kvf_log_error("timers: out of memory growing the heap past %zu", t->cap);
+    return st;
 }
 
 kvf_status_t kvf_timer_arm(kvf_timers_t *timers, kvf_timer_t *timer, uint64_t deadline_ns)

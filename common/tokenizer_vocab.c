@@ -3,6 +3,7 @@
  * kvf/tokenizer.h (layout in tokenizer_internal.h). */
 #include "tokenizer_internal.h"
 
+#include "kvf/array.h"
 #include "kvf/log.h"
 #include "kvf/utf8.h"
 
@@ -15,18 +16,13 @@
  * arena may move: pointers into it are taken once loading is done. */
 static kvf_status_t arena_add(kvf_tokenizer_t *tok, const void *data, size_t len, uint32_t *off_p)
 {
-    if (tok->arena_len + len + 1 > tok->arena_cap) {
-        size_t cap = tok->arena_cap ? tok->arena_cap : 4096;
-        while (cap < tok->arena_len + len + 1)
-            cap *= 2;
-        if (cap > UINT32_MAX)
-            return KVF_ERR_TOO_BIG;
-        char *grown = realloc(tok->arena, cap);
-        if (!grown)
-            return KVF_ERR_NOMEM;
-        tok->arena = grown;
-        tok->arena_cap = cap;
-    }
+    size_t need = tok->arena_len + len + 1;
+    /* offsets into the arena are uint32_t: no capacity past that */
+    if (kvf_array_grow_cap(tok->arena_cap, need, 4096) > UINT32_MAX)
+        return KVF_ERR_TOO_BIG;
+    kvf_status_t st = kvf_array_reserve(&tok->arena, &tok->arena_cap, need, 4096, 1);
+    if (st != KVF_OK)
+        return st;
     *off_p = (uint32_t)tok->arena_len;
     memcpy(tok->arena + tok->arena_len, data, len);
     tok->arena_len += len;
@@ -260,14 +256,8 @@ static kvf_status_t add_merge(kvf_tokenizer_t *tok, const char *path, uint32_t r
     kvf_status_t st = merge_sides(path, rank, m, &left, &left_len, &right, &right_len);
     if (st != KVF_OK)
         return st;
-    if (left_len + right_len + 1 > *joined_cap) {
-        size_t cap = (left_len + right_len + 1) * 2;
-        char *grown = realloc(*joined, cap);
-        if (!grown)
-            return KVF_ERR_NOMEM;
-        *joined = grown;
-        *joined_cap = cap;
-    }
+    if ((st = kvf_array_reserve(joined, joined_cap, left_len + right_len + 1, 64, 1)) != KVF_OK)
+        return st;
     memcpy(*joined, left, left_len);
     memcpy(*joined + left_len, right, right_len);
     uint32_t a = kvf_tokenizer__vocab_find(tok, left, left_len);
