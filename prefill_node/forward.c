@@ -5,6 +5,7 @@
 #include "prefill_internal.h"
 #include "plan.h"
 
+#include "kvf/array.h"
 #include "kvf/clock.h"
 #include "kvf/log.h"
 #include "kvf/model.h"
@@ -30,22 +31,11 @@ static kvf_status_t fwd_reserve(pf_forward_t *f, size_t n)
 {
     if (n <= f->cap)
         return KVF_OK;
-    size_t cap = f->cap ? f->cap : 16;
-    while (cap < n)
-        cap *= 2;
-    pf_req_t **reqs = realloc(f->reqs, cap * sizeof(*reqs));
-    if (reqs)
-        f->reqs = reqs;
-    kvf_engine_seq_t *s = realloc(f->seqs, cap * sizeof(*s));
-    if (s)
-        f->seqs = s;
-    uint32_t *rem = realloc(f->remaining, cap * sizeof(*rem));
-    if (rem)
-        f->remaining = rem;
-    uint32_t *tk = realloc(f->take, cap * sizeof(*tk));
-    if (tk)
-        f->take = tk;
-    if (!reqs || !s || !rem || !tk)
+    size_t cap = kvf_array_grow_cap(f->cap, n, 16);
+    if (kvf_array_resize(&f->reqs, cap, sizeof(*f->reqs)) != KVF_OK ||
+        kvf_array_resize(&f->seqs, cap, sizeof(*f->seqs)) != KVF_OK ||
+        kvf_array_resize(&f->remaining, cap, sizeof(*f->remaining)) != KVF_OK ||
+        kvf_array_resize(&f->take, cap, sizeof(*f->take)) != KVF_OK)
         return KVF_ERR_NOMEM;
     f->cap = cap;
     return KVF_OK;

@@ -3,6 +3,7 @@
  * posts. */
 #include "prefill_internal.h"
 
+#include "kvf/array.h"
 #include "kvf/clock.h"
 #include "kvf/log.h"
 
@@ -87,14 +88,10 @@ void pf_req_destroy(kvf_prefill_t *p, pf_req_t *r)
 
 static kvf_status_t req_add_batch(pf_req_t *r, kvf_xfer_batch_t *b)
 {
-    if (r->n_batches == r->cap_batches) {
-        size_t cap = r->cap_batches ? 2 * r->cap_batches : 16;
-        kvf_xfer_batch_t **nb = realloc(r->batches, cap * sizeof(*nb));
-        if (!nb)
-            return KVF_ERR_NOMEM;
-        r->batches = nb;
-        r->cap_batches = cap;
-    }
+    kvf_status_t st =
+        kvf_array_reserve(&r->batches, &r->cap_batches, r->n_batches + 1, 16, sizeof(*r->batches));
+    if (st != KVF_OK)
+        return st;
     r->batches[r->n_batches++] = b;
     return KVF_OK;
 }

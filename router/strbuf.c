@@ -1,5 +1,7 @@
 #include "strbuf.h"
 
+#include "kvf/array.h"
+
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,23 +23,11 @@ static bool reserve(kvf_strbuf_t *sb, size_t more)
 {
     if (sb->failed)
         return false;
-    if (sb->len + more + 1 <= sb->cap)
-        return true;
-    size_t cap = sb->cap ? sb->cap : 256;
-    while (cap < sb->len + more + 1) {
-        if (cap > SIZE_MAX / 2) {
-            sb->failed = true;
-            return false;
-        }
-        cap *= 2;
-    }
-    char *data = realloc(sb->data, cap);
-    if (!data) {
+    if (more > SIZE_MAX - 1 - sb->len ||
+        kvf_array_reserve(&sb->data, &sb->cap, sb->len + more + 1, 256, 1) != KVF_OK) {
         sb->failed = true;
         return false;
     }
-    sb->data = data;
-    sb->cap = cap;
     return true;
 }
 

@@ -1,6 +1,8 @@
 /* A request's output, placed by position. See stream.h. */
 #include "stream.h"
 
+#include "kvf/array.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,15 +24,12 @@ static kvf_status_t reserve(kvf_stream_t *s, size_t n)
         return KVF_OK;
     if ((uint64_t)s->n + n > UINT32_MAX)
         return KVF_ERR_NOMEM;
-    uint64_t cap = s->cap ? s->cap : 64;
-    while (cap < s->n + n)
-        cap *= 2;
+    size_t cap = kvf_array_grow_cap(s->cap, s->n + n, 64);
     if (cap > UINT32_MAX)
         cap = UINT32_MAX;
-    uint32_t *ids = realloc(s->ids, (size_t)cap * sizeof(*ids));
-    if (!ids)
-        return KVF_ERR_NOMEM;
-    s->ids = ids;
+    kvf_status_t st = kvf_array_resize(&s->ids, cap, sizeof(*s->ids));
+    if (st != KVF_OK)
+        return st;
     s->cap = (uint32_t)cap;
     return KVF_OK;
 }

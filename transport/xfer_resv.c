@@ -4,6 +4,7 @@
  * reports all of it. Completions are checked in xfer_fin.c. */
 #include "xfer_internal.h"
 
+#include "kvf/array.h"
 #include "kvf/clock.h"
 #include "kvf/log.h"
 
@@ -16,7 +17,8 @@ void kvf_xfer__event_push(kvf_xfer_t *x, kvf_xfer_event_kind_t kind, uint64_t re
                           uint64_t epoch, uint64_t bytes, bool last, kvf_status_t status)
 {
     if (x->ev_count == x->ev_cap) {
-        size_t cap = x->ev_cap ? 2 * x->ev_cap : 64;
+        /* a ring: copied out in order rather than realloc'd */
+        size_t cap = kvf_array_grow_cap(x->ev_cap, x->ev_count + 1, 64);
         kvf_xfer_event_t *e = malloc(cap * sizeof(*e));
         if (!e) {
             /* The event is lost; the counters in the stats still show it. */
@@ -113,14 +115,10 @@ kvf_status_t kvf_xfer_reserve(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch,
             return KVF_ERR_INVAL;
         }
     }
-    if (xfer->n_resv == xfer->cap_resv) {
-        size_t cap = xfer->cap_resv ? 2 * xfer->cap_resv : 16;
-        kvf_resv_t *r = realloc(xfer->resv, cap * sizeof(*r));
-        if (!r)
-            return KVF_ERR_NOMEM;
-        xfer->resv = r;
-        xfer->cap_resv = cap;
-    }
+    kvf_status_t st =
+        kvf_array_reserve(&xfer->resv, &xfer->cap_resv, xfer->n_resv + 1, 16, sizeof(*xfer->resv));
+    if (st != KVF_OK)
+        return st;
     kvf_xfer_range_t *copy = malloc(n_ranges * sizeof(*copy));
     if (!copy)
         return KVF_ERR_NOMEM;
