@@ -1,4 +1,4 @@
-/* kvf-decode: the decode node of a kvferry cluster (docs/DESIGN.md, docs/PROTOCOL.md).
+/* kvf-decode: the decode node of a kvferry cluster (docs/ARCHITECTURE.md, docs/PROTOCOL.md).
  *
  * One kvf_decode_t owns everything the node has: the model, the CPU
  * backend, the paged KV pool, the engine, the transfer handle registered

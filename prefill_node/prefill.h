@@ -1,4 +1,4 @@
-/* kvf-prefill: a prefill node of a kvferry cluster (docs/DESIGN.md, docs/PROTOCOL.md).
+/* kvf-prefill: a prefill node of a kvferry cluster (docs/ARCHITECTURE.md, docs/PROTOCOL.md).
  *
  * One event loop owns everything: the node runtime (inbox, registration,
  * heartbeats), the request table, the local KV pool and its allocator, the

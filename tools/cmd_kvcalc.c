@@ -1,7 +1,7 @@
 /* kvf kvcalc: KV cache size per token, per request and per batch.
  *
  * bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per
- * element, as docs/DESIGN.md's KV cache section defines it. With --model the
+ * element, as docs/ARCHITECTURE.md's KV layout section defines it. With --model the
  * geometry comes from config.json (the engine's loader) and the weights'
  * bytes from the safetensors headers, for comparison. */
 #include "commands.h"

@@ -235,7 +235,7 @@ static void test_every_body_round_trips(void **state)
         free(a);
         bodies++;
     }
-    /* Register .. GenerateChunk: every body named in docs/DESIGN.md and more. */
+    /* Register .. GenerateChunk: every body named in docs/PROTOCOL.md and more. */
     assert_true(bodies >= 16);
 }
 

@@ -6,7 +6,7 @@
 // the residual stream, q/k/v and the KV pool are f32 as on the CPU
 // backend: a split cluster can mix CPU and GPU nodes, and the layout and
 // numbers of the KV that travels are the same. Per layer, for the batch's
-// rows x (docs/DESIGN.md; engine.c has the same math for the CPU ops):
+// rows x (engine.c has the same math for the CPU ops):
 //
 //   h = rmsnorm(x += delta)          add_rmsnorm (delta: previous MLP out)
 //   qkv = h . Wqkv^T                 cuBLAS

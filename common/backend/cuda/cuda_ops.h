@@ -12,7 +12,7 @@
  *    block_size * head_dim (elements) and block_stride = elements from one
  *    block to the next, so K of (block b, kv head h, slot s) starts at
  *    kv_layer + b * block_stride + (h * block_size + s) * head_dim and V at
- *    that plus kv_heads * block_size * head_dim (docs/DESIGN.md layout). */
+ *    that plus kv_heads * block_size * head_dim (docs/ARCHITECTURE.md, KV layout). */
 #ifndef KVF_CUDA_OPS_H
 #define KVF_CUDA_OPS_H
 

@@ -1,7 +1,7 @@
 /* Paged KV cache: one contiguous pool of blocks, an allocator with a free
  * list and reference counts, and per-sequence block tables.
  *
- * Layout (docs/DESIGN.md): [block][layer][K,V][kv_head][slot][head_dim]. One
+ * Layout (docs/ARCHITECTURE.md, KV layout): [block][layer][K,V][kv_head][slot][head_dim]. One
  * (block, layer) slice is contiguous (2 * kv_heads * block_size * head_dim
  * elements), so shipping layer l of a sequence is a list of contiguous
  * slices, and one head's keys within a block are contiguous.
