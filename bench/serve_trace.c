@@ -5,6 +5,7 @@
 #include "kvf/clientsock.h"
 #include "kvf/clock.h"
 #include "kvf/msg.h"
+#include "kvf/sampling.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -28,17 +29,9 @@ bool kvf_len_dist_parse(const char *text, kvf_len_dist_t *d)
 
 /* ---- the trace ------------------------------------------------------------ */
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static double unit(uint64_t *s)
 {
-    return (double)(splitmix(s) >> 11) / 9007199254740992.0;
+    return (double)(kvf_splitmix64(s) >> 11) / 9007199254740992.0;
 }
 
 kvf_status_t kvf_serve_trace_init(kvf_serve_trace_t *t, size_t n, uint64_t seed,
@@ -55,13 +48,13 @@ kvf_status_t kvf_serve_trace_init(kvf_serve_trace_t *t, size_t n, uint64_t seed,
     for (size_t i = 0; i < n; i++) {
         kvf_trace_req_t *q = &t->reqs[i];
         t->gaps[i] = -log(1.0 - unit(&rng)); /* exponential, mean 1 */
-        q->n_prompt = pl->lo + (uint32_t)(splitmix(&rng) % (pl->hi - pl->lo + 1));
-        q->max_tokens = ol->lo + (uint32_t)(splitmix(&rng) % (ol->hi - ol->lo + 1));
+        q->n_prompt = pl->lo + (uint32_t)(kvf_splitmix64(&rng) % (pl->hi - pl->lo + 1));
+        q->max_tokens = ol->lo + (uint32_t)(kvf_splitmix64(&rng) % (ol->hi - ol->lo + 1));
         q->prompt = malloc(q->n_prompt * sizeof(uint32_t));
         if (!q->prompt)
             return KVF_ERR_NOMEM;
         for (uint32_t k = 0; k < q->n_prompt; k++)
-            q->prompt[k] = (uint32_t)(splitmix(&rng) % id_range);
+            q->prompt[k] = (uint32_t)(kvf_splitmix64(&rng) % id_range);
         if (cfg->bos_id >= 0)
             q->prompt[0] = (uint32_t)cfg->bos_id;
     }

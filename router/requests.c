@@ -169,10 +169,7 @@ static kvf_status_t prompt_ids(kvf_router_t *r, const kvf_router_gen_t *g, char 
  * state): every node and every epoch of the request then samples alike. */
 static uint64_t fresh_seed(kvf_router_t *r)
 {
-    uint64_t z = (r->seed_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return kvf_splitmix64(&r->seed_state);
 }
 
 /* What g asks for, into q: the prompt ids (taken over) and a completed
