@@ -5,7 +5,8 @@
 // syntax, include/ stands in for <cuda_runtime.h>, <cuda_bf16.h>,
 // <cuda_fp16.h>, <mma.h> (warp matrix products) and <cublas_v2.h>. Device
 // code runs here (emu.cc); the host API (memory, streams, events, graphs,
-// device queries, cuBLAS) is emu_runtime.h / emu_runtime.cc.
+// device queries, cuBLAS) is emu_runtime.h (emu_runtime.cc lists its
+// files).
 //
 // What is emulated:
 //  - A launch runs on the calling thread, CTA after CTA (blockIdx.x
@@ -175,9 +176,10 @@ void *dynamic_smem();
 void *static_smem(shared_slot *slot, size_t bytes, size_t align);
 cudaError_t set_max_dynamic_smem(const void *kernel, int bytes);
 cudaError_t last_error(bool clear);
-// Sets the error the next cudaGetLastError() returns (emu_runtime.cc).
+// Sets the error the next cudaGetLastError() returns (the runtime's failing
+// calls).
 void set_last_error(cudaError_t err);
-// A fault found on the host side (emu_runtime.cc: a launch or a cuBLAS
+// A fault found on the host side (emu_memory.cc: a launch or a cuBLAS
 // call given memory the device cannot reach): printed, counted in faults(),
 // and err becomes the last error.
 void host_fault(cudaError_t err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -193,7 +195,7 @@ void execute(const void *kernel, dim3 grid, dim3 block, size_t smem,
 // Both at once.
 void run(const void *kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
 
-// Gives work to a stream (emu_runtime.cc): op runs now, later or on every
+// Gives work to a stream (emu_stream.cc): op runs now, later or on every
 // replay of the graph the stream is capturing, as the stream dictates.
 // what names it in messages. Returns the error a launch into that stream
 // gets (a capture broken by it, a destroyed stream).

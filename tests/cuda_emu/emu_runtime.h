@@ -2,8 +2,8 @@
 // memory, pinned host memory, copies, streams, events, graphs and device
 // queries, as the CUDA backend (cuda_backend.cu) uses them; <cublas_v2.h>
 // (include/) adds the GEMMs. Reached through include/cuda_runtime.h;
-// emu_runtime.cc implements it. One device, "sm_90" with 8 multiprocessors
-// and 16 GiB.
+// emu_runtime.cc and the files it lists implement it. One device, "sm_90"
+// with 8 multiprocessors and 16 GiB.
 //
 // What is emulated:
 //  - Device memory (cudaMalloc) is host memory the host cannot touch: each
