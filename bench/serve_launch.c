@@ -62,18 +62,11 @@ static bool launch_wait(const kvf_serve_launch_t *l, int want, int timeout_ms)
     while (kvf_clock_ns() < deadline) {
         kvf_client_t *c;
         if (kvf_client_create(l->client_url, &c) == KVF_OK) {
-            Kvf__StatsRequest sr = KVF__STATS_REQUEST__INIT;
-            kvf_envelope_t env;
-            kvf_envelope_init(&env, "bench-serve");
-            env.body_case = KVF__ENVELOPE__BODY_STATS_REQUEST;
-            env.stats_request = &sr;
-            kvf_envelope_t *in = NULL;
+            kvf_envelope_t *in;
             int live = 0;
-            if (kvf_client_send(c, &env, 1000) == KVF_OK &&
-                kvf_client_recv(c, 1000, &in) == KVF_OK) {
-                if (in->body_case == KVF__ENVELOPE__BODY_STATS_REPLY)
-                    for (size_t i = 0; i < in->stats_reply->n_nodes; i++)
-                        live += !strcmp(in->stats_reply->nodes[i]->state, "live");
+            if (kvf_client_stats(c, "bench-serve", 1000, &in) == KVF_OK) {
+                for (size_t i = 0; i < in->stats_reply->n_nodes; i++)
+                    live += !strcmp(in->stats_reply->nodes[i]->state, "live");
                 kvf_envelope_free(in);
             }
             kvf_client_destroy(c);

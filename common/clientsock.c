@@ -240,3 +240,30 @@ kvf_status_t kvf_client_recv(kvf_client_t *client, int timeout_ms, kvf_envelope_
         return st;
     }
 }
+
+kvf_status_t kvf_client_stats(kvf_client_t *client, const char *sender, int timeout_ms,
+                              kvf_envelope_t **reply_p)
+{
+    Kvf__StatsRequest sr = KVF__STATS_REQUEST__INIT;
+    sr.req_id = kvf_clock_ns();
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, sender);
+    env.body_case = KVF__ENVELOPE__BODY_STATS_REQUEST;
+    env.stats_request = &sr;
+    kvf_status_t st = kvf_client_send(client, &env, timeout_ms);
+    if (st != KVF_OK)
+        return st == KVF_ERR_TIMEOUT ? KVF_ERR_PEER : st;
+    uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (kvf_clock_ns() < deadline) {
+        kvf_envelope_t *in;
+        if (kvf_client_recv(client, kvf_clock_ms_until(deadline), &in) != KVF_OK)
+            continue;
+        if (in->body_case == KVF__ENVELOPE__BODY_STATS_REPLY &&
+            in->stats_reply->req_id == sr.req_id) {
+            *reply_p = in;
+            return KVF_OK;
+        }
+        kvf_envelope_free(in);
+    }
+    return KVF_ERR_TIMEOUT;
+}

@@ -4,7 +4,6 @@
 
 #include "commands.h"
 #include "kvf/clientsock.h"
-#include "kvf/clock.h"
 #include "kvf/flags.h"
 
 static const char *role_name(Kvf__Role r)
@@ -26,40 +25,18 @@ static void print_json_string(const char *s)
     putchar('"');
 }
 
-/* Asks the router for its StatsReply and waits up to timeout_ms for it
- * (other replies are dropped). Returns 0 with *in_p the caller's
- * (kvf_envelope_free), or 1 after a line on stderr. */
+/* Asks the router for its StatsReply, waiting up to timeout_ms. Returns 0
+ * with *in_p the caller's (kvf_envelope_free), or 1 after a line on
+ * stderr. */
 static int fetch_stats(kvf_client_t *client, const char *prog, const char *router,
                        int timeout_ms, kvf_envelope_t **in_p)
 {
-    Kvf__StatsRequest sr = KVF__STATS_REQUEST__INIT;
-    sr.req_id = kvf_clock_ns();
-    kvf_envelope_t env;
-    kvf_envelope_init(&env, "kvf-stats");
-    env.body_case = KVF__ENVELOPE__BODY_STATS_REQUEST;
-    env.stats_request = &sr;
-    if (kvf_client_send(client, &env, timeout_ms) != KVF_OK) {
-        fprintf(stderr, "%s: router at %s does not answer\n", prog, router);
-        return 1;
-    }
-    uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
-    kvf_envelope_t *in = NULL;
-    while (kvf_clock_ns() < deadline) {
-        kvf_status_t st = kvf_client_recv(client, kvf_clock_ms_until(deadline), &in);
-        if (st != KVF_OK)
-            continue;
-        if (in->body_case == KVF__ENVELOPE__BODY_STATS_REPLY &&
-            in->stats_reply->req_id == sr.req_id)
-            break;
-        kvf_envelope_free(in);
-        in = NULL;
-    }
-    if (!in) {
+    kvf_status_t st = kvf_client_stats(client, "kvf-stats", timeout_ms, in_p);
+    if (st == KVF_ERR_TIMEOUT)
         fprintf(stderr, "%s: no stats from %s\n", prog, router);
-        return 1;
-    }
-    *in_p = in;
-    return 0;
+    else if (st != KVF_OK)
+        fprintf(stderr, "%s: router at %s does not answer\n", prog, router);
+    return st == KVF_OK ? 0 : 1;
 }
 
 static void print_node_json(const Kvf__NodeStats *n)

@@ -244,27 +244,9 @@ static kvf_envelope_t *stats_request(h_cluster_t *c, int timeout_ms)
     kvf_client_t *client;
     if (kvf_client_create(c->client_url, &client) != KVF_OK)
         return NULL;
-    Kvf__StatsRequest sr = KVF__STATS_REQUEST__INIT;
-    sr.req_id = kvf_clock_ns();
-    kvf_envelope_t env;
-    kvf_envelope_init(&env, "harness");
-    env.body_case = KVF__ENVELOPE__BODY_STATS_REQUEST;
-    env.stats_request = &sr;
     kvf_envelope_t *in = NULL;
-    if (kvf_client_send(client, &env, timeout_ms) == KVF_OK) {
-        uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
-        while (kvf_clock_ns() < deadline) {
-            if (kvf_client_recv(client, kvf_clock_ms_until(deadline), &in) != KVF_OK) {
-                in = NULL;
-                continue;
-            }
-            if (in->body_case == KVF__ENVELOPE__BODY_STATS_REPLY &&
-                in->stats_reply->req_id == sr.req_id)
-                break;
-            kvf_envelope_free(in);
-            in = NULL;
-        }
-    }
+    if (kvf_client_stats(client, "harness", timeout_ms, &in) != KVF_OK)
+        in = NULL;
     kvf_client_destroy(client);
     return in;
 }

@@ -63,4 +63,15 @@ kvf_status_t kvf_client_send(kvf_client_t *client, const kvf_envelope_t *env, in
  * *env_p is the caller's. */
 kvf_status_t kvf_client_recv(kvf_client_t *client, int timeout_ms, kvf_envelope_t **env_p);
 
+/* Asks the router for its stats: sends a StatsRequest from sender (the
+ * envelope's sender field) and waits for the StatsReply with its req_id,
+ * dropping any other reply that arrives first. timeout_ms bounds the send,
+ * then the wait for the reply. KVF_ERR_PEER when the request cannot be
+ * sent in time (no router there), another error of kvf_client_send when
+ * it fails otherwise, KVF_ERR_TIMEOUT when no StatsReply came. On success
+ * *reply_p (body_case KVF__ENVELOPE__BODY_STATS_REPLY) is the caller's
+ * (kvf_envelope_free). */
+kvf_status_t kvf_client_stats(kvf_client_t *client, const char *sender, int timeout_ms,
+                              kvf_envelope_t **reply_p);
+
 #endif
