@@ -82,6 +82,35 @@ static void on_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m)
         reply_kv_alloc(d, m, st, why, NULL);
 }
 
+/* ---- starting generation ---------------------------------------------------- */
+
+/* The generation spec of m, a KvReady or a local PrefillRequest, which
+ * carry what it needs under the same names: the sampling message (params_:
+ * its checked params), the request's tokens with the last n_generated
+ * already streamed, and the sampler state to go on from when resume_. */
+#define DECODE_GEN_SPEC(m, params_, resume_)                                                       \
+    ((dec_gen_spec_t){                                                                             \
+        .sampling = (m)->sampling,                                                                 \
+        .params = (params_),                                                                       \
+        .token_ids = (m)->token_ids,                                                               \
+        .n_token_ids = (m)->n_token_ids,                                                           \
+        .n_generated = (m)->n_generated,                                                           \
+        .resume_rng = (resume_),                                                                   \
+        .rng_state = (m)->rng_state,                                                               \
+    })
+
+/* Starts r's generation (dec_req_start_generation); on an error r fails. */
+static kvf_status_t start_generation(kvf_decode_t *d, dec_req_t *r, const dec_gen_spec_t *g)
+{
+    kvf_status_t st = dec_req_start_generation(d, r, g);
+    if (st != KVF_OK) {
+        kvf_log_error("request %llu: sampler or text stream: %s", (unsigned long long)r->req_id,
+                      kvf_status_str(st));
+        dec_req_fail(d, r, st, "decode node: generation setup failed");
+    }
+    return st;
+}
+
 /* ---- KvReady ---------------------------------------------------------------- */
 
 /* Finds the live request a message of (req_id, epoch) is about; counts
@@ -142,22 +171,9 @@ static void on_kv_ready(kvf_decode_t *d, const Kvf__KvReady *m)
         return;
     }
     /* The prefill node sampled the first token; continue its stream. */
-    dec_gen_spec_t g = {
-        .sampling = m->sampling,
-        .params = &sp,
-        .token_ids = m->token_ids,
-        .n_token_ids = m->n_token_ids,
-        .n_generated = m->n_generated,
-        .resume_rng = true,
-        .rng_state = m->rng_state,
-    };
-    kvf_status_t st = dec_req_start_generation(d, r, &g);
-    if (st != KVF_OK) {
-        kvf_log_error("request %llu: sampler or text stream: %s", (unsigned long long)r->req_id,
-                      kvf_status_str(st));
-        dec_req_fail(d, r, st, "decode node: generation setup failed");
+    dec_gen_spec_t g = DECODE_GEN_SPEC(m, &sp, true);
+    if (start_generation(d, r, &g) != KVF_OK)
         return;
-    }
     r->first_token = m->first_token;
     if (r->h.state == KVF_HANDOFF_SEALED)
         dec_req_join(d, r, r->first_token);
@@ -247,21 +263,8 @@ static void on_prefill_request(kvf_decode_t *d, const Kvf__PrefillRequest *m)
         dec_send_error(d, m->req_id, m->epoch, st, "decode node: %s", why);
         return;
     }
-    dec_gen_spec_t g = {
-        .sampling = m->sampling,
-        .params = &sp,
-        .token_ids = m->token_ids,
-        .n_token_ids = m->n_token_ids,
-        .n_generated = m->n_generated,
-        .resume_rng = m->n_generated > 0,
-        .rng_state = m->rng_state,
-    };
-    st = dec_req_start_generation(d, r, &g);
-    if (st != KVF_OK) {
-        kvf_log_error("request %llu: sampler or text stream: %s", (unsigned long long)r->req_id,
-                      kvf_status_str(st));
-        dec_req_fail(d, r, st, "decode node: generation setup failed");
-    }
+    dec_gen_spec_t g = DECODE_GEN_SPEC(m, &sp, m->n_generated > 0);
+    start_generation(d, r, &g);
 }
 
 /* ---- dispatch --------------------------------------------------------------- */
