@@ -185,20 +185,29 @@ static int wait_node_exit(drig_t *h, int timeout_ms)
     return status;
 }
 
+/* Sends sig to the node while it decodes a long request (taken when it
+ * resumes from the pause), then waits for it to deregister and exit 0 by
+ * itself. Returns the request's id. */
+static uint64_t signal_while_decoding(drig_t *h, int sig)
+{
+    drig_start(h, NULL);
+    uint64_t id = start_and_pause(h, &h->prompts[3], 600);
+    assert_int_equal(kill(h->pid, sig), 0);
+    assert_int_equal(kill(h->pid, SIGCONT), 0);
+    int status = wait_node_exit(h, 30000);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_true(h->deregistered);
+    return id;
+}
+
 /* SIGTERM while a request decodes: the node drains: the sequence runs to
  * its end (the golden tokens, no error), then the node deregisters and
  * exits 0 by itself. */
 static void test_sigterm_drains(void **state)
 {
     drig_t *h = *state;
-    drig_start(h, NULL);
-    uint64_t id = start_and_pause(h, &h->prompts[3], 600);
-    assert_int_equal(kill(h->pid, SIGTERM), 0); /* taken when it resumes */
-    assert_int_equal(kill(h->pid, SIGCONT), 0);
-    int status = wait_node_exit(h, 30000);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
-    assert_true(h->deregistered);
+    uint64_t id = signal_while_decoding(h, SIGTERM);
     assert_int_equal(drig_seen(h, id)->error, 0);
     assert_int_equal(drig_seen(h, id)->finish, KVF__FINISH_REASON__FINISH_LENGTH);
     assert_int_equal(drig_seen(h, id)->n_tokens, 200);
@@ -212,14 +221,7 @@ static void test_sigterm_drains(void **state)
 static void test_sigint_stops(void **state)
 {
     drig_t *h = *state;
-    drig_start(h, NULL);
-    uint64_t id = start_and_pause(h, &h->prompts[3], 600);
-    assert_int_equal(kill(h->pid, SIGINT), 0); /* taken when it resumes */
-    assert_int_equal(kill(h->pid, SIGCONT), 0);
-    int status = wait_node_exit(h, 30000);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
-    assert_true(h->deregistered);
+    uint64_t id = signal_while_decoding(h, SIGINT);
     assert_int_equal(drig_seen(h, id)->error, KVF_ERR_CLOSED);
     assert_int_equal(drig_seen(h, id)->finish, 0);
 }
