@@ -2,6 +2,7 @@
  * TokenBatch per step; errors; PrefillDone of local prefills. */
 #include "decode_internal.h"
 
+#include "kvf/array.h"
 #include "kvf/log.h"
 
 #include <stdarg.h>
@@ -40,17 +41,8 @@ void dec_send_error(kvf_decode_t *d, uint64_t req_id, uint64_t epoch, kvf_status
 /* Makes room for n more bytes of chunk text. */
 static bool text_reserve(kvf_decode_t *d, size_t n)
 {
-    if (d->text_cap - d->text_len >= n)
-        return true;
-    size_t cap = d->text_cap ? d->text_cap : 4096;
-    while (cap - d->text_len < n)
-        cap *= 2;
-    char *t = realloc(d->chunk_text, cap);
-    if (!t)
-        return false;
-    d->chunk_text = t;
-    d->text_cap = cap;
-    return true;
+    return n <= SIZE_MAX - d->text_len &&
+           kvf_array_reserve(&d->chunk_text, &d->text_cap, d->text_len + n, 4096, 1) == KVF_OK;
 }
 
 void dec_chunk_add_text(kvf_decode_t *d, const char *text, size_t len)
@@ -84,15 +76,8 @@ static bool text_close(kvf_decode_t *d, size_t *off_p)
 
 static bool chunks_reserve(kvf_decode_t *d)
 {
-    if (d->n_chunks < d->cap_chunks)
-        return true;
-    size_t cap = d->cap_chunks ? 2 * d->cap_chunks : 64;
-    dec_chunk_t *c = realloc(d->chunks, cap * sizeof(*c));
-    if (!c)
-        return false;
-    d->chunks = c;
-    d->cap_chunks = cap;
-    return true;
+    return kvf_array_reserve(&d->chunks, &d->cap_chunks, d->n_chunks + 1, 64, sizeof(*d->chunks)) ==
+           KVF_OK;
 }
 
 void dec_emit_chunk(kvf_decode_t *d, dec_req_t *r, bool has_token, uint32_t token,

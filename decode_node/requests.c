@@ -3,6 +3,7 @@
  * admission until its blocks are back in the pool. See decode_internal.h. */
 #include "decode_internal.h"
 
+#include "kvf/array.h"
 #include "kvf/kvcache.h"
 #include "kvf/log.h"
 
@@ -25,14 +26,10 @@ void dec_req_free(kvf_decode_t *d, dec_req_t *r)
 
 kvf_status_t dec_req_add(kvf_decode_t *d, dec_req_t *r)
 {
-    if (d->n_reqs == d->cap_reqs) {
-        size_t cap = d->cap_reqs ? 2 * d->cap_reqs : 64;
-        dec_req_t **t = realloc(d->reqs, cap * sizeof(*t));
-        if (!t)
-            return KVF_ERR_NOMEM;
-        d->reqs = t;
-        d->cap_reqs = cap;
-    }
+    kvf_status_t st =
+        kvf_array_reserve(&d->reqs, &d->cap_reqs, d->n_reqs + 1, 64, sizeof(*d->reqs));
+    if (st != KVF_OK)
+        return st;
     d->reqs[d->n_reqs++] = r;
     return KVF_OK;
 }
