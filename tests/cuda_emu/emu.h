@@ -4,9 +4,9 @@
 // against this header: cu_to_cc.cmake rewrites the launch and __shared__
 // syntax, include/ stands in for <cuda_runtime.h>, <cuda_bf16.h>,
 // <cuda_fp16.h>, <mma.h> (warp matrix products) and <cublas_v2.h>. Device
-// code runs here (emu.cc); the host API (memory, streams, events, graphs,
-// device queries, cuBLAS) is emu_runtime.h (emu_runtime.cc lists its
-// files).
+// code runs here (emu.cc and the files it lists); the host API (memory,
+// streams, events, graphs, device queries, cuBLAS) is emu_runtime.h
+// (emu_runtime.cc lists its files).
 //
 // What is emulated:
 //  - A launch runs on the calling thread, CTA after CTA (blockIdx.x

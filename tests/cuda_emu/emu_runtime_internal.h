@@ -6,6 +6,7 @@
 #define KVF_CUDA_EMU_RUNTIME_INTERNAL_H
 
 // The C++ library first: emu.h defines __noinline__, which its headers use.
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <map>
