@@ -112,18 +112,12 @@ static void send_request(driver_t *d)
     Kvf__Sampling s = KVF__SAMPLING__INIT;
     s.max_tokens = q->max_tokens;
     s.ignore_eos = true;
-    Kvf__GenerateRequest g = KVF__GENERATE_REQUEST__INIT;
-    g.client_req_id = d->base_id + d->next;
-    g.prompt = "";
-    g.prompt_ids = q->prompt;
-    g.n_prompt_ids = q->n_prompt;
-    g.sampling = &s;
-    kvf_envelope_t env;
-    kvf_envelope_init(&env, "bench-serve");
-    env.body_case = KVF__ENVELOPE__BODY_GENERATE_REQUEST;
-    env.generate_request = &g;
+    kvf_client_generate_t g = {.client_req_id = d->base_id + d->next,
+                               .ids = q->prompt,
+                               .n_ids = q->n_prompt,
+                               .sampling = &s};
     q->t_sent = kvf_clock_ns();
-    if (kvf_client_send(d->client, &env, 5000) != KVF_OK) {
+    if (kvf_client_generate(d->client, "bench-serve", &g, 5000) != KVF_OK) {
         q->finish = 4;
         d->done++;
     }

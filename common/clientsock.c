@@ -267,3 +267,31 @@ kvf_status_t kvf_client_stats(kvf_client_t *client, const char *sender, int time
     }
     return KVF_ERR_TIMEOUT;
 }
+
+kvf_status_t kvf_client_generate(kvf_client_t *client, const char *sender,
+                                 const kvf_client_generate_t *req, int timeout_ms)
+{
+    Kvf__GenerateRequest g = KVF__GENERATE_REQUEST__INIT;
+    g.client_req_id = req->client_req_id;
+    g.prompt = (char *)(req->prompt ? req->prompt : "");
+    g.prompt_ids = (uint32_t *)req->ids;
+    g.n_prompt_ids = req->n_ids;
+    g.sampling = (Kvf__Sampling *)req->sampling;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, sender);
+    env.body_case = KVF__ENVELOPE__BODY_GENERATE_REQUEST;
+    env.generate_request = &g;
+    return kvf_client_send(client, &env, timeout_ms);
+}
+
+kvf_status_t kvf_client_cancel(kvf_client_t *client, const char *sender, uint64_t client_req_id,
+                               int timeout_ms)
+{
+    Kvf__Cancel c = KVF__CANCEL__INIT;
+    c.req_id = client_req_id;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, sender);
+    env.body_case = KVF__ENVELOPE__BODY_CANCEL;
+    env.cancel = &c;
+    return kvf_client_send(client, &env, timeout_ms);
+}

@@ -24,17 +24,12 @@ static kvf_status_t send_request(kvf_client_t *client, const kvf_remote_generate
     s.ignore_eos = req->ignore_eos;
     s.stop = (char **)req->stop;
     s.n_stop = req->n_stop;
-    Kvf__GenerateRequest g = KVF__GENERATE_REQUEST__INIT;
-    g.client_req_id = my_id;
-    g.prompt = (char *)(req->prompt ? req->prompt : "");
-    g.prompt_ids = (uint32_t *)req->ids;
-    g.n_prompt_ids = req->n_ids;
-    g.sampling = &s;
-    kvf_envelope_t env;
-    kvf_envelope_init(&env, "kvf-generate");
-    env.body_case = KVF__ENVELOPE__BODY_GENERATE_REQUEST;
-    env.generate_request = &g;
-    return kvf_client_send(client, &env, timeout_ms);
+    kvf_client_generate_t g = {.client_req_id = my_id,
+                               .prompt = req->prompt,
+                               .ids = req->ids,
+                               .n_ids = req->n_ids,
+                               .sampling = &s};
+    return kvf_client_generate(client, "kvf-generate", &g, timeout_ms);
 }
 
 static const char *finish_name(Kvf__FinishReason r)

@@ -336,28 +336,17 @@ static void send_generate(kvf_client_t *client, h_gen_t *g, uint64_t id)
     s.has_seed = g->has_seed;
     s.max_tokens = g->max_tokens;
     s.ignore_eos = g->ignore_eos;
-    Kvf__GenerateRequest r = KVF__GENERATE_REQUEST__INIT;
-    r.client_req_id = id;
-    r.prompt = (char *)(g->text ? g->text : "");
-    r.prompt_ids = g->prompt;
-    r.n_prompt_ids = g->n_prompt;
-    r.sampling = &s;
-    kvf_envelope_t env;
-    kvf_envelope_init(&env, "harness");
-    env.body_case = KVF__ENVELOPE__BODY_GENERATE_REQUEST;
-    env.generate_request = &r;
-    assert_int_equal(kvf_client_send(client, &env, 5000), KVF_OK);
+    kvf_client_generate_t r = {.client_req_id = id,
+                               .prompt = g->text,
+                               .ids = g->prompt,
+                               .n_ids = g->n_prompt,
+                               .sampling = &s};
+    assert_int_equal(kvf_client_generate(client, "harness", &r, 5000), KVF_OK);
 }
 
 static void send_cancel(kvf_client_t *client, uint64_t id)
 {
-    Kvf__Cancel cc = KVF__CANCEL__INIT;
-    cc.req_id = id;
-    kvf_envelope_t env;
-    kvf_envelope_init(&env, "harness");
-    env.body_case = KVF__ENVELOPE__BODY_CANCEL;
-    env.cancel = &cc;
-    assert_int_equal(kvf_client_send(client, &env, 5000), KVF_OK);
+    assert_int_equal(kvf_client_cancel(client, "harness", id, 5000), KVF_OK);
 }
 
 void h_generate_many(h_cluster_t *c, h_gen_t *gens, size_t n, const int *cancel_after,

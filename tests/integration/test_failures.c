@@ -260,17 +260,11 @@ static void test_thousand_cancels(void **state)
             Kvf__Sampling s = KVF__SAMPLING__INIT;
             s.max_tokens = 40 + (uint32_t)((rng >> 20) % 80);
             s.ignore_eos = true;
-            Kvf__GenerateRequest g = KVF__GENERATE_REQUEST__INIT;
-            g.client_req_id = base + (uint64_t)i;
-            g.prompt = "";
-            g.prompt_ids = prompt;
-            g.n_prompt_ids = 8 + (size_t)((rng >> 40) % 56);
-            g.sampling = &s;
-            kvf_envelope_t env;
-            kvf_envelope_init(&env, "test");
-            env.body_case = KVF__ENVELOPE__BODY_GENERATE_REQUEST;
-            env.generate_request = &g;
-            assert_int_equal(kvf_client_send(client, &env, 5000), KVF_OK);
+            kvf_client_generate_t g = {.client_req_id = base + (uint64_t)i,
+                                       .ids = prompt,
+                                       .n_ids = 8 + (size_t)((rng >> 40) % 56),
+                                       .sampling = &s};
+            assert_int_equal(kvf_client_generate(client, "test", &g, 5000), KVF_OK);
         }
         int left = WAVE;
         uint64_t deadline = t0 + 120000000000ull;
@@ -278,13 +272,8 @@ static void test_thousand_cancels(void **state)
             uint64_t now = kvf_clock_ns();
             for (int i = 0; i < WAVE; i++) {
                 if (!done[i] && !sent_cancel[i] && now >= cancel_at[i]) {
-                    Kvf__Cancel cc = KVF__CANCEL__INIT;
-                    cc.req_id = base + (uint64_t)i;
-                    kvf_envelope_t env;
-                    kvf_envelope_init(&env, "test");
-                    env.body_case = KVF__ENVELOPE__BODY_CANCEL;
-                    env.cancel = &cc;
-                    assert_int_equal(kvf_client_send(client, &env, 5000), KVF_OK);
+                    assert_int_equal(
+                        kvf_client_cancel(client, "test", base + (uint64_t)i, 5000), KVF_OK);
                     sent_cancel[i] = true;
                 }
             }

@@ -74,4 +74,24 @@ kvf_status_t kvf_client_recv(kvf_client_t *client, int timeout_ms, kvf_envelope_
 kvf_status_t kvf_client_stats(kvf_client_t *client, const char *sender, int timeout_ms,
                               kvf_envelope_t **reply_p);
 
+/* What a native client asks the router to generate. Everything is
+ * borrowed for the call. */
+typedef struct {
+    uint64_t client_req_id;         /* the client's own id, unique per connection */
+    const char *prompt;             /* text (tokenized by the router), or NULL */
+    const uint32_t *ids;            /* (n_ids) prompt ids, used as given when n_ids > 0 */
+    size_t n_ids;
+    const Kvf__Sampling *sampling;  /* NULL: the router's defaults */
+} kvf_client_generate_t;
+
+/* Sends one GenerateRequest, sender naming the client; the router answers
+ * with GenerateChunks carrying client_req_id (kvf_client_recv). Returns
+ * kvf_client_send's status. */
+kvf_status_t kvf_client_generate(kvf_client_t *client, const char *sender,
+                                 const kvf_client_generate_t *req, int timeout_ms);
+
+/* Asks the router to cancel the client's request client_req_id. */
+kvf_status_t kvf_client_cancel(kvf_client_t *client, const char *sender, uint64_t client_req_id,
+                               int timeout_ms);
+
 #endif
