@@ -157,115 +157,165 @@ static void test_rowwise(void **state)
 }
 
 /* Paged attention: two sequences written through kv_write (one from 0, one
- * continuing at 13), queried at their new positions. */
-static void attention_case(kvf_backend_t *be, int block_size, int head_dim, int n_heads,
-                           int n_kv)
-{
-    const int layers = 2, layer = 1;
-    const int n_ctx[2] = {23, 40}, start[2] = {0, 13};
-    kvf_kv_geometry_t g = {.n_layers = layers, .n_kv_heads = n_kv, .head_dim = head_dim,
-                           .block_size = block_size, .dtype = KVF_DTYPE_F32};
+ * continuing at 13), queried at their new positions. One case's state: */
+typedef struct {
+    int head_dim, n_heads, n_kv, kv_dim, q_dim;
     kvf_kvpool_t *pool;
-    assert_int_equal(kvf_kvpool_create(&g, 64, &pool), KVF_OK);
     kvf_block_table_t bt[2];
-    const int kv_dim = n_kv * head_dim, q_dim = n_heads * head_dim;
-    float *k_all[2], *v_all[2];
+    float *k_all[2], *v_all[2]; /* every position's K and V rows, per sequence */
+    int n_tok;                  /* the batch: the new positions of both */
+    int32_t *pos, *seq;
+    const uint32_t *tables[2];
+    kvf_batch_layout_t b;
+} attn_case_t;
+
+enum { ATTN_LAYERS = 2, ATTN_LAYER = 1, ATTN_EARLIER = 13 };
+static const int attn_n_ctx[2] = {23, 40}, attn_start[2] = {0, ATTN_EARLIER};
+
+/* The pool, both sequences' block tables and their random K/V rows. */
+static void attn_setup(attn_case_t *a, int block_size, int head_dim, int n_heads, int n_kv)
+{
+    memset(a, 0, sizeof(*a));
+    a->head_dim = head_dim;
+    a->n_heads = n_heads;
+    a->n_kv = n_kv;
+    a->kv_dim = n_kv * head_dim;
+    a->q_dim = n_heads * head_dim;
+    kvf_kv_geometry_t g = {.n_layers = ATTN_LAYERS, .n_kv_heads = n_kv, .head_dim = head_dim,
+                           .block_size = block_size, .dtype = KVF_DTYPE_F32};
+    assert_int_equal(kvf_kvpool_create(&g, 64, &a->pool), KVF_OK);
     for (int s = 0; s < 2; s++) {
-        kvf_block_table_init(&bt[s]);
-        assert_int_equal(kvf_block_table_reserve(&bt[s], pool, (uint32_t)n_ctx[s]), KVF_OK);
-        k_all[s] = rand_floats((size_t)n_ctx[s] * kv_dim);
-        v_all[s] = rand_floats((size_t)n_ctx[s] * kv_dim);
-    }
-    /* sequence 1's first 13 positions were written earlier */
-    {
-        int32_t pos[13], seq[13];
-        for (int i = 0; i < 13; i++) {
-            pos[i] = i;
-            seq[i] = 0;
-        }
-        const uint32_t *tables[1] = {bt[1].blocks};
-        kvf_batch_layout_t b = {.n_tokens = 13, .pos = pos, .seq = seq, .n_seqs = 1,
-                                .block_tables = tables};
-        /* k and v rows interleaved in one buffer with ld = 2 * kv_dim */
-        float *kv = malloc((size_t)13 * 2 * kv_dim * sizeof(float));
-        for (int i = 0; i < 13; i++) {
-            memcpy(kv + (size_t)i * 2 * kv_dim, k_all[1] + (size_t)i * kv_dim,
-                   (size_t)kv_dim * sizeof(float));
-            memcpy(kv + (size_t)i * 2 * kv_dim + kv_dim, v_all[1] + (size_t)i * kv_dim,
-                   (size_t)kv_dim * sizeof(float));
-        }
-        assert_int_equal(be->ops->kv_write(be->ctx, pool, layer, kv, kv + kv_dim, 2 * kv_dim, &b),
+        kvf_block_table_init(&a->bt[s]);
+        assert_int_equal(kvf_block_table_reserve(&a->bt[s], a->pool, (uint32_t)attn_n_ctx[s]),
                          KVF_OK);
-        free(kv);
+        a->k_all[s] = rand_floats((size_t)attn_n_ctx[s] * a->kv_dim);
+        a->v_all[s] = rand_floats((size_t)attn_n_ctx[s] * a->kv_dim);
     }
-    /* the batch: all 23 of sequence 0, positions 13..39 of sequence 1 */
-    int n_tok = (n_ctx[0] - start[0]) + (n_ctx[1] - start[1]);
-    int32_t *pos = malloc((size_t)n_tok * sizeof(int32_t)), *seq = malloc((size_t)n_tok * 4);
-    float *k = malloc((size_t)n_tok * kv_dim * sizeof(float));
-    float *v = malloc((size_t)n_tok * kv_dim * sizeof(float));
+}
+
+/* Sequence 1's first 13 positions, written earlier: k and v rows
+ * interleaved in one buffer with ld = 2 * kv_dim. */
+static void attn_write_earlier(kvf_backend_t *be, attn_case_t *a)
+{
+    const int kv_dim = a->kv_dim;
+    int32_t pos[ATTN_EARLIER], seq[ATTN_EARLIER];
+    for (int i = 0; i < ATTN_EARLIER; i++) {
+        pos[i] = i;
+        seq[i] = 0;
+    }
+    const uint32_t *tables[1] = {a->bt[1].blocks};
+    kvf_batch_layout_t b = {.n_tokens = ATTN_EARLIER, .pos = pos, .seq = seq, .n_seqs = 1,
+                            .block_tables = tables};
+    float *kv = malloc((size_t)ATTN_EARLIER * 2 * kv_dim * sizeof(float));
+    for (int i = 0; i < ATTN_EARLIER; i++) {
+        memcpy(kv + (size_t)i * 2 * kv_dim, a->k_all[1] + (size_t)i * kv_dim,
+               (size_t)kv_dim * sizeof(float));
+        memcpy(kv + (size_t)i * 2 * kv_dim + kv_dim, a->v_all[1] + (size_t)i * kv_dim,
+               (size_t)kv_dim * sizeof(float));
+    }
+    assert_int_equal(
+        be->ops->kv_write(be->ctx, a->pool, ATTN_LAYER, kv, kv + kv_dim, 2 * kv_dim, &b), KVF_OK);
+    free(kv);
+}
+
+/* The batch (all 23 of sequence 0, positions 13..39 of sequence 1), its
+ * K/V rows written through kv_write. */
+static void attn_write_batch(kvf_backend_t *be, attn_case_t *a)
+{
+    const int kv_dim = a->kv_dim;
+    a->n_tok = (attn_n_ctx[0] - attn_start[0]) + (attn_n_ctx[1] - attn_start[1]);
+    a->pos = malloc((size_t)a->n_tok * sizeof(int32_t));
+    a->seq = malloc((size_t)a->n_tok * 4);
+    float *k = malloc((size_t)a->n_tok * kv_dim * sizeof(float));
+    float *v = malloc((size_t)a->n_tok * kv_dim * sizeof(float));
     int t = 0;
     for (int s = 0; s < 2; s++)
-        for (int p = start[s]; p < n_ctx[s]; p++, t++) {
-            pos[t] = p;
-            seq[t] = s;
-            memcpy(k + (size_t)t * kv_dim, k_all[s] + (size_t)p * kv_dim,
+        for (int p = attn_start[s]; p < attn_n_ctx[s]; p++, t++) {
+            a->pos[t] = p;
+            a->seq[t] = s;
+            memcpy(k + (size_t)t * kv_dim, a->k_all[s] + (size_t)p * kv_dim,
                    (size_t)kv_dim * sizeof(float));
-            memcpy(v + (size_t)t * kv_dim, v_all[s] + (size_t)p * kv_dim,
+            memcpy(v + (size_t)t * kv_dim, a->v_all[s] + (size_t)p * kv_dim,
                    (size_t)kv_dim * sizeof(float));
         }
-    const uint32_t *tables[2] = {bt[0].blocks, bt[1].blocks};
-    kvf_batch_layout_t b = {.n_tokens = n_tok, .pos = pos, .seq = seq, .n_seqs = 2,
-                            .block_tables = tables};
-    assert_int_equal(be->ops->kv_write(be->ctx, pool, layer, k, v, kv_dim, &b), KVF_OK);
-    float *q = rand_floats((size_t)n_tok * q_dim);
-    float *out = malloc((size_t)n_tok * q_dim * sizeof(float));
-    double *want = malloc((size_t)n_tok * q_dim * sizeof(double));
+    a->tables[0] = a->bt[0].blocks;
+    a->tables[1] = a->bt[1].blocks;
+    a->b = (kvf_batch_layout_t){.n_tokens = a->n_tok, .pos = a->pos, .seq = a->seq, .n_seqs = 2,
+                                .block_tables = a->tables};
+    assert_int_equal(be->ops->kv_write(be->ctx, a->pool, ATTN_LAYER, k, v, kv_dim, &a->b), KVF_OK);
+    free(k);
+    free(v);
+}
+
+/* Causal softmax attention of q over the sequences' K/V, in double. */
+static double *attn_reference(const attn_case_t *a, const float *q)
+{
+    const int head_dim = a->head_dim, kv_dim = a->kv_dim, q_dim = a->q_dim;
+    const int group = a->n_heads / a->n_kv;
+    double *want = malloc((size_t)a->n_tok * q_dim * sizeof(double));
     double *sc = malloc(64 * sizeof(double));
-    int group = n_heads / n_kv;
-    for (t = 0; t < n_tok; t++) {
-        int s = seq[t];
-        for (int h = 0; h < n_heads; h++) {
+    for (int t = 0; t < a->n_tok; t++) {
+        int s = a->seq[t];
+        for (int h = 0; h < a->n_heads; h++) {
             int kvh = h / group;
             double mx = -INFINITY, sum = 0;
-            for (int j = 0; j <= pos[t]; j++) {
+            for (int j = 0; j <= a->pos[t]; j++) {
                 double d = 0;
                 for (int c = 0; c < head_dim; c++)
                     d += (double)q[(size_t)t * q_dim + h * head_dim + c] *
-                         k_all[s][(size_t)j * kv_dim + kvh * head_dim + c];
+                         a->k_all[s][(size_t)j * kv_dim + kvh * head_dim + c];
                 sc[j] = d / sqrt((double)head_dim);
                 mx = sc[j] > mx ? sc[j] : mx;
             }
-            for (int j = 0; j <= pos[t]; j++)
+            for (int j = 0; j <= a->pos[t]; j++)
                 sum += (sc[j] = exp(sc[j] - mx));
             for (int c = 0; c < head_dim; c++) {
                 double o = 0;
-                for (int j = 0; j <= pos[t]; j++)
-                    o += sc[j] * v_all[s][(size_t)j * kv_dim + kvh * head_dim + c];
+                for (int j = 0; j <= a->pos[t]; j++)
+                    o += sc[j] * a->v_all[s][(size_t)j * kv_dim + kvh * head_dim + c];
                 want[(size_t)t * q_dim + h * head_dim + c] = o / sum;
             }
         }
     }
-    assert_int_equal(be->ops->attention(be->ctx, out, q, q_dim, pool, layer, n_heads, &b), KVF_OK);
+    free(sc);
+    return want;
+}
+
+/* Tables released (the pool ends empty), pool and rows freed. */
+static void attn_teardown(attn_case_t *a)
+{
+    for (int s = 0; s < 2; s++) {
+        kvf_block_table_release(&a->bt[s], a->pool);
+        kvf_block_table_fini(&a->bt[s]);
+        free(a->k_all[s]);
+        free(a->v_all[s]);
+    }
+    assert_int_equal(kvf_kvpool_used_blocks(a->pool), 0);
+    kvf_kvpool_destroy(a->pool);
+    free(a->pos);
+    free(a->seq);
+}
+
+static void attention_case(kvf_backend_t *be, int block_size, int head_dim, int n_heads,
+                           int n_kv)
+{
+    attn_case_t a;
+    attn_setup(&a, block_size, head_dim, n_heads, n_kv);
+    attn_write_earlier(be, &a);
+    attn_write_batch(be, &a);
+    float *q = rand_floats((size_t)a.n_tok * a.q_dim);
+    float *out = malloc((size_t)a.n_tok * a.q_dim * sizeof(float));
+    double *want = attn_reference(&a, q);
+    assert_int_equal(
+        be->ops->attention(be->ctx, out, q, a.q_dim, a.pool, ATTN_LAYER, n_heads, &a.b), KVF_OK);
     char what[96];
     snprintf(what, sizeof(what), "attention (block %d, head dim %d, %d/%d heads)", block_size,
              head_dim, n_heads, n_kv);
-    assert_close(out, want, (size_t)n_tok * q_dim, 2e-5, what);
-    for (int s = 0; s < 2; s++) {
-        kvf_block_table_release(&bt[s], pool);
-        kvf_block_table_fini(&bt[s]);
-        free(k_all[s]);
-        free(v_all[s]);
-    }
-    assert_int_equal(kvf_kvpool_used_blocks(pool), 0);
-    kvf_kvpool_destroy(pool);
-    free(pos);
-    free(seq);
-    free(k);
-    free(v);
+    assert_close(out, want, (size_t)a.n_tok * a.q_dim, 2e-5, what);
+    attn_teardown(&a);
     free(q);
     free(out);
     free(want);
-    free(sc);
 }
 
 static void attention_cases(kvf_backend_t *be)

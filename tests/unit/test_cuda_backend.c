@@ -114,107 +114,171 @@ static kvf_model_t *random_model(int layers, int hidden, int heads, int kv_heads
 
 /* ---- golden ---------------------------------------------------------- */
 
+/* The rigs a golden model runs on (f32 and bf16 weights on the GPU, the CPU
+ * backend), and what the bf16 rig gave over the prompts. */
+typedef struct {
+    const char *name;
+    int V;
+    rig_t r32, r16, cpu;
+    float worst_bf16;
+    int bf16_greedy_same, bf16_greedy_total;
+} golden_t;
+
+/* One prompt's runs on the three rigs: tables and every position's logits. */
+typedef struct {
+    int n;
+    kvf_block_table_t bt, bt16, btc;
+    float *all, *all16, *allc;
+} golden_prompt_t;
+
+/* The prompt ids[0, n) as one prefill on each rig, all logits kept. */
+static void golden_prefill(golden_t *g, golden_prompt_t *p, const uint32_t *ids, int n)
+{
+    p->n = n;
+    p->all = malloc((size_t)n * g->V * sizeof(float));
+    p->all16 = malloc((size_t)n * g->V * sizeof(float));
+    p->allc = malloc((size_t)n * g->V * sizeof(float));
+    kvf_block_table_init(&p->bt);
+    kvf_block_table_init(&p->bt16);
+    kvf_block_table_init(&p->btc);
+    forward(&g->r32, &p->bt, ids, 0, n, p->all, true);
+    forward(&g->r16, &p->bt16, ids, 0, n, p->all16, true);
+    forward(&g->cpu, &p->btc, ids, 0, n, p->allc, true);
+}
+
+/* f32 weights: last logits within 1e-4 of expected.json, every position's
+ * argmax as recorded. */
+static void golden_check_f32(const golden_t *g, const golden_prompt_t *p, const cJSON *pj,
+                             int prompt)
+{
+    const int V = g->V;
+    const cJSON *ll = cJSON_GetObjectItem(pj, "last_logits");
+    const float *l32 = p->all + (size_t)(p->n - 1) * V;
+    float worst = 0;
+    for (int i = 0; i < V; i++) {
+        float d = fabsf(l32[i] - (float)cJSON_GetArrayItem(ll, i)->valuedouble);
+        worst = d > worst || isnan(d) ? d : worst;
+    }
+    if (!(worst <= 1e-4f))
+        fail_msg("%s prompt %d (f32 weights on the GPU): max |logit - expected| = %g", g->name,
+                 prompt, worst);
+    const cJSON *pa = cJSON_GetObjectItem(pj, "position_argmax");
+    for (int i = 0; i < p->n; i++)
+        assert_int_equal(kvf_sample_argmax(p->all + (size_t)i * V, V),
+                         cJSON_GetArrayItem(pa, i)->valueint);
+}
+
+/* One cached decode step of tok at pos on the f32 rig; returns the host's
+ * argmax of its logits, which the device's greedy token must equal. */
+static uint32_t golden_decode_f32(golden_t *g, golden_prompt_t *p, uint32_t tok, int pos,
+                                  float *last)
+{
+    uint32_t dev = UINT32_MAX;
+    assert_int_equal(kvf_block_table_reserve(&p->bt, g->r32.pool, (uint32_t)(pos + 1)), KVF_OK);
+    kvf_engine_seq_t q = {.tokens = &tok,
+                          .n_tokens = 1,
+                          .start_pos = (uint32_t)pos,
+                          .block_ids = p->bt.blocks,
+                          .n_blocks = p->bt.n_blocks,
+                          .logits = last,
+                          .greedy_token = &dev};
+    assert_int_equal(kvf_engine_forward(g->r32.engine, &q, 1, NULL), KVF_OK);
+    uint32_t host = kvf_sample_argmax(last, g->V);
+    assert_int_equal(dev, host); /* the device argmax agrees with the host's */
+    return host;
+}
+
+/* One cached decode step of *tok at pos on the bf16 rig: it follows the
+ * expected ids (teacher forcing) and only reports its own argmax. */
+static void golden_decode_bf16(golden_t *g, golden_prompt_t *p, const uint32_t *tok, int pos,
+                               uint32_t *tok16_p)
+{
+    assert_int_equal(kvf_block_table_reserve(&p->bt16, g->r16.pool, (uint32_t)(pos + 1)), KVF_OK);
+    kvf_engine_seq_t q16 = {.tokens = tok,
+                            .n_tokens = 1,
+                            .start_pos = (uint32_t)pos,
+                            .block_ids = p->bt16.blocks,
+                            .n_blocks = p->bt16.n_blocks,
+                            .greedy_token = tok16_p};
+    assert_int_equal(kvf_engine_forward(g->r16.engine, &q16, 1, NULL), KVF_OK);
+}
+
+/* The greedy steps with the cache: f32 equal to the expected ids
+ * (asserted), bf16 counted. */
+static void golden_greedy(golden_t *g, golden_prompt_t *p, const uint32_t *greedy, int n_greedy)
+{
+    const int V = g->V, n = p->n;
+    float *last = malloc((size_t)V * sizeof(float));
+    uint32_t tok = kvf_sample_argmax(p->all + (size_t)(n - 1) * V, V),
+             tok16 = kvf_sample_argmax(p->all16 + (size_t)(n - 1) * V, V);
+    for (int s = 0; s < n_greedy; s++) {
+        assert_int_equal(tok, greedy[s]);
+        g->bf16_greedy_same += tok16 == greedy[s];
+        g->bf16_greedy_total++;
+        tok = golden_decode_f32(g, p, tok, n + s, last);
+        golden_decode_bf16(g, p, &greedy[s], n + s, &tok16);
+    }
+    free(last);
+}
+
+static void golden_prompt_free(golden_t *g, golden_prompt_t *p)
+{
+    kvf_block_table_release(&p->bt, g->r32.pool);
+    kvf_block_table_release(&p->bt16, g->r16.pool);
+    kvf_block_table_release(&p->btc, g->cpu.pool);
+    kvf_block_table_fini(&p->bt);
+    kvf_block_table_fini(&p->bt16);
+    kvf_block_table_fini(&p->btc);
+    free(p->all);
+    free(p->all16);
+    free(p->allc);
+}
+
+/* One prompt of expected.json: the f32 checks, the bf16 logits against the
+ * CPU backend's, then the greedy steps. */
+static void golden_prompt(golden_t *g, const cJSON *pj, int prompt)
+{
+    int n, n_greedy;
+    uint32_t *ids = kvf_test_json_ids(cJSON_GetObjectItem(pj, "ids"), &n);
+    uint32_t *greedy = kvf_test_json_ids(cJSON_GetObjectItem(pj, "greedy_ids"), &n_greedy);
+    golden_prompt_t p;
+    golden_prefill(g, &p, ids, n);
+    golden_check_f32(g, &p, pj, prompt);
+    float rd = kvf_test_rel_diff(p.all16, p.allc, (size_t)n * g->V);
+    g->worst_bf16 = rd > g->worst_bf16 || isnan(rd) ? rd : g->worst_bf16;
+    golden_greedy(g, &p, greedy, n_greedy);
+    golden_prompt_free(g, &p);
+    free(greedy);
+    free(ids);
+}
+
 static void golden(const char *name)
 {
     cJSON *root = kvf_test_load_expected(g_data);
     const cJSON *mj = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"), name);
     assert_non_null(mj);
     kvf_model_t *model = kvf_test_load_golden(g_data, name);
-    const int V = model->cfg.vocab;
-    rig_t r32, r16, cpu;
-    rig_cuda(&r32, model, 16, 64, KVF_DTYPE_F32, true, false);
-    rig_cuda(&r16, model, 16, 64, KVF_DTYPE_BF16, true, false);
-    rig_cpu(&cpu, model, 16, 64);
+    golden_t g = {.name = name, .V = model->cfg.vocab};
+    rig_cuda(&g.r32, model, 16, 64, KVF_DTYPE_F32, true, false);
+    rig_cuda(&g.r16, model, 16, 64, KVF_DTYPE_BF16, true, false);
+    rig_cpu(&g.cpu, model, 16, 64);
     const cJSON *pj;
-    int n_prompts = 0, bf16_greedy_same = 0, bf16_greedy_total = 0;
-    float worst_bf16 = 0;
+    int n_prompts = 0;
     cJSON_ArrayForEach(pj, cJSON_GetObjectItem(mj, "prompts"))
     {
-        int n, n_greedy;
-        uint32_t *ids = kvf_test_json_ids(cJSON_GetObjectItem(pj, "ids"), &n);
-        uint32_t *greedy = kvf_test_json_ids(cJSON_GetObjectItem(pj, "greedy_ids"), &n_greedy);
-        float *all = malloc((size_t)n * V * sizeof(float));
-        float *all16 = malloc((size_t)n * V * sizeof(float));
-        float *allc = malloc((size_t)n * V * sizeof(float));
-        float *last = malloc((size_t)V * sizeof(float));
-        kvf_block_table_t bt, bt16, btc;
-        kvf_block_table_init(&bt);
-        kvf_block_table_init(&bt16);
-        kvf_block_table_init(&btc);
-        forward(&r32, &bt, ids, 0, n, all, true);
-        forward(&r16, &bt16, ids, 0, n, all16, true);
-        forward(&cpu, &btc, ids, 0, n, allc, true);
-        const cJSON *ll = cJSON_GetObjectItem(pj, "last_logits");
-        const float *l32 = all + (size_t)(n - 1) * V;
-        float worst = 0;
-        for (int i = 0; i < V; i++) {
-            float d = fabsf(l32[i] - (float)cJSON_GetArrayItem(ll, i)->valuedouble);
-            worst = d > worst || isnan(d) ? d : worst;
-        }
-        if (!(worst <= 1e-4f))
-            fail_msg("%s prompt %d (f32 weights on the GPU): max |logit - expected| = %g", name,
-                     n_prompts, worst);
-        const cJSON *pa = cJSON_GetObjectItem(pj, "position_argmax");
-        for (int i = 0; i < n; i++)
-            assert_int_equal(kvf_sample_argmax(all + (size_t)i * V, V),
-                             cJSON_GetArrayItem(pa, i)->valueint);
-        float rd = kvf_test_rel_diff(all16, allc, (size_t)n * V);
-        worst_bf16 = rd > worst_bf16 || isnan(rd) ? rd : worst_bf16;
-        /* 24 greedy steps with the cache, f32 (asserted) and bf16 (counted) */
-        uint32_t tok = kvf_sample_argmax(l32, V),
-                 tok16 = kvf_sample_argmax(all16 + (size_t)(n - 1) * V, V);
-        for (int s = 0; s < n_greedy; s++) {
-            assert_int_equal(tok, greedy[s]);
-            bf16_greedy_same += tok16 == greedy[s];
-            bf16_greedy_total++;
-            uint32_t g = UINT32_MAX;
-            assert_int_equal(kvf_block_table_reserve(&bt, r32.pool, (uint32_t)(n + s + 1)), KVF_OK);
-            kvf_engine_seq_t q = {.tokens = &tok,
-                                  .n_tokens = 1,
-                                  .start_pos = (uint32_t)(n + s),
-                                  .block_ids = bt.blocks,
-                                  .n_blocks = bt.n_blocks,
-                                  .logits = last,
-                                  .greedy_token = &g};
-            assert_int_equal(kvf_engine_forward(r32.engine, &q, 1, NULL), KVF_OK);
-            tok = kvf_sample_argmax(last, V);
-            assert_int_equal(g, tok); /* the device argmax agrees with the host's */
-            /* bf16 follows the expected ids (teacher forcing) and only
-             * reports its own argmax. */
-            assert_int_equal(kvf_block_table_reserve(&bt16, r16.pool, (uint32_t)(n + s + 1)),
-                             KVF_OK);
-            kvf_engine_seq_t q16 = {.tokens = &greedy[s],
-                                    .n_tokens = 1,
-                                    .start_pos = (uint32_t)(n + s),
-                                    .block_ids = bt16.blocks,
-                                    .n_blocks = bt16.n_blocks,
-                                    .greedy_token = &tok16};
-            assert_int_equal(kvf_engine_forward(r16.engine, &q16, 1, NULL), KVF_OK);
-        }
-        kvf_block_table_release(&bt, r32.pool);
-        kvf_block_table_release(&bt16, r16.pool);
-        kvf_block_table_release(&btc, cpu.pool);
-        kvf_block_table_fini(&bt);
-        kvf_block_table_fini(&bt16);
-        kvf_block_table_fini(&btc);
-        free(greedy);
-        free(all);
-        free(all16);
-        free(allc);
-        free(last);
-        free(ids);
+        golden_prompt(&g, pj, n_prompts);
         n_prompts++;
     }
     assert_int_equal(n_prompts, 4);
     printf("%s: bf16 weights: max |logit - cpu| / max|logit| = %.4f; greedy ids equal to the "
            "f32 reference at %d of %d steps\n",
-           name, (double)worst_bf16, bf16_greedy_same, bf16_greedy_total);
-    if (!(worst_bf16 <= 3e-2f))
+           name, (double)g.worst_bf16, g.bf16_greedy_same, g.bf16_greedy_total);
+    if (!(g.worst_bf16 <= 3e-2f))
         fail_msg("%s: bf16 logits off the CPU backend's by %g of their scale", name,
-                 (double)worst_bf16);
-    rig_close(&r32);
-    rig_close(&r16);
-    rig_close(&cpu);
+                 (double)g.worst_bf16);
+    rig_close(&g.r32);
+    rig_close(&g.r16);
+    rig_close(&g.cpu);
     kvf_model_destroy(model);
     cJSON_Delete(root);
 }
@@ -336,105 +400,137 @@ static void test_cache_chunks_blocks(void **state)
 }
 
 /* A batch mixing decodes and a prompt chunk equals each run alone; decode
- * steps replayed from graphs equal launched ones bit for bit. */
+ * steps replayed from graphs equal launched ones bit for bit. Three
+ * sequences prefilled on two bf16 rigs, graphs on and off: */
+enum { MIX_NS = 3, MIX_IDS = 760, MIX_STEPS = 40, MIX_CHUNK = 16 };
+static const int mix_lens[MIX_NS] = {40, 700, 90};
+
+typedef struct {
+    kvf_model_t *m;
+    int V;
+    uint32_t ids[MIX_NS][MIX_IDS];
+    rig_t gr, ng; /* graphs on, off */
+    kvf_block_table_t tg[MIX_NS], tn[MIX_NS];
+    float *lg, *ln; /* MIX_NS rows of logits each */
+} mix_t;
+
+static void mix_setup(mix_t *x)
+{
+    x->m = random_model(2, 256, 4, 1, 64, 512, 700, false);
+    const int V = x->V = x->m->cfg.vocab;
+    for (int s = 0; s < MIX_NS; s++)
+        kvf_test_random_ids(x->ids[s], MIX_IDS, V, 11 + s);
+    rig_cuda(&x->gr, x->m, 16, 200, KVF_DTYPE_BF16, true, false);
+    rig_cuda(&x->ng, x->m, 16, 200, KVF_DTYPE_BF16, false, false);
+    x->lg = malloc((size_t)MIX_NS * V * sizeof(float));
+    x->ln = malloc((size_t)MIX_NS * V * sizeof(float));
+    for (int s = 0; s < MIX_NS; s++) {
+        kvf_block_table_init(&x->tg[s]);
+        kvf_block_table_init(&x->tn[s]);
+        forward(&x->gr, &x->tg[s], x->ids[s], 0, mix_lens[s], x->lg, false);
+        forward(&x->ng, &x->tn[s], x->ids[s], 0, mix_lens[s], x->ln, false);
+    }
+}
+
+/* Decode step `step` of all three at once on both rigs: logits equal bit
+ * for bit, greedy tokens equal and equal to the argmax of the logits. */
+static void mix_decode_step(mix_t *x, int step)
+{
+    const int V = x->V;
+    kvf_engine_seq_t qg[MIX_NS], qn[MIX_NS];
+    uint32_t gg[MIX_NS], gn[MIX_NS];
+    for (int s = 0; s < MIX_NS; s++) {
+        int p = mix_lens[s] + step;
+        assert_int_equal(kvf_block_table_reserve(&x->tg[s], x->gr.pool, (uint32_t)p + 1), KVF_OK);
+        assert_int_equal(kvf_block_table_reserve(&x->tn[s], x->ng.pool, (uint32_t)p + 1), KVF_OK);
+        qg[s] = (kvf_engine_seq_t){.tokens = &x->ids[s][p],
+                                   .n_tokens = 1,
+                                   .start_pos = (uint32_t)p,
+                                   .block_ids = x->tg[s].blocks,
+                                   .n_blocks = x->tg[s].n_blocks,
+                                   .logits = x->lg + (size_t)s * V,
+                                   .greedy_token = &gg[s]};
+        qn[s] = qg[s];
+        qn[s].block_ids = x->tn[s].blocks;
+        qn[s].n_blocks = x->tn[s].n_blocks;
+        qn[s].logits = x->ln + (size_t)s * V;
+        qn[s].greedy_token = &gn[s];
+    }
+    assert_int_equal(kvf_engine_forward(x->gr.engine, qg, MIX_NS, NULL), KVF_OK);
+    assert_int_equal(kvf_engine_forward(x->ng.engine, qn, MIX_NS, NULL), KVF_OK);
+    if (memcmp(x->lg, x->ln, (size_t)MIX_NS * V * sizeof(float)) != 0)
+        fail_msg("step %d: graph replay differs from launched kernels", step);
+    for (int s = 0; s < MIX_NS; s++) {
+        assert_int_equal(gg[s], gn[s]);
+        assert_int_equal(gg[s], kvf_sample_argmax(x->lg + (size_t)s * V, V));
+    }
+}
+
+/* Sequence 0 decodes while sequence 1 takes 16 prompt tokens, in one batch
+ * on the graphs rig, against the two runs apart on the other rig (other
+ * GEMM shapes, so within tolerance, not bit for bit). */
+static void mix_decode_with_chunk(mix_t *x)
+{
+    const int V = x->V;
+    int p0 = mix_lens[0] + MIX_STEPS, p1 = mix_lens[1] + MIX_STEPS;
+    assert_int_equal(kvf_block_table_reserve(&x->tg[0], x->gr.pool, (uint32_t)p0 + 1), KVF_OK);
+    assert_int_equal(kvf_block_table_reserve(&x->tg[1], x->gr.pool, (uint32_t)p1 + MIX_CHUNK),
+                     KVF_OK);
+    assert_int_equal(kvf_block_table_reserve(&x->tn[0], x->ng.pool, (uint32_t)p0 + 1), KVF_OK);
+    assert_int_equal(kvf_block_table_reserve(&x->tn[1], x->ng.pool, (uint32_t)p1 + MIX_CHUNK),
+                     KVF_OK);
+    kvf_engine_seq_t mix[2] = {{.tokens = &x->ids[0][p0],
+                                .n_tokens = 1,
+                                .start_pos = (uint32_t)p0,
+                                .block_ids = x->tg[0].blocks,
+                                .n_blocks = x->tg[0].n_blocks,
+                                .logits = x->lg},
+                               {.tokens = &x->ids[1][p1],
+                                .n_tokens = MIX_CHUNK,
+                                .start_pos = (uint32_t)p1,
+                                .block_ids = x->tg[1].blocks,
+                                .n_blocks = x->tg[1].n_blocks,
+                                .logits = x->lg + V}};
+    assert_int_equal(kvf_engine_forward(x->gr.engine, mix, 2, NULL), KVF_OK);
+    for (int s = 0; s < 2; s++) {
+        kvf_engine_seq_t one = mix[s];
+        one.block_ids = x->tn[s].blocks;
+        one.n_blocks = x->tn[s].n_blocks;
+        one.logits = x->ln + (size_t)s * V;
+        assert_int_equal(kvf_engine_forward(x->ng.engine, &one, 1, NULL), KVF_OK);
+    }
+    assert_true(kvf_test_rel_diff(x->lg, x->ln, (size_t)V) <= 2e-2f);
+    assert_true(kvf_test_rel_diff(x->lg + V, x->ln + V, (size_t)V) <= 2e-2f);
+}
+
+/* Tables released (the graphs rig's pool ends empty), rigs closed. */
+static void mix_teardown(mix_t *x)
+{
+    for (int s = 0; s < MIX_NS; s++) {
+        kvf_block_table_release(&x->tg[s], x->gr.pool);
+        kvf_block_table_release(&x->tn[s], x->ng.pool);
+        kvf_block_table_fini(&x->tg[s]);
+        kvf_block_table_fini(&x->tn[s]);
+    }
+    assert_int_equal(kvf_kvpool_used_blocks(x->gr.pool), 0);
+    free(x->lg);
+    free(x->ln);
+    rig_close(&x->gr);
+    rig_close(&x->ng);
+    kvf_model_destroy(x->m);
+}
+
 static void test_mixed_batch_and_graphs(void **state)
 {
     (void)state;
-    kvf_model_t *m = random_model(2, 256, 4, 1, 64, 512, 700, false);
-    const int V = m->cfg.vocab;
-    enum { NS = 3 };
-    const int lens[NS] = {40, 700, 90};
-    uint32_t ids[NS][760];
-    for (int s = 0; s < NS; s++)
-        kvf_test_random_ids(ids[s], 760, V, 11 + s);
-    rig_t gr, ng;
-    rig_cuda(&gr, m, 16, 200, KVF_DTYPE_BF16, true, false);
-    rig_cuda(&ng, m, 16, 200, KVF_DTYPE_BF16, false, false);
-    kvf_block_table_t tg[NS], tn[NS];
-    float *lg = malloc((size_t)NS * V * sizeof(float)),
-          *ln = malloc((size_t)NS * V * sizeof(float));
-    for (int s = 0; s < NS; s++) {
-        kvf_block_table_init(&tg[s]);
-        kvf_block_table_init(&tn[s]);
-        forward(&gr, &tg[s], ids[s], 0, lens[s], lg, false);
-        forward(&ng, &tn[s], ids[s], 0, lens[s], ln, false);
-    }
-    /* 40 decode steps of all three at once: contexts cross table-width
-     * buckets (and so graph shapes) on the way. */
-    for (int step = 0; step < 40; step++) {
-        kvf_engine_seq_t qg[NS], qn[NS];
-        uint32_t gg[NS], gn[NS];
-        for (int s = 0; s < NS; s++) {
-            int p = lens[s] + step;
-            assert_int_equal(kvf_block_table_reserve(&tg[s], gr.pool, (uint32_t)p + 1), KVF_OK);
-            assert_int_equal(kvf_block_table_reserve(&tn[s], ng.pool, (uint32_t)p + 1), KVF_OK);
-            qg[s] = (kvf_engine_seq_t){.tokens = &ids[s][p],
-                                       .n_tokens = 1,
-                                       .start_pos = (uint32_t)p,
-                                       .block_ids = tg[s].blocks,
-                                       .n_blocks = tg[s].n_blocks,
-                                       .logits = lg + (size_t)s * V,
-                                       .greedy_token = &gg[s]};
-            qn[s] = qg[s];
-            qn[s].block_ids = tn[s].blocks;
-            qn[s].n_blocks = tn[s].n_blocks;
-            qn[s].logits = ln + (size_t)s * V;
-            qn[s].greedy_token = &gn[s];
-        }
-        assert_int_equal(kvf_engine_forward(gr.engine, qg, NS, NULL), KVF_OK);
-        assert_int_equal(kvf_engine_forward(ng.engine, qn, NS, NULL), KVF_OK);
-        if (memcmp(lg, ln, (size_t)NS * V * sizeof(float)) != 0)
-            fail_msg("step %d: graph replay differs from launched kernels", step);
-        for (int s = 0; s < NS; s++) {
-            assert_int_equal(gg[s], gn[s]);
-            assert_int_equal(gg[s], kvf_sample_argmax(lg + (size_t)s * V, V));
-        }
-    }
-    /* Mixed: sequence 0 decodes while sequence 1 takes 16 prompt tokens,
-     * against the two runs apart on the other rig (other GEMM shapes, so
-     * within tolerance, not bit for bit). */
-    int p0 = lens[0] + 40, p1 = lens[1] + 40;
-    assert_int_equal(kvf_block_table_reserve(&tg[0], gr.pool, (uint32_t)p0 + 1), KVF_OK);
-    assert_int_equal(kvf_block_table_reserve(&tg[1], gr.pool, (uint32_t)p1 + 16), KVF_OK);
-    assert_int_equal(kvf_block_table_reserve(&tn[0], ng.pool, (uint32_t)p0 + 1), KVF_OK);
-    assert_int_equal(kvf_block_table_reserve(&tn[1], ng.pool, (uint32_t)p1 + 16), KVF_OK);
-    kvf_engine_seq_t mix[2] = {{.tokens = &ids[0][p0],
-                                .n_tokens = 1,
-                                .start_pos = (uint32_t)p0,
-                                .block_ids = tg[0].blocks,
-                                .n_blocks = tg[0].n_blocks,
-                                .logits = lg},
-                               {.tokens = &ids[1][p1],
-                                .n_tokens = 16,
-                                .start_pos = (uint32_t)p1,
-                                .block_ids = tg[1].blocks,
-                                .n_blocks = tg[1].n_blocks,
-                                .logits = lg + V}};
-    assert_int_equal(kvf_engine_forward(gr.engine, mix, 2, NULL), KVF_OK);
-    kvf_engine_seq_t one = mix[0];
-    one.block_ids = tn[0].blocks;
-    one.n_blocks = tn[0].n_blocks;
-    one.logits = ln;
-    assert_int_equal(kvf_engine_forward(ng.engine, &one, 1, NULL), KVF_OK);
-    one = mix[1];
-    one.block_ids = tn[1].blocks;
-    one.n_blocks = tn[1].n_blocks;
-    one.logits = ln + V;
-    assert_int_equal(kvf_engine_forward(ng.engine, &one, 1, NULL), KVF_OK);
-    assert_true(kvf_test_rel_diff(lg, ln, (size_t)V) <= 2e-2f);
-    assert_true(kvf_test_rel_diff(lg + V, ln + V, (size_t)V) <= 2e-2f);
-    for (int s = 0; s < NS; s++) {
-        kvf_block_table_release(&tg[s], gr.pool);
-        kvf_block_table_release(&tn[s], ng.pool);
-        kvf_block_table_fini(&tg[s]);
-        kvf_block_table_fini(&tn[s]);
-    }
-    assert_int_equal(kvf_kvpool_used_blocks(gr.pool), 0);
-    free(lg);
-    free(ln);
-    rig_close(&gr);
-    rig_close(&ng);
-    kvf_model_destroy(m);
+    mix_t x;
+    mix_setup(&x);
+    /* MIX_STEPS decode steps of all three at once: contexts cross
+     * table-width buckets (and so graph shapes) on the way. */
+    for (int step = 0; step < MIX_STEPS; step++)
+        mix_decode_step(&x, step);
+    mix_decode_with_chunk(&x);
+    mix_teardown(&x);
 }
 
 /* ---- host mirror -------------------------------------------------------- */
