@@ -114,7 +114,9 @@ void kvf_outboxes_forget(kvf_outboxes_t *cache, const char *url);
 /* Converts a nanomsg errno value to a status. */
 kvf_status_t kvf_status_from_nn(int err);
 
-/* Finds a TCP port on 127.0.0.1 that is free right now. */
+/* Finds a TCP port on 127.0.0.1 that is free right now and that this
+ * process was not handed in its last 64 calls (callers start a process
+ * per port, which binds it later). Thread-safe. */
 kvf_status_t kvf_net_free_port(int *port_p);
 
 #endif
