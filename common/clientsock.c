@@ -128,6 +128,7 @@ kvf_status_t kvf_client_server_create(const char *url, kvf_client_server_t **ser
     }
     int max = KVF_MSG_MAX_DEFAULT;
     nn_setsockopt(s->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof(max));
+    kvf_nn_tcp_nodelay(s->sock);
     if (nn_bind(s->sock, url) < 0) {
         st = kvf_status_from_nn(nn_errno());
         kvf_log_error("client socket %s: bind failed: %s", url, nn_strerror(nn_errno()));
@@ -197,6 +198,7 @@ kvf_status_t kvf_client_create(const char *url, kvf_client_t **client_p)
     nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max, sizeof(max));
     int ivl = 50;
     nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RECONNECT_IVL, &ivl, sizeof(ivl));
+    kvf_nn_tcp_nodelay(c->sock);
     if (nn_connect(c->sock, url) < 0) {
         st = kvf_status_from_nn(nn_errno());
         kvf_log_error("client %s: connect failed: %s", url, nn_strerror(nn_errno()));

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <nanomsg/nn.h>
 #include <nanomsg/pipeline.h>
+#include <nanomsg/tcp.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -163,6 +164,7 @@ kvf_status_t kvf_inbox_create(const char *url, size_t max_len, kvf_inbox_t **inb
     /* nanomsg drops larger messages itself, before they are buffered. */
     int max_size = (int)(inbox->max_len > 0x7fffffff ? 0x7fffffff : inbox->max_len);
     nn_setsockopt(inbox->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max_size, sizeof(max_size));
+    kvf_nn_tcp_nodelay(inbox->sock);
     if (nn_bind(inbox->sock, url) < 0) {
         st = kvf_status_from_nn(nn_errno());
         kvf_log_error("inbox %s: bind failed: %s", url, nn_strerror(nn_errno()));
@@ -257,6 +259,7 @@ kvf_status_t kvf_outbox_create(const char *url, kvf_outbox_t **outbox_p)
     int ivl = 50, ivl_max = 1000;
     nn_setsockopt(outbox->sock, NN_SOL_SOCKET, NN_RECONNECT_IVL, &ivl, sizeof(ivl));
     nn_setsockopt(outbox->sock, NN_SOL_SOCKET, NN_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max));
+    kvf_nn_tcp_nodelay(outbox->sock);
     if (nn_connect(outbox->sock, url) < 0) {
         st = kvf_status_from_nn(nn_errno());
         kvf_log_error("outbox %s: connect failed: %s", url, nn_strerror(nn_errno()));
@@ -406,6 +409,13 @@ void kvf_outboxes_forget(kvf_outboxes_t *cache, const char *url)
     for (size_t i = 0; i < cache->max; i++)
         if (cache->slots[i].url && !strcmp(cache->slots[i].url, url))
             slot_close(&cache->slots[i]);
+}
+
+void kvf_nn_tcp_nodelay(int sock)
+{
+    int one = 1;
+    if (nn_setsockopt(sock, NN_TCP, NN_TCP_NODELAY, &one, sizeof(one)) < 0)
+        kvf_log_warn("TCP_NODELAY on a nanomsg socket: %s", nn_strerror(nn_errno()));
 }
 
 /* Ports this process was handed lately: bind(0) may give the same free
