@@ -15,7 +15,8 @@ runs=${1:-1000000}
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVF_FUZZ_BUILD_DIR:-$root/build-fuzz-clang}
 max_len=${KVF_FUZZ_MAX_LEN:-65536}
-harnesses=(envelope xfer_desc openai chat safetensors config tokenizer)
+# One harness per seed corpus (tests/fuzz/corpus/<name>/, fuzz_<name>.c).
+mapfile -t harnesses < <(cd "$root/tests/fuzz/corpus" && ls -d -- */ | sed 's:/$::')
 
 configure_and_build() {
     CC=clang cmake -S "$root" -B "$build" -DKVF_FUZZ=ON -DKVF_CUDA=OFF >/dev/null
