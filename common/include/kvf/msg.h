@@ -18,7 +18,7 @@
 #include "kvf/status.h"
 #include "kvferry.pb-c.h"
 
-#define KVF_PROTO_VERSION 2u
+#define KVF_PROTO_VERSION 3u
 #define KVF_MSG_FRAME_HEADER 8u
 /* Default largest accepted frame; a prefill request of 1M tokens fits. */
 #define KVF_MSG_MAX_DEFAULT (16u << 20)
