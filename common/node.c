@@ -1,4 +1,4 @@
-#include "kvf/node.h"
+#include "node_internal.h"
 #include "kvf/clock.h"
 #include "kvf/log.h"
 
@@ -9,23 +9,6 @@
 
 #define NODE_REGISTER_RETRY_MS 1000
 
-struct kvf_node {
-    kvf_node_config_t cfg; /* strings point at the copies below */
-    char *node_id;
-    char *router_url;
-    char *listen_url;
-    char *fingerprint;
-    uint8_t *xfer_desc;
-    kvf_inbox_t *inbox;
-    kvf_outbox_t *router;
-    kvf_outboxes_t *peers;
-    bool registered;
-    bool draining;
-    kvf_status_t refused; /* KVF_OK unless the router refused us */
-    uint64_t next_register_ns;
-    uint64_t next_heartbeat_ns;
-    uint64_t heartbeat_seq;
-};
 
 static const char *role_name(Kvf__Role role)
 {
@@ -81,8 +64,18 @@ kvf_status_t kvf_node_create(const kvf_node_config_t *cfg, kvf_node_t **node_p)
     st = kvf_outboxes_create(0, &node->peers);
     if (st != KVF_OK)
         goto fail_peers;
+    st = kvf_node__beat_init(node);
+    if (st != KVF_OK)
+        goto fail_beat;
+    st = kvf_node__beat_start(node);
+    if (st != KVF_OK)
+        goto fail_start;
     *node_p = node;
     return KVF_OK;
+fail_start:
+    kvf_node__beat_fini(node);
+fail_beat:
+    kvf_outboxes_destroy(node->peers);
 fail_peers:
     kvf_outbox_destroy(node->router);
 fail_router:
@@ -101,6 +94,7 @@ void kvf_node_destroy(kvf_node_t *node)
 {
     if (!node)
         return;
+    kvf_node__beat_fini(node);
     kvf_outboxes_destroy(node->peers);
     kvf_outbox_destroy(node->router);
     kvf_inbox_destroy(node->inbox);
@@ -129,8 +123,7 @@ bool kvf_node_registered(const kvf_node_t *node)
 
 void kvf_node_set_draining(kvf_node_t *node, bool draining)
 {
-    node->draining = draining;
-    node->next_heartbeat_ns = 0; /* tell the router now */
+    kvf_node__beat_set_draining(node, draining); /* tells the router now */
 }
 
 kvf_status_t kvf_node_send_router(kvf_node_t *node, kvf_envelope_t *env, int timeout_ms)
@@ -162,24 +155,6 @@ static kvf_status_t send_register(kvf_node_t *node)
     return kvf_node_send_router(node, &env, 0);
 }
 
-static kvf_status_t send_heartbeat(kvf_node_t *node)
-{
-    Kvf__Heartbeat hb = KVF__HEARTBEAT__INIT;
-    Kvf__Load load = KVF__LOAD__INIT;
-    if (node->cfg.fill_load)
-        node->cfg.fill_load(node->cfg.load_arg, &load);
-    hb.node_id = node->node_id;
-    hb.seq = node->heartbeat_seq++;
-    hb.load = &load;
-    hb.inbox_url = node->listen_url;
-    hb.state = node->draining ? "draining" : "live";
-    kvf_envelope_t env;
-    kvf_envelope_init(&env, node->node_id);
-    env.body_case = KVF__ENVELOPE__BODY_HEARTBEAT;
-    env.heartbeat = &hb;
-    return kvf_node_send_router(node, &env, 0);
-}
-
 kvf_status_t kvf_node_tick(kvf_node_t *node)
 {
     if (node->refused != KVF_OK)
@@ -194,21 +169,22 @@ kvf_status_t kvf_node_tick(kvf_node_t *node)
         }
         return KVF_OK;
     }
-    if (now >= node->next_heartbeat_ns) {
-        /* A heartbeat that cannot be sent now is simply skipped: the next
-         * one carries fresher load anyway. */
-        send_heartbeat(node);
-        node->next_heartbeat_ns = now + node->cfg.heartbeat_ms * 1000000ull;
-    }
+    kvf_node__beat_tick(node, now);
     return KVF_OK;
+}
+
+void kvf_node_publish(kvf_node_t *node)
+{
+    node->beat.next_publish_ns = 0;
+    kvf_node__beat_tick(node, kvf_clock_ns());
 }
 
 int kvf_node_timeout_ms(const kvf_node_t *node)
 {
     if (node->refused != KVF_OK)
         return 0;
-    return kvf_clock_ms_until(node->registered ? node->next_heartbeat_ns
-                                               : node->next_register_ns);
+    return node->registered ? kvf_node__beat_timeout_ms(node)
+                            : kvf_clock_ms_until(node->next_register_ns);
 }
 
 bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env)
@@ -232,7 +208,7 @@ bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env)
         node->registered = true;
         if (r->heartbeat_ms >= 50 && r->heartbeat_ms <= 60000)
             node->cfg.heartbeat_ms = r->heartbeat_ms;
-        node->next_heartbeat_ns = 0;
+        kvf_node__beat_set_registered(node, true, node->cfg.heartbeat_ms);
         return true;
     }
     if (env->body_case == KVF__ENVELOPE__BODY_ERROR && env->error->req_id == 0 &&
@@ -241,6 +217,7 @@ bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env)
         if (node->registered)
             kvf_log_warn("router forgot this node (%s): registering again", env->error->message);
         node->registered = false;
+        kvf_node__beat_set_registered(node, false, 0);
         node->next_register_ns = 0;
         return true;
     }
@@ -271,6 +248,7 @@ kvf_status_t kvf_node_deregister(kvf_node_t *node, const char *reason)
     env.body_case = KVF__ENVELOPE__BODY_DEREGISTER;
     env.deregister = &d;
     node->registered = false;
+    kvf_node__beat_set_registered(node, false, 0);
     return kvf_node_send_router(node, &env, 1000);
 }
 

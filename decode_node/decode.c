@@ -134,6 +134,7 @@ static kvf_status_t open_node(kvf_decode_t *d)
         .max_context = d->max_context,
         .prefill_local = d->cfg.prefill_local,
         .fill_load = dec_fill_load,
+        .fill_work = dec_fill_work,
         .load_arg = d,
     };
     st = kvf_node_create(&nc, &d->node);

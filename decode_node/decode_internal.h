@@ -209,6 +209,9 @@ void dec_drain_events(kvf_decode_t *d);
 
 /* Arms r's seal deadline: lease plus DECODE_SEAL_MARGIN_MS from now. */
 void dec_arm_seal_deadline(kvf_decode_t *d, dec_req_t *r);
+/* Moves r's armed seal deadline to a lease plus the margin from now (its
+ * reservation was renewed). */
+void dec_renew_seal_deadline(kvf_decode_t *d, dec_req_t *r);
 
 /* Whether a handoff under way may need the transport progressed although
  * nothing wakes the loop, where the transport's fd does not wake for
@@ -287,6 +290,10 @@ void dec_flush_chunks(kvf_decode_t *d);
 void dec_send_prefill_done(kvf_decode_t *d, const dec_req_t *r);
 
 /* ---- loop.c ------------------------------------------------------------------- */
+
+/* The attempts named in each heartbeat (kvf_node_config_t.fill_work):
+ * every request held and not yet ending. */
+void dec_fill_work(void *arg, kvf_node_snapshot_t *snap);
 
 /* The load reported with each heartbeat (kvf_node_config_t.fill_load). */
 void dec_fill_load(void *arg, Kvf__Load *load);

@@ -105,6 +105,9 @@ static void on_landed(kvf_decode_t *d, const kvf_xfer_event_t *ev)
     }
     r->kv_bytes += ev->bytes;
     sender_proven(d, r->sender);
+    /* The transport renewed the reservation's lease as the batch landed. */
+    if (r->h.state == KVF_HANDOFF_WRITING)
+        dec_renew_seal_deadline(d, r);
     if (r->h.state == KVF_HANDOFF_SEALED)
         dec_req_join(d, r, r->first_token);
 }
@@ -203,6 +206,13 @@ static void on_seal_deadline(kvf_timer_t *t, void *arg)
     sender_doubtful(d, r->sender);
     dec_req_fail(d, r, KVF_ERR_TIMEOUT, "decode node: kv handoff not sealed within %u ms",
                  d->cfg.lease_ms);
+}
+
+void dec_renew_seal_deadline(kvf_decode_t *d, dec_req_t *r)
+{
+    /* Re-arming an armed timer never fails (kvf/timer.h). */
+    (void)kvf_timer_arm_in_ms(kvf_evloop_timers(d->loop), &r->seal_timer,
+                              (uint64_t)d->cfg.lease_ms + DECODE_SEAL_MARGIN_MS);
 }
 
 void dec_arm_seal_deadline(kvf_decode_t *d, dec_req_t *r)

@@ -123,6 +123,18 @@ static void drain_inbox(kvf_decode_t *d)
     }
 }
 
+void dec_fill_work(void *arg, kvf_node_snapshot_t *snap)
+{
+    const kvf_decode_t *d = arg;
+    for (size_t i = 0; i < d->n_reqs; i++) {
+        const dec_req_t *r = d->reqs[i];
+        if (!kvf_handoff_live(&r->h))
+            continue;
+        (void)kvf_node_snapshot_work(snap, r->req_id, r->epoch,
+                                     r->h.state == KVF_HANDOFF_PREFILLING ? r->prefilled : r->gen);
+    }
+}
+
 /* ---- timers ----------------------------------------------------------------- */
 
 static kvf_timers_t *timers(kvf_decode_t *d)

@@ -8,6 +8,7 @@
 #include "kvf/sampling_msg.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Longest URL accepted in a message (reply inboxes). */
@@ -267,6 +268,45 @@ static void on_prefill_request(kvf_decode_t *d, const Kvf__PrefillRequest *m)
     start_generation(d, r, &g);
 }
 
+/* ---- KvLease ------------------------------------------------------------------ */
+
+/* Renews each named reservation that m's sender holds here and is still
+ * writing (docs/PROTOCOL.md, Liveness), and says which. */
+static void on_kv_lease(kvf_decode_t *d, const Kvf__KvLease *m)
+{
+    if (!m->sent_ns || !url_ok(m->reply_inbox) || !m->prefill_node_id) {
+        d->stats.malformed_dropped++;
+        return;
+    }
+    Kvf__WorkRef **renewed = m->n_refs ? calloc(m->n_refs, sizeof(*renewed)) : NULL;
+    if (m->n_refs && !renewed)
+        return; /* unanswered: the sender's lease end stays where it was */
+    size_t n = 0;
+    for (size_t i = 0; i < m->n_refs; i++) {
+        const Kvf__WorkRef *w = m->refs[i];
+        dec_req_t *r = w->epoch ? dec_req_find(d, w->req_id, w->epoch) : NULL;
+        if (!r || !r->reserved || !r->sender || strcmp(r->sender, m->prefill_node_id) != 0 ||
+            (r->h.state != KVF_HANDOFF_ALLOCATED && r->h.state != KVF_HANDOFF_WRITING))
+            continue;
+        if (kvf_xfer_renew(d->xfer, r->req_id, r->epoch) != KVF_OK)
+            continue;
+        dec_renew_seal_deadline(d, r);
+        renewed[n++] = m->refs[i];
+    }
+    Kvf__KvLeaseReply rep = KVF__KV_LEASE_REPLY__INIT;
+    rep.sent_ns = m->sent_ns;
+    rep.lease_ms = d->cfg.lease_ms;
+    rep.renewed = renewed;
+    rep.n_renewed = n;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, kvf_node_id(d->node));
+    env.body_case = KVF__ENVELOPE__BODY_KV_LEASE_REPLY;
+    env.kv_lease_reply = &rep;
+    /* A lost answer costs nothing but this renewal on the sender's side. */
+    (void)kvf_node_send(d->node, m->reply_inbox, &env, 0);
+    free(renewed);
+}
+
 /* ---- dispatch --------------------------------------------------------------- */
 
 void dec_on_envelope(kvf_decode_t *d, const kvf_envelope_t *env)
@@ -282,6 +322,9 @@ void dec_on_envelope(kvf_decode_t *d, const kvf_envelope_t *env)
         break;
     case KVF__ENVELOPE__BODY_CANCEL:
         on_cancel(d, env->cancel);
+        break;
+    case KVF__ENVELOPE__BODY_KV_LEASE:
+        on_kv_lease(d, env->kv_lease);
         break;
     case KVF__ENVELOPE__BODY_PREFILL_REQUEST:
         on_prefill_request(d, env->prefill_request);

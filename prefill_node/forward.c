@@ -65,10 +65,17 @@ void pf_forward_fini(pf_forward_t *f)
 
 /* ---- choosing the forward ---- */
 
+/* Whether r's connection to its decode node is set up: a forward never
+ * waits on one being set up between its layers. */
+static bool peer_ready(const pf_req_t *r)
+{
+    return r->peer && r->peer->xp && kvf_xfer_peer_ready(r->peer->xp);
+}
+
 bool pf_forward_possible(const kvf_prefill_t *p)
 {
     for (const pf_req_t *r = p->head; r; r = r->next)
-        if (r->state == REQ_READY &&
+        if (r->state == REQ_READY && peer_ready(r) &&
             (r->done > 0 || r->local.n_blocks ||
              kvf_kv_blocks_for_tokens(&p->geo, r->n_prompt) <= kvf_kvpool_free_blocks(p->rt.pool)))
             return true;
@@ -99,7 +106,7 @@ static size_t pick_forward(kvf_prefill_t *p)
         pf_req_t *next;
         for (pf_req_t *r = p->head; r && wanted < budget; r = next) {
             next = r->next;
-            if (r->state != REQ_READY || (pass == 0) != (r->done > 0))
+            if (r->state != REQ_READY || (pass == 0) != (r->done > 0) || !peer_ready(r))
                 continue;
             /* A prompt short enough that one forward over it alone (the
              * colocated prefill) takes the few-row kernels shares forwards
@@ -192,7 +199,9 @@ static void on_layer_done(void *arg, int layer)
         if (flags & KVF_XFER_LAST)
             r->last_posted = true;
     }
-    kvf_xfer_progress(p->xfer);
+    /* The layer's batches on their way before the next layer computes. */
+    kvf_xfer_progress_for(p->xfer, PF_PROGRESS_BUDGET_MS);
+    pf_inbox_during_forward(p);
     (void)kvf_node_tick(p->node); /* a refusal is seen by the loop's own tick */
 }
 

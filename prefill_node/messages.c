@@ -3,12 +3,14 @@
  * back (Error, PrefillDone, and KvReady to the decode node). */
 #include "prefill_internal.h"
 
+#include "kvf/array.h"
 #include "kvf/clock.h"
 #include "kvf/log.h"
 #include "kvf/model.h"
 #include "kvf/sampling_msg.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 void pf_send_error(kvf_prefill_t *p, uint64_t req_id, uint64_t epoch, kvf_status_t status,
                    const char *message)
@@ -182,6 +184,9 @@ void pf_handle_envelope(kvf_prefill_t *p, kvf_envelope_t *env)
     case KVF__ENVELOPE__BODY_KV_ALLOC_REPLY:
         pf_on_alloc_reply(p, env->kv_alloc_reply);
         break;
+    case KVF__ENVELOPE__BODY_KV_LEASE_REPLY:
+        pf_on_lease_reply(p, env->kv_lease_reply, env->sender);
+        break;
     case KVF__ENVELOPE__BODY_CANCEL:
         on_cancel(p, env->cancel);
         break;
@@ -192,6 +197,52 @@ void pf_handle_envelope(kvf_prefill_t *p, kvf_envelope_t *env)
         break;
     }
     kvf_envelope_free(env);
+}
+
+/* ---- the inbox during a forward ---- */
+
+void pf_inbox_during_forward(kvf_prefill_t *p)
+{
+    kvf_inbox_t *inbox = kvf_node_inbox(p->node);
+    while (p->n_stash < PF_STASH_MAX) {
+        kvf_envelope_t *env = NULL;
+        kvf_status_t st = kvf_inbox_recv(inbox, 0, &env);
+        if (st == KVF_ERR_AGAIN || st == KVF_ERR_TIMEOUT)
+            return;
+        if (st != KVF_OK) {
+            p->count.malformed_dropped++;
+            continue;
+        }
+        if (env->body_case == KVF__ENVELOPE__BODY_KV_LEASE_REPLY) {
+            pf_on_lease_reply(p, env->kv_lease_reply, env->sender);
+            kvf_envelope_free(env);
+            continue;
+        }
+        if (kvf_array_reserve(&p->stash, &p->cap_stash, p->n_stash + 1, 16,
+                              sizeof(*p->stash)) != KVF_OK) {
+            kvf_log_warn("no memory to keep a %s message: dropped", kvf_envelope_body_name(env));
+            kvf_envelope_free(env);
+            continue;
+        }
+        p->stash[p->n_stash++] = env;
+    }
+}
+
+void pf_stash_handle(kvf_prefill_t *p)
+{
+    /* Handling may run no forward, so nothing is added meanwhile. */
+    for (size_t i = 0; i < p->n_stash; i++)
+        pf_handle_envelope(p, p->stash[i]);
+    p->n_stash = 0;
+}
+
+void pf_stash_free(kvf_prefill_t *p)
+{
+    for (size_t i = 0; i < p->n_stash; i++)
+        kvf_envelope_free(p->stash[i]);
+    free(p->stash);
+    p->stash = NULL;
+    p->n_stash = p->cap_stash = 0;
 }
 
 /* ---- completion ---- */

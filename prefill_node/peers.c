@@ -202,3 +202,27 @@ bool pf_lease_ending(const pf_req_t *r, uint64_t now_ns)
 {
     return r->not_after_ns && now_ns + PF_LEASE_MARGIN_NS >= r->not_after_ns;
 }
+
+void pf_on_lease_reply(kvf_prefill_t *p, const Kvf__KvLeaseReply *a, const char *sender)
+{
+    /* sent_ns is this node's clock, echoed: one from the future is not an
+     * answer to anything it asked. */
+    uint64_t now = kvf_clock_ns();
+    if (!a->sent_ns || a->sent_ns > now || !a->lease_ms || a->lease_ms > KVF_NODE_LEASE_MS_MAX) {
+        p->count.malformed_dropped++;
+        return;
+    }
+    uint64_t until = a->sent_ns + a->lease_ms * 1000000ull;
+    for (size_t i = 0; i < a->n_renewed; i++) {
+        const Kvf__WorkRef *w = a->renewed[i];
+        pf_req_t *r = w->epoch ? pf_req_find(p, w->req_id, w->epoch) : NULL;
+        /* Only the decode node that holds the reservation renews it. */
+        if (!r || !r->reserved || !r->not_after_ns || !sender ||
+            strcmp(sender, r->pr->decode_node_id) != 0)
+            continue;
+        if (until > r->not_after_ns) {
+            r->not_after_ns = until;
+            kvf_xfer_extend(p->xfer, r->req_id, r->epoch, until);
+        }
+    }
+}

@@ -35,6 +35,20 @@ static void fill_load(void *arg, Kvf__Load *load)
     load->running = running;
 }
 
+/* What the heartbeats name: every attempt still moving, and the lease of
+ * every reservation it may still write into. */
+static void fill_work(void *arg, kvf_node_snapshot_t *snap)
+{
+    kvf_prefill_t *p = arg;
+    for (const pf_req_t *r = p->head; r; r = r->next) {
+        if (!pf_req_computing(r) && r->state != REQ_SHIPPING)
+            continue;
+        (void)kvf_node_snapshot_work(snap, r->req_id, r->epoch, r->done);
+        if (r->reserved && (r->state == REQ_READY || r->state == REQ_SHIPPING))
+            (void)kvf_node_snapshot_lease(snap, r->pr->decode_inbox, r->req_id, r->epoch);
+    }
+}
+
 /* ---- the loop's inputs: the inbox, timers ----------------------------- */
 
 /* The inbox polls readable: receives everything waiting in it. Called
@@ -45,6 +59,7 @@ static void on_inbox_ready(int fd, void *arg)
     (void)fd;
     kvf_prefill_t *p = arg;
     kvf_inbox_t *inbox = kvf_node_inbox(p->node);
+    pf_stash_handle(p); /* older than what waits in the inbox */
     for (int i = 0; i < 256; i++) {
         kvf_envelope_t *env = NULL;
         kvf_status_t st = kvf_inbox_recv(inbox, 0, &env);
@@ -87,12 +102,13 @@ static void on_deadline_timer(kvf_timer_t *timer, void *arg)
         p->stop_expired = true;
 }
 
+/* Batches out, or a connection being set up. */
 static bool batches_out(const kvf_prefill_t *p)
 {
     for (const pf_req_t *r = p->head; r; r = r->next)
         if (r->n_batches)
             return true;
-    return false;
+    return kvf_xfer_connecting(p->xfer);
 }
 
 /* Re-arms the timer of the transport's next deadline and, while batches
@@ -156,6 +172,8 @@ static void give_up_all(kvf_prefill_t *p)
 static void stop_all(kvf_prefill_t *p)
 {
     give_up_all(p);
+    pf_stash_free(p);
+    kvf_node_publish(p->node); /* the heartbeats name nothing any more */
     kvf_timers_t *timers = kvf_evloop_timers(p->loop);
     kvf_timer_cancel(timers, &p->node_timer);
     (void)kvf_evloop_remove_fd(p->loop, kvf_inbox_fd(kvf_node_inbox(p->node)));
@@ -215,9 +233,11 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
                 kvf_log_warn("drain timed out with requests still held");
             break;
         }
-        kvf_xfer_progress(p->xfer);
+        kvf_xfer_progress_for(p->xfer, PF_PROGRESS_BUDGET_MS);
         pf_service_requests(p);
         bool ran = pf_forward_step(p);
+        /* What came in during the forward, before any deadline is judged. */
+        pf_stash_handle(p);
         loop_wait(p, ran);
     }
     kvf_signals_wake_loop(NULL);
@@ -290,6 +310,7 @@ static kvf_status_t create_node(kvf_prefill_t *p, const kvf_prefill_config_t *cf
         .capacity_blocks = kvf_kvpool_num_blocks(p->rt.pool),
         .max_context = (uint32_t)p->rt.model->cfg.max_pos,
         .fill_load = fill_load,
+        .fill_work = fill_work,
         .load_arg = p,
     };
     kvf_status_t st = kvf_node_create(&nc, &p->node);
@@ -391,6 +412,7 @@ void kvf_prefill_destroy(kvf_prefill_t *p)
         r->peer = NULL;
         pf_req_destroy(p, r);
     }
+    pf_stash_free(p);
     kvf_evloop_destroy(p->loop); /* no timer of a request is left armed */
     kvf_node_destroy(p->node);
     kvf_engine_stack_fini(&p->rt);

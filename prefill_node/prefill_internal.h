@@ -10,6 +10,9 @@
  *   forward.c   the batched forward: which chunks run, each layer's slices
  *               posted from the engine's hook, the first token sampled
  *
+ * Heartbeats and lease renewals leave from the node runtime's own thread
+ * (kvf/node.h); the loop publishes what they say (fill_work).
+ *
  * Everything runs on the loop's thread (the forward too), so nothing here
  * is locked. */
 #ifndef KVF_PREFILL_INTERNAL_H
@@ -44,6 +47,11 @@
 /* A loop that could not arm a timer (out of memory) does not know its next
  * deadline: it looks again after this long instead of sleeping. */
 #define PF_NOMEM_WAIT_MS 10
+/* Messages the inbox keeps for the loop while a forward runs, at most. */
+#define PF_STASH_MAX 4096
+/* Longest transport progress between two layers of a forward, or before
+ * the next forward starts (kvf_xfer_progress_for). */
+#define PF_PROGRESS_BUDGET_MS 20
 /* Lease margin: a request whose lease ends sooner than this is not started. */
 #define PF_LEASE_MARGIN_NS (50ull * 1000000ull)
 
@@ -136,6 +144,9 @@ struct kvf_prefill {
     kvf_timer_t stop_timer;   /* stopping: the wait for transfers ends */
     kvf_status_t node_status; /* the router's final refusal, seen by a tick */
     bool drain_expired, stop_expired;
+    /* Messages read during a forward, for the loop (messages.c). */
+    kvf_envelope_t **stash;
+    size_t n_stash, cap_stash;
 };
 
 static inline uint64_t pf_us_between(uint64_t from_ns, uint64_t to_ns)
@@ -184,6 +195,14 @@ void pf_send_error(kvf_prefill_t *p, uint64_t req_id, uint64_t epoch, kvf_status
                    const char *message);
 /* Takes env: a message from the router, a decode node or the node runtime. */
 void pf_handle_envelope(kvf_prefill_t *p, kvf_envelope_t *env);
+/* Reads the inbox between layers of a forward: lease answers are taken at
+ * once (the forward's posts need their lease ends), the rest is kept for
+ * the loop, in order. */
+void pf_inbox_during_forward(kvf_prefill_t *p);
+/* Hands the loop what pf_inbox_during_forward kept. */
+void pf_stash_handle(kvf_prefill_t *p);
+/* Frees what is kept (the node stops). */
+void pf_stash_free(kvf_prefill_t *p);
 /* Every batch of r completed: PrefillDone to the router, KvReady to D, r
  * freed (or failed when D cannot be told). */
 void pf_req_complete(kvf_prefill_t *p, pf_req_t *r);
@@ -210,6 +229,10 @@ void pf_on_alloc_reply(kvf_prefill_t *p, const Kvf__KvAllocReply *a);
 void pf_on_alloc_timer(kvf_timer_t *timer, void *arg);
 /* Whether r's lease ends too soon (PF_LEASE_MARGIN_NS) to start it. */
 bool pf_lease_ending(const pf_req_t *r, uint64_t now_ns);
+/* D's answer to the KvLease the heartbeat thread sent (sender: the
+ * envelope's): the renewed reservations may be written until the time it
+ * was asked plus a lease. */
+void pf_on_lease_reply(kvf_prefill_t *p, const Kvf__KvLeaseReply *a, const char *sender);
 
 /* ---- forward.c ---- */
 

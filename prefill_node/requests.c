@@ -201,6 +201,10 @@ static void req_service_batches(kvf_prefill_t *p, pf_req_t *r)
             pf_req_destroy(p, r);
         return;
     }
+    /* A connection that failed before the request posted anything (its
+     * set-up timed out, another request's batch failed it). */
+    if (st == KVF_OK && !running && r->peer && r->peer->xp)
+        st = kvf_xfer_peer_status(r->peer->xp);
     if (st != KVF_OK) {
         pf_req_fail(p, r, KVF_ERR_TRANSPORT, "kv transfer failed");
         return;

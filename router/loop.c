@@ -93,10 +93,8 @@ static void handle_node_message(kvf_router_t *r, kvf_envelope_t *env)
     }
 }
 
-static void recv_nodes(int fd, void *arg)
+void kvf_router__recv_nodes(kvf_router_t *r)
 {
-    (void)fd;
-    kvf_router_t *r = arg;
     for (int burst = 0; burst < LOOP_BURST; burst++) {
         kvf_envelope_t *env = NULL;
         kvf_status_t st = kvf_inbox_recv(r->inbox, 0, &env);
@@ -109,6 +107,12 @@ static void recv_nodes(int fd, void *arg)
         handle_node_message(r, env);
         kvf_envelope_free(env);
     }
+}
+
+static void recv_nodes(int fd, void *arg)
+{
+    (void)fd;
+    kvf_router__recv_nodes(arg);
 }
 
 static void recv_clients(int fd, void *arg)

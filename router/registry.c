@@ -66,11 +66,17 @@ static void node_free(kvf_router_t *r, kvf_router_node_t *n)
     memset(n, 0, sizeof(*n));
 }
 
-/* Heartbeats missed: the node is dead, its requests are sent again. */
+/* Heartbeats missed: the node is dead, its requests are sent again. The
+ * loop may have been busy past the deadline with the heartbeats waiting in
+ * the inbox: those are taken first, and one from n keeps it alive. */
 static void on_liveness_timer(kvf_timer_t *t, void *arg)
 {
     kvf_router_t *r = arg;
     kvf_router_node_t *n = (kvf_router_node_t *)((char *)t - offsetof(kvf_router_node_t, liveness));
+    kvf_node_ref_t ref = kvf_router__node_ref(r, n);
+    kvf_router__recv_nodes(r);
+    if (kvf_router__node_get(r, ref) != n || n->state == NODE_DEAD || kvf_timer_armed(t))
+        return; /* it left, restarted, or was seen meanwhile */
     kvf_router__node_lost(r, n, "missed its heartbeats: dead");
 }
 
@@ -262,6 +268,7 @@ void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
     if (st != n->state)
         kvf_log_info("node %s is %s", n->id, node_state_names[st]);
     n->state = st;
+    kvf_router__on_work(r, n, hb->working, hb->n_working);
     kvf_router__drain_queue(r);
 }
 

@@ -76,6 +76,9 @@ typedef struct {
     uint64_t registered_ns;
     kvf_timer_t liveness; /* dead when it fires: heartbeats missed (armed while live) */
     uint64_t dispatched;  /* request attempts sent to it */
+    /* Prefill compute per token it reported (PrefillDone), a running
+     * average in nanoseconds; 0 until its first. */
+    uint64_t prefill_ns_per_token;
 } kvf_router_node_t;
 
 /* The node table and what the cluster agreed on. */
@@ -113,6 +116,10 @@ typedef struct {
     kvf_node_ref_t prefill, decode;
     kvf_node_ref_t excluded[ROUTER_MAX_EXCLUDED]; /* decode nodes that refused this attempt */
     int n_excluded;
+    /* The attempt's expected prefill time (the work queued before it and
+     * its own, at its prefill node's measured rate), added to the prefill
+     * timeout. */
+    uint64_t expected_prefill_ms;
     uint64_t rng_state; /* sampler state after the last streamed token */
 } kvf_req_placement_t;
 
@@ -178,6 +185,8 @@ const char *kvf_router__node_state_name(kvf_node_state_t state);
 void kvf_router__send(kvf_router_t *r, const char *url, kvf_envelope_t *env);
 void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg);
 void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb);
+/* loop.c: takes what waits in the node inbox (a bounded burst). */
+void kvf_router__recv_nodes(kvf_router_t *r);
 void kvf_router__on_deregister(kvf_router_t *r, const Kvf__Deregister *d);
 void kvf_router__registry_fini(kvf_router_t *r);
 
@@ -218,6 +227,14 @@ void kvf_router__timers_stop(kvf_router_t *r, kvf_router_req_t *q);
 /* q showed progress (prefill done, tokens): its stall timeout starts
  * again. */
 void kvf_router__progress(kvf_router_t *r, kvf_router_req_t *q);
+/* Node n's heartbeat names the attempts it works on: each one of its
+ * current attempts that n serves starts its phase timeout again (it is not
+ * re-dispatched while its nodes show it moving). */
+void kvf_router__on_work(kvf_router_t *r, kvf_router_node_t *n, Kvf__WorkRef *const *work,
+                         size_t n_work);
+/* A prefill node reported compute_us for tokens: its measured rate. */
+void kvf_router__observe_prefill(kvf_router_t *r, kvf_router_node_t *p, uint64_t compute_us,
+                                 uint32_t tokens);
 
 /* ---- native.c -------------------------------------------------------------- */
 

@@ -25,10 +25,52 @@ static kvf_timers_t *timers(kvf_router_t *r)
  * from submit on, so this never fails. */
 static void arm_phase(kvf_router_t *r, kvf_router_req_t *q)
 {
-    unsigned ms = q->place.state == REQ_QUEUED    ? r->cfg.queue_timeout_ms
-                  : q->place.state == REQ_PREFILL ? r->cfg.prefill_timeout_ms
-                                                  : r->cfg.stall_timeout_ms;
+    uint64_t ms = q->place.state == REQ_QUEUED ? r->cfg.queue_timeout_ms
+                  : q->place.state == REQ_PREFILL
+                      ? (uint64_t)r->cfg.prefill_timeout_ms + q->place.expected_prefill_ms
+                      : r->cfg.stall_timeout_ms;
     kvf_timer_arm_in_ms(timers(r), &q->t.phase, ms);
+}
+
+void kvf_router__on_work(kvf_router_t *r, kvf_router_node_t *n, Kvf__WorkRef *const *work,
+                         size_t n_work)
+{
+    kvf_node_ref_t ref = kvf_router__node_ref(r, n);
+    for (size_t i = 0; i < n_work; i++) {
+        kvf_router_req_t *q = kvf_router__req_find(r, work[i]->req_id);
+        if (!q || q->place.epoch != work[i]->epoch || q->place.state == REQ_QUEUED ||
+            (q->place.prefill != ref && q->place.decode != ref))
+            continue;
+        arm_phase(r, q);
+    }
+}
+
+/* The running average's weight of a new observation: 1 / 2^shift. */
+#define PREFILL_RATE_SHIFT 2
+/* An attempt's expected prefill time counts this many times over. */
+#define PREFILL_EXPECTED_SLACK 4
+
+void kvf_router__observe_prefill(kvf_router_t *r, kvf_router_node_t *p, uint64_t compute_us,
+                                 uint32_t tokens)
+{
+    (void)r;
+    if (!tokens || !compute_us)
+        return;
+    uint64_t per = compute_us * 1000u / tokens;
+    if (!p->prefill_ns_per_token)
+        p->prefill_ns_per_token = per;
+    else
+        p->prefill_ns_per_token +=
+            ((int64_t)per - (int64_t)p->prefill_ns_per_token) / (1 << PREFILL_RATE_SHIFT);
+}
+
+/* The work ahead of n_tokens more at prefill node p, at its measured rate
+ * (slack included): what the prefill timeout of an attempt sent there
+ * adds. 0 before p reported a prefill. */
+static uint64_t expected_prefill_ms(const kvf_router_node_t *p, uint32_t n_tokens)
+{
+    uint64_t tokens = p->queued_tokens + p->pending_tokens + n_tokens;
+    return tokens * p->prefill_ns_per_token * PREFILL_EXPECTED_SLACK / 1000000u;
 }
 
 void kvf_router__progress(kvf_router_t *r, kvf_router_req_t *q)
@@ -182,13 +224,14 @@ static kvf_router_node_t *pick_prefill(kvf_router_t *r, kvf_router_node_t *d)
 static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
                      kvf_router_node_t *d)
 {
+    uint32_t n_tokens = q->ask.n_prompt + q->out.n;
     q->place.epoch++;
     q->place.attempts++;
     q->place.prefill = kvf_router__node_ref(r, p);
     q->place.decode = kvf_router__node_ref(r, d);
     q->place.state = REQ_PREFILL;
+    q->place.expected_prefill_ms = expected_prefill_ms(p, n_tokens);
     arm_phase(r, q);
-    uint32_t n_tokens = q->ask.n_prompt + q->out.n;
     uint32_t remaining = kvf_sampling_msg_remaining(q->ask.sampling, q->out.n);
     d->pending_blocks += blocks_for(n_tokens + remaining, d->block_size);
     d->pending_running++;

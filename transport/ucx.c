@@ -372,6 +372,7 @@ const kvf_xfer_ops_t kvf_xfer_ucx_ops = {
     .shutdown = kvf_ucx__shutdown,
     .shutdown_done = kvf_ucx__shutdown_done,
     .peer_free = kvf_ucx__peer_free,
+    .connected = kvf_ucx__connected,
     .post = kvf_ucx__post,
     .batch_free = kvf_ucx__batch_free,
     .progress = ucx_progress,

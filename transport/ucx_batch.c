@@ -14,6 +14,8 @@ static void fin_sent_cb(void *request, ucs_status_t status, void *user_data)
     b->backend_busy--;
     ucp_request_free(request);
     if (status == UCS_OK)
+        kvf_xfer__peer_progressed(b->peer);
+    if (status == UCS_OK)
         kvf_xfer__batch_end(b, KVF_OK);
     else
         kvf_xfer__peer_fail(b->peer, KVF_ERR_PEER);
@@ -52,7 +54,18 @@ static void flush_cb(void *request, ucs_status_t status, void *user_data)
         kvf_xfer__peer_fail(b->peer, KVF_ERR_PEER);
         return;
     }
+    kvf_xfer__peer_progressed(b->peer);
     fin_send(b);
+}
+
+/* A put completed: the connection moves (its batch's flush follows). */
+static void put_done_cb(void *request, ucs_status_t status, void *user_data)
+{
+    kvf_xfer_batch_t *b = user_data;
+    b->backend_busy--;
+    ucp_request_free(request);
+    if (status == UCS_OK)
+        kvf_xfer__peer_progressed(b->peer);
 }
 
 /* Two-sided batches: the slices' message headers (they must live until
@@ -72,6 +85,7 @@ static void data_sent_cb(void *request, ucs_status_t status, void *user_data)
         kvf_xfer__peer_fail(b->peer, KVF_ERR_PEER);
         return;
     }
+    kvf_xfer__peer_progressed(b->peer);
     /* The completion follows the slices on the same endpoint, so the
      * receiver handles it after them. */
     if (--ub->pending == 0 && b->status == KVF_ERR_AGAIN)
@@ -145,8 +159,11 @@ kvf_status_t kvf_ucx__post(kvf_xfer_batch_t *b)
     ucx_xfer_t *u = p->xfer->be;
     const uint8_t *pool = p->xfer->pool;
     ucp_request_param_t put = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+        .op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA,
         .memory_type = u->mem_type,
+        .cb.send = put_done_cb,
+        .user_data = b,
     };
     for (size_t i = 0; i < b->n_ranges; i++) {
         const kvf_xfer_slice_t *s = &b->ranges[i];
@@ -159,7 +176,9 @@ kvf_status_t kvf_ucx__post(kvf_xfer_batch_t *b)
             return p->status;
         }
         if (req)
-            ucp_request_free(req); /* released by UCX when it completes */
+            b->backend_busy++; /* put_done_cb */
+        else
+            kvf_xfer__peer_progressed(p);
     }
     /* The flush completes once every put issued on the endpoint so far is
      * complete in the peer's memory; only then may the completion go. */

@@ -47,6 +47,12 @@ typedef struct {
     bool close_wanted; /* shut down from the next progress on */
     void *flush_req, *close_req;
     uint64_t force_at_ns;
+    /* A flush issued at connect: it completes once UCX has set the
+     * endpoint up, which may need the receiver to answer. Until then the
+     * connection is not ready (kvf_xfer_peer_ready), so a sender can keep
+     * a forward from waiting on a set-up driven only between its layers. */
+    void *probe_req;
+    bool wired;
 } ucx_peer_t;
 
 /* ucx.c: the one place UCX status codes become kvferry's. */
@@ -56,6 +62,7 @@ kvf_status_t kvf_ucx__status(ucs_status_t s);
 kvf_status_t kvf_ucx__connect(kvf_xfer_peer_t *peer, const uint8_t *body, size_t len);
 void kvf_ucx__shutdown(kvf_xfer_peer_t *peer);
 bool kvf_ucx__shutdown_done(kvf_xfer_peer_t *peer);
+bool kvf_ucx__connected(const kvf_xfer_peer_t *peer);
 void kvf_ucx__peer_free(kvf_xfer_peer_t *peer);
 
 /* ucx_peer.c: moves every wanted shutdown on a step (outside callbacks);

@@ -98,6 +98,18 @@ kvf_status_t kvf_ucx__connect(kvf_xfer_peer_t *p, const uint8_t *body, size_t le
         kvf_log_error("xfer/ucx: unpacking the peer's rkey failed: %s", ucs_status_string(s));
         goto fail_rkey;
     }
+    /* The probe (see ucx_peer_t). */
+    ucp_request_param_t fp = {.op_attr_mask = 0};
+    void *req = ucp_ep_flush_nbx(up->ep, &fp);
+    if (UCS_PTR_IS_ERR(req)) {
+        s = UCS_PTR_STATUS(req);
+        kvf_log_error("xfer/ucx: setting the endpoint up failed: %s", ucs_status_string(s));
+        if (up->rkey)
+            ucp_rkey_destroy(up->rkey);
+        goto fail_rkey;
+    }
+    up->probe_req = req;
+    up->wired = req == NULL;
     p->be = up;
     return KVF_OK;
 
@@ -162,6 +174,7 @@ static bool peer_close_step(kvf_xfer_peer_t *p, uint64_t now)
         if (!request_done(&up->close_req))
             return false;
         (void)request_done(&up->flush_req); /* ended by the close */
+        (void)request_done(&up->probe_req);
         if (up->rkey)
             ucp_rkey_destroy(up->rkey);
         up->phase = UCX_PEER_CLOSED;
@@ -172,14 +185,41 @@ static bool peer_close_step(kvf_xfer_peer_t *p, uint64_t now)
     return false;
 }
 
+bool kvf_ucx__connected(const kvf_xfer_peer_t *p)
+{
+    const ucx_peer_t *up = p->be;
+    return up->wired;
+}
+
+/* The connect probe completed: the endpoint is set up. */
+static bool probe_step(kvf_xfer_peer_t *p)
+{
+    ucx_peer_t *up = p->be;
+    if (up->wired || !up->probe_req || ucp_request_check_status(up->probe_req) == UCS_INPROGRESS)
+        return false;
+    ucs_status_t s = ucp_request_check_status(up->probe_req);
+    ucp_request_free(up->probe_req);
+    up->probe_req = NULL;
+    if (s != UCS_OK) {
+        kvf_log_error("xfer/ucx: setting the endpoint up failed: %s", ucs_status_string(s));
+        kvf_xfer__peer_fail(p, KVF_ERR_PEER);
+        return true;
+    }
+    up->wired = true;
+    kvf_xfer__peer_progressed(p);
+    return true;
+}
+
 unsigned kvf_ucx__peers_progress(kvf_xfer_t *x)
 {
     unsigned n = 0;
     uint64_t now = 0;
     for (kvf_xfer_peer_t *p = x->peers; p; p = p->next) {
         ucx_peer_t *up = p->be;
-        if (!up->close_wanted)
+        if (!up->close_wanted) {
+            n += probe_step(p);
             continue;
+        }
         if (!now)
             now = kvf_clock_ns();
         n += peer_close_step(p, now);

@@ -229,9 +229,38 @@ static void timers_run(kvf_xfer_t *x, uint64_t now)
     x->next_timer_ns = batches < next ? batches : next;
 }
 
+/* The handle's earliest deadline passed gap_ns before the loop looked (it
+ * was computing, or the machine was busy; a loop that sleeps wakes at the
+ * deadline): what the peers did in that time could not be seen, so it
+ * does not count against them. Batch timeouts and the receiver's leases
+ * move on by the gap; a batch's not_after_ns (its sender's promise to the
+ * receiver) does not, and a later lease end only holds blocks longer. */
+static void starvation_forgive(kvf_xfer_t *x, uint64_t gap_ns)
+{
+    for (kvf_xfer_peer_t *p = x->peers; p; p = p->next) {
+        p->progress_ns += gap_ns;
+        for (kvf_xfer_batch_t *b = p->batches; b; b = b->next)
+            if (b->status == KVF_ERR_AGAIN)
+                b->timeout_ns += gap_ns;
+    }
+    for (size_t i = 0; i < x->n_resv; i++)
+        kvf_xfer__resv_extend(&x->resv[i], x->resv[i].lease_end_ns + gap_ns);
+    x->next_timer_ns = 0; /* recompute */
+}
+
 unsigned kvf_xfer_progress(kvf_xfer_t *xfer)
 {
-    unsigned n = xfer->ops->progress(xfer);
+    uint64_t now = kvf_clock_ns();
+    if (xfer->next_timer_ns != UINT64_MAX && now > xfer->next_timer_ns + KVF_XFER_STARVED_NS)
+        starvation_forgive(xfer, now - xfer->next_timer_ns - KVF_XFER_STARVED_NS);
+    unsigned n = 0;
+    /* Deadlines first: a batch past its lease end fails before the backend
+     * may push any more of it. */
+    if (now >= xfer->next_timer_ns) {
+        timers_run(xfer, now);
+        n++;
+    }
+    n += xfer->ops->progress(xfer);
     if (kvf_clock_ns() >= xfer->next_timer_ns) {
         timers_run(xfer, kvf_clock_ns());
         n++;
@@ -239,6 +268,26 @@ unsigned kvf_xfer_progress(kvf_xfer_t *xfer)
     if (n)
         kvf_xfer__reap(xfer);
     return n;
+}
+
+unsigned kvf_xfer_progress_for(kvf_xfer_t *xfer, unsigned budget_ms)
+{
+    uint64_t end = kvf_clock_ns() + (uint64_t)budget_ms * 1000000ull;
+    unsigned total = 0, n;
+    do {
+        n = kvf_xfer_progress(xfer);
+        total += n;
+    } while (n && kvf_clock_ns() < end);
+    return total;
+}
+
+void kvf_xfer_extend(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch, uint64_t not_after_ns)
+{
+    for (kvf_xfer_peer_t *p = xfer->peers; p; p = p->next)
+        for (kvf_xfer_batch_t *b = p->batches; b; b = b->next)
+            if (b->req_id == req_id && b->epoch == epoch && b->not_after_ns &&
+                b->not_after_ns < not_after_ns)
+                b->not_after_ns = not_after_ns;
 }
 
 int kvf_xfer_fd(const kvf_xfer_t *xfer)

@@ -89,9 +89,8 @@ kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *s
     b->req_id = spec->req_id;
     b->epoch = spec->epoch;
     b->status = KVF_ERR_AGAIN;
-    b->deadline_ns = now + (uint64_t)x->cfg.timeout_ms * 1000000ull;
-    if (spec->not_after_ns && spec->not_after_ns < b->deadline_ns)
-        b->deadline_ns = spec->not_after_ns;
+    b->timeout_ns = now + (uint64_t)x->cfg.timeout_ms * 1000000ull;
+    b->not_after_ns = spec->not_after_ns;
     uint64_t bytes = 0;
     kvf_status_t st =
         slices_coalesce(peer, spec->slices, spec->n_slices, &b->ranges, &b->n_ranges, &bytes);
@@ -108,7 +107,7 @@ kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *s
     x->stats.batches_posted++;
     x->stats.bytes_posted += bytes;
     x->stats.puts_issued += b->n_ranges;
-    kvf_xfer__timer_at(x, b->deadline_ns);
+    kvf_xfer__timer_at(x, kvf_xfer__batch_deadline(b));
     st = x->ops->post(b);
     if (st != KVF_OK) {
         /* The backend failed the peer or the batch; report it now. */
@@ -176,21 +175,50 @@ kvf_status_t kvf_xfer_wait(kvf_xfer_batch_t *batch, int timeout_ms)
     }
 }
 
+void kvf_xfer__peer_progressed(kvf_xfer_peer_t *peer)
+{
+    peer->progress_ns = kvf_clock_ns();
+}
+
+uint64_t kvf_xfer__batch_deadline(const kvf_xfer_batch_t *b)
+{
+    uint64_t t = b->timeout_ns;
+    uint64_t moved = b->peer->progress_ns + (uint64_t)b->peer->xfer->cfg.timeout_ms * 1000000ull;
+    if (b->peer->progress_ns && moved > t)
+        t = moved;
+    if (b->not_after_ns && b->not_after_ns < t)
+        t = b->not_after_ns;
+    return t;
+}
+
 uint64_t kvf_xfer__batch_deadlines(kvf_xfer_t *x, uint64_t now)
 {
     uint64_t next = UINT64_MAX;
+    uint64_t setup_ns = (uint64_t)x->cfg.timeout_ms * 1000000ull;
     for (kvf_xfer_peer_t *p = x->peers; p; p = p->next) {
         bool late = false;
+        if (!p->accepted && p->status == KVF_OK && !kvf_xfer_peer_ready(p)) {
+            if (now >= p->progress_ns + setup_ns) {
+                kvf_log_error("xfer: a connection was not set up within %u ms; closing it",
+                              x->cfg.timeout_ms);
+                kvf_xfer__peer_fail(p, KVF_ERR_TIMEOUT);
+                continue;
+            }
+            if (p->progress_ns + setup_ns < next)
+                next = p->progress_ns + setup_ns;
+        }
         for (kvf_xfer_batch_t *b = p->batches; b; b = b->next) {
             if (b->status != KVF_ERR_AGAIN)
                 continue;
-            if (now >= b->deadline_ns)
+            uint64_t deadline = kvf_xfer__batch_deadline(b);
+            if (now >= deadline)
                 late = true;
-            else if (b->deadline_ns < next)
-                next = b->deadline_ns;
+            else if (deadline < next)
+                next = deadline;
         }
         if (late) {
-            kvf_log_error("xfer: a batch passed its %u ms deadline; closing the connection",
+            kvf_log_error("xfer: a batch saw no progress for %u ms (or passed its lease end); "
+                          "closing the connection",
                           x->cfg.timeout_ms);
             kvf_xfer__peer_fail(p, KVF_ERR_TIMEOUT);
         }

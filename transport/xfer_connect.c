@@ -4,6 +4,7 @@
  * accepted, failed, disconnected. */
 #include "xfer_internal.h"
 
+#include "kvf/clock.h"
 #include "kvf/crc32c.h"
 #include "kvf/log.h"
 
@@ -205,6 +206,7 @@ static kvf_status_t peer_open(kvf_xfer_t *xfer, const uint8_t *desc, size_t len,
     p->accepted = accept;
     p->two_sided = xfer->cfg.two_sided || v.two_sided;
     p->status = KVF_OK;
+    p->progress_ns = kvf_clock_ns(); /* the connection's set-up runs from now */
     st = accept ? xfer->ops->accept(p, v.body, v.body_len)
                 : xfer->ops->connect(p, v.body, v.body_len);
     if (st != KVF_OK)
@@ -213,6 +215,8 @@ static kvf_status_t peer_open(kvf_xfer_t *xfer, const uint8_t *desc, size_t len,
     if (xfer->peers)
         xfer->peers->prev = p;
     xfer->peers = p;
+    if (!kvf_xfer_peer_ready(p))
+        kvf_xfer__timer_at(xfer, p->progress_ns + (uint64_t)xfer->cfg.timeout_ms * 1000000ull);
     *peer_p = p;
     return KVF_OK;
 
@@ -258,4 +262,20 @@ void kvf_xfer_disconnect(kvf_xfer_peer_t *peer)
 kvf_status_t kvf_xfer_peer_status(const kvf_xfer_peer_t *peer)
 {
     return peer->status;
+}
+
+bool kvf_xfer_peer_ready(const kvf_xfer_peer_t *peer)
+{
+    const kvf_xfer_t *x = peer->xfer;
+    return peer->status == KVF_OK &&
+           (!x->ops->ready || x->ops->ready((kvf_xfer_peer_t *)peer)) &&
+           (!x->ops->connected || x->ops->connected(peer));
+}
+
+bool kvf_xfer_connecting(const kvf_xfer_t *xfer)
+{
+    for (const kvf_xfer_peer_t *p = xfer->peers; p; p = p->next)
+        if (!p->accepted && p->status == KVF_OK && !kvf_xfer_peer_ready(p))
+            return true;
+    return false;
 }

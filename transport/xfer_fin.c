@@ -4,6 +4,7 @@
  * LANDED, ABORTED or REJECTED event, or a fence point. */
 #include "xfer_internal.h"
 
+#include "kvf/clock.h"
 #include "kvf/crc32c.h"
 #include "kvf/log.h"
 
@@ -136,6 +137,10 @@ void kvf_xfer__on_fin(kvf_xfer_t *x, const void *msg, size_t len)
     }
     r->landed_bytes += bytes;
     x->stats.completions_landed++;
+    /* A layer landed: its sender is making progress (docs/PROTOCOL.md,
+     * Liveness). Only the receiver's end moves; the sender's own end
+     * moves with a KvLeaseReply. */
+    kvf_xfer__resv_extend(r, kvf_clock_ns() + r->lease_ns);
     kvf_xfer__event_push(x, KVF_XFER_EV_LANDED, req_id, epoch, bytes, flags & KVF_XFER_LAST,
                          KVF_OK);
 }

@@ -73,6 +73,12 @@ static inline uint64_t xfer_get_u64(const uint8_t *p)
 
 typedef struct kvf_xfer_ops kvf_xfer_ops_t;
 
+/* A handle whose earliest deadline passed longer than this before it was
+ * progressed was starved (its loop was computing): the time beyond it does
+ * not count against its peers (xfer.c). A loop that sleeps until the
+ * deadline never reaches it. */
+#define KVF_XFER_STARVED_NS (100ull * 1000000ull)
+
 typedef enum {
     KVF_RESV_LIVE = 0, /* accepting completions */
     KVF_RESV_DONE,     /* last batch landed or sender aborted: no write can come */
@@ -86,6 +92,7 @@ typedef struct {
     size_t n_ranges;
     uint64_t total_bytes, landed_bytes;
     uint64_t lease_end_ns;
+    uint64_t lease_ns; /* how long one lease (or renewal) lasts */
     kvf_resv_state_t state;
 } kvf_resv_t;
 
@@ -93,7 +100,8 @@ struct kvf_xfer_batch {
     kvf_xfer_peer_t *peer;
     kvf_xfer_batch_t *next, *prev; /* in peer->batches */
     uint64_t req_id, epoch;
-    uint64_t deadline_ns;
+    uint64_t timeout_ns;      /* posted + cfg.timeout_ms, moved by starvation */
+    uint64_t not_after_ns;    /* its lease end; 0: none; moves only with kvf_xfer_extend */
     kvf_status_t status;      /* AGAIN while running */
     bool released;            /* the caller let go */
     unsigned backend_busy;    /* backend requests that still point at this batch */
@@ -115,6 +123,10 @@ struct kvf_xfer_peer {
     bool two_sided;    /* slices go as messages (either side asked for it) */
     bool disconnected; /* the caller let go */
     kvf_status_t status;
+    /* The last time the backend completed something on this connection (a
+     * put, a flush, a message): a batch fails only after cfg.timeout_ms
+     * without any (kvf_xfer__batch_deadline). */
+    uint64_t progress_ns;
     void *be;
 };
 
@@ -164,6 +176,9 @@ struct kvf_xfer_ops {
      * connection may still be forming); false makes kvf_xfer_post return
      * AGAIN. */
     bool (*ready)(kvf_xfer_peer_t *peer);
+    /* (optional) Whether the connection is set up (kvf_xfer_peer_ready);
+     * batches may be posted before, the backend queues them. */
+    bool (*connected)(const kvf_xfer_peer_t *peer);
     /* (optional) Two-sided backends: the body of the token the receiver
      * accepts (malloc'd, owned by the caller), and the receiver's half of
      * connecting from a token's body (bounds-checked by xfer_connect.c). */
@@ -191,6 +206,12 @@ void kvf_xfer__batch_end(kvf_xfer_batch_t *batch, kvf_status_t status);
 /* Fails the peer (dead, timed out): every running batch ends with status
  * and the backend shuts the connection down. */
 void kvf_xfer__peer_fail(kvf_xfer_peer_t *peer, kvf_status_t status);
+/* The backend completed something on peer's connection. */
+void kvf_xfer__peer_progressed(kvf_xfer_peer_t *peer);
+/* When batch b fails: cfg.timeout_ms after it was posted or after its
+ * connection last made progress, whichever is later, and never after the
+ * lease end it was posted under. */
+uint64_t kvf_xfer__batch_deadline(const kvf_xfer_batch_t *b);
 
 /* Frees batches (and peers) nobody needs any more. */
 void kvf_xfer__reap(kvf_xfer_t *xfer);
@@ -232,6 +253,8 @@ kvf_resv_t *kvf_xfer__resv_find(kvf_xfer_t *xfer, uint64_t req_id);
 /* xfer_resv.c: reports r RELEASED and frees it; the last reservation moves
  * into r's slot. */
 void kvf_xfer__resv_remove(kvf_xfer_t *xfer, kvf_resv_t *r);
+/* Moves a live reservation's lease end to until_ns when that is later. */
+void kvf_xfer__resv_extend(kvf_resv_t *r, uint64_t until_ns);
 
 /* xfer_resv.c: whether [off, off+len) lies inside one of r's ranges. */
 bool kvf_xfer__resv_covers(const kvf_resv_t *r, uint64_t off, uint64_t len);

@@ -133,9 +133,27 @@ kvf_status_t kvf_xfer_reserve(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch,
                       .n_ranges = m,
                       .total_bytes = total,
                       .lease_end_ns = kvf_clock_ns() + lease * 1000000ull,
+                      .lease_ns = lease * 1000000ull,
                       .state = KVF_RESV_LIVE};
     xfer->stats.reservations_live = xfer->n_resv;
     kvf_xfer__timer_at(xfer, r->lease_end_ns);
+    return KVF_OK;
+}
+
+void kvf_xfer__resv_extend(kvf_resv_t *r, uint64_t until_ns)
+{
+    if (r->state == KVF_RESV_LIVE && until_ns > r->lease_end_ns)
+        r->lease_end_ns = until_ns;
+}
+
+kvf_status_t kvf_xfer_renew(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch)
+{
+    kvf_resv_t *r = kvf_xfer__resv_find(xfer, req_id);
+    if (!r || r->epoch != epoch || r->state != KVF_RESV_LIVE)
+        return KVF_ERR_NOT_FOUND;
+    kvf_xfer__resv_extend(r, kvf_clock_ns() + r->lease_ns);
+    /* A later deadline: the next timer is only ever too early, and then
+     * recomputed when it fires. */
     return KVF_OK;
 }
 

@@ -405,8 +405,11 @@ void h_generate_many_ex(h_cluster_t *c, h_gen_t *gens, size_t n, const int *canc
     uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
     while (done < n && kvf_clock_ns() < deadline) {
         kvf_envelope_t *in = NULL;
-        if (kvf_client_recv(client, 200, &in) != KVF_OK)
+        if (kvf_client_recv(client, 50, &in) != KVF_OK) {
+            if (progress)
+                progress(c, arg, total_tokens);
             continue;
+        }
         if (in->body_case != KVF__ENVELOPE__BODY_GENERATE_CHUNK ||
             in->generate_chunk->client_req_id < base ||
             in->generate_chunk->client_req_id >= base + n) {

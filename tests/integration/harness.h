@@ -105,8 +105,9 @@ typedef struct {
 void h_generate_many(h_cluster_t *c, h_gen_t *gens, size_t n, const int *cancel_after,
                      int timeout_ms);
 
-/* Called while generations run, after each received chunk, with the total
- * number of tokens received so far (e.g. to kill a node mid-stream). */
+/* Called while generations run, after each received chunk and at least
+ * every 50 ms, with the total number of tokens received so far (e.g. to
+ * kill a node mid-stream). */
 typedef void (*h_progress_fn)(h_cluster_t *c, void *arg, size_t tokens);
 
 /* h_generate_many with a progress hook (NULL: none). */

@@ -70,8 +70,8 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Registers a decode node id at inbox url (one of the fixture's). */
-static void register_decode(fixture_t *fx, const char *id, const char *url)
+/* Registers a node of role at inbox url (one of the fixture's). */
+static void register_node(fixture_t *fx, Kvf__Role role, const char *id, const char *url)
 {
     const kvf_model_config_t *m = kvf_router_model(fx->r);
     Kvf__KvGeometry g = KVF__KV_GEOMETRY__INIT;
@@ -82,7 +82,7 @@ static void register_decode(fixture_t *fx, const char *id, const char *url)
     uint8_t desc[4] = {1, 2, 3, 4};
     Kvf__Register reg = KVF__REGISTER__INIT;
     reg.node_id = (char *)id;
-    reg.role = KVF__ROLE__ROLE_DECODE;
+    reg.role = role;
     reg.inbox_url = (char *)url;
     reg.model_fingerprint = "fp";
     reg.geometry = &g;
@@ -90,6 +90,11 @@ static void register_decode(fixture_t *fx, const char *id, const char *url)
     reg.xfer_desc.data = desc;
     reg.xfer_desc.len = sizeof(desc);
     kvf_router__on_register(fx->r, &reg);
+}
+
+static void register_decode(fixture_t *fx, const char *id, const char *url)
+{
+    register_node(fx, KVF__ROLE__ROLE_DECODE, id, url);
 }
 
 static kvf_router_node_t *node_named(fixture_t *fx, const char *id)
@@ -137,6 +142,106 @@ typedef struct {
     int finish;
     kvf_status_t status;
 } outcome_t;
+
+static void on_chunk(void *arg, const kvf_router_chunk_t *c);
+
+/* The next message in a fixture node's inbox of the given kind, or NULL
+ * within wait_ms (other kinds are skipped). */
+static kvf_envelope_t *node_recv(fixture_t *fx, int node, int body_case, int wait_ms)
+{
+    uint64_t give_up = kvf_clock_ns() + (uint64_t)wait_ms * 1000000ull;
+    while (kvf_clock_ns() < give_up) {
+        kvf_envelope_t *env = NULL;
+        if (kvf_inbox_recv(fx->node_inbox[node], 50, &env) != KVF_OK)
+            continue;
+        if ((int)env->body_case == body_case)
+            return env;
+        kvf_envelope_free(env);
+    }
+    return NULL;
+}
+
+static void heartbeat_naming(fixture_t *fx, const char *id, const char *url, uint64_t req_id,
+                             uint64_t epoch)
+{
+    Kvf__WorkRef w = KVF__WORK_REF__INIT;
+    w.req_id = req_id;
+    w.epoch = epoch;
+    Kvf__WorkRef *wp = &w;
+    Kvf__Load load = KVF__LOAD__INIT;
+    load.blocks_free = load.blocks_total = 64;
+    Kvf__Heartbeat hb = KVF__HEARTBEAT__INIT;
+    hb.node_id = (char *)id;
+    hb.inbox_url = (char *)url;
+    hb.state = "live";
+    hb.load = &load;
+    hb.working = &wp;
+    hb.n_working = 1;
+    kvf_router__on_heartbeat(fx->r, &hb);
+}
+
+/* A request whose prefill node left keeps decoding, its placement still
+ * naming that node; a new prefill node registers into the freed slot.
+ * The old handle must not resolve to the new node: the new node's
+ * heartbeat naming the attempt does not keep it alive, and cancelling the
+ * request tells the decode node only. */
+static void test_slot_reuse_under_live_request(void **state)
+{
+    fixture_t *fx = *state;
+    register_decode(fx, "d1", fx->urls[2]);
+    register_node(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
+    kvf_router_node_t *p1 = node_named(fx, "p1");
+    assert_non_null(p1);
+    kvf_node_ref_t p1_ref = kvf_router__node_ref(fx->r, p1);
+    outcome_t o = {0};
+    kvf_router_gen_t g = {.prompt = "hello"};
+    kvf_router_sink_t sink = {on_chunk, &o};
+    uint64_t id = kvf_router_submit(fx->r, &g, &sink);
+    assert_true(id != 0);
+    kvf_envelope_t *pr = node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    assert_non_null(pr);
+    uint64_t epoch = pr->prefill_request->epoch;
+    kvf_envelope_free(pr);
+    kvf_router_req_t *q = kvf_router__req_find(fx->r, id);
+    assert_non_null(q);
+    assert_true(q->place.prefill == p1_ref);
+
+    Kvf__PrefillDone pd = KVF__PREFILL_DONE__INIT;
+    pd.req_id = id;
+    pd.epoch = epoch;
+    pd.node_id = "p1";
+    kvf_router__on_prefill_done(fx->r, &pd);
+    assert_int_equal(q->place.state, REQ_DECODE);
+    Kvf__Deregister dr = KVF__DEREGISTER__INIT;
+    dr.node_id = "p1";
+    dr.reason = "test";
+    kvf_router__on_deregister(fx->r, &dr);
+    /* Still decoding on d1, the same attempt, naming the departed p1. */
+    assert_ptr_equal(kvf_router__req_find(fx->r, id), q);
+    assert_int_equal(q->place.epoch, epoch);
+    assert_true(q->place.prefill == p1_ref);
+
+    register_node(fx, KVF__ROLE__ROLE_PREFILL, "p2", fx->urls[3]);
+    kvf_router_node_t *p2 = node_named(fx, "p2");
+    assert_ptr_equal(p2, p1); /* the same slot */
+    assert_null(kvf_router__node_get(fx->r, q->place.prefill));
+
+    /* p2 naming the attempt (a forged or confused heartbeat) does not
+     * move its deadline; its decode node naming it does. */
+    uint64_t before = q->t.phase.deadline_ns;
+    heartbeat_naming(fx, "p2", fx->urls[3], id, epoch);
+    assert_int_equal(q->t.phase.deadline_ns, before);
+    heartbeat_naming(fx, "d1", fx->urls[2], id, epoch);
+    assert_true(q->t.phase.deadline_ns >= before);
+
+    /* A cancel goes to d1, not to the node now in p1's slot. */
+    kvf_router_cancel(fx->r, id);
+    kvf_envelope_t *c = node_recv(fx, 0, KVF__ENVELOPE__BODY_CANCEL, 5000);
+    assert_non_null(c);
+    assert_int_equal(c->cancel->req_id, id);
+    kvf_envelope_free(c);
+    assert_null(node_recv(fx, 1, KVF__ENVELOPE__BODY_CANCEL, 300));
+}
 
 static void on_chunk(void *arg, const kvf_router_chunk_t *c)
 {
@@ -235,6 +340,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_handles, setup_slow, teardown),
+        cmocka_unit_test_setup_teardown(test_slot_reuse_under_live_request, setup_slow, teardown),
         cmocka_unit_test_setup_teardown(test_queue_timeout, setup_queue_timeout, teardown),
         cmocka_unit_test_setup_teardown(test_request_timeout, setup_request_timeout, teardown),
         cmocka_unit_test_setup_teardown(test_missed_heartbeats, setup_slow, teardown),

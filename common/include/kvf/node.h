@@ -1,15 +1,25 @@
 /* The runtime a prefill or decode node shares: its inbox, outboxes to the
  * router and peers (one per URL, cached), registration with the router and
- * heartbeats. The node's own event loop owns the kvf_node_t and calls it;
- * nothing here starts a thread.
+ * heartbeats. The node's own event loop owns the kvf_node_t and calls it.
  *
  * Registration: kvf_node_tick() sends Register every second until the
  * router answers with RegisterReply. A refusal (model or geometry mismatch)
  * is final: kvf_node_tick() then returns the refusal's status and the node
- * should exit. Once registered, a heartbeat goes out every heartbeat_ms.
- * A router that restarts answers a heartbeat from a node it does not know
- * with Error{NOT_FOUND}; kvf_node_handle() turns that into a new Register,
- * so nodes come back by themselves. */
+ * should exit. A router that restarts answers a heartbeat from a node it
+ * does not know with Error{NOT_FOUND}; kvf_node_handle() turns that into a
+ * new Register, so nodes come back by themselves.
+ *
+ * Heartbeats come from a thread of their own, so that no compute, however
+ * long, starves them (docs/PROTOCOL.md, Liveness). The loop publishes what
+ * they carry: kvf_node_tick() calls fill_load and fill_work when a
+ * snapshot is due (every quarter heartbeat period; call it every loop turn
+ * and between layers of long computes), and every heartbeat_ms the thread
+ * sends the latest snapshot: Heartbeat (load, state, the attempts named by
+ * fill_work) to the router and one KvLease per peer URL named there. The
+ * thread names attempts and leases only while the loop is alive: when its
+ * last snapshot is older than max(KVF_NODE_LOOP_STUCK_MS, 8 x the longest
+ * gap between snapshots seen so far), the heartbeats go on with the load
+ * alone, and what the node holds times out where it is held. */
 #ifndef KVF_NODE_H
 #define KVF_NODE_H
 
@@ -22,6 +32,16 @@
 #include "kvf/status.h"
 
 typedef struct kvf_node kvf_node_t;
+
+/* What a node's loop publishes for its heartbeats (see above). */
+typedef struct kvf_node_snapshot kvf_node_snapshot_t;
+
+/* A loop whose last snapshot is older than this (and than 8 x its longest
+ * gap between snapshots) is stuck: heartbeats stop naming its work. */
+#define KVF_NODE_LOOP_STUCK_MS 60000u
+
+/* The longest reservation lease a node asks for or accepts (1 hour). */
+#define KVF_NODE_LEASE_MS_MAX 3600000u
 
 typedef struct {
     Kvf__Role role;                /* KVF__ROLE__ROLE_PREFILL or _DECODE */
@@ -39,27 +59,47 @@ typedef struct {
     unsigned heartbeat_ms;         /* 0: 500 */
     /* Fills the load reported with each heartbeat; called from tick. */
     void (*fill_load)(void *arg, Kvf__Load *load);
-    void *load_arg;
+    /* Names the attempts the node works on and the leases it holds
+     * (kvf_node_snapshot_work, _lease); called from tick; may be NULL. */
+    void (*fill_work)(void *arg, kvf_node_snapshot_t *snap);
+    void *load_arg; /* both callbacks' argument */
 } kvf_node_config_t;
 
 /* The KV geometry a node announces in Register (f32, layout 1). */
 Kvf__KvGeometry kvf_node_wire_geometry(const kvf_kv_geometry_t *geo);
 
-/* Binds the inbox and connects to the router. On success *node_p is owned
+/* Names attempt (req_id, epoch) in the next heartbeats, done prompt
+ * tokens computed so far. NOMEM: left out of this snapshot. */
+kvf_status_t kvf_node_snapshot_work(kvf_node_snapshot_t *snap, uint64_t req_id, uint64_t epoch,
+                                    uint32_t done);
+
+/* Asks the decode node at url, with every heartbeat, to renew the lease of
+ * reservation (req_id, epoch) (a KvLease; the answer, KvLeaseReply, comes
+ * to the node's inbox). url is copied. */
+kvf_status_t kvf_node_snapshot_lease(kvf_node_snapshot_t *snap, const char *url, uint64_t req_id,
+                                     uint64_t epoch);
+
+/* Binds the inbox, connects to the router and starts the heartbeat
+ * thread. On success *node_p is owned
  * by the caller: kvf_node_destroy(). */
 kvf_status_t kvf_node_create(const kvf_node_config_t *cfg, kvf_node_t **node_p);
 
-/* Closes every socket and frees the node. NULL is a no-op. */
+/* Stops the heartbeat thread, closes every socket and frees the node.
+ * NULL is a no-op. */
 void kvf_node_destroy(kvf_node_t *node);
 
 const char *kvf_node_id(const kvf_node_t *node);
 kvf_inbox_t *kvf_node_inbox(kvf_node_t *node);
 bool kvf_node_registered(const kvf_node_t *node);
 
-/* Sends Register or a heartbeat when one is due. Cheap when nothing is
- * due: call it every loop iteration and between layers of long computes.
- * Returns KVF_OK, or the router's final refusal. */
+/* Sends Register, or publishes the heartbeats' snapshot, when one is due.
+ * Cheap when nothing is due: call it every loop iteration and between
+ * layers of long computes. Returns KVF_OK, or the router's final refusal. */
 kvf_status_t kvf_node_tick(kvf_node_t *node);
+
+/* Publishes a snapshot now (e.g. after the loop gave its work up, so the
+ * heartbeats stop naming it at once). */
+void kvf_node_publish(kvf_node_t *node);
 
 /* Milliseconds until kvf_node_tick() has something to do. */
 int kvf_node_timeout_ms(const kvf_node_t *node);
@@ -82,7 +122,7 @@ kvf_status_t kvf_node_send_router(kvf_node_t *node, kvf_envelope_t *env, int tim
  * new work). */
 void kvf_node_set_draining(kvf_node_t *node, bool draining);
 
-/* Tells the router this node leaves. */
+/* Tells the router this node leaves; no heartbeat follows it. */
 kvf_status_t kvf_node_deregister(kvf_node_t *node, const char *reason);
 
 /* Drops the cached outbox to url (e.g. a peer that died). */

@@ -260,6 +260,16 @@ void kvf_xfer_disconnect(kvf_xfer_peer_t *peer);
  * descriptor. */
 kvf_status_t kvf_xfer_peer_status(const kvf_xfer_peer_t *peer);
 
+/* Whether a batch posted to peer now starts at once: its connection is set
+ * up (which may take the receiver's answers). A connection not set up
+ * within the handle's timeout_ms fails (TIMEOUT). */
+bool kvf_xfer_peer_ready(const kvf_xfer_peer_t *peer);
+
+/* Whether some connection is still being set up: a loop whose transport's
+ * fd does not wake for everything (kvf_xfer_caps_t) progresses every
+ * poll_ms meanwhile. */
+bool kvf_xfer_connecting(const kvf_xfer_t *xfer);
+
 /* ---- sender -------------------------------------------------------------- */
 
 /* Posts the puts of spec to the peer; slices are validated against both
@@ -304,6 +314,17 @@ kvf_status_t kvf_xfer_reserve(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch,
  * aborted). NOT_FOUND if there is no such reservation. */
 kvf_status_t kvf_xfer_cancel(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch);
 
+/* Renews a live reservation's lease: it now ends one lease (the lease_ms
+ * it was reserved with) from now, unless it already ends later. The
+ * receiver renews while the sender shows progress: a batch that lands
+ * renews by itself, and the decode node renews on its prefill node's
+ * KvLease (docs/PROTOCOL.md, Liveness). The sender learns of a renewal
+ * only from the receiver's answer, and moves its not_after_ns no further
+ * than the time it asked plus one lease, so it still stops writing before
+ * the receiver's lease ends. NOT_FOUND when (req_id, epoch) has no live
+ * reservation (landed, expired, cancelled or unknown). */
+kvf_status_t kvf_xfer_renew(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch);
+
 /* Takes the oldest pending event into *ev_p; AGAIN when there is none. */
 kvf_status_t kvf_xfer_poll(kvf_xfer_t *xfer, kvf_xfer_event_t *ev_p);
 
@@ -313,6 +334,19 @@ kvf_status_t kvf_xfer_poll(kvf_xfer_t *xfer, kvf_xfer_event_t *ev_p);
  * deadlines (batch timeouts, leases). Never blocks. Returns how many
  * things happened (0: idle). */
 unsigned kvf_xfer_progress(kvf_xfer_t *xfer);
+
+/* kvf_xfer_progress again and again while it finds work, for at most
+ * budget_ms: some backends move a bounded amount per call (UCX copies a
+ * shared-memory put in the calls that follow it), so a loop that only
+ * looks now and then (between the layers of a forward) makes them keep
+ * up. Returns how many things happened. */
+unsigned kvf_xfer_progress_for(kvf_xfer_t *xfer, unsigned budget_ms);
+
+/* Sender: the receiver renewed the lease of (req_id, epoch) until
+ * not_after_ns on this clock (kvf_xfer_renew's answer): the request's
+ * batches still running may write until then too. Never moves one
+ * earlier. */
+void kvf_xfer_extend(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch, uint64_t not_after_ns);
 
 /* A file descriptor that polls readable when the handle has work; -1 if
  * the backend has none (then call kvf_xfer_progress on a timer). Owned
