@@ -174,13 +174,16 @@ static void completed(load_t *l, load_req_t *r, bool length, long n_tokens)
         k = common_ids(r->out, r->n_out, p->ref, p->n_ref);
         same = same && k == r->n_out && k == p->n_ref;
     }
-    if (!same)
+    if (!same) {
+        char ids[64] = "";
+        if (r->kind == KVF_SOAK_NATIVE)
+            snprintf(ids, sizeof(ids), "ids equal up to %zu, ", k);
         kvf_soak_note(l->s, r->kind, KVF_SOAK_DIFF, true,
-                      "prompt %d (%zu tokens, max %u): %ld tokens (colocated %zu), first id "
-                      "difference at %zu, text %zu of %zu bytes equal, length %d, in order %d",
-                      r->prompt, p->n_ids, p->max_tokens, n_tokens, p->n_ref, k, t, p->n_ref_text,
-                      length, r->seq_ok);
-    else if (nul_only)
+                      "prompt %d (%zu tokens, max %u): %ld tokens (colocated %zu), %stext equal "
+                      "up to byte %zu of %zu (received %zu), finish length %d, chunks in order %d",
+                      r->prompt, p->n_ids, p->max_tokens, n_tokens, p->n_ref, ids, t, p->n_ref_text,
+                      r->text.len, length, r->seq_ok);
+    } else if (nul_only)
         l->s->tally.nul_only++;
     end_request(l, r, same ? KVF_SOAK_SAME : KVF_SOAK_DIFF);
 }
@@ -196,9 +199,10 @@ static void aborted(load_t *l, load_req_t *r)
     if (!start_ok || k != r->n_out || !r->seq_ok) {
         l->s->tally.bad_prefix++;
         kvf_soak_note(l->s, r->kind, KVF_SOAK_ABORTED, true,
-                      "prompt %d: aborted after %zu tokens / %zu bytes that are not the start of "
-                      "the colocated output (ids equal up to %zu, bytes up to %zu, in order %d)",
-                      r->prompt, r->n_out, r->text.len, k, t, r->seq_ok);
+                      "prompt %d: aborted after %zu tokens, %d text events, %zu bytes that are not "
+                      "the start of the colocated output (ids equal up to %zu, bytes up to %zu, "
+                      "chunks in order %d)",
+                      r->prompt, r->n_out, r->events, r->text.len, k, t, r->seq_ok);
     }
     end_request(l, r, KVF_SOAK_ABORTED);
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "kvf/clientsock.h"
 #include "kvf/clock.h"
@@ -35,7 +36,8 @@ typedef struct {
 
 typedef struct {
     h_node_stats_t nodes[H_MAX_PROCS];
-    int n;
+    h_node_stats_t first[H_MAX_PROCS]; /* the first look, as the load ended */
+    int n, n_first;
     unsigned busy; /* live nodes with blocks in use */
     double waited_s, limit_s;
 } blocks_t;
@@ -54,6 +56,10 @@ static void wait_blocks(kvf_soak_t *s, blocks_t *b)
         for (int i = 0; i < b->n; i++)
             b->busy += b->nodes[i].blocks_used != 0 && strcmp(b->nodes[i].state, "dead") != 0;
         b->waited_s = (double)(kvf_clock_ns() - t0) / 1e9;
+        if (b->n_first == 0) {
+            memcpy(b->first, b->nodes, sizeof(b->first));
+            b->n_first = b->n;
+        }
         if (!b->busy || kvf_clock_ns() >= deadline)
             return;
         kvf_clock_sleep_ms(100);
@@ -99,8 +105,10 @@ static void end_rss(kvf_soak_t *s)
 static void print_requests(const kvf_soak_t *s)
 {
     const kvf_soak_tally_t *t = &s->tally;
-    printf("\n== requests: %.0f s, seed %llu, %d steady + up to %d abort-bound in flight ==\n",
-           s->duration_s, (unsigned long long)s->seed, s->inflight, s->abort_inflight);
+    printf("\n== requests: %.0f s, seed %llu, %d steady + up to %d abort-bound in flight; lease "
+           "%d ms, UCX_TLS %s ==\n",
+           s->duration_s, (unsigned long long)s->seed, s->inflight, s->abort_inflight, s->lease_ms,
+           s->cluster.ucx_tls ? s->cluster.ucx_tls : "(UCX's choice)");
     printf("%-12s %8s %9s %8s %7s %7s %8s %6s\n", "kind", "sent", "completed", "=coloc", "differ",
            "failed", "aborted", "lost");
     uint64_t sum[KVF_SOAK_OUTCOMES] = {0}, sent = 0;
@@ -166,13 +174,24 @@ static void print_cluster(const kvf_soak_t *s, const router_counts_t *rc, const 
                (unsigned long long)rc->queued);
     else
         printf("router: no stats reply\n");
-    printf("\n== KV blocks at the end (after %.1f s of at most %.1f s) ==\n", b->waited_s,
-           b->limit_s);
-    printf("%-12s %-8s %-9s %12s\n", "node", "role", "state", "used/total");
-    for (int i = 0; i < b->n; i++)
-        printf("%-12s %-8s %-9s %5u/%-6u\n", b->nodes[i].id,
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("driver: %.1f s user, %.1f s system CPU\n",
+           (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6,
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6);
+    printf("\n== KV blocks at the end (after %.1f s of at most %.1f s; dead: a killed instance, "
+           "not checked) ==\n",
+           b->waited_s, b->limit_s);
+    printf("%-12s %-8s %-9s %13s %12s\n", "node", "role", "state", "used at first", "used/total");
+    for (int i = 0; i < b->n; i++) {
+        unsigned first = 0;
+        for (int k = 0; k < b->n_first; k++)
+            if (!strcmp(b->first[k].id, b->nodes[i].id))
+                first = b->first[k].blocks_used;
+        printf("%-12s %-8s %-9s %13u %5u/%-6u\n", b->nodes[i].id,
                b->nodes[i].role == KVF__ROLE__ROLE_DECODE ? "decode" : "prefill", b->nodes[i].state,
-               b->nodes[i].blocks_used, b->nodes[i].blocks_total);
+               first, b->nodes[i].blocks_used, b->nodes[i].blocks_total);
+    }
 }
 
 static void print_rss(const kvf_soak_t *s)
