@@ -83,11 +83,12 @@ void h_cluster_init(h_cluster_t *c, const char *model, const char *ucx_tls)
     tcp_url(c->client_url, sizeof(c->client_url));
 }
 
-/* Starts argv[0] (a binary in build/bin) with its output in log. */
-static int spawn(h_cluster_t *c, const char *name, const char *url, char **argv)
+/* Starts argv[0] (a binary in build/bin) in slot i of procs (a new one,
+ * or one whose process is gone) with its output appended to its log. */
+static void spawn_in(h_cluster_t *c, int i, const char *name, const char *url, char **argv)
 {
-    assert_true(c->n_procs < H_MAX_PROCS);
-    h_proc_t *p = &c->procs[c->n_procs];
+    h_proc_t *p = &c->procs[i];
+    assert_true(p->pid <= 0);
     snprintf(p->name, sizeof(p->name), "%s", name);
     snprintf(p->url, sizeof(p->url), "%s", url ? url : "");
     char log[sizeof(c->dir) + sizeof(p->name) + 8];
@@ -117,6 +118,14 @@ static int spawn(h_cluster_t *c, const char *name, const char *url, char **argv)
     }
     p->pid = pid;
     pid_track(pid);
+}
+
+/* Starts argv[0] in a new slot; returns its index. */
+static int spawn(h_cluster_t *c, const char *name, const char *url, char **argv)
+{
+    assert_true(c->n_procs < H_MAX_PROCS);
+    c->procs[c->n_procs].pid = 0;
+    spawn_in(c, c->n_procs, name, url, argv);
     return c->n_procs++;
 }
 
@@ -140,19 +149,40 @@ void h_start_router(h_cluster_t *c, ...)
     spawn(c, "router", c->router_url, argv);
 }
 
+/* A node's command line: a fresh inbox, then the extra flags of ap. */
+static void node_argv(h_cluster_t *c, const char *role, const char *name, char *url, char *bin,
+                      char **argv, va_list ap)
+{
+    tcp_url(url, 64);
+    snprintf(bin, 32, "kvf-%s", role);
+    char *head[] = {bin,       "--router",       c->router_url, "--listen",   url,
+                    "--model", (char *)c->model, "--node-id",   (char *)name, "--threads",
+                    "1"};
+    memcpy(argv, head, sizeof(head));
+    collect_args(argv, 11, ap);
+}
+
 int h_start_node(h_cluster_t *c, const char *role, const char *name, ...)
 {
     char url[64], bin[32];
-    tcp_url(url, sizeof(url));
-    snprintf(bin, sizeof(bin), "kvf-%s", role);
-    char *argv[64] = {bin,       "--router",       c->router_url, "--listen",   url,
-                      "--model", (char *)c->model, "--node-id",   (char *)name, "--threads",
-                      "1"};
+    char *argv[64];
     va_list ap;
     va_start(ap, name);
-    collect_args(argv, 11, ap);
+    node_argv(c, role, name, url, bin, argv, ap);
     va_end(ap);
     return spawn(c, name, url, argv);
+}
+
+void h_restart_node(h_cluster_t *c, int i, const char *role, ...)
+{
+    char url[64], bin[32], name[sizeof(c->procs[i].name)];
+    char *argv[64];
+    snprintf(name, sizeof(name), "%s", c->procs[i].name);
+    va_list ap;
+    va_start(ap, role);
+    node_argv(c, role, name, url, bin, argv, ap);
+    va_end(ap);
+    spawn_in(c, i, name, url, argv);
 }
 
 void h_kill(h_cluster_t *c, int i)
@@ -355,6 +385,24 @@ void h_generate_many(h_cluster_t *c, h_gen_t *gens, size_t n, const int *cancel_
     h_generate_many_ex(c, gens, n, cancel_after, timeout_ms, NULL, NULL);
 }
 
+void h_signal(h_cluster_t *c, int i, int sig)
+{
+    if (c->procs[i].pid > 0)
+        kill(c->procs[i].pid, sig);
+}
+
+bool h_reaped(h_cluster_t *c, int i, int *status_p)
+{
+    h_proc_t *p = &c->procs[i];
+    int status;
+    if (p->pid <= 0 || waitpid(p->pid, &status, WNOHANG) != p->pid)
+        return false;
+    pid_untrack(p->pid);
+    p->pid = 0;
+    *status_p = status;
+    return true;
+}
+
 int h_terminate(h_cluster_t *c, int i, int timeout_ms)
 {
     h_proc_t *p = &c->procs[i];
@@ -364,11 +412,8 @@ int h_terminate(h_cluster_t *c, int i, int timeout_ms)
     uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
     while (kvf_clock_ns() < deadline) {
         int status;
-        if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
-            pid_untrack(p->pid);
-            p->pid = 0;
+        if (h_reaped(c, i, &status))
             return status;
-        }
         kvf_clock_sleep_ms(20);
     }
     kill(p->pid, SIGKILL);
@@ -473,13 +518,15 @@ void h_gen_free(h_gen_t *g)
     g->n_out = g->cap_out = g->n_text = 0;
 }
 
-uint32_t *h_colocated(const char *model, const h_gen_t *g, size_t *n_p)
+/* The kvf generate command of g's colocated reference (malloc'd, the
+ * caller's): the generated ids on one line with ids, else the text. */
+static char *colocated_cmd(const char *model, const h_gen_t *g, bool ids)
 {
     size_t cap = 256 + g->n_prompt * 12;
     char *cmd = malloc(cap);
     assert_non_null(cmd);
-    int off = snprintf(cmd, cap, "%s/kvf generate --model %s --threads 1 --ids --max-tokens %u",
-                       bin_dir(), model, g->max_tokens);
+    int off = snprintf(cmd, cap, "%s/kvf generate --model %s --threads 1%s --max-tokens %u",
+                       bin_dir(), model, ids ? " --ids" : "", g->max_tokens);
     /* The nodes read KVF_BACKEND / KVF_GPU_DTYPE / KVF_DEVICE from the
      * environment (a cluster test on a GPU): the reference runs on the same
      * backend. */
@@ -503,6 +550,22 @@ uint32_t *h_colocated(const char *model, const h_gen_t *g, size_t *n_p)
     off += snprintf(cmd + off, cap - (size_t)off, " --prompt-ids ");
     for (size_t i = 0; i < g->n_prompt; i++)
         off += snprintf(cmd + off, cap - (size_t)off, "%s%u", i ? "," : "", g->prompt[i]);
+    return cmd;
+}
+
+/* pclose's status of the reference command, which must have exited 0. */
+static void colocated_close(FILE *f, char *cmd)
+{
+    int rc = pclose(f);
+    if (rc != 0)
+        fprintf(stderr, "harness: '%s' exited with %d\n", cmd, rc);
+    assert_int_equal(rc, 0);
+    free(cmd);
+}
+
+uint32_t *h_colocated(const char *model, const h_gen_t *g, size_t *n_p)
+{
+    char *cmd = colocated_cmd(model, g, true);
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
     size_t n = 0, ocap = 64;
@@ -521,13 +584,34 @@ uint32_t *h_colocated(const char *model, const h_gen_t *g, size_t *n_p)
         if (ch != ',')
             break;
     }
-    int rc = pclose(f);
-    if (rc != 0)
-        fprintf(stderr, "harness: '%s' exited with %d\n", cmd, rc);
-    assert_int_equal(rc, 0);
-    free(cmd);
+    colocated_close(f, cmd);
     *n_p = n;
     return out;
+}
+
+char *h_colocated_text(const char *model, const h_gen_t *g, size_t *len_p)
+{
+    char *cmd = colocated_cmd(model, g, false);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = 0, cap = 256;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    size_t got;
+    while ((got = fread(text + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n - 1 == 0) {
+            cap *= 2;
+            text = realloc(text, cap);
+            assert_non_null(text);
+        }
+    }
+    colocated_close(f, cmd);
+    if (n > 0 && text[n - 1] == '\n')
+        n--; /* kvf generate ends its text with a newline */
+    text[n] = '\0';
+    *len_p = n;
+    return text;
 }
 
 uint32_t *h_prompt(size_t n, uint32_t vocab, uint64_t seed)

@@ -118,6 +118,18 @@ void h_generate_many_ex(h_cluster_t *c, h_gen_t *gens, size_t n, const int *canc
  * returns its exit status (as waitpid), or -1 if it had to be killed. */
 int h_terminate(h_cluster_t *c, int i, int timeout_ms);
 
+/* Sends sig to process i (if it runs) without waiting for it. */
+void h_signal(h_cluster_t *c, int i, int sig);
+
+/* Reaps process i without waiting: true, with *status_p (as waitpid),
+ * once it has exited; false while it runs or when it is already gone. */
+bool h_reaped(h_cluster_t *c, int i, int *status_p);
+
+/* Starts the node of slot i again (its process gone: killed or drained)
+ * under the same name and log, with a fresh inbox; role as h_start_node,
+ * extra flags follow, NULL-terminated. */
+void h_restart_node(h_cluster_t *c, int i, const char *role, ...);
+
 /* Index of the process named name, or -1. */
 int h_find(const h_cluster_t *c, const char *name);
 
@@ -126,6 +138,10 @@ void h_gen_free(h_gen_t *g);
 /* The colocated reference: kvf generate --model M --prompt-ids ... --ids
  * with g's sampling; returns a malloc'd id array. */
 uint32_t *h_colocated(const char *model, const h_gen_t *g, size_t *n_p);
+
+/* The same reference as text (what a client of the HTTP API reads):
+ * malloc'd, NUL-terminated, the caller's; *len_p its length in bytes. */
+char *h_colocated_text(const char *model, const h_gen_t *g, size_t *len_p);
 
 /* Checks every generation of gens against its colocated reference
  * (refs[i], n_refs[i] ids): the same ids, chunks in order, and a finish
