@@ -145,10 +145,12 @@ static bool peer_close_step(kvf_xfer_peer_t *p, uint64_t now)
     switch (up->phase) {
     case UCX_PEER_OPEN: {
         up->force_at_ns = now + (uint64_t)p->xfer->cfg.grace_ms * 1000000ull;
+        up->phase = UCX_PEER_FLUSHING;
+        if (p->close_now)
+            return true; /* no flush: it could push puts past the lease end */
         ucp_request_param_t fp = {.op_attr_mask = 0};
         void *req = ucp_ep_flush_nbx(up->ep, &fp);
         up->flush_req = UCS_PTR_IS_PTR(req) ? req : NULL;
-        up->phase = UCX_PEER_FLUSHING;
         return true;
     }
     case UCX_PEER_FLUSHING: {

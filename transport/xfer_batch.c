@@ -196,7 +196,7 @@ uint64_t kvf_xfer__batch_deadlines(kvf_xfer_t *x, uint64_t now)
     uint64_t next = UINT64_MAX;
     uint64_t setup_ns = (uint64_t)x->cfg.timeout_ms * 1000000ull;
     for (kvf_xfer_peer_t *p = x->peers; p; p = p->next) {
-        bool late = false;
+        bool late = false, past_lease = false;
         if (!p->accepted && p->status == KVF_OK && !kvf_xfer_peer_ready(p)) {
             if (now >= p->progress_ns + setup_ns) {
                 kvf_log_error("xfer: a connection was not set up within %u ms; closing it",
@@ -213,6 +213,8 @@ uint64_t kvf_xfer__batch_deadlines(kvf_xfer_t *x, uint64_t now)
             uint64_t deadline = kvf_xfer__batch_deadline(b);
             if (now >= deadline)
                 late = true;
+            if (b->not_after_ns && now >= b->not_after_ns)
+                past_lease = true;
             else if (deadline < next)
                 next = deadline;
         }
@@ -220,6 +222,9 @@ uint64_t kvf_xfer__batch_deadlines(kvf_xfer_t *x, uint64_t now)
             kvf_log_error("xfer: a batch saw no progress for %u ms (or passed its lease end); "
                           "closing the connection",
                           x->cfg.timeout_ms);
+            /* Its lease may have ended at the receiver: nothing more of it
+             * may be written, not even by a flush. */
+            p->close_now = past_lease;
             kvf_xfer__peer_fail(p, KVF_ERR_TIMEOUT);
         }
     }

@@ -122,6 +122,7 @@ struct kvf_xfer_peer {
     bool accepted;     /* made by kvf_xfer_accept (the receiving half) */
     bool two_sided;    /* slices go as messages (either side asked for it) */
     bool disconnected; /* the caller let go */
+    bool close_now;    /* a batch passed its lease end: no flush, close by force */
     kvf_status_t status;
     /* The last time the backend completed something on this connection (a
      * put, a flush, a message): a batch fails only after cfg.timeout_ms

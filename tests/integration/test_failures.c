@@ -24,6 +24,10 @@
 
 #define N_REQ 16
 #define VOCAB 512
+/* The decode nodes' reservation lease in the kill tests; after any fault
+ * every live node holds 0 blocks within one lease plus 1 s. */
+#define LEASE_MS 3000
+#define LEASE_ARG "3000"
 
 static char model_dir[256];
 static h_gen_t reqs[N_REQ];
@@ -101,7 +105,7 @@ static void run_with_kills(int n_prefill, int n_decode, kill_plan_t *plan)
     for (int i = 0; i < n_decode; i++) {
         char name[32];
         snprintf(name, sizeof(name), "decode-%d", i);
-        h_start_node(&c, "decode", name, "--lease-ms", "3000", NULL);
+        h_start_node(&c, "decode", name, "--lease-ms", LEASE_ARG, NULL);
     }
     for (int i = 0; i < n_prefill; i++) {
         char name[32];
@@ -116,7 +120,7 @@ static void run_with_kills(int n_prefill, int n_decode, kill_plan_t *plan)
             h_cluster_stop(&c, true);
             fail_msg("the streams ended before the kill of %s", plan->victims[k]);
         }
-    h_wait_no_blocks_used(&c, 20000);
+    h_wait_no_blocks_used(&c, LEASE_MS + 1000);
     h_cluster_stop(&c, false);
 }
 
@@ -194,8 +198,8 @@ static void run_drain(const char *victim)
     h_cluster_t c;
     h_cluster_init(&c, model_dir, "sm,self");
     h_start_router(&c, "--heartbeat-ms", "200", NULL);
-    h_start_node(&c, "decode", "decode-0", NULL);
-    h_start_node(&c, "decode", "decode-1", NULL);
+    h_start_node(&c, "decode", "decode-0", "--lease-ms", LEASE_ARG, NULL);
+    h_start_node(&c, "decode", "decode-1", "--lease-ms", LEASE_ARG, NULL);
     h_start_node(&c, "prefill", "prefill-0", NULL);
     h_start_node(&c, "prefill", "prefill-1", NULL);
     h_wait_nodes(&c, 4, 120000);
@@ -212,7 +216,7 @@ static void run_drain(const char *victim)
         h_cluster_stop(&c, true);
         fail_msg("requests of the draining %s were dispatched again", victim);
     }
-    h_wait_no_blocks_used(&c, 20000);
+    h_wait_no_blocks_used(&c, LEASE_MS + 1000);
     h_cluster_stop(&c, false);
 }
 
@@ -237,8 +241,8 @@ static void test_thousand_cancels(void **state)
     h_cluster_t c;
     h_cluster_init(&c, model_dir, "sm,self");
     h_start_router(&c, NULL);
-    h_start_node(&c, "decode", "decode-0", NULL);
-    h_start_node(&c, "decode", "decode-1", NULL);
+    h_start_node(&c, "decode", "decode-0", "--lease-ms", LEASE_ARG, NULL);
+    h_start_node(&c, "decode", "decode-1", "--lease-ms", LEASE_ARG, NULL);
     h_start_node(&c, "prefill", "prefill-0", NULL);
     h_wait_nodes(&c, 3, 120000);
     kvf_client_t *client;
@@ -306,7 +310,7 @@ static void test_thousand_cancels(void **state)
             finished - cancelled);
     assert_int_equal(finished, TOTAL);
     assert_true(cancelled > TOTAL / 4);
-    h_wait_no_blocks_used(&c, 30000);
+    h_wait_no_blocks_used(&c, LEASE_MS + 1000);
     h_cluster_stop(&c, false);
 }
 

@@ -168,6 +168,36 @@ static void fence_unwritten(xrig_peer_t *p, kvf_xfer_peer_t *peer)
     assert_int_equal(ps.landed, 1);
 }
 
+/* A renewed lease does not end while it is renewed (every 100 ms for
+ * three leases), nor while batches land (each one renews it); it ends one
+ * lease after the last of either, and then a renewal is refused. */
+static void fence_renewed(xrig_peer_t *p, kvf_xfer_peer_t *peer)
+{
+    const uint64_t lease_ns = 1000000000ull;
+    xrig_stats_t ps0 = xrig_stats(p);
+    xrig_ok(p, "reserve 11 1 1000 196608:32768");
+    uint64_t t0 = kvf_clock_ns();
+    while (kvf_clock_ns() - t0 < 3 * lease_ns) {
+        xrig_ok(p, "renew 11 1");
+        kvf_clock_sleep_ms(100);
+    }
+    kvf_xfer_slice_t s = {0, 196608, 4096};
+    assert_int_equal(xrig_post_wait(peer, 11, 1, &s, 1, 0), KVF_OK);
+    xrig_stats_t ps = xrig_wait_landed(p, ps0.landed + 1, 5000);
+    uint64_t t_last = kvf_clock_ns();
+    assert_int_equal(ps.landed, ps0.landed + 1);
+    assert_int_equal(ps.expired, ps0.expired);
+    uint64_t until = t_last + 10 * lease_ns;
+    while ((ps = xrig_stats(p)).expired == ps0.expired && kvf_clock_ns() < until)
+        kvf_clock_sleep_ms(5);
+    assert_int_equal(ps.expired, ps0.expired + 1);
+    assert_true(kvf_clock_ns() - t_last >= lease_ns - 5000000ull);
+    char reply[256];
+    xrig_cmd(p, reply, sizeof(reply), "renew 11 1");
+    assert_true(strncmp(reply, "err", 3) == 0);
+    xrig_ok(p, "cancel 11 1");
+}
+
 /* Fencing: completions without a live (req_id, epoch) are rejected and
  * counted; a cancelled reservation is released by the sender's final
  * completion (flush before it) or else only after its lease and grace.
@@ -188,6 +218,7 @@ static void test_fencing(void **state)
     fence_late_last_completion(p, peer);
     fence_epochs_and_ranges(p, peer);
     fence_unwritten(p, peer);
+    fence_renewed(p, peer);
     kvf_xfer_destroy(x);
     xrig_quit(p);
     free(pool);

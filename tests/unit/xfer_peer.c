@@ -6,6 +6,7 @@
  * Commands (one per line):
  *   reserve REQ EPOCH LEASE_MS OFF:LEN[,OFF:LEN...]   -> "ok" | "err <status>"
  *   cancel REQ EPOCH                                  -> "ok" | "err <status>"
+ *   renew REQ EPOCH    renews the lease (kvf_xfer_renew) -> "ok" | "err <status>"
  *   stats                                             -> "stats k=v ..."
  *   fill SEED          fills the pool with a pattern  -> "ok"
  *   dump OFF LEN       -> "dump LEN" then LEN raw bytes
@@ -160,13 +161,15 @@ typedef struct {
     bool quit;
 } peer_t;
 
-static void do_cancel(peer_t *p, const char *args)
+/* cancel or renew (REQ EPOCH) */
+static void do_req_op(peer_t *p, const char *args,
+                      kvf_status_t (*op)(kvf_xfer_t *, uint64_t, uint64_t))
 {
     uint64_t req, epoch;
     kvf_status_t st;
     if (sscanf(args, "%" SCNu64 " %" SCNu64, &req, &epoch) != 2)
-        reply("err bad cancel");
-    else if ((st = kvf_xfer_cancel(p->x, req, epoch)) != KVF_OK)
+        reply("err bad request id and epoch");
+    else if ((st = op(p->x, req, epoch)) != KVF_OK)
         reply("err %s", kvf_status_str(st));
     else
         reply("ok");
@@ -215,7 +218,9 @@ static void run_command(peer_t *p, char *cmd)
     if (!strncmp(cmd, "reserve ", 8))
         do_reserve(p->x, cmd + 8);
     else if (!strncmp(cmd, "cancel ", 7))
-        do_cancel(p, cmd + 7);
+        do_req_op(p, cmd + 7, kvf_xfer_cancel);
+    else if (!strncmp(cmd, "renew ", 6))
+        do_req_op(p, cmd + 6, kvf_xfer_renew);
     else if (!strcmp(cmd, "stats"))
         do_stats(p);
     else if (!strncmp(cmd, "fill ", 5))

@@ -41,12 +41,14 @@
  *     batches go through one peer handle, so the flush covers them all); or
  *  2. the lease has ended plus the grace period: the sender never posts a
  *     batch after its lease end (not_after_ns, computed on the sender's
- *     clock from the moment it SENT the allocation request, so it ends no
- *     later than the receiver's lease), and a batch still outstanding at
+ *     clock from the moment it SENT the allocation request, or the renewal
+ *     the receiver answered (kvf_xfer_renew, kvf_xfer_extend), so it ends
+ *     no later than the receiver's lease), and a batch still outstanding at
  *     its deadline is failed and its endpoint flushed for at most grace_ms,
- *     then closed by force, which stops further writes. Both ends use the
- *     same grace_ms (default 1 s), which also covers data already in the
- *     network at that moment.
+ *     then closed by force, which stops further writes; one found past its
+ *     lease end (its loop was not looking) is closed by force at once,
+ *     without the flush. Both ends use the same grace_ms (default 1 s),
+ *     which also covers data already in the network at that moment.
  * kvf_xfer_cancel() therefore reports RELEASED at once when the request had
  * fully landed (or the sender aborted it), and otherwise when one of the
  * two points is reached. A completion for a cancelled reservation is
@@ -112,7 +114,8 @@ typedef struct {
     void *pool;
     uint64_t pool_bytes;
     kvf_xfer_geometry_t geometry;
-    uint32_t timeout_ms; /* per-batch deadline; 0 = 5000 */
+    uint32_t timeout_ms; /* a batch fails after this long without progress on its
+                          * connection (kvf_xfer__batch_deadline); 0 = 5000 */
     uint32_t grace_ms;   /* receiver: fence margin after a lease ends; 0 = 1000 */
     bool checksum;       /* send (sender) / require (receiver) a CRC32C per range;
                           * host pools only */
