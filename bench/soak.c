@@ -138,6 +138,24 @@ static void run(kvf_soak_t *s)
     fprintf(stderr, "soak: [%7.1f s] load and chaos over\n", kvf_soak_elapsed_s(s));
 }
 
+/* A node restarted just before the end may still be starting (its signal
+ * handlers not yet installed): the stop waits until the router lists the
+ * 4 nodes live again, for at most 60 s. */
+static void wait_nodes_live(kvf_soak_t *s)
+{
+    uint64_t until = kvf_clock_ns() + 60000000000ull;
+    h_node_stats_t st[H_MAX_PROCS];
+    while (kvf_clock_ns() < until) {
+        int n = h_stats(&s->cluster, st, H_MAX_PROCS), live = 0;
+        for (int i = 0; i < n && i < H_MAX_PROCS; i++)
+            live += !strcmp(st[i].state, "live");
+        if (live >= 4)
+            return;
+        kvf_clock_sleep_ms(100);
+    }
+    fprintf(stderr, "soak: not every node live again before the stop\n");
+}
+
 /* The processes are stopped: logs are kept when anything failed. */
 static void clean_up(kvf_soak_t *s, bool keep)
 {
@@ -172,6 +190,7 @@ int main(int argc, char **argv)
     run(s);
     int failed = kvf_soak_report(s);
     printf("\n== stop ==\n");
+    wait_nodes_live(s);
     int unclean = kvf_soak_stop_all(s);
     printf("%d processes stopped; %d did not exit 0\n", s->cluster.n_procs, unclean);
     if (unclean)
