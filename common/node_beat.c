@@ -147,12 +147,13 @@ void kvf_node__beat_set_draining(kvf_node_t *node, bool draining)
 
 /* ---- the thread ------------------------------------------------------------ */
 
-/* Whether the loop that published s still runs (kvf/node.h). */
-static bool loop_alive(const node_beat_t *b, const kvf_node_snapshot_t *s, uint64_t now)
+/* Whether the loop that published s still runs (kvf/node.h); longest_gap:
+ * between its snapshots so far. */
+static bool loop_alive(uint64_t longest_gap, const kvf_node_snapshot_t *s, uint64_t now)
 {
     uint64_t stuck = (uint64_t)KVF_NODE_LOOP_STUCK_MS * 1000000ull;
-    if (b->longest_gap_ns * NODE_STUCK_GAPS > stuck)
-        stuck = b->longest_gap_ns * NODE_STUCK_GAPS;
+    if (longest_gap * NODE_STUCK_GAPS > stuck)
+        stuck = longest_gap * NODE_STUCK_GAPS;
     return s->taken_ns && now - s->taken_ns <= stuck;
 }
 
@@ -259,6 +260,7 @@ static void *beat_main(void *arg)
         pthread_mutex_lock(&b->send_lock);
         pthread_mutex_lock(&b->lock);
         bool registered = b->registered, draining = b->draining;
+        uint64_t longest_gap = b->longest_gap_ns;
         if (b->fresh) {
             kvf_node_snapshot_t *t = b->sending;
             b->sending = b->published;
@@ -269,7 +271,7 @@ static void *beat_main(void *arg)
         pthread_mutex_unlock(&b->lock);
         if (registered) {
             kvf_node_snapshot_t *s = b->sending;
-            bool alive = loop_alive(b, s, kvf_clock_ns());
+            bool alive = loop_alive(longest_gap, s, kvf_clock_ns());
             send_heartbeat(node, s, alive, draining);
             if (alive)
                 send_leases(node, s);

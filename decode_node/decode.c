@@ -245,6 +245,7 @@ void kvf_decode_destroy(kvf_decode_t *d)
         dec_req_release_blocks(d, d->reqs[d->n_reqs - 1]);
     free(d->reqs);
     dec_senders_free(d);
+    dec_stash_free(d);
     free(d->chunks);
     free(d->chunk_text);
     free_scratch(d);

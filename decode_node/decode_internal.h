@@ -109,6 +109,10 @@ struct kvf_decode {
     dec_req_t **reqs; /* (n_reqs) in admission order: local prefills are served FIFO */
     size_t n_reqs, cap_reqs;
 
+    /* Messages read during a step for the loop, in order (loop.c). */
+    kvf_envelope_t **stash;
+    size_t n_stash, cap_stash;
+
     /* Prefill nodes whose connection to this pool has carried a batch
      * (events.c): (n_senders) ids, owned. */
     char **senders;
@@ -290,6 +294,13 @@ void dec_flush_chunks(kvf_decode_t *d);
 void dec_send_prefill_done(kvf_decode_t *d, const dec_req_t *r);
 
 /* ---- loop.c ------------------------------------------------------------------- */
+
+/* Reads the inbox between the layers of a step: lease renewals are taken
+ * at once (a long step must not let a reservation its prefill node still
+ * renews run out), the rest is kept for the loop's next turn, in order. */
+void dec_inbox_during_step(kvf_decode_t *d);
+/* Frees what is kept (the node stops). */
+void dec_stash_free(kvf_decode_t *d);
 
 /* The attempts named in each heartbeat (kvf_node_config_t.fill_work):
  * every request held and not yet ending. */

@@ -83,14 +83,16 @@ static int gather_prefill_rows(kvf_decode_t *d, int n)
     return n;
 }
 
-/* Between layers of a long forward: heartbeats keep flowing and transfer
- * completions keep being taken (their events wait for the loop). */
+/* Between layers of a long forward: the heartbeats' snapshot is published,
+ * transfer completions are taken (their events wait for the loop) and
+ * lease renewals are answered. */
 static void on_layer_done(void *arg, int layer)
 {
     kvf_decode_t *d = arg;
     (void)layer;
     (void)kvf_node_tick(d->node);
     (void)kvf_xfer_progress(d->xfer);
+    dec_inbox_during_step(d);
 }
 
 /* The engine forward over n rows; every row's request fails if it does. */
