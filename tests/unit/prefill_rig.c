@@ -39,6 +39,30 @@ void rig_send(kvf_outbox_t *ob, kvf_envelope_t *env)
     assert_int_equal(kvf_outbox_send(ob, env, 2000), KVF_OK);
 }
 
+/* The decode side's answer to a KvLease, as a decode node's: the named
+ * reservations that are live here are renewed. */
+static void rig_answer_lease(rig_t *r, const Kvf__KvLease *m)
+{
+    r->leases_seen++;
+    if (!r->dxfer || !r->to_reply)
+        return;
+    Kvf__WorkRef *renewed[m->n_refs ? m->n_refs : 1];
+    size_t n = 0;
+    for (size_t i = 0; i < m->n_refs; i++)
+        if (kvf_xfer_renew(r->dxfer, m->refs[i]->req_id, m->refs[i]->epoch) == KVF_OK)
+            renewed[n++] = m->refs[i];
+    Kvf__KvLeaseReply rep = KVF__KV_LEASE_REPLY__INIT;
+    rep.sent_ns = m->sent_ns;
+    rep.lease_ms = 10000;
+    rep.renewed = renewed;
+    rep.n_renewed = n;
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, "d-test"); /* the rig's decode node id */
+    env.body_case = KVF__ENVELOPE__BODY_KV_LEASE_REPLY;
+    env.kv_lease_reply = &rep;
+    rig_send(r->to_reply, &env);
+}
+
 kvf_envelope_t *rig_next_msg(rig_t *r, int ms, bool *from_router_p)
 {
     uint64_t until = kvf_clock_ns() + (uint64_t)ms * 1000000ull;
@@ -73,6 +97,11 @@ kvf_envelope_t *rig_next_msg(rig_t *r, int ms, bool *from_router_p)
             return env;
         }
         if (kvf_inbox_recv(r->decode_in, 1, &env) == KVF_OK) {
+            if (env->body_case == KVF__ENVELOPE__BODY_KV_LEASE) {
+                rig_answer_lease(r, env->kv_lease);
+                kvf_envelope_free(env);
+                continue;
+            }
             *from_router_p = false;
             return env;
         }

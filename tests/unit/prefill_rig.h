@@ -40,6 +40,7 @@ typedef struct {
     char prefill_id[128];
     /* counters from the decode transport */
     int landed_last, aborted, rejected;
+    int leases_seen; /* KvLease messages the decode side answered */
     uint64_t landed_bytes;
     uint32_t last_blocks_used; /* from the latest heartbeat */
     bool deregistered;
