@@ -55,6 +55,8 @@ kvf_status_t kvf_node_create(const kvf_node_config_t *cfg, kvf_node_t **node_p)
     node->cfg.xfer_desc = node->xfer_desc;
     if (!node->cfg.heartbeat_ms)
         node->cfg.heartbeat_ms = 500;
+    if (!node->cfg.loop_stuck_ms)
+        node->cfg.loop_stuck_ms = KVF_NODE_LOOP_STUCK_MS;
     st = kvf_inbox_create(node->listen_url, 0, &node->inbox);
     if (st != KVF_OK)
         goto fail_copy;

@@ -149,9 +149,10 @@ void kvf_node__beat_set_draining(kvf_node_t *node, bool draining)
 
 /* Whether the loop that published s still runs (kvf/node.h); longest_gap:
  * between its snapshots so far. */
-static bool loop_alive(uint64_t longest_gap, const kvf_node_snapshot_t *s, uint64_t now)
+static bool loop_alive(const kvf_node_t *node, uint64_t longest_gap, const kvf_node_snapshot_t *s,
+                       uint64_t now)
 {
-    uint64_t stuck = (uint64_t)KVF_NODE_LOOP_STUCK_MS * 1000000ull;
+    uint64_t stuck = (uint64_t)node->cfg.loop_stuck_ms * 1000000ull;
     if (longest_gap * NODE_STUCK_GAPS > stuck)
         stuck = longest_gap * NODE_STUCK_GAPS;
     return s->taken_ns && now - s->taken_ns <= stuck;
@@ -271,7 +272,7 @@ static void *beat_main(void *arg)
         pthread_mutex_unlock(&b->lock);
         if (registered) {
             kvf_node_snapshot_t *s = b->sending;
-            bool alive = loop_alive(longest_gap, s, kvf_clock_ns());
+            bool alive = loop_alive(node, longest_gap, s, kvf_clock_ns());
             send_heartbeat(node, s, alive, draining);
             if (alive)
                 send_leases(node, s);

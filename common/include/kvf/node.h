@@ -17,8 +17,8 @@
  * sends the latest snapshot: Heartbeat (load, state, the attempts named by
  * fill_work) to the router and one KvLease per peer URL named there. The
  * thread names attempts and leases only while the loop is alive: when its
- * last snapshot is older than max(KVF_NODE_LOOP_STUCK_MS, 8 x the longest
- * gap between snapshots seen so far), the heartbeats go on with the load
+ * last snapshot is older than max(loop_stuck_ms, 8 x the longest gap
+ * between snapshots seen so far), the heartbeats go on with the load
  * alone, and what the node holds times out where it is held. */
 #ifndef KVF_NODE_H
 #define KVF_NODE_H
@@ -57,6 +57,7 @@ typedef struct {
     uint32_t max_context;
     bool prefill_local;
     unsigned heartbeat_ms;         /* 0: 500 */
+    unsigned loop_stuck_ms;        /* 0: KVF_NODE_LOOP_STUCK_MS */
     /* Fills the load reported with each heartbeat; called from tick. */
     void (*fill_load)(void *arg, Kvf__Load *load);
     /* Names the attempts the node works on and the leases it holds
