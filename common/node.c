@@ -7,7 +7,11 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Register goes again after this long unanswered; one that could not even
+ * leave (the socket still connecting) is tried again sooner, from
+ * NODE_REGISTER_FIRST_RETRY_MS doubling up to the full period. */
 #define NODE_REGISTER_RETRY_MS 1000
+#define NODE_REGISTER_FIRST_RETRY_MS 10
 
 
 static const char *role_name(Kvf__Role role)
@@ -165,9 +169,15 @@ kvf_status_t kvf_node_tick(kvf_node_t *node)
     if (!node->registered) {
         if (now >= node->next_register_ns) {
             kvf_status_t st = send_register(node);
-            if (st != KVF_OK && st != KVF_ERR_TIMEOUT)
+            if (st != KVF_OK && st != KVF_ERR_TIMEOUT && st != KVF_ERR_AGAIN)
                 kvf_log_warn("register with %s: %s", node->router_url, kvf_status_str(st));
-            node->next_register_ns = now + NODE_REGISTER_RETRY_MS * 1000000ull;
+            if (st == KVF_OK)
+                node->register_retry_ms = NODE_REGISTER_RETRY_MS;
+            else if (node->register_retry_ms < NODE_REGISTER_RETRY_MS)
+                node->register_retry_ms = node->register_retry_ms
+                                              ? node->register_retry_ms * 2
+                                              : NODE_REGISTER_FIRST_RETRY_MS;
+            node->next_register_ns = now + node->register_retry_ms * 1000000ull;
         }
         return KVF_OK;
     }
@@ -221,6 +231,7 @@ bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env)
         node->registered = false;
         kvf_node__beat_set_registered(node, false, 0);
         node->next_register_ns = 0;
+        node->register_retry_ms = 0;
         return true;
     }
     return false;

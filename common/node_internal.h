@@ -67,6 +67,7 @@ struct kvf_node {
     bool registered;
     kvf_status_t refused; /* KVF_OK unless the router refused us */
     uint64_t next_register_ns;
+    unsigned register_retry_ms; /* the next retry's delay (node.c) */
     node_beat_t beat;
 };
 
