@@ -22,7 +22,8 @@ kvf_status_t kvf_soak_buf_append(kvf_soak_buf_t *b, const char *bytes, size_t n)
     kvf_status_t st = kvf_array_reserve(&b->data, &b->cap, b->len + n + 1, 256, 1);
     if (st != KVF_OK)
         return st;
-    memcpy(b->data + b->len, bytes, n);
+    if (n)
+        memcpy(b->data + b->len, bytes, n);
     b->len += n;
     b->data[b->len] = '\0';
     return KVF_OK;

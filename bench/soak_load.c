@@ -286,7 +286,7 @@ static void native_chunk(load_t *l, const Kvf__GenerateChunk *ch)
     r->next_seq = ch->seq + 1;
     if (kvf_array_reserve(&r->out, &r->cap_out, r->n_out + ch->n_tokens, 64, sizeof(*r->out)) !=
             KVF_OK ||
-        kvf_soak_buf_append(&r->text, ch->text, strlen(ch->text)) != KVF_OK) {
+        kvf_soak_buf_append(&r->text, (const char *)ch->text.data, ch->text.len) != KVF_OK) {
         lost(l, r, "out of memory in the driver");
         return;
     }
