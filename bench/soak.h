@@ -40,11 +40,6 @@ typedef struct {
     size_t n_ref;
     char *ref_text; /* (n_ref_text) its text, NUL-terminated (it may hold U+0000 too) */
     size_t n_ref_text;
-    /* The text without its U+0000 characters, which the cluster's text
-     * does not carry (its protobuf-c text fields end at a NUL); NULL when
-     * the text has none. */
-    char *ref_text_nonul;
-    size_t n_ref_text_nonul;
 } kvf_soak_prompt_t;
 
 typedef enum {
@@ -81,7 +76,6 @@ typedef struct {
     uint64_t bad_prefix;    /* aborted requests whose output so far was not the reference's start */
     uint64_t unclear;       /* failures without an error message or error body */
     uint64_t abort_misses;  /* abort-bound requests that finished before their abort point */
-    uint64_t nul_only;      /* completed: text equal once U+0000 is dropped from the reference */
     uint64_t native_tokens; /* tokens received on the native socket */
     kvf_soak_note_t notes[KVF_SOAK_NOTES];
     int n_notes;

@@ -22,7 +22,8 @@ kvf_status_t kvf_soak_buf_append(kvf_soak_buf_t *b, const char *bytes, size_t n)
     kvf_status_t st = kvf_array_reserve(&b->data, &b->cap, b->len + n + 1, 256, 1);
     if (st != KVF_OK)
         return st;
-    memcpy(b->data + b->len, bytes, n);
+    if (n)
+        memcpy(b->data + b->len, bytes, n);
     b->len += n;
     b->data[b->len] = '\0';
     return KVF_OK;
@@ -250,4 +251,37 @@ void kvf_soak_http_close(kvf_soak_http_t *h)
     kvf_soak_buf_free(&h->in);
     kvf_soak_buf_free(&h->body);
     kvf_soak_buf_free(&h->event);
+}
+
+cJSON *kvf_soak_json_parse(const char *json)
+{
+    kvf_soak_buf_t s = {0};
+    bool ok = true;
+    for (size_t i = 0; json[i] && ok;) {
+        const char *pair = NULL;
+        if (!strncmp(json + i, "\\u0000", 6))
+            pair = "\\u0001\\u0002";
+        else if (!strncmp(json + i, "\\u0001", 6))
+            pair = "\\u0001\\u0001";
+        /* Any other escape is taken whole: in \\u0000 the backslash is escaped. */
+        size_t n = pair ? 6 : json[i] == '\\' && json[i + 1] ? 2 : 1;
+        ok = kvf_soak_buf_append(&s, pair ? pair : json + i, pair ? 12 : n) == KVF_OK;
+        i += n;
+    }
+    cJSON *root = ok && s.len ? cJSON_ParseWithLength(s.data, s.len) : NULL;
+    kvf_soak_buf_free(&s);
+    return root;
+}
+
+kvf_status_t kvf_soak_json_text(const cJSON *string, kvf_soak_buf_t *out)
+{
+    const char *v = string->valuestring;
+    for (size_t i = 0; v[i]; i++) {
+        char c = v[i];
+        if (c == '\x01' && (v[i + 1] == '\x01' || v[i + 1] == '\x02'))
+            c = v[++i] == '\x02' ? '\0' : '\x01';
+        if (kvf_soak_buf_append(out, &c, 1) != KVF_OK)
+            return KVF_ERR_NOMEM;
+    }
+    return KVF_OK;
 }

@@ -8,6 +8,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <cjson/cJSON.h>
+
 #include "kvf/status.h"
 
 /* A growing byte buffer, always NUL-terminated (data may be NULL while
@@ -55,5 +57,16 @@ const char *kvf_soak_http_event(kvf_soak_http_t *h);
 
 /* Closes the connection (if open) and frees the buffers. */
 void kvf_soak_http_close(kvf_soak_http_t *h);
+
+/* JSON as the driver reads it. cJSON ends a string at U+0000, which the
+ * router writes as \u0000 (JSON escapes every control character), so the
+ * text would end there. kvf_soak_json_parse keeps it: before cJSON sees
+ * the document, the escape \u0000 becomes \u0001\u0002 and \u0001 becomes
+ * \u0001\u0001 (every U+0001 of a parsed string then starts such a pair),
+ * and kvf_soak_json_text appends a string parsed so, turned back. The
+ * root is NULL when json is not JSON (or out of memory), else the
+ * caller's (cJSON_Delete). */
+cJSON *kvf_soak_json_parse(const char *json);
+kvf_status_t kvf_soak_json_text(const cJSON *string, kvf_soak_buf_t *out);
 
 #endif

@@ -144,20 +144,14 @@ static size_t common_bytes(const char *a, size_t na, const char *b, size_t nb)
     return k;
 }
 
-/* How the text received compares with the reference's: *equal_p whole,
- * or (prefix) its start; *nul_only_p when that holds only against the
- * reference without its U+0000 characters. Returns the bytes in common
- * with the reference itself. */
+/* How the text received compares with the reference's, byte for byte
+ * (U+0000 included): *equal_p whole, or (prefix) its start. Returns the
+ * bytes in common. */
 static size_t compare_text(const kvf_soak_prompt_t *p, const kvf_soak_buf_t *text, bool prefix,
-                           bool *equal_p, bool *nul_only_p)
+                           bool *equal_p)
 {
     size_t t = common_bytes(text->data, text->len, p->ref_text, p->n_ref_text);
     *equal_p = t == text->len && (prefix || t == p->n_ref_text);
-    *nul_only_p = false;
-    if (!*equal_p && p->ref_text_nonul) {
-        size_t u = common_bytes(text->data, text->len, p->ref_text_nonul, p->n_ref_text_nonul);
-        *nul_only_p = *equal_p = u == text->len && (prefix || u == p->n_ref_text_nonul);
-    }
     return t;
 }
 
@@ -166,8 +160,8 @@ static size_t compare_text(const kvf_soak_prompt_t *p, const kvf_soak_buf_t *tex
 static void completed(load_t *l, load_req_t *r, bool length, long n_tokens)
 {
     const kvf_soak_prompt_t *p = &l->s->pool[r->prompt];
-    bool same_text, nul_only;
-    size_t t = compare_text(p, &r->text, false, &same_text, &nul_only);
+    bool same_text;
+    size_t t = compare_text(p, &r->text, false, &same_text);
     bool same = same_text && length && r->seq_ok && n_tokens == (long)p->n_ref;
     size_t k = 0;
     if (r->kind == KVF_SOAK_NATIVE) {
@@ -183,8 +177,7 @@ static void completed(load_t *l, load_req_t *r, bool length, long n_tokens)
                       "up to byte %zu of %zu (received %zu), finish length %d, chunks in order %d",
                       r->prompt, p->n_ids, p->max_tokens, n_tokens, p->n_ref, ids, t, p->n_ref_text,
                       r->text.len, length, r->seq_ok);
-    } else if (nul_only)
-        l->s->tally.nul_only++;
+    }
     end_request(l, r, same ? KVF_SOAK_SAME : KVF_SOAK_DIFF);
 }
 
@@ -193,8 +186,8 @@ static void completed(load_t *l, load_req_t *r, bool length, long n_tokens)
 static void aborted(load_t *l, load_req_t *r)
 {
     const kvf_soak_prompt_t *p = &l->s->pool[r->prompt];
-    bool start_ok, nul_only;
-    size_t t = compare_text(p, &r->text, true, &start_ok, &nul_only);
+    bool start_ok;
+    size_t t = compare_text(p, &r->text, true, &start_ok);
     size_t k = common_ids(r->out, r->n_out, p->ref, p->n_ref);
     if (!start_ok || k != r->n_out || !r->seq_ok) {
         l->s->tally.bad_prefix++;
@@ -286,7 +279,7 @@ static void native_chunk(load_t *l, const Kvf__GenerateChunk *ch)
     r->next_seq = ch->seq + 1;
     if (kvf_array_reserve(&r->out, &r->cap_out, r->n_out + ch->n_tokens, 64, sizeof(*r->out)) !=
             KVF_OK ||
-        kvf_soak_buf_append(&r->text, ch->text, strlen(ch->text)) != KVF_OK) {
+        kvf_soak_buf_append(&r->text, (const char *)ch->text.data, ch->text.len) != KVF_OK) {
         lost(l, r, "out of memory in the driver");
         return;
     }
@@ -359,7 +352,7 @@ static void http_send(load_t *l, load_req_t *r)
 }
 
 /* choices[0]'s text and finish_reason, and usage.completion_tokens, of a
- * completion or one of its chunks. */
+ * completion or one of its chunks (parsed by kvf_soak_json_parse). */
 static bool http_take_choice(load_req_t *r, const cJSON *root)
 {
     const cJSON *choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
@@ -370,7 +363,7 @@ static bool http_take_choice(load_req_t *r, const cJSON *root)
     const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
     if (cJSON_IsString(text) && text->valuestring[0]) {
         r->events++;
-        if (kvf_soak_buf_append(&r->text, text->valuestring, strlen(text->valuestring)) != KVF_OK)
+        if (kvf_soak_json_text(text, &r->text) != KVF_OK)
             return false;
     }
     if (cJSON_IsString(finish))
@@ -411,7 +404,7 @@ static void http_refused(load_t *l, load_req_t *r)
 
 static void http_whole_end(load_t *l, load_req_t *r)
 {
-    cJSON *root = cJSON_Parse(r->http.body.data ? r->http.body.data : "");
+    cJSON *root = kvf_soak_json_parse(r->http.body.data ? r->http.body.data : "");
     bool ok = root && http_take_choice(r, root);
     cJSON_Delete(root);
     if (!ok) {
@@ -433,7 +426,7 @@ static bool http_stream_event(load_t *l, load_req_t *r, const char *data)
             completed(l, r, !strcmp(r->finish, "length"), r->completion_tokens);
         return false;
     }
-    cJSON *root = cJSON_Parse(data);
+    cJSON *root = kvf_soak_json_parse(data);
     bool ok = root && http_take_choice(r, root);
     if (ok && cJSON_GetObjectItemCaseSensitive(root, "error")) {
         http_error_text(root, r->error, sizeof(r->error));

@@ -65,17 +65,6 @@ static bool reference(const char *model, kvf_soak_prompt_t *p, int index)
         .prompt = p->ids, .n_prompt = p->n_ids, .max_tokens = p->max_tokens, .ignore_eos = true};
     p->ref = h_colocated(model, &g, &p->n_ref);
     p->ref_text = h_colocated_text(model, &g, &p->n_ref_text);
-    if (memchr(p->ref_text, '\0', p->n_ref_text)) {
-        p->ref_text_nonul = malloc(p->n_ref_text + 1);
-        if (!p->ref_text_nonul)
-            return false;
-        size_t k = 0;
-        for (size_t i = 0; i < p->n_ref_text; i++)
-            if (p->ref_text[i])
-                p->ref_text_nonul[k++] = p->ref_text[i];
-        p->ref_text_nonul[k] = '\0';
-        p->n_ref_text_nonul = k;
-    }
     if (p->n_ref != p->max_tokens) {
         fprintf(stderr, "soak: prompt %d: the reference has %zu tokens, not %u\n", index, p->n_ref,
                 p->max_tokens);
@@ -116,7 +105,6 @@ void kvf_soak_pool_fini(kvf_soak_t *s)
         free(p->text);
         free(p->ref);
         free(p->ref_text);
-        free(p->ref_text_nonul);
         memset(p, 0, sizeof(*p));
     }
 }

@@ -130,10 +130,6 @@ static void print_requests(const kvf_soak_t *s)
     printf("abort-bound requests that finished before their abort point: %llu; native tokens "
            "received: %llu\n",
            (unsigned long long)t->abort_misses, (unsigned long long)t->native_tokens);
-    if (t->nul_only)
-        printf("completed whose text equals the reference only once its U+0000 characters are "
-               "dropped (the cluster's text carries none; counted as equal): %llu\n",
-               (unsigned long long)t->nul_only);
 }
 
 static void print_notes(const kvf_soak_tally_t *t)

@@ -69,7 +69,8 @@ typedef struct {
 } dec_req_t;
 
 /* A TokenChunk waiting for the next TokenBatch: at most one token, and
- * its text at text_off in the batch's text buffer (NUL-terminated). */
+ * its text, text_len bytes at text_off in the batch's text buffer (it may
+ * hold U+0000: it travels as bytes with its length). */
 typedef struct {
     uint64_t req_id, epoch;
     uint32_t seq;
@@ -78,7 +79,7 @@ typedef struct {
     Kvf__FinishReason finish;
     uint32_t n_generated;
     uint64_t rng_state;
-    size_t text_off;
+    size_t text_off, text_len;
 } dec_chunk_t;
 
 struct kvf_decode {
@@ -126,7 +127,7 @@ struct kvf_decode {
 
     dec_chunk_t *chunks; /* (n_chunks) pending for the next TokenBatch */
     size_t n_chunks, cap_chunks;
-    char *chunk_text; /* (text_len) the pending chunks' texts, each NUL-terminated */
+    char *chunk_text; /* (text_len) the pending chunks' texts, one after another */
     size_t text_len, text_cap;
     size_t text_start; /* where the text of the chunk being built starts */
     bool text_lost;    /* the chunk being built lost text to out of memory */

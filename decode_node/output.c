@@ -57,20 +57,21 @@ void dec_chunk_add_text(kvf_decode_t *d, const char *text, size_t len)
     d->text_len += len;
 }
 
-/* Ends the text of the chunk being built (NUL-terminated): its offset,
- * or false when some of it was lost (the text buffer is rewound). */
-static bool text_close(kvf_decode_t *d, size_t *off_p)
+/* Ends the text of the chunk being built: its offset and length (no
+ * terminator: the text may hold U+0000, and its length goes with it), or
+ * false when some of it was lost (the text buffer is rewound). */
+static bool text_close(kvf_decode_t *d, size_t *off_p, size_t *len_p)
 {
     size_t start = d->text_start;
-    bool ok = !d->text_lost && text_reserve(d, 1);
+    bool ok = !d->text_lost;
     d->text_lost = false;
     if (!ok) {
         d->text_len = d->text_start;
         return false;
     }
-    d->chunk_text[d->text_len++] = '\0';
     d->text_start = d->text_len;
     *off_p = start;
+    *len_p = d->text_len - start;
     return true;
 }
 
@@ -83,8 +84,8 @@ static bool chunks_reserve(kvf_decode_t *d)
 void dec_emit_chunk(kvf_decode_t *d, dec_req_t *r, bool has_token, uint32_t token,
                     Kvf__FinishReason finish)
 {
-    size_t text_off = 0;
-    if (!text_close(d, &text_off) || !chunks_reserve(d)) {
+    size_t text_off = 0, text_len = 0;
+    if (!text_close(d, &text_off, &text_len) || !chunks_reserve(d)) {
         /* The router sees the gap in the positions and dispatches the
          * request again; its request timeout covers a lost finish. */
         kvf_log_error("request %llu: out of memory queueing a token chunk",
@@ -102,6 +103,7 @@ void dec_emit_chunk(kvf_decode_t *d, dec_req_t *r, bool has_token, uint32_t toke
         .n_generated = r->n_generated_before + r->gen,
         .rng_state = r->has_sampler ? kvf_sampler_state(&r->sampler) : 0,
         .text_off = text_off,
+        .text_len = text_len,
     };
 }
 
@@ -127,7 +129,8 @@ void dec_flush_chunks(kvf_decode_t *d)
         body[i].finish_reason = c->finish;
         body[i].n_generated = c->n_generated;
         body[i].rng_state = c->rng_state;
-        body[i].text = d->chunk_text + c->text_off;
+        body[i].text.data = c->text_len ? (uint8_t *)d->chunk_text + c->text_off : NULL;
+        body[i].text.len = c->text_len;
         ptrs[i] = &body[i];
     }
     Kvf__TokenBatch batch = KVF__TOKEN_BATCH__INIT;

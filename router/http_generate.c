@@ -44,8 +44,9 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
         kvf_exch_wait_t w = kvf_exch_wait(e, kvf_exch_has_output,
                                           kvf_clock_ns() + (uint64_t)h->max_wait_ms * 1000000ull);
         char *text = NULL;
+        size_t text_len = 0;
         if (w == KVF_EXCH_READY && e->text.len)
-            kvf_strbuf_take(&e->text, &text, NULL);
+            kvf_strbuf_take(&e->text, &text, &text_len);
         int finish = e->finish;
         kvf_status_t status = e->status;
         char error[sizeof(e->error)];
@@ -59,7 +60,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         if (text) {
-            kvf_openai_sse_chunk(&e->reply, &e->sse, text, 0, false);
+            kvf_openai_sse_chunk(&e->reply, &e->sse, text, text_len, 0, false);
             free(text);
         }
         if (finish) {
@@ -78,7 +79,7 @@ static void sse_free(void *cls)
 static enum MHD_Result start_stream(kvf_http_t *h, struct MHD_Connection *c, kvf_exch_t *e)
 {
     if (e->reply.chat)
-        kvf_openai_sse_chunk(&e->reply, &e->sse, "", 0, true);
+        kvf_openai_sse_chunk(&e->reply, &e->sse, "", 0, 0, true);
     kvf_exch_ref(e); /* the reader's */
     struct MHD_Response *resp =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, HTTP_SSE_BLOCK, sse_read, e, sse_free);
@@ -108,15 +109,17 @@ static enum MHD_Result answer_generate(kvf_http_t *h, struct MHD_Connection *c, 
     if (failed && (!stream || !started))
         kvf_openai_request_error(e->status, e->unhealthy, e->error, &err);
     char *text = NULL;
-    if (!failed && !stream && kvf_strbuf_take(&e->text, &text, NULL) != KVF_OK) {
+    size_t text_len = 0;
+    if (!failed && !stream && kvf_strbuf_take(&e->text, &text, &text_len) != KVF_OK) {
         failed = true;
         kvf_openai_set_error(&err, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL, NULL,
                              "out of memory");
     }
-    cJSON *answer = !failed && !stream
-                        ? kvf_openai_completion_json(&e->reply, text ? text : "", e->finish,
-                                                     e->prompt_tokens, e->completion_tokens)
-                        : NULL;
+    cJSON *answer =
+        !failed && !stream
+            ? kvf_openai_completion_json(&e->reply, text ? text : "", text_len, e->finish,
+                                         e->prompt_tokens, e->completion_tokens)
+            : NULL;
     pthread_mutex_unlock(&e->lock);
     free(text);
     if (failed && (!stream || !started))

@@ -37,7 +37,8 @@ static void native_on_chunk(void *arg, const kvf_router_chunk_t *c)
     chunk.seq = ns->seq++;
     chunk.tokens = (uint32_t *)c->tokens;
     chunk.n_tokens = c->n_tokens;
-    chunk.text = (char *)c->text;
+    chunk.text.data = (uint8_t *)c->text;
+    chunk.text.len = c->text ? c->text_len : 0;
     chunk.finish_reason = (Kvf__FinishReason)c->finish;
     chunk.status = c->status;
     chunk.error = (char *)(c->error ? c->error : "");

@@ -571,17 +571,34 @@ static cJSON *add_choice(cJSON *root)
     return choice;
 }
 
-cJSON *kvf_openai_completion_json(const kvf_openai_reply_t *rp, const char *text, int finish,
-                                  uint32_t prompt_tokens, uint32_t completion_tokens)
+/* Adds the generated text (len bytes of UTF-8) to obj as the string name.
+ * A cJSON string ends at its first NUL, and the text may hold U+0000: the
+ * literal is written here (kvf_strbuf_json_string) and added as raw JSON.
+ * False when out of memory. */
+static bool add_text(cJSON *obj, const char *name, const char *text, size_t len)
+{
+    kvf_strbuf_t lit;
+    kvf_strbuf_init(&lit);
+    kvf_strbuf_json_string(&lit, text, len);
+    char *raw;
+    if (kvf_strbuf_take(&lit, &raw, NULL) != KVF_OK)
+        return false;
+    bool ok = cJSON_AddRawToObject(obj, name, raw) != NULL;
+    free(raw);
+    return ok;
+}
+
+cJSON *kvf_openai_completion_json(const kvf_openai_reply_t *rp, const char *text, size_t text_len,
+                                  int finish, uint32_t prompt_tokens, uint32_t completion_tokens)
 {
     cJSON *root = response_head(rp, rp->chat ? "chat.completion" : "text_completion");
     cJSON *choice = add_choice(root);
-    if (rp->chat) {
-        cJSON *msg = cJSON_AddObjectToObject(choice, "message");
+    cJSON *msg = rp->chat ? cJSON_AddObjectToObject(choice, "message") : NULL;
+    if (msg)
         cJSON_AddStringToObject(msg, "role", "assistant");
-        cJSON_AddStringToObject(msg, "content", text);
-    } else {
-        cJSON_AddStringToObject(choice, "text", text);
+    if (!add_text(rp->chat ? msg : choice, rp->chat ? "content" : "text", text, text_len)) {
+        cJSON_Delete(root);
+        return NULL;
     }
     cJSON_AddNullToObject(choice, "logprobs");
     cJSON_AddStringToObject(choice, "finish_reason", finish_str(finish));
@@ -603,18 +620,22 @@ static void sse_event(kvf_strbuf_t *sb, cJSON *root)
 }
 
 void kvf_openai_sse_chunk(const kvf_openai_reply_t *rp, kvf_strbuf_t *sb, const char *text,
-                          int finish, bool role)
+                          size_t text_len, int finish, bool role)
 {
     cJSON *root = response_head(rp, rp->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choice = add_choice(root);
-    if (rp->chat) {
-        cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
-        if (role)
-            cJSON_AddStringToObject(delta, "role", "assistant");
-        if (text)
-            cJSON_AddStringToObject(delta, "content", text);
-    } else {
-        cJSON_AddStringToObject(choice, "text", text ? text : "");
+    cJSON *delta = rp->chat ? cJSON_AddObjectToObject(choice, "delta") : NULL;
+    if (delta && role)
+        cJSON_AddStringToObject(delta, "role", "assistant");
+    bool ok = true;
+    if (rp->chat && text)
+        ok = add_text(delta, "content", text, text_len);
+    else if (!rp->chat)
+        ok = add_text(choice, "text", text ? text : "", text ? text_len : 0);
+    if (!ok) {
+        cJSON_Delete(root);
+        sb->failed = true;
+        return;
     }
     cJSON_AddNullToObject(choice, "logprobs");
     if (finish)
@@ -631,7 +652,7 @@ void kvf_openai_sse_end(const kvf_openai_reply_t *rp, kvf_strbuf_t *sb, int fini
                         uint32_t completion_tokens)
 {
     if (finish == KVF__FINISH_REASON__FINISH_STOP || finish == KVF__FINISH_REASON__FINISH_LENGTH) {
-        kvf_openai_sse_chunk(rp, sb, rp->chat ? NULL : "", finish, false);
+        kvf_openai_sse_chunk(rp, sb, rp->chat ? NULL : "", 0, finish, false);
     } else {
         kvf_openai_error_t err;
         kvf_openai_request_error(

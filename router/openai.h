@@ -92,14 +92,16 @@ typedef struct {
 } kvf_openai_reply_t;
 
 /* The whole answer of a non-streaming request that finished with finish
- * (STOP or LENGTH). NULL when out of memory; owned by the caller. */
-cJSON *kvf_openai_completion_json(const kvf_openai_reply_t *rp, const char *text, int finish,
-                                  uint32_t prompt_tokens, uint32_t completion_tokens);
+ * (STOP or LENGTH), its text text_len bytes of UTF-8 (U+0000 included: it
+ * is written \u0000). NULL when out of memory; owned by the caller. */
+cJSON *kvf_openai_completion_json(const kvf_openai_reply_t *rp, const char *text, size_t text_len,
+                                  int finish, uint32_t prompt_tokens, uint32_t completion_tokens);
 
-/* Appends one server-sent event: a stream chunk with text (NULL: an empty
- * chat delta), finish (0: null) and, for chat's first chunk, the role. */
+/* Appends one server-sent event: a stream chunk with text (text_len bytes
+ * as for the whole answer; NULL: an empty chat delta), finish (0: null)
+ * and, for chat's first chunk, the role. */
 void kvf_openai_sse_chunk(const kvf_openai_reply_t *rp, kvf_strbuf_t *sb, const char *text,
-                          int finish, bool role);
+                          size_t text_len, int finish, bool role);
 
 /* Appends the end of a stream: the final chunk (STOP, LENGTH) or an error
  * event (status, error), the usage chunk when asked for, and [DONE]. */

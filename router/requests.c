@@ -8,6 +8,7 @@
 #include "kvf/clock.h"
 #include "kvf/log.h"
 #include "kvf/sampling_msg.h"
+#include "kvf/utf8.h"
 #include "metrics.h"
 #include "router_internal.h"
 
@@ -289,13 +290,13 @@ static void forward(kvf_router_t *r, kvf_router_req_t *q, const Kvf__TokenChunk 
 {
     uint64_t now = kvf_clock_ns();
     kvf_router__progress(r, q);
-    size_t text_len = c->text ? strlen(c->text) : 0;
+    size_t text_len = c->text.data ? c->text.len : 0;
     if (c->n_tokens == 0 && text_len == 0)
         return;
     if (!q->t.first_ns && c->n_tokens)
         q->t.first_ns = now;
     kvf_router_chunk_t chunk;
-    kvf_stream_chunk(&q->out, from, text_len ? c->text : "", text_len,
+    kvf_stream_chunk(&q->out, from, text_len ? (const char *)c->text.data : "", text_len,
                      KVF__FINISH_REASON__FINISH_NONE, &chunk);
     if (from == 0 && c->n_tokens)
         chunk.ttft_us = ttft_us(q);
@@ -308,6 +309,14 @@ void kvf_router__on_token_chunk(kvf_router_t *r, const Kvf__TokenChunk *c)
     kvf_router_req_t *q = kvf_router__req_current(r, c->req_id, c->epoch, "tokens");
     if (!q)
         return;
+    /* The text goes to clients as it is (JSON escapes it, it is not
+     * checked again): whole UTF-8 characters or the chunk is malformed. */
+    if (c->text.len && kvf_utf8_valid_prefix(c->text.data, c->text.len) != c->text.len) {
+        kvf_log_warn("request %llu: token chunk whose text is not UTF-8, dropped",
+                     (unsigned long long)c->req_id);
+        r->count.malformed++;
+        return;
+    }
     uint32_t from = q->out.n;
     kvf_stream_place_t place;
     kvf_status_t st = kvf_stream_place(&q->out, c->n_generated, c->tokens, c->n_tokens, &place);

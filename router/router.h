@@ -72,8 +72,8 @@ typedef struct {
     uint64_t req_id;
     const uint32_t *tokens; /* (n_tokens) new tokens, in order */
     size_t n_tokens;
-    const char *text;       /* new text (whole UTF-8 characters), NUL-terminated */
-    size_t text_len;
+    const char *text;       /* (text_len) new text, whole UTF-8 characters; it may */
+    size_t text_len;        /* hold U+0000, so it is not read up to a NUL ("" if none) */
     int finish;             /* Kvf__FinishReason: NONE (0) while more follows */
     kvf_status_t status;    /* with FINISH_ERROR: why */
     const char *error;      /* with FINISH_ERROR: a message for people */

@@ -63,6 +63,63 @@ void kvf_strbuf_printf(kvf_strbuf_t *sb, const char *fmt, ...)
     sb->len += (size_t)n;
 }
 
+/* The escape of c, a quote, a backslash or a control character, into
+ * out (NUL-terminated). */
+static void json_escape(unsigned char c, char out[7])
+{
+    static const char hex[] = "0123456789abcdef";
+    const char *two = NULL;
+    switch (c) {
+    case '"':
+        two = "\\\"";
+        break;
+    case '\\':
+        two = "\\\\";
+        break;
+    case '\b':
+        two = "\\b";
+        break;
+    case '\f':
+        two = "\\f";
+        break;
+    case '\n':
+        two = "\\n";
+        break;
+    case '\r':
+        two = "\\r";
+        break;
+    case '\t':
+        two = "\\t";
+        break;
+    }
+    if (two) {
+        memcpy(out, two, 3);
+        return;
+    }
+    memcpy(out, "\\u00", 4);
+    out[4] = hex[c >> 4];
+    out[5] = hex[c & 15];
+    out[6] = '\0';
+}
+
+void kvf_strbuf_json_string(kvf_strbuf_t *sb, const char *s, size_t n)
+{
+    kvf_strbuf_append(sb, "\"", 1);
+    size_t from = 0; /* s[from..i) is copied as it is */
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        char esc[7];
+        json_escape(c, esc);
+        kvf_strbuf_append(sb, s + from, i - from);
+        kvf_strbuf_puts(sb, esc);
+        from = i + 1;
+    }
+    kvf_strbuf_append(sb, s + from, n - from);
+    kvf_strbuf_append(sb, "\"", 1);
+}
+
 kvf_status_t kvf_strbuf_take(kvf_strbuf_t *sb, char **text_p, size_t *len_p)
 {
     if (sb->failed || !reserve(sb, 0)) {

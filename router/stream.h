@@ -48,7 +48,8 @@ kvf_status_t kvf_stream_place(kvf_stream_t *s, uint32_t n_generated, const uint3
                               size_t n, kvf_stream_place_t *place_p);
 
 /* The client chunk of the tokens at positions [from, s->n) with text
- * (text_len bytes, NUL-terminated; borrowed, may be "" but not NULL) and
+ * (text_len bytes of UTF-8, U+0000 included, not NUL-terminated; borrowed,
+ * may be "" but not NULL) and
  * finish (Kvf__FinishReason; NONE while more follows). Fills the tokens,
  * text, finish and completion_tokens of *chunk_p and zeroes the rest
  * (the caller adds the request's id, counts and timings). The chunk

@@ -80,8 +80,8 @@ static int on_chunk(const kvf_remote_generate_t *req, stream_t *s, const Kvf__Ge
             printf("%s%u", s->n_tokens ? "," : "", c->tokens[i]);
         s->n_tokens++;
     }
-    if (!req->print_ids && c->text && *c->text)
-        fputs(c->text, stdout);
+    if (!req->print_ids && c->text.len)
+        fwrite(c->text.data, 1, c->text.len, stdout); /* it may hold U+0000 */
     fflush(stdout);
     if (c->finish_reason == KVF__FINISH_REASON__FINISH_NONE)
         return -1;

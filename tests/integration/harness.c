@@ -476,12 +476,13 @@ void h_generate_many_ex(h_cluster_t *c, h_gen_t *gens, size_t n, const int *canc
             g->out[g->n_out++] = ch->tokens[k];
             total_tokens++;
         }
-        size_t tl = strlen(ch->text);
+        size_t tl = ch->text.len; /* bytes: the text may hold U+0000 */
         if (tl) {
             g->out_text = realloc(g->out_text, g->n_text + tl + 1);
             assert_non_null(g->out_text);
-            memcpy(g->out_text + g->n_text, ch->text, tl + 1);
+            memcpy(g->out_text + g->n_text, ch->text.data, tl);
             g->n_text += tl;
+            g->out_text[g->n_text] = '\0';
         }
         if (ch->finish_reason != KVF__FINISH_REASON__FINISH_NONE && g->finish < 0) {
             g->finish = ch->finish_reason;

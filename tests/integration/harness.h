@@ -90,7 +90,7 @@ typedef struct {
     /* results */
     uint32_t *out; /* generated ids */
     size_t n_out, cap_out;
-    char *out_text;
+    char *out_text; /* (n_text) the text, NUL-terminated; it may hold U+0000 too */
     size_t n_text;
     int finish; /* Kvf__FinishReason, -1 while running */
     int status;

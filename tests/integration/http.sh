@@ -10,8 +10,9 @@
 #      not, greedy text identical to the colocated `kvf generate`; every
 #      field (usage, finish_reason stop/length, stop strings, token-id
 #      prompts, seed, stream_options.include_usage, id/object/created/model);
-#      the chat template recognised from tokenizer_config.json; a client
-#      that disconnects mid-stream (cancelled, blocks freed); 64 concurrent
+#      text holding U+0000 (\u0000, whole and streamed); the chat template
+#      recognised from tokenizer_config.json; a client that disconnects
+#      mid-stream (cancelled, blocks freed); 64 concurrent
 #      streams, then 0 KV blocks in use on every node; metrics: after N
 #      requests the counters and histogram counts grew by exactly N;
 #      the `openai` Node.js client (skipped with a message when npm cannot
@@ -360,6 +361,46 @@ assert ev[0]["choices"][0]["delta"]["role"] == "assistant", ev[0]
 assert ev[-1]["choices"][0]["delta"] == {} and ev[-1]["choices"][0]["finish_reason"] == "length", ev[-1]
 EOF
     pass "chat (template from tokenizer_config.json), streaming and not, = kvf generate"
+
+    # Text holding U+0000 (this model's byte-fallback token 188 comes 19th
+    # for this prompt, 14th for this chat): written \u0000 in the JSON, whole
+    # and streamed, and equal to kvf generate byte for byte (compared in
+    # Python: the shell drops NUL bytes).
+    "$bin/kvf" generate --model "$model" --prompt "Request number 1 says" --max-tokens 24 \
+        --ignore-eos --threads 1 > "$work/nul-ref.txt"
+    "$bin/kvf" generate --model "$model" --prompt $'<|im_start|>user\ni<|im_end|>\n<|im_start|>assistant\n' \
+        --max-tokens 16 --ignore-eos --threads 1 > "$work/nul-ref-chat.txt"
+    body='{"prompt": "Request number 1 says", "max_tokens": 24, "temperature": 0, "ignore_eos": true'
+    [[ $(post /v1/completions "$body}" "$work/nul-c.json") == 200 ]] || fail "U+0000 completion: $(cat "$work/nul-c.json")"
+    curl -sN --max-time 60 "${auth[@]}" -d "$body, \"stream\": true}" "$http/v1/completions" > "$work/nul-s.txt"
+    body='{"messages": [{"role": "user", "content": "i"}], "max_tokens": 16, "temperature": 0, "ignore_eos": true'
+    [[ $(post /v1/chat/completions "$body}" "$work/nul-cc.json") == 200 ]] || fail "U+0000 chat: $(cat "$work/nul-cc.json")"
+    curl -sN --max-time 60 "${auth[@]}" -d "$body, \"stream\": true}" "$http/v1/chat/completions" > "$work/nul-cs.txt"
+    sse_text "$work/nul-s.txt" text > "$work/nul-s.out"
+    sse_text "$work/nul-cs.txt" chat > "$work/nul-cs.out"
+    python3 - "$work" <<'EOF' || fail "text holding U+0000 differs from kvf generate"
+import json, sys
+w = sys.argv[1]
+def read(name):
+    return open(w + "/" + name, encoding="utf-8", newline="").read()
+def ref(name):
+    t = read(name)
+    t = t[:-1] if t.endswith("\n") else t
+    assert "\0" in t, name + ": the reference holds no U+0000 (another model?)"
+    return t
+text, chat = ref("nul-ref.txt"), ref("nul-ref-chat.txt")
+got = {
+    "completion": (json.loads(read("nul-c.json"))["choices"][0]["text"], text),
+    "streamed": (read("nul-s.out"), text),
+    "chat": (json.loads(read("nul-cc.json"))["choices"][0]["message"]["content"], chat),
+    "streamed chat": (read("nul-cs.out"), chat),
+}
+for what, (have, want) in got.items():
+    assert have == want, "%s: %r, kvf generate %r" % (what, have, want)
+for name in ("nul-c.json", "nul-s.txt", "nul-cc.json", "nul-cs.txt"):
+    assert "\\u0000" in read(name), name + ": no \\u0000"
+EOF
+    pass "text holding U+0000: \\u0000 in completions and chat, whole and streamed, = kvf generate"
 
     # A client that disconnects mid-stream: cancelled, blocks freed.
     m_cancel0=$(metric 'kvf_requests_total{finished_reason="cancelled"}')

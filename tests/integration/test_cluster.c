@@ -1,7 +1,8 @@
 /* The cluster end to end: a router, prefill and decode nodes as separate
  * processes on 127.0.0.1. Every greedy output must equal the colocated
- * `kvf generate` token for token, and every node must hold 0 KV blocks once
- * the requests are done. Also: cancel, KvAlloc refusal (queue and retry), a
+ * `kvf generate` token for token and byte for byte of its text (some of
+ * which holds U+0000), and every node must hold 0 KV blocks once the
+ * requests are done. Also: cancel, KvAlloc refusal (queue and retry), a
  * decode node joining while serving, and invalid requests. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,6 +26,8 @@ static char model_dir[256];
 static h_gen_t reqs[N_REQ];
 static uint32_t *refs[N_REQ];
 static size_t n_refs[N_REQ];
+static char *ref_texts[N_REQ];
+static size_t n_ref_texts[N_REQ];
 
 /* Prompts of 1..600 tokens, varied max tokens; half ignore EOS. */
 static void make_requests(void)
@@ -48,8 +51,15 @@ static int setup(void **state)
     h_mkmodel(model_dir, "--layers 2 --hidden 64 --heads 4 --kv-heads 2 --inter 128 "
                          "--vocab 512 --max-pos 4096 --seed 11");
     make_requests();
-    for (int i = 0; i < N_REQ; i++)
+    int with_nul = 0;
+    for (int i = 0; i < N_REQ; i++) {
         refs[i] = h_colocated(model_dir, &reqs[i], &n_refs[i]);
+        ref_texts[i] = h_colocated_text(model_dir, &reqs[i], &n_ref_texts[i]);
+        with_nul += memchr(ref_texts[i], '\0', n_ref_texts[i]) != NULL;
+    }
+    /* The text check covers U+0000 only while some output holds it (this
+     * model's byte-fallback token 188 is generated for requests 1, 7, 9). */
+    assert_true(with_nul > 0);
     return 0;
 }
 
@@ -59,8 +69,31 @@ static int teardown(void **state)
     for (int i = 0; i < N_REQ; i++) {
         free(reqs[i].prompt);
         free(refs[i]);
+        free(ref_texts[i]);
     }
     return h_rmmodel(model_dir);
+}
+
+/* Every generation's text equals its colocated reference, byte for byte. */
+static void check_texts(h_cluster_t *c, const h_gen_t *gens, size_t n)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const h_gen_t *g = &gens[i];
+        size_t k = 0;
+        while (k < g->n_text && k < n_ref_texts[i] && g->out_text[k] == ref_texts[i][k])
+            k++;
+        if (k != g->n_text || k != n_ref_texts[i]) {
+            fprintf(stderr,
+                    "request %zu: %zu bytes of text (colocated %zu), first difference at %zu\n", i,
+                    g->n_text, n_ref_texts[i], k);
+            bad++;
+        }
+    }
+    if (bad) {
+        h_cluster_stop(c, true);
+        fail_msg("%d of %zu texts differ from the colocated output", bad, n);
+    }
 }
 
 static void run_cluster(int n_prefill, int n_decode, const char *tls)
@@ -81,6 +114,7 @@ static void run_cluster(int n_prefill, int n_decode, const char *tls)
     h_wait_nodes(&c, n_prefill + n_decode, 120000);
     h_generate_many(&c, reqs, N_REQ, NULL, 240000);
     h_check_outputs(&c, reqs, refs, n_refs, N_REQ, H_FINISH_STOP | H_FINISH_LENGTH);
+    check_texts(&c, reqs, N_REQ);
     h_wait_no_blocks_used(&c, 30000);
     h_cluster_stop(&c, false);
     for (int i = 0; i < N_REQ; i++)
@@ -243,7 +277,7 @@ static void test_invalid_requests(void **state)
     h_wait_nodes(&c, 2, 120000);
     h_gen_t bad[5];
     memset(bad, 0, sizeof(bad));
-    bad[0].text = ""; /* empty prompt */
+    bad[0].text = "";                           /* empty prompt */
     uint32_t *longp = h_prompt(4100, VOCAB, 3); /* longer than the context (4096) */
     bad[1].prompt = longp;
     bad[1].n_prompt = 4100;

@@ -101,9 +101,10 @@ static void on_chunk(drig_t *h, const Kvf__TokenChunk *ch)
         assert_true(r->n_tokens < DRIG_MAX_OUT);
         r->tokens[r->n_tokens++] = ch->tokens[i];
     }
-    size_t len = ch->text ? strlen(ch->text) : 0;
+    size_t len = ch->text.len; /* bytes: the text may hold U+0000 */
     assert_true(r->text_len + len < DRIG_MAX_TEXT);
-    memcpy(r->text + r->text_len, ch->text, len);
+    if (len)
+        memcpy(r->text + r->text_len, ch->text.data, len);
     r->text_len += len;
     r->text[r->text_len] = '\0';
     r->text_after[r->n_tokens] = r->text_len;

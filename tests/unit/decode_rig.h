@@ -43,7 +43,7 @@ typedef struct {
     uint32_t base;     /* tokens earlier epochs streamed (a re-dispatch) */
     uint32_t tokens[DRIG_MAX_OUT];
     int n_tokens;             /* tokens of this epoch */
-    char text[DRIG_MAX_TEXT]; /* every chunk's text, concatenated */
+    char text[DRIG_MAX_TEXT]; /* every chunk's text, concatenated (U+0000 included) */
     size_t text_len;
     size_t text_after[DRIG_MAX_OUT + 1]; /* text_len once i tokens had come */
     uint32_t next_seq;

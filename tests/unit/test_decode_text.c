@@ -1,7 +1,8 @@
 /* The text kvf-decode streams, in the rig of decode_rig.h: a first token
- * that is EOS, a stop string that spans two tokens (held back, never
- * sent), and a re-dispatched request whose text continues exactly where
- * the client's ends. */
+ * that is EOS, a token whose text is U+0000 (sent, and the text after it
+ * too), a stop string that spans two tokens (held back, never sent), and a
+ * re-dispatched request whose text continues exactly where the client's
+ * ends. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include "kvf/log.h"
+#include "kvf/tokenizer.h"
 
 /* A first token that is EOS ends the request at once: a finishing chunk
  * with no token, nothing counted, no text. */
@@ -45,6 +47,61 @@ static void test_eos_first_token(void **state)
     assert_int_equal(r->n_generated, 0);
     assert_int_equal(r->text_len, 0);
     assert_int_equal(r->error, 0);
+    drig_expect_no_blocks_used(h);
+    drig_prefill_close(&f);
+    assert_int_equal(drig_stop(h), 0);
+}
+
+/* The id of the byte-fallback token of the byte 0x00, whose text is U+0000. */
+static uint32_t nul_token(void)
+{
+    kvf_tokenizer_t *tok;
+    assert_int_equal(kvf_tokenizer_load(DRIG_MODEL_DIR, &tok), KVF_OK);
+    size_t n_ids = kvf_tokenizer_vocab_size(tok), len = 0;
+    uint32_t id = 0;
+    while (id < n_ids) {
+        const uint8_t *b = kvf_tokenizer_token_bytes(tok, id, &len);
+        if (b && len == 1 && b[0] == 0)
+            break;
+        id++;
+    }
+    kvf_tokenizer_destroy(tok);
+    assert_true(id < n_ids);
+    return id;
+}
+
+/* A first token whose text is U+0000: its chunk carries that one byte,
+ * and the text of the tokens after it follows in full. */
+static void test_nul_token_text(void **state)
+{
+    drig_t *h = *state;
+    drig_start(h, NULL);
+    drig_prefill_t f = {0};
+    drig_prefill_open(h, &f);
+    uint32_t nul = nul_token();
+    const drig_prompt_t *g = &h->prompts[0];
+    uint64_t id = 255;
+    Kvf__Sampling s = drig_greedy_sampling(8);
+    drig_send_kv_alloc(h, id, 1, (uint32_t)g->n_ids, 8);
+    assert_true(drig_pump(h, 5000, drig_alloc_replied, &id));
+    assert_int_equal(h->alloc_status, 0);
+    drig_prefill_and_ship(h, &f, id, 1, g);
+    drig_send_kv_ready(h, id, 1, nul, g->ids, (uint32_t)g->n_ids, &s);
+    assert_true(drig_pump(h, 30000, drig_req_finished, &id));
+    const drig_req_t *r = drig_seen(h, id);
+    assert_int_equal(r->finish, KVF__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(r->error, 0);
+    assert_int_equal(r->n_tokens, 8);
+    assert_int_equal(r->tokens[0], nul);
+    assert_int_equal(r->first_chunk_tokens, 1);
+    assert_int_equal(r->text_after[1], 1);
+    assert_int_equal(r->text[0], '\0');
+    size_t len = 0;
+    char *want = drig_decode_text(r->tokens, (size_t)r->n_tokens, &len);
+    assert_true(len > 1);
+    assert_int_equal(r->text_len, len);
+    assert_memory_equal(r->text, want, len);
+    free(want);
     drig_expect_no_blocks_used(h);
     drig_prefill_close(&f);
     assert_int_equal(drig_stop(h), 0);
@@ -174,6 +231,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_eos_first_token, drig_setup, drig_teardown),
+        cmocka_unit_test_setup_teardown(test_nul_token_text, drig_setup, drig_teardown),
         cmocka_unit_test_setup_teardown(test_stop_string_across_tokens, drig_setup, drig_teardown),
         cmocka_unit_test_setup_teardown(test_redispatch_text_continues, drig_setup, drig_teardown),
     };

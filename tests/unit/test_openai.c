@@ -209,10 +209,24 @@ static void test_request_errors(void **state)
 
 static const kvf_openai_reply_t reply = {.id = "cmpl-1", .created = 42, .model = "m"};
 
+/* j (consumed) as the client reads it: printed, then parsed back. */
+static cJSON *as_sent(cJSON *j)
+{
+    assert_non_null(j);
+    char *out = cJSON_PrintUnformatted(j);
+    assert_non_null(out);
+    cJSON_Delete(j);
+    cJSON *back = cJSON_Parse(out);
+    assert_non_null(back);
+    free(out);
+    return back;
+}
+
 static void test_completion(void **state)
 {
     (void)state;
-    cJSON *j = kvf_openai_completion_json(&reply, "out", KVF__FINISH_REASON__FINISH_LENGTH, 3, 4);
+    cJSON *j = as_sent(
+        kvf_openai_completion_json(&reply, "out", 3, KVF__FINISH_REASON__FINISH_LENGTH, 3, 4));
     assert_string_equal(cJSON_GetObjectItem(j, "object")->valuestring, "text_completion");
     assert_string_equal(cJSON_GetObjectItem(j, "id")->valuestring, "cmpl-1");
     const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
@@ -224,7 +238,7 @@ static void test_completion(void **state)
 
     kvf_openai_reply_t chat = reply;
     chat.chat = true;
-    j = kvf_openai_completion_json(&chat, "hi", KVF__FINISH_REASON__FINISH_STOP, 1, 1);
+    j = as_sent(kvf_openai_completion_json(&chat, "hi", 2, KVF__FINISH_REASON__FINISH_STOP, 1, 1));
     choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     const cJSON *msg = cJSON_GetObjectItem(choice, "message");
     assert_string_equal(cJSON_GetObjectItem(msg, "content")->valuestring, "hi");
@@ -260,8 +274,8 @@ static void test_stream_events(void **state)
     chat.include_usage = true;
     kvf_strbuf_t sb;
     kvf_strbuf_init(&sb);
-    kvf_openai_sse_chunk(&chat, &sb, "", 0, true);
-    kvf_openai_sse_chunk(&chat, &sb, "Hel", 0, false);
+    kvf_openai_sse_chunk(&chat, &sb, "", 0, 0, true);
+    kvf_openai_sse_chunk(&chat, &sb, "Hel", 3, 0, false);
     kvf_openai_sse_end(&chat, &sb, KVF__FINISH_REASON__FINISH_STOP, KVF_OK, "", 2, 5);
     assert_false(sb.failed);
     cJSON *j = event(sb.data, 0);
@@ -301,6 +315,81 @@ static void test_stream_events(void **state)
     kvf_strbuf_fini(&sb);
 }
 
+/* Generated text with U+0000 (a byte-fallback token), a quote, a
+ * backslash, control characters and a multi-byte character. */
+static const char nul_text[] = "a\0b\"\\\n\x01\xc3\xa9\0";
+#define NUL_TEXT_LEN  (sizeof(nul_text) - 1)
+#define NUL_TEXT_JSON "\"a\\u0000b\\\"\\\\\\n\\u0001\xc3\xa9\\u0000\""
+
+/* The string s of a parsed response holds exactly nul_text: cJSON decodes
+ * \u0000 to a NUL inside the string, so its bytes are compared, not the C
+ * string. */
+static void expect_nul_text(const cJSON *s)
+{
+    assert_true(cJSON_IsString(s));
+    assert_memory_equal(s->valuestring, nul_text, NUL_TEXT_LEN + 1);
+}
+
+/* U+0000 in the text reaches the client as \u0000, in the whole answer and
+ * in stream events, completions and chat; nothing after it is lost. */
+static void test_text_with_nul(void **state)
+{
+    (void)state;
+    kvf_openai_reply_t chat = reply;
+    chat.chat = true;
+    for (int k = 0; k < 2; k++) {
+        const kvf_openai_reply_t *rp = k ? &chat : &reply;
+        cJSON *j = kvf_openai_completion_json(rp, nul_text, NUL_TEXT_LEN,
+                                              KVF__FINISH_REASON__FINISH_LENGTH, 1, 2);
+        char *out = cJSON_PrintUnformatted(j);
+        assert_non_null(strstr(out, k ? "\"content\":" NUL_TEXT_JSON : "\"text\":" NUL_TEXT_JSON));
+        cJSON *back = cJSON_Parse(out);
+        const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(back, "choices"), 0);
+        expect_nul_text(k ? cJSON_GetObjectItem(cJSON_GetObjectItem(choice, "message"), "content")
+                          : cJSON_GetObjectItem(choice, "text"));
+        cJSON_Delete(back);
+        free(out);
+        cJSON_Delete(j);
+
+        kvf_strbuf_t sb;
+        kvf_strbuf_init(&sb);
+        kvf_openai_sse_chunk(rp, &sb, nul_text, NUL_TEXT_LEN, 0, false);
+        assert_false(sb.failed);
+        assert_int_equal(strlen(sb.data), sb.len); /* no NUL byte in the event */
+        assert_non_null(strstr(sb.data, NUL_TEXT_JSON));
+        j = event(sb.data, 0);
+        choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        expect_nul_text(k ? cJSON_GetObjectItem(cJSON_GetObjectItem(choice, "delta"), "content")
+                          : cJSON_GetObjectItem(choice, "text"));
+        cJSON_Delete(j);
+        kvf_strbuf_fini(&sb);
+    }
+}
+
+/* Text without U+0000 is written exactly as cJSON writes a string: every
+ * control character, quote, backslash, DEL and multi-byte UTF-8. */
+static void test_json_string_as_cjson(void **state)
+{
+    (void)state;
+    static const char tail[] = "\"\\/\x7f\xe2\x82\xac\xf0\x9f\x98\x80 z";
+    char s[64];
+    size_t n = 0;
+    for (int c = 1; c < 0x20; c++)
+        s[n++] = (char)c;
+    memcpy(s + n, tail, sizeof(tail)); /* with its NUL */
+    n += sizeof(tail) - 1;
+    cJSON *str = cJSON_CreateString(s);
+    char *want = cJSON_PrintUnformatted(str);
+    kvf_strbuf_t sb;
+    kvf_strbuf_init(&sb);
+    kvf_strbuf_json_string(&sb, s, n);
+    assert_false(sb.failed);
+    assert_string_equal(sb.data, want);
+    kvf_strbuf_fini(&sb);
+    free(want);
+    cJSON_Delete(str);
+}
+
 static void test_models(void **state)
 {
     (void)state;
@@ -318,10 +407,16 @@ static void test_models(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),       cmocka_unit_test(test_sampling_fields),
-        cmocka_unit_test(test_chat),           cmocka_unit_test(test_refused),
-        cmocka_unit_test(test_request_errors), cmocka_unit_test(test_completion),
-        cmocka_unit_test(test_stream_events),  cmocka_unit_test(test_models),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_sampling_fields),
+        cmocka_unit_test(test_chat),
+        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_request_errors),
+        cmocka_unit_test(test_completion),
+        cmocka_unit_test(test_stream_events),
+        cmocka_unit_test(test_text_with_nul),
+        cmocka_unit_test(test_json_string_as_cjson),
+        cmocka_unit_test(test_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,9 +1,10 @@
 /* router core in-process, without nodes processes: node handles are
  * generation-counted (a handle to a node that left, or whose slot a
- * restarted node took, resolves to nothing), and the deadlines are timers
+ * restarted node took, resolves to nothing), the deadlines are timers
  * on the router's loop (the queue timeout, the request timeout, a node's
- * missed heartbeats) that fire without any other event. The router's
- * internals are driven directly on this thread, as its loop would. */
+ * missed heartbeats) that fire without any other event, and text holding
+ * U+0000 reaches a native client whole. The router's internals are driven
+ * directly on this thread, as its loop would. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -16,6 +17,7 @@
 #include <cmocka.h>
 
 #include "kvf/clock.h"
+#include "kvf/clientsock.h"
 #include "router_internal.h"
 
 #define MODEL KVF_TEST_DATA "/golden/tiny-llama-f32"
@@ -336,6 +338,84 @@ static void test_missed_heartbeats(void **state)
     assert_int_equal(kvf_router_health(fx->r, why, sizeof(why)), KVF_ERR_AGAIN);
 }
 
+static bool request_entered(fixture_t *fx, void *arg)
+{
+    (void)arg;
+    return fx->r->requests != NULL;
+}
+
+/* A TokenChunk of request id: the token at position pos and its text. */
+static void token_chunk(fixture_t *fx, uint64_t id, uint64_t epoch, uint32_t pos, uint32_t token,
+                        const char *text, size_t len, Kvf__FinishReason finish)
+{
+    Kvf__TokenChunk c = KVF__TOKEN_CHUNK__INIT;
+    c.req_id = id;
+    c.epoch = epoch;
+    c.seq = pos;
+    c.tokens = &token;
+    c.n_tokens = 1;
+    c.n_generated = pos + 1;
+    c.text.data = (uint8_t *)text;
+    c.text.len = len;
+    c.finish_reason = finish;
+    kvf_router__on_token_chunk(fx->r, &c);
+}
+
+/* The text of the next GenerateChunk the client gets, appended to *text
+ * (bytes); its finish reason. */
+static int client_chunk(kvf_client_t *client, char *text, size_t *len)
+{
+    kvf_envelope_t *env = NULL;
+    assert_int_equal(kvf_client_recv(client, 5000, &env), KVF_OK);
+    assert_int_equal(env->body_case, KVF__ENVELOPE__BODY_GENERATE_CHUNK);
+    const Kvf__GenerateChunk *ch = env->generate_chunk;
+    assert_true(*len + ch->text.len < 64);
+    if (ch->text.len)
+        memcpy(text + *len, ch->text.data, ch->text.len);
+    *len += ch->text.len;
+    int finish = ch->finish_reason;
+    kvf_envelope_free(env);
+    return finish;
+}
+
+/* Text holding U+0000, as a decode node sends it (a byte-fallback token),
+ * reaches the native client byte for byte; a chunk whose text is not UTF-8
+ * is malformed and dropped. */
+static void test_nul_text_to_native_client(void **state)
+{
+    fixture_t *fx = *state;
+    register_decode(fx, "d1", fx->urls[2]);
+    register_node(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
+    kvf_client_t *client;
+    assert_int_equal(kvf_client_create(fx->urls[1], &client), KVF_OK);
+    uint32_t prompt[] = {1, 5, 6};
+    kvf_client_generate_t g = {.client_req_id = 7, .ids = prompt, .n_ids = 3};
+    assert_int_equal(kvf_client_generate(client, "test", &g, 5000), KVF_OK);
+    run_until(fx, request_entered, NULL);
+    kvf_envelope_t *pr = node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    assert_non_null(pr);
+    uint64_t id = pr->prefill_request->req_id, epoch = pr->prefill_request->epoch;
+    kvf_envelope_free(pr);
+
+    char got[64];
+    size_t len = 0;
+    token_chunk(fx, id, epoch, 0, 188, "\0", 1, KVF__FINISH_REASON__FINISH_NONE);
+    assert_int_equal(client_chunk(client, got, &len), 0);
+    assert_int_equal(len, 1); /* U+0000 alone */
+    uint64_t malformed = fx->r->count.malformed;
+    token_chunk(fx, id, epoch, 1, 40, "\xc3", 1, KVF__FINISH_REASON__FINISH_NONE);
+    assert_int_equal(fx->r->count.malformed, malformed + 1);
+    token_chunk(fx, id, epoch, 1, 41, "a\0\xc3\xa9", 4, KVF__FINISH_REASON__FINISH_NONE);
+    assert_int_equal(client_chunk(client, got, &len), 0);
+    token_chunk(fx, id, epoch, 2, 188, "\0", 1, KVF__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(client_chunk(client, got, &len), 0); /* the tokens, then the finish */
+    assert_int_equal(client_chunk(client, got, &len), KVF__FINISH_REASON__FINISH_LENGTH);
+    assert_int_equal(len, 6);
+    assert_memory_equal(got, "\0a\0\xc3\xa9\0", 6);
+    assert_null(fx->r->requests);
+    kvf_client_destroy(client);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -344,6 +424,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_queue_timeout, setup_queue_timeout, teardown),
         cmocka_unit_test_setup_teardown(test_request_timeout, setup_request_timeout, teardown),
         cmocka_unit_test_setup_teardown(test_missed_heartbeats, setup_slow, teardown),
+        cmocka_unit_test_setup_teardown(test_nul_text_to_native_client, setup_slow, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,8 @@
 /* kvf_textstream: text handed out token by token equals the whole
  * decode cut before the first stop string; no part of a stop string is
- * ever handed out; a stream rebuilt by replay continues exactly. */
+ * ever handed out; a stream rebuilt by replay continues exactly; text
+ * holding U+0000 (byte-fallback tokens) is handed out whole, and stop
+ * strings are found past it. Texts are compared as bytes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -32,27 +34,35 @@ static int teardown(void **state)
     return 0;
 }
 
-static uint32_t *encode(const char *text, size_t *n_p)
+static uint32_t *encode(const char *text, size_t len, size_t *n_p)
 {
     uint32_t *ids = NULL;
-    assert_int_equal(kvf_tokenizer_encode(tok, text, strlen(text), false, &ids, n_p), KVF_OK);
+    assert_int_equal(kvf_tokenizer_encode(tok, text, len, false, &ids, n_p), KVF_OK);
     return ids;
 }
 
-/* What the client must see: the whole decode, cut before the first stop. */
-static char *expected_text(const uint32_t *ids, size_t n, const char *const *stops,
-                           size_t n_stop, bool *stopped_p)
+/* Where stop occurs first in s[0..len), or NULL. */
+static const char *find(const char *s, size_t len, const char *stop)
+{
+    return memmem(s, len, stop, strlen(stop));
+}
+
+/* What the client must see: the whole decode, cut before the first stop
+ * (*len_p bytes). */
+static char *expected_text(const uint32_t *ids, size_t n, const char *const *stops, size_t n_stop,
+                           size_t *len_p, bool *stopped_p)
 {
     char *all = NULL;
     size_t len = 0;
     assert_int_equal(kvf_tokenizer_decode(tok, ids, n, &all, &len), KVF_OK);
     size_t cut = len;
     for (size_t i = 0; i < n_stop; i++) {
-        const char *hit = strstr(all, stops[i]);
+        const char *hit = find(all, len, stops[i]);
         if (hit && (size_t)(hit - all) < cut)
             cut = (size_t)(hit - all);
     }
     all[cut] = '\0';
+    *len_p = cut;
     *stopped_p = cut < len;
     return all;
 }
@@ -79,10 +89,10 @@ static bool stream(kvf_textstream_t *ts, const uint32_t *ids, size_t from, size_
         size_t len;
         bool stopped;
         assert_int_equal(kvf_textstream_push(ts, ids[i], &text, &len, &stopped), KVF_OK);
-        assert_int_equal(strlen(text), len);
+        assert_int_equal(text[len], '\0');
         append(out, text, len);
         for (size_t s = 0; s < n_stop; s++)
-            assert_null(strstr(out->buf, stops[s]));
+            assert_null(find(out->buf, out->len, stops[s]));
         if (stopped)
             return true;
     }
@@ -93,19 +103,22 @@ static bool stream(kvf_textstream_t *ts, const uint32_t *ids, size_t from, size_
     return false;
 }
 
-static void check_case(const char *text, const char *const *stops, size_t n_stop)
+/* The text (len bytes) encoded, then streamed in one go and re-dispatched
+ * after every token: both give expected_text(). */
+static void check_bytes(const char *text, size_t len, const char *const *stops, size_t n_stop)
 {
-    size_t n;
-    uint32_t *ids = encode(text, &n);
+    size_t n, want_len;
+    uint32_t *ids = encode(text, len, &n);
     bool want_stop;
-    char *want = expected_text(ids, n, stops, n_stop, &want_stop);
+    char *want = expected_text(ids, n, stops, n_stop, &want_len, &want_stop);
 
     /* In one go. */
     kvf_textstream_t *ts;
     assert_int_equal(kvf_textstream_create(tok, stops, n_stop, &ts), KVF_OK);
     text_t got = {.len = 0};
     assert_int_equal(stream(ts, ids, 0, n, &got, stops, n_stop), want_stop);
-    assert_string_equal(got.buf, want);
+    assert_int_equal(got.len, want_len);
+    assert_memory_equal(got.buf, want, want_len);
     assert_int_equal(kvf_textstream_stopped(ts), want_stop);
     kvf_textstream_destroy(ts);
 
@@ -128,11 +141,17 @@ static void check_case(const char *text, const char *const *stops, size_t n_stop
         assert_int_equal(kvf_textstream_create(tok, stops, n_stop, &b), KVF_OK);
         assert_int_equal(kvf_textstream_replay(b, ids, k), KVF_OK);
         stream(b, ids, k, n, &part, stops, n_stop);
-        assert_string_equal(part.buf, want);
+        assert_int_equal(part.len, want_len);
+        assert_memory_equal(part.buf, want, want_len);
         kvf_textstream_destroy(b);
     }
     free(want);
     free(ids);
+}
+
+static void check_case(const char *text, const char *const *stops, size_t n_stop)
+{
+    check_bytes(text, strlen(text), stops, n_stop);
 }
 
 static void test_no_stops_is_the_decode(void **state)
@@ -172,11 +191,36 @@ static void test_multibyte(void **state)
     check_case("caf\xc3\xa9 en hiver \xe2\x82\xac 5", stops, 1);
 }
 
+/* U+0000 is text like any other: handed out whole (the text after it
+ * too), never taken for the end of the text, and stop strings are found
+ * after it, or right after it. */
+static void test_nul_in_text(void **state)
+{
+    (void)state;
+    static const char text[] = "x\0y\0\0 stop here\0zz caf\xc3\xa9\0";
+    size_t len = sizeof(text) - 1, n;
+    uint32_t *ids = encode(text, len, &n);
+    char *back = NULL;
+    size_t back_len = 0;
+    assert_int_equal(kvf_tokenizer_decode(tok, ids, n, &back, &back_len), KVF_OK);
+    assert_int_equal(back_len, len); /* the tokens stand for the NULs */
+    assert_memory_equal(back, text, len);
+    free(back);
+    free(ids);
+    check_bytes(text, len, NULL, 0);
+    const char *stops[] = {"here", "never"};
+    check_bytes(text, len, stops, 2);
+    const char *after_nul[] = {"zz"};
+    check_bytes(text, len, after_nul, 1);
+    const char *begins_before_nul[] = {"y "}; /* "y" then U+0000: held, then let go */
+    check_bytes(text, len, begins_before_nul, 1);
+}
+
 static void test_push_after_stop_and_bad_stops(void **state)
 {
     (void)state;
     size_t n;
-    uint32_t *ids = encode("one two three four", &n);
+    uint32_t *ids = encode("one two three four", 18, &n);
     const char *stops[] = {"two"};
     kvf_textstream_t *ts;
     assert_int_equal(kvf_textstream_create(tok, stops, 1, &ts), KVF_OK);
@@ -208,6 +252,7 @@ int main(void)
         cmocka_unit_test(test_earliest_of_several),
         cmocka_unit_test(test_prefix_that_does_not_complete),
         cmocka_unit_test(test_multibyte),
+        cmocka_unit_test(test_nul_in_text),
         cmocka_unit_test(test_push_after_stop_and_bad_stops),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -22,7 +22,8 @@
 typedef struct kvf_textstream kvf_textstream_t;
 
 /* A stream over tok (which must outlive it) with n_stop stop strings
- * (copied; each non-empty). *ts_p is owned by the caller:
+ * (copied; each non-empty; C strings, so none holds U+0000, while the text
+ * they are matched against may). *ts_p is owned by the caller:
  * kvf_textstream_destroy(). KVF_ERR_INVAL (an empty stop string),
  * KVF_ERR_NOMEM. */
 kvf_status_t kvf_textstream_create(const kvf_tokenizer_t *tok, const char *const *stops,
@@ -36,8 +37,9 @@ void kvf_textstream_destroy(kvf_textstream_t *ts);
 kvf_status_t kvf_textstream_replay(kvf_textstream_t *ts, const uint32_t *ids, size_t n);
 
 /* Pushes one generated token. *text_p / *len_p: the text now safe to hand
- * out (maybe none), NUL-terminated, owned by the stream and valid until
- * its next call. *stopped_p: a stop string matched; the text handed out
+ * out (maybe none): *len_p bytes of UTF-8, which may hold U+0000 (a NUL
+ * follows them too, but the length is *len_p), owned by the stream and
+ * valid until its next call. *stopped_p: a stop string matched; the text handed out
  * ends before it, and the stream takes no more tokens (KVF_ERR_CLOSED). */
 kvf_status_t kvf_textstream_push(kvf_textstream_t *ts, uint32_t id, const char **text_p,
                                  size_t *len_p, bool *stopped_p);

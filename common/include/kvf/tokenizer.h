@@ -44,7 +44,9 @@ kvf_status_t kvf_tokenizer_encode(const kvf_tokenizer_t *tok, const char *text, 
  * sequences as U+FFFD. An id the tokenizer does not know (beyond its
  * vocabulary, e.g. a model whose embedding is larger, or a gap) decodes to
  * nothing. On success *text_p is malloc'd, NUL-terminated and owned by the
- * caller (free()); *len_p (optional, may be NULL) excludes the NUL. */
+ * caller (free()); *len_p (optional, may be NULL) excludes the NUL. The
+ * text holds U+0000 where a token stands for the byte 0x00: its length is
+ * *len_p, not strlen. */
 kvf_status_t kvf_tokenizer_decode(const kvf_tokenizer_t *tok, const uint32_t *ids, size_t n,
                                   char **text_p, size_t *len_p);
 
@@ -92,8 +94,9 @@ typedef struct {
 void kvf_detok_init(kvf_detok_t *detok, const kvf_tokenizer_t *tok);
 
 /* Adds one token. *text_p / *len_p receive the text now complete (maybe
- * none: *len_p = 0); the text is owned by the decoder, NUL-terminated, and
- * valid until the next call on it. */
+ * none: *len_p = 0; it may hold U+0000, so *len_p is its length); the text
+ * is owned by the decoder, NUL-terminated, and valid until the next call
+ * on it. */
 kvf_status_t kvf_detok_push(kvf_detok_t *detok, uint32_t id, const char **text_p, size_t *len_p);
 
 /* Ends the stream: a pending incomplete character becomes U+FFFD. Same
