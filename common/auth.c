@@ -150,6 +150,38 @@ kvf_status_t kvf_auth_load_key_file(const char *path)
     return st;
 }
 
+kvf_status_t kvf_auth_write_key_file(const char *path)
+{
+    if (!sodium_ready())
+        return KVF_ERR_INTERNAL;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        kvf_log_error("cluster key file %s: %s", path, strerror(errno));
+        return KVF_ERR_IO;
+    }
+    uint8_t key[KVF_AUTH_KEY_MIN_BYTES];
+    randombytes_buf(key, sizeof(key));
+    size_t n = 0;
+    while (n < sizeof(key)) {
+        ssize_t w = write(fd, key + n, sizeof(key) - n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        n += (size_t)w;
+    }
+    sodium_memzero(key, sizeof(key));
+    bool ok = n == sizeof(key) && fsync(fd) == 0;
+    if (close(fd) != 0)
+        ok = false;
+    if (!ok) {
+        kvf_log_error("cluster key file %s: write failed: %s", path, strerror(errno));
+        unlink(path);
+        return KVF_ERR_IO;
+    }
+    return KVF_OK;
+}
+
 kvf_status_t kvf_auth_setup(const char *key_file)
 {
     static atomic_bool warned;

@@ -98,6 +98,11 @@ kvf_status_t kvf_auth_setup(const char *key_file);
  * with the path. The process's key is unchanged on error. */
 kvf_status_t kvf_auth_load_key_file(const char *path);
 
+/* Writes a new key file at path: 32 random bytes (libsodium's
+ * randombytes), mode 0600, created (never an existing file: KVF_ERR_IO,
+ * logged, when path exists). Does not load it. */
+kvf_status_t kvf_auth_write_key_file(const char *path);
+
 /* Makes key (len bytes, copied into the HMAC state) the process's key;
  * KVF_ERR_INVAL outside the sizes above. For tests and for
  * kvf_auth_load_key_file. */
