@@ -122,8 +122,10 @@ static void drain_inbox(kvf_decode_t *d)
         if (st == KVF_ERR_AGAIN || st == KVF_ERR_TIMEOUT)
             return;
         if (st != KVF_OK) {
-            /* Already dropped and counted by the inbox. */
-            kvf_log_warn("undecodable message dropped: %s", kvf_status_str(st));
+            /* Already dropped and counted by the inbox; a refusal is
+             * logged (rate-limited) by kvf/auth.h. */
+            if (st != KVF_ERR_AUTH)
+                kvf_log_warn("undecodable message dropped: %s", kvf_status_str(st));
             continue;
         }
         dec_on_envelope(d, env);
