@@ -16,8 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SKEW_NS ((uint64_t)KVF_AUTH_SKEW_MS * 1000000ull)
-#define WINDOW_WORDS (KVF_AUTH_WINDOW / 64u)
+#define SKEW_NS                ((uint64_t)KVF_AUTH_SKEW_MS * 1000000ull)
+#define WINDOW_WORDS           (KVF_AUTH_WINDOW / 64u)
 #define REFUSE_LOG_INTERVAL_NS 1000000000ull
 
 _Static_assert(KVF_AUTH_WINDOW % 64u == 0, "the window is a whole number of 64-bit words");
@@ -90,8 +90,8 @@ static kvf_status_t key_file_open(const char *path, int *fd_p)
         kvf_log_error("cluster key file %s: not a regular file", path);
         st = KVF_ERR_INVAL;
     } else if (sb.st_mode & (S_IRWXG | S_IRWXO)) {
-        kvf_log_error("cluster key file %s: mode %03o lets group or others use it: chmod 600",
-                      path, (unsigned)(sb.st_mode & 0777));
+        kvf_log_error("cluster key file %s: mode %03o lets group or others use it: chmod 600", path,
+                      (unsigned)(sb.st_mode & 0777));
         st = KVF_ERR_INVAL;
     } else if ((uint64_t)sb.st_size > KVF_AUTH_KEY_MAX_BYTES) {
         kvf_log_error("cluster key file %s: %lld bytes, at most %u allowed", path,
@@ -139,11 +139,12 @@ kvf_status_t kvf_auth_load_key_file(const char *path)
         kvf_log_error("cluster key file %s: read: %s", path, kvf_status_str(st));
     else if (n < KVF_AUTH_KEY_MIN_BYTES)
         kvf_log_error("cluster key file %s: %zu bytes, at least %u needed (head -c 32 "
-                      "/dev/urandom > FILE)", path, n, KVF_AUTH_KEY_MIN_BYTES);
+                      "/dev/urandom > FILE)",
+                      path, n, KVF_AUTH_KEY_MIN_BYTES);
     else if (n > KVF_AUTH_KEY_MAX_BYTES)
         kvf_log_error("cluster key file %s: more than %u bytes", path, KVF_AUTH_KEY_MAX_BYTES);
     if (st == KVF_OK)
-        st = n < KVF_AUTH_KEY_MIN_BYTES ? KVF_ERR_INVAL
+        st = n < KVF_AUTH_KEY_MIN_BYTES   ? KVF_ERR_INVAL
              : n > KVF_AUTH_KEY_MAX_BYTES ? KVF_ERR_TOO_BIG
                                           : kvf_auth_set_key(key, n);
     sodium_memzero(key, sizeof(key));
@@ -281,8 +282,9 @@ void kvf_auth_counters_format(char *buf, size_t len)
     }
     kvf_auth_counters_t c;
     kvf_auth_counters(&c);
-    snprintf(buf, len, "auth refused: untagged %llu bad_tag %llu replay %llu stale %llu "
-                       "misdirected %llu",
+    snprintf(buf, len,
+             "auth refused: untagged %llu bad_tag %llu replay %llu stale %llu "
+             "misdirected %llu",
              (unsigned long long)c.refused[KVF_AUTH_UNTAGGED],
              (unsigned long long)c.refused[KVF_AUTH_BAD_TAG],
              (unsigned long long)c.refused[KVF_AUTH_REPLAY],
@@ -324,10 +326,10 @@ bool kvf_auth_dest_matches(const char *to, const char *local)
 
 /* What a receiver remembers of one stream. */
 typedef struct {
-    uint64_t nonce;            /* the key */
-    uint64_t max_seq;          /* the highest sequence number accepted */
-    uint64_t newest_sent_ns;   /* the latest sent_unix_ns accepted */
-    uint64_t floor_ns;         /* frames sent at or before this are refused (eviction) */
+    uint64_t nonce;              /* the key */
+    uint64_t max_seq;            /* the highest sequence number accepted */
+    uint64_t newest_sent_ns;     /* the latest sent_unix_ns accepted */
+    uint64_t floor_ns;           /* frames sent at or before this are refused (eviction) */
     uint64_t seen[WINDOW_WORDS]; /* bit s % KVF_AUTH_WINDOW: s accepted, for s in
                                   * (max_seq - KVF_AUTH_WINDOW, max_seq] */
     UT_hash_handle hh;

@@ -242,8 +242,8 @@ kvf_status_t kvf_client_send(kvf_client_t *client, const kvf_envelope_t *env, in
     uint8_t hdr[4] = {(uint8_t)(id >> 24), (uint8_t)(id >> 16), (uint8_t)(id >> 8), (uint8_t)id};
     int t = timeout_ms < 0 ? -1 : timeout_ms;
     nn_setsockopt(client->sock, NN_SOL_SOCKET, NN_SNDTIMEO, &t, sizeof(t));
-    kvf_status_t st = send_with_hdr(client->sock, hdr, sizeof(hdr), env, 0, &client->stream,
-                                    client->url);
+    kvf_status_t st =
+        send_with_hdr(client->sock, hdr, sizeof(hdr), env, 0, &client->stream, client->url);
     return st == KVF_ERR_AGAIN ? KVF_ERR_TIMEOUT : st;
 }
 

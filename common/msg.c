@@ -137,8 +137,7 @@ static kvf_status_t stamp_check(const kvf_envelope_t *env, const char *local, ui
 }
 
 kvf_status_t kvf_envelope_decode_at(const uint8_t *frame, size_t len, size_t max_len,
-                                    const char *local, uint64_t now_unix_ns,
-                                    kvf_envelope_t **env_p)
+                                    const char *local, uint64_t now_unix_ns, kvf_envelope_t **env_p)
 {
     const uint8_t *payload = NULL;
     size_t payload_len = 0;

@@ -36,8 +36,8 @@
 #include "kvf/model.h"
 #include "kvf/msg.h"
 
-#define N_REQ 6
-#define VOCAB 512
+#define N_REQ   6
+#define VOCAB   512
 #define WAIT_MS 60000
 
 static char model_dir[256], key_dir[64], key_path[128], other_key_path[128];
@@ -275,8 +275,9 @@ static bool node_counts(const char *log, counts_t *out)
     bool found = false;
     while (fgets(line, sizeof(line), f)) {
         const char *p = strstr(line, "auth refused: ");
-        if (p && sscanf(p, "auth refused: untagged %lld bad_tag %lld replay %lld stale %lld "
-                           "misdirected %lld",
+        if (p && sscanf(p,
+                        "auth refused: untagged %lld bad_tag %lld replay %lld stale %lld "
+                        "misdirected %lld",
                         &out->refused[KVF_AUTH_UNTAGGED], &out->refused[KVF_AUTH_BAD_TAG],
                         &out->refused[KVF_AUTH_REPLAY], &out->refused[KVF_AUTH_STALE],
                         &out->refused[KVF_AUTH_MISDIRECTED]) == 5)
@@ -293,8 +294,8 @@ static bool counts_equal(const counts_t *a, const counts_t *b)
 
 static void print_counts(const char *who, const counts_t *c)
 {
-    fprintf(stderr, "%s: untagged %lld bad_tag %lld replay %lld stale %lld misdirected %lld\n",
-            who, c->refused[0], c->refused[1], c->refused[2], c->refused[3], c->refused[4]);
+    fprintf(stderr, "%s: untagged %lld bad_tag %lld replay %lld stale %lld misdirected %lld\n", who,
+            c->refused[0], c->refused[1], c->refused[2], c->refused[3], c->refused[4]);
 }
 
 /* Waits until the router's (node < 0) or node's counts are exactly want

@@ -300,7 +300,7 @@ static void test_destination(void **state)
 
 /* ---- concurrent signing ----------------------------------------------------- */
 
-#define N_THREADS 4
+#define N_THREADS  4
 #define PER_THREAD 200 /* all of them fit the replay window */
 
 typedef struct {

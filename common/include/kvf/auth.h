@@ -49,23 +49,25 @@
 
 #include "kvf/status.h"
 
-#define KVF_AUTH_TAG_BYTES     32u   /* HMAC-SHA256 */
-#define KVF_AUTH_KEY_MIN_BYTES 32u   /* the key file holds at least this many bytes */
-#define KVF_AUTH_KEY_MAX_BYTES 4096u /* and at most this many */
+#define KVF_AUTH_TAG_BYTES     32u    /* HMAC-SHA256 */
+#define KVF_AUTH_KEY_MIN_BYTES 32u    /* the key file holds at least this many bytes */
+#define KVF_AUTH_KEY_MAX_BYTES 4096u  /* and at most this many */
 #define KVF_AUTH_SKEW_MS       30000u /* accepted |sender's clock - receiver's clock| */
-#define KVF_AUTH_WINDOW        1024u /* sequence numbers remembered per stream */
-#define KVF_AUTH_MAX_STREAMS   4096u /* streams in the replay table */
+#define KVF_AUTH_WINDOW        1024u  /* sequence numbers remembered per stream */
+#define KVF_AUTH_MAX_STREAMS   4096u  /* streams in the replay table */
 
 /* The environment variable read when no --cluster-key-file is given. */
 #define KVF_AUTH_KEY_ENV "KVF_CLUSTER_KEY_FILE"
 
 /* The flag of every binary and command that talks on the control plane,
  * for a kvf_flag_t table (kvf/flags.h); value_p is a const char **. */
+/* clang-format off */
 #define KVF_AUTH_FLAG_ENTRY(value_p)                                                               \
     {"cluster-key-file", KVF_FLAG_STRING, (value_p), "PATH",                                       \
      "cluster secret that signs and checks every control message (mode 0600, 32 to 4096 "         \
      "bytes; default $" KVF_AUTH_KEY_ENV "; none: unauthenticated)",                              \
      NULL}
+/* clang-format on */
 
 /* Why a frame was refused; counters and metric labels use these. */
 typedef enum {
