@@ -30,11 +30,12 @@
  * numbers (frames of one stream may arrive out of order by that much);
  * an older one is refused. A stream's entry is dropped once everything it
  * could protect is older than the time window (a replay of it is then
- * refused as stale). The table holds at most KVF_AUTH_MAX_STREAMS streams;
- * when it is full of live ones the least recently active is evicted, and
- * from then on any frame sent before that stream's newest one is refused
- * from a stream the table does not hold (it could be a replay of the
- * evicted stream), so a replay is never let through.
+ * refused as stale); that is looked at when the table is full. It holds
+ * at most KVF_AUTH_MAX_STREAMS streams: when it is full of live ones, the
+ * one whose newest frame is oldest is evicted, and every stream that
+ * enters the table afterwards (the evicted one again included) refuses
+ * frames sent at or before that frame's time, so an eviction never lets a
+ * replay through; at worst it refuses a late frame of a new stream.
  *
  * Without a key nothing is stamped or tagged, every frame is accepted after
  * its CRC (a tagged one too: its tag cannot be checked), and
