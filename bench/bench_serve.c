@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvf/auth.h"
 #include "kvf/flags.h"
 #include "kvf/model.h"
 
@@ -131,7 +132,7 @@ static void write_plot(const char *png, const kvf_serve_result_t *split,
 
 typedef struct {
     const char *router, *model, *rates_text, *conc_text, *prompt_len, *output_len, *json, *plot,
-        *kv_mem, *run_dir;
+        *kv_mem, *run_dir, *cluster_key_file;
     int n_requests, threads, timeout_s;
     uint64_t seed;
     double slo_ttft, slo_tpot;
@@ -183,6 +184,7 @@ static int parse_serve_flags(int argc, char **argv, serve_opts_t *o)
         {"json", KVF_FLAG_STRING, &o->json, "FILE", "write the results as JSON", NULL},
         {"plot", KVF_FLAG_STRING, &o->plot, "FILE.png", "latency and goodput vs rate (gnuplot)",
          NULL},
+        KVF_AUTH_FLAG_ENTRY(&o->cluster_key_file),
     };
     kvf_flagset_t set = {
         .prog = argv[0],
@@ -408,6 +410,11 @@ int kvf_bench_serve(int argc, char **argv)
         rc = check_serve_opts(argv[0], &o);
     if (rc >= 0)
         return rc;
+    if (kvf_auth_setup(o.cluster_key_file) != KVF_OK)
+        return 1;
+    /* The processes a run starts take the same key from the environment. */
+    if (o.cluster_key_file && *o.cluster_key_file)
+        setenv(KVF_AUTH_KEY_ENV, o.cluster_key_file, 1);
     char bin_dir[512];
     if (!find_bin_dir(bin_dir, sizeof(bin_dir)))
         return 1;

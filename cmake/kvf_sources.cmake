@@ -25,8 +25,9 @@ set(KVF_CUDA_HOST_FILES backend/cuda/shapes.c)
 set(KVF_CUDA_FILES backend/cuda/*.cu)
 # kvf_engine: the backends and the forward pass over them.
 set(KVF_ENGINE_FILES engine*.c backend_select.c gpu*.c backend/cpu/*.c)
-# kvf_msg: control messages over nanomsg and protobuf-c.
-set(KVF_MSG_FILES msg*.c node*.c clientsock*.c sampling_msg.c)
+# kvf_msg: control messages over nanomsg and protobuf-c, authenticated with
+# libsodium.
+set(KVF_MSG_FILES msg*.c node*.c clientsock*.c sampling_msg.c auth.c)
 # kvf_cli: the command line of every binary.
 set(KVF_CLI_FILES flags*.c backend_flags.c)
 
@@ -145,11 +146,11 @@ endfunction()
 # target_link_libraries() anywhere may add to a library's links): the base
 # links no other kvferry library; the CUDA libraries nothing at or above
 # the engine (kvf_engine links kvf_cuda, not the other way); the engine
-# no messaging (nanomsg, protobuf-c), no tokenizer.
+# no messaging (nanomsg, protobuf-c, libsodium), no tokenizer.
 function(kvf_layers_check_links)
   kvf_check_links(kvf_base "^kvf_")
   kvf_check_links(kvf_cuda_host "^kvf_(text|model|cuda|engine|msg|cli|common|proto)$")
   kvf_check_links(kvf_cuda "^kvf_(text|engine|msg|cli|common|proto)$")
   kvf_check_links(kvf_engine "^kvf_(text|msg|cli|common|proto)$" "nanomsg|NANOMSG"
-                  "protobuf|PROTOBUF" "pcre2|PCRE2")
+                  "protobuf|PROTOBUF" "sodium|SODIUM" "pcre2|PCRE2")
 endfunction()

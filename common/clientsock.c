@@ -12,14 +12,20 @@
 struct kvf_client_server {
     int sock;
     int fd;
+    kvf_auth_stream_t stream; /* its replies, when keyed */
     char url[256];
 };
 
 struct kvf_client {
     int sock;
     uint32_t next_id;
+    kvf_auth_stream_t stream; /* its requests, when keyed */
     char url[256];
 };
+
+/* The destination a reply on a client connection is signed for: the
+ * connection itself, which has no URL of its own (kvf/auth.h). */
+#define REPLY_DEST ""
 
 /* Builds an SP_HDR control block holding hdr (len bytes) into buf. */
 static size_t hdr_cmsg(uint8_t *buf, size_t buf_len, const uint8_t *hdr, size_t len)
@@ -36,12 +42,15 @@ static size_t hdr_cmsg(uint8_t *buf, size_t buf_len, const uint8_t *hdr, size_t 
     return NN_CMSG_SPACE(data);
 }
 
+/* Sends env with the SP header hdr, signed (with a key) on stream for the
+ * destination to. */
 static kvf_status_t send_with_hdr(int sock, const uint8_t *hdr, size_t hdr_len,
-                                  const kvf_envelope_t *env, int flags)
+                                  const kvf_envelope_t *env, int flags, kvf_auth_stream_t *stream,
+                                  const char *to)
 {
     uint8_t *frame;
     size_t len;
-    kvf_status_t st = kvf_envelope_encode(env, &frame, &len);
+    kvf_status_t st = kvf_envelope_encode_to(env, to, stream, &frame, &len);
     if (st != KVF_OK)
         return st;
     uint8_t ctrl[NN_CMSG_SPACE(sizeof(size_t) + KVF_CLIENT_HDR_MAX)];
@@ -64,8 +73,9 @@ static kvf_status_t send_with_hdr(int sock, const uint8_t *hdr, size_t hdr_len,
     return KVF_OK;
 }
 
-/* Receives a frame and its SP_HDR. hdr may be NULL. */
-static kvf_status_t recv_with_hdr(int sock, int flags, kvf_envelope_t **env_p,
+/* Receives a frame and its SP_HDR, checked as taken by the socket at
+ * local (kvf_envelope_decode_at). hdr may be NULL. */
+static kvf_status_t recv_with_hdr(int sock, int flags, const char *local, kvf_envelope_t **env_p,
                                   kvf_client_hdr_t *hdr)
 {
     void *body = NULL, *ctrl = NULL;
@@ -105,7 +115,7 @@ static kvf_status_t recv_with_hdr(int sock, int flags, kvf_envelope_t **env_p,
         }
     }
     if (st == KVF_OK)
-        st = kvf_envelope_decode(body, (size_t)n, KVF_MSG_MAX_DEFAULT, env_p);
+        st = kvf_envelope_decode_at(body, (size_t)n, KVF_MSG_MAX_DEFAULT, local, 0, env_p);
     nn_freemsg(body);
     if (ctrl)
         nn_freemsg(ctrl);
@@ -119,7 +129,9 @@ kvf_status_t kvf_client_server_create(const char *url, kvf_client_server_t **ser
     kvf_client_server_t *s = calloc(1, sizeof(*s));
     if (!s)
         return KVF_ERR_NOMEM;
-    kvf_status_t st;
+    kvf_status_t st = kvf_auth_stream_init(&s->stream);
+    if (st != KVF_OK)
+        goto fail_socket;
     snprintf(s->url, sizeof(s->url), "%s", url);
     s->sock = nn_socket(AF_SP_RAW, NN_REP);
     if (s->sock < 0) {
@@ -165,10 +177,10 @@ kvf_status_t kvf_client_server_recv(kvf_client_server_t *server, kvf_envelope_t 
                                     kvf_client_hdr_t *hdr_p)
 {
     kvf_client_hdr_t hdr;
-    kvf_status_t st = recv_with_hdr(server->sock, NN_DONTWAIT, env_p, &hdr);
+    kvf_status_t st = recv_with_hdr(server->sock, NN_DONTWAIT, server->url, env_p, &hdr);
     if (st == KVF_OK)
         *hdr_p = hdr;
-    else if (st != KVF_ERR_AGAIN)
+    else if (st != KVF_ERR_AGAIN && st != KVF_ERR_AUTH) /* a refusal is logged by kvf/auth.h */
         kvf_log_warn("client socket %s: dropped a request: %s", server->url, kvf_status_str(st));
     return st;
 }
@@ -176,7 +188,8 @@ kvf_status_t kvf_client_server_recv(kvf_client_server_t *server, kvf_envelope_t 
 kvf_status_t kvf_client_server_send(kvf_client_server_t *server, const kvf_client_hdr_t *hdr,
                                     const kvf_envelope_t *env)
 {
-    return send_with_hdr(server->sock, hdr->bytes, hdr->len, env, NN_DONTWAIT);
+    return send_with_hdr(server->sock, hdr->bytes, hdr->len, env, NN_DONTWAIT, &server->stream,
+                         REPLY_DEST);
 }
 
 kvf_status_t kvf_client_create(const char *url, kvf_client_t **client_p)
@@ -186,7 +199,9 @@ kvf_status_t kvf_client_create(const char *url, kvf_client_t **client_p)
     kvf_client_t *c = calloc(1, sizeof(*c));
     if (!c)
         return KVF_ERR_NOMEM;
-    kvf_status_t st;
+    kvf_status_t st = kvf_auth_stream_init(&c->stream);
+    if (st != KVF_OK)
+        goto fail_socket;
     snprintf(c->url, sizeof(c->url), "%s", url);
     c->next_id = (uint32_t)(kvf_clock_ns() & 0x7fffffff);
     c->sock = nn_socket(AF_SP_RAW, NN_REQ);
@@ -227,7 +242,8 @@ kvf_status_t kvf_client_send(kvf_client_t *client, const kvf_envelope_t *env, in
     uint8_t hdr[4] = {(uint8_t)(id >> 24), (uint8_t)(id >> 16), (uint8_t)(id >> 8), (uint8_t)id};
     int t = timeout_ms < 0 ? -1 : timeout_ms;
     nn_setsockopt(client->sock, NN_SOL_SOCKET, NN_SNDTIMEO, &t, sizeof(t));
-    kvf_status_t st = send_with_hdr(client->sock, hdr, sizeof(hdr), env, 0);
+    kvf_status_t st =
+        send_with_hdr(client->sock, hdr, sizeof(hdr), env, 0, &client->stream, client->url);
     return st == KVF_ERR_AGAIN ? KVF_ERR_TIMEOUT : st;
 }
 
@@ -236,7 +252,7 @@ kvf_status_t kvf_client_recv(kvf_client_t *client, int timeout_ms, kvf_envelope_
     int t = timeout_ms < 0 ? -1 : timeout_ms;
     nn_setsockopt(client->sock, NN_SOL_SOCKET, NN_RCVTIMEO, &t, sizeof(t));
     for (;;) {
-        kvf_status_t st = recv_with_hdr(client->sock, 0, env_p, NULL);
+        kvf_status_t st = recv_with_hdr(client->sock, 0, REPLY_DEST, env_p, NULL);
         if (st == KVF_ERR_AGAIN && timeout_ms != 0)
             st = KVF_ERR_TIMEOUT;
         return st;

@@ -1,4 +1,5 @@
 #include "kvf/msg.h"
+#include "kvf/auth.h"
 #include "kvf/clock.h"
 #include "kvf/crc32c.h"
 #include "kvf/log.h"
@@ -18,7 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
-static const uint8_t frame_magic[4] = {'K', 'V', 'F', 1};
+/* "KVF" and the frame's kind: 1 plain, 2 tagged (kvf/msg.h). */
+static const uint8_t frame_magic[3] = {'K', 'V', 'F'};
+#define FRAME_PLAIN  1u
+#define FRAME_TAGGED 2u
 
 kvf_status_t kvf_status_from_nn(int err)
 {
@@ -37,57 +41,130 @@ void kvf_envelope_init(kvf_envelope_t *env, const char *sender)
     kvf__envelope__init(env);
     env->version = KVF_PROTO_VERSION;
     env->sender = (char *)(sender ? sender : "");
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    env->sent_unix_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    env->sent_unix_ns = kvf_auth_now_unix_ns();
+}
+
+/* Packs env behind a plain or a tagged header into a malloc'd frame. */
+static kvf_status_t frame_pack(const kvf_envelope_t *env, bool tagged, uint8_t **frame_p,
+                               size_t *len_p)
+{
+    size_t header = tagged ? KVF_MSG_FRAME_HEADER_TAGGED : KVF_MSG_FRAME_HEADER;
+    size_t payload = kvf__envelope__get_packed_size(env);
+    uint8_t *frame = malloc(header + payload);
+    if (!frame)
+        return KVF_ERR_NOMEM;
+    size_t packed = kvf__envelope__pack(env, frame + header);
+    KVF_ASSERT(packed == payload);
+    uint32_t crc = kvf_crc32c(0, frame + header, payload);
+    memcpy(frame, frame_magic, 3);
+    frame[3] = tagged ? FRAME_TAGGED : FRAME_PLAIN;
+    for (int i = 0; i < 4; i++)
+        frame[4 + i] = (uint8_t)(crc >> (8 * i));
+    if (tagged)
+        kvf_auth_sign(frame + header, payload, frame + KVF_MSG_FRAME_HEADER);
+    *frame_p = frame;
+    *len_p = header + payload;
+    return KVF_OK;
+}
+
+kvf_status_t kvf_envelope_encode_to(const kvf_envelope_t *env, const char *to,
+                                    kvf_auth_stream_t *stream, uint8_t **frame_p, size_t *len_p)
+{
+    if (!kvf_auth_enabled())
+        return frame_pack(env, false, frame_p, len_p);
+    if (!stream && !(stream = kvf_auth_process_stream()))
+        return KVF_ERR_INTERNAL;
+    /* A shallow copy carries the stamp: the caller's envelope (and what it
+     * points to) is not changed. */
+    kvf_envelope_t stamped = *env;
+    stamped.auth_nonce = stream->nonce;
+    stamped.auth_seq = kvf_auth_stream_next(stream);
+    stamped.auth_to = (char *)(to ? to : "");
+    stamped.sent_unix_ns = kvf_auth_now_unix_ns();
+    return frame_pack(&stamped, true, frame_p, len_p);
 }
 
 kvf_status_t kvf_envelope_encode(const kvf_envelope_t *env, uint8_t **frame_p, size_t *len_p)
 {
-    size_t payload = kvf__envelope__get_packed_size(env);
-    uint8_t *frame = malloc(KVF_MSG_FRAME_HEADER + payload);
-    if (!frame)
-        return KVF_ERR_NOMEM;
-    size_t packed = kvf__envelope__pack(env, frame + KVF_MSG_FRAME_HEADER);
-    KVF_ASSERT(packed == payload);
-    uint32_t crc = kvf_crc32c(0, frame + KVF_MSG_FRAME_HEADER, payload);
-    memcpy(frame, frame_magic, 4);
-    for (int i = 0; i < 4; i++)
-        frame[4 + i] = (uint8_t)(crc >> (8 * i));
-    *frame_p = frame;
-    *len_p = KVF_MSG_FRAME_HEADER + payload;
+    return kvf_envelope_encode_to(env, NULL, NULL, frame_p, len_p);
+}
+
+/* The frame's header checked (size, magic, CRC) and, with a key, its tag:
+ * the payload's place in frame. */
+static kvf_status_t frame_open(const uint8_t *frame, size_t len, size_t max_len,
+                               const uint8_t **payload_p, size_t *payload_len_p)
+{
+    if (max_len == 0)
+        max_len = KVF_MSG_MAX_DEFAULT;
+    if (len > max_len)
+        return KVF_ERR_TOO_BIG;
+    if (len < KVF_MSG_FRAME_HEADER || memcmp(frame, frame_magic, 3) != 0 ||
+        (frame[3] != FRAME_PLAIN && frame[3] != FRAME_TAGGED))
+        return KVF_ERR_FORMAT;
+    bool tagged = frame[3] == FRAME_TAGGED;
+    size_t header = tagged ? KVF_MSG_FRAME_HEADER_TAGGED : KVF_MSG_FRAME_HEADER;
+    if (len < header)
+        return KVF_ERR_FORMAT;
+    uint32_t want = (uint32_t)frame[4] | (uint32_t)frame[5] << 8 | (uint32_t)frame[6] << 16 |
+                    (uint32_t)frame[7] << 24;
+    const uint8_t *payload = frame + header;
+    size_t payload_len = len - header;
+    if (kvf_crc32c(0, payload, payload_len) != want)
+        return KVF_ERR_FORMAT;
+    /* Without a key a tagged frame is taken on its CRC (kvf/auth.h). */
+    if (kvf_auth_enabled()) {
+        if (!tagged)
+            return kvf_auth_refuse(KVF_AUTH_UNTAGGED, NULL);
+        kvf_status_t st = kvf_auth_verify(payload, payload_len, frame + KVF_MSG_FRAME_HEADER);
+        if (st != KVF_OK)
+            return st;
+    }
+    *payload_p = payload;
+    *payload_len_p = payload_len;
+    return KVF_OK;
+}
+
+/* The destination, time and replay rules for a verified envelope. */
+static kvf_status_t stamp_check(const kvf_envelope_t *env, const char *local, uint64_t now)
+{
+    if (local && !kvf_auth_dest_matches(env->auth_to, local))
+        return kvf_auth_refuse(KVF_AUTH_MISDIRECTED, env->sender);
+    kvf_auth_stamp_t stamp = {.nonce = env->auth_nonce,
+                              .seq = env->auth_seq,
+                              .sent_unix_ns = env->sent_unix_ns,
+                              .sender = env->sender};
+    return kvf_auth_check_fresh(&stamp, now ? now : kvf_auth_now_unix_ns());
+}
+
+kvf_status_t kvf_envelope_decode_at(const uint8_t *frame, size_t len, size_t max_len,
+                                    const char *local, uint64_t now_unix_ns, kvf_envelope_t **env_p)
+{
+    const uint8_t *payload = NULL;
+    size_t payload_len = 0;
+    kvf_status_t st = frame_open(frame, len, max_len, &payload, &payload_len);
+    if (st != KVF_OK)
+        return st;
+    kvf_envelope_t *env = kvf__envelope__unpack(NULL, payload_len, payload);
+    if (!env)
+        return KVF_ERR_FORMAT;
+    if (env->version != KVF_PROTO_VERSION)
+        st = KVF_ERR_VERSION;
+    else if (env->body_case == KVF__ENVELOPE__BODY__NOT_SET || env->register_ == NULL)
+        st = KVF_ERR_FORMAT; /* register_ aliases every member of the body union. */
+    else if (kvf_auth_enabled())
+        st = stamp_check(env, local, now_unix_ns);
+    if (st != KVF_OK) {
+        kvf__envelope__free_unpacked(env, NULL);
+        return st;
+    }
+    *env_p = env;
     return KVF_OK;
 }
 
 kvf_status_t kvf_envelope_decode(const uint8_t *frame, size_t len, size_t max_len,
                                  kvf_envelope_t **env_p)
 {
-    if (max_len == 0)
-        max_len = KVF_MSG_MAX_DEFAULT;
-    if (len > max_len)
-        return KVF_ERR_TOO_BIG;
-    if (len < KVF_MSG_FRAME_HEADER || memcmp(frame, frame_magic, 4) != 0)
-        return KVF_ERR_FORMAT;
-    uint32_t want = (uint32_t)frame[4] | (uint32_t)frame[5] << 8 | (uint32_t)frame[6] << 16 |
-                    (uint32_t)frame[7] << 24;
-    const uint8_t *payload = frame + KVF_MSG_FRAME_HEADER;
-    size_t payload_len = len - KVF_MSG_FRAME_HEADER;
-    if (kvf_crc32c(0, payload, payload_len) != want)
-        return KVF_ERR_FORMAT;
-    kvf_envelope_t *env = kvf__envelope__unpack(NULL, payload_len, payload);
-    if (!env)
-        return KVF_ERR_FORMAT;
-    if (env->version != KVF_PROTO_VERSION) {
-        kvf__envelope__free_unpacked(env, NULL);
-        return KVF_ERR_VERSION;
-    }
-    if (env->body_case == KVF__ENVELOPE__BODY__NOT_SET || env->register_ == NULL) {
-        /* register_ aliases every member of the body union. */
-        kvf__envelope__free_unpacked(env, NULL);
-        return KVF_ERR_FORMAT;
-    }
-    *env_p = env;
-    return KVF_OK;
+    return kvf_envelope_decode_at(frame, len, max_len, NULL, 0, env_p);
 }
 
 void kvf_envelope_free(kvf_envelope_t *env)
@@ -136,6 +213,7 @@ struct kvf_inbox {
 
 struct kvf_outbox {
     int sock;
+    kvf_auth_stream_t stream; /* the frames this socket sends, when keyed */
     char url[256];
 };
 
@@ -232,12 +310,14 @@ kvf_status_t kvf_inbox_recv(kvf_inbox_t *inbox, int timeout_ms, kvf_envelope_t *
             kvf_log_error("inbox %s: recv failed: %s", inbox->url, nn_strerror(err));
         return err == EINTR ? KVF_ERR_AGAIN : kvf_status_from_nn(err);
     }
-    kvf_status_t st = kvf_envelope_decode(msg, (size_t)n, inbox->max_len, env_p);
+    kvf_status_t st = kvf_envelope_decode_at(msg, (size_t)n, inbox->max_len, inbox->url, 0, env_p);
     nn_freemsg(msg);
     if (st != KVF_OK) {
         inbox->dropped++;
-        kvf_log_warn("inbox %s: dropped a %d-byte message: %s", inbox->url, n,
-                     kvf_status_str(st));
+        /* A refusal is logged (rate-limited) and counted by kvf/auth.h. */
+        if (st != KVF_ERR_AUTH)
+            kvf_log_warn("inbox %s: dropped a %d-byte message: %s", inbox->url, n,
+                         kvf_status_str(st));
     }
     return st;
 }
@@ -249,7 +329,9 @@ kvf_status_t kvf_outbox_create(const char *url, kvf_outbox_t **outbox_p)
     kvf_outbox_t *outbox = calloc(1, sizeof(*outbox));
     if (!outbox)
         return KVF_ERR_NOMEM;
-    kvf_status_t st;
+    kvf_status_t st = kvf_auth_stream_init(&outbox->stream);
+    if (st != KVF_OK)
+        goto fail_socket;
     snprintf(outbox->url, sizeof(outbox->url), "%s", url);
     outbox->sock = nn_socket(AF_SP, NN_PUSH);
     if (outbox->sock < 0) {
@@ -318,7 +400,7 @@ kvf_status_t kvf_outbox_send(kvf_outbox_t *outbox, const kvf_envelope_t *env, in
 {
     uint8_t *frame;
     size_t len;
-    kvf_status_t st = kvf_envelope_encode(env, &frame, &len);
+    kvf_status_t st = kvf_envelope_encode_to(env, outbox->url, &outbox->stream, &frame, &len);
     if (st != KVF_OK)
         return st;
     st = kvf_outbox_send_frame(outbox, frame, len, timeout_ms);

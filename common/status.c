@@ -25,6 +25,7 @@ const char *kvf_status_str(kvf_status_t status)
     case KVF_ERR_DEVICE: return "device error";
     case KVF_ERR_CLOSED: return "closed";
     case KVF_ERR_INTERNAL: return "internal error";
+    case KVF_ERR_AUTH: return "not authenticated";
     }
     return "unknown status";
 }

@@ -134,6 +134,7 @@ struct kvf_decode {
 
     kvf_decode_stats_t stats;
     kvf_decode_stats_t logged;
+    kvf_auth_counters_t logged_auth; /* the control plane's refusals at the last stats line */
 };
 
 /* ---- requests.c: the table ------------------------------------------------ */

@@ -39,6 +39,7 @@
 #include "decode_internal.h"
 
 #include "kvf/array.h"
+#include "kvf/auth.h"
 #include "kvf/clock.h"
 #include "kvf/kvcache.h"
 #include "kvf/log.h"
@@ -86,19 +87,26 @@ void dec_fill_load(void *arg, Kvf__Load *load)
 static void log_stats(kvf_decode_t *d, bool force)
 {
     kvf_decode_stats_t s;
+    kvf_auth_counters_t auth;
     kvf_decode_get_stats(d, &s);
-    if (!force && !memcmp(&s, &d->logged, sizeof(s)))
+    kvf_auth_counters(&auth);
+    if (!force && !memcmp(&s, &d->logged, sizeof(s)) &&
+        !memcmp(&auth, &d->logged_auth, sizeof(auth)))
         return;
     d->logged = s;
+    d->logged_auth = auth;
+    char auth_text[160];
+    kvf_auth_counters_format(auth_text, sizeof(auth_text));
     kvf_log_info("stats: admitted %llu refused %llu finished %llu cancelled %llu failed %llu "
                  "released %llu | stale dropped %llu malformed dropped %llu | tokens %llu "
-                 "steps %llu | kv blocks used %u of %u, requests held %zu",
+                 "steps %llu | kv blocks used %u of %u, requests held %zu | %s",
                  (unsigned long long)s.requests_admitted, (unsigned long long)s.requests_refused,
                  (unsigned long long)s.requests_finished, (unsigned long long)s.requests_cancelled,
                  (unsigned long long)s.requests_failed, (unsigned long long)s.requests_released,
                  (unsigned long long)s.stale_dropped, (unsigned long long)s.malformed_dropped,
                  (unsigned long long)s.tokens_generated, (unsigned long long)s.steps,
-                 kvf_kvpool_used_blocks(d->rt.pool), kvf_kvpool_num_blocks(d->rt.pool), d->n_reqs);
+                 kvf_kvpool_used_blocks(d->rt.pool), kvf_kvpool_num_blocks(d->rt.pool), d->n_reqs,
+                 auth_text);
     for (size_t i = 0; i < d->n_reqs && i < 16; i++) {
         const dec_req_t *r = d->reqs[i];
         kvf_log_info("  held: request %llu epoch %llu, %s, %u blocks, %sreserved, %u generated",
@@ -158,8 +166,10 @@ static void drain_inbox(kvf_decode_t *d)
         if (st == KVF_ERR_AGAIN || st == KVF_ERR_TIMEOUT)
             return;
         if (st != KVF_OK) {
-            /* Already dropped and counted by the inbox. */
-            kvf_log_warn("undecodable message dropped: %s", kvf_status_str(st));
+            /* Already dropped and counted by the inbox; a refusal is
+             * logged (rate-limited) by kvf/auth.h. */
+            if (st != KVF_ERR_AUTH)
+                kvf_log_warn("undecodable message dropped: %s", kvf_status_str(st));
             continue;
         }
         dec_on_envelope(d, env);

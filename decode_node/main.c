@@ -2,6 +2,7 @@
  * node (decode.h) and runs its loop until SIGTERM (drain) or SIGINT (stop). */
 #include "decode.h"
 
+#include "kvf/auth.h"
 #include "kvf/backend_flags.h"
 #include "kvf/flags.h"
 #include "kvf/kvcache.h"
@@ -20,8 +21,8 @@ typedef struct {
     int max_running, threads;
     kvf_backend_flags_t bf;
     bool prefill_local;
-    int block_size, lease_ms, drain_timeout_ms, max_batch_tokens;
-    const char *xfer_mode;
+    int block_size, lease_ms, drain_timeout_ms, max_batch_tokens, stats_interval_ms;
+    const char *xfer_mode, *cluster_key_file;
 } decode_opts_t;
 
 /* Returns -1 to run, else the exit code (help printed, or a bad flag). */
@@ -63,6 +64,9 @@ static int parse_decode_flags(int argc, char **argv, decode_opts_t *o)
          NULL},
         {"node-id", KVF_FLAG_STRING, &o->node_id, "ID",
          "this node's id (default: decode-<pid>-<random>)", NULL},
+        {"stats-interval-ms", KVF_FLAG_INT, &o->stats_interval_ms, "MS",
+         "log the counters this often when they changed (default 30000)", NULL},
+        KVF_AUTH_FLAG_ENTRY(&o->cluster_key_file),
     };
     kvf_flagset_t set = {
         .prog = "kvf-decode",
@@ -96,9 +100,9 @@ static int check_decode_opts(const decode_opts_t *o, kvf_decode_xfer_mode_t *mod
         return 2;
     }
     if (o->max_running < 1 || o->block_size < 1 || o->block_size > KVF_KV_BLOCK_SIZE_MAX ||
-        o->lease_ms < 1 || o->max_batch_tokens < 1) {
+        o->lease_ms < 1 || o->max_batch_tokens < 1 || o->stats_interval_ms < 0) {
         kvf_log_error("--max-running, --lease-ms and --max-batch-tokens must be positive, "
-                      "--block-size in 1..256");
+                      "--stats-interval-ms not negative, --block-size in 1..256");
         return 2;
     }
     if (!strcmp(o->xfer_mode, "auto")) {
@@ -131,6 +135,7 @@ static kvf_decode_config_t decode_config(const decode_opts_t *o, kvf_decode_xfer
         .drain_timeout_ms = o->drain_timeout_ms > 0 ? (uint32_t)o->drain_timeout_ms : 1,
         .max_batch_tokens = (uint32_t)o->max_batch_tokens,
         .xfer_mode = mode,
+        .stats_interval_ms = (uint32_t)o->stats_interval_ms,
     };
 }
 
@@ -145,6 +150,8 @@ int main(int argc, char **argv)
     rc = check_decode_opts(&o, &mode);
     if (rc >= 0)
         return rc;
+    if (kvf_auth_setup(o.cluster_key_file) != KVF_OK)
+        return 1;
     kvf_signals_install(&g_stop);
     kvf_decode_config_t cfg = decode_config(&o, mode);
     kvf_decode_t *dec = NULL;

@@ -7,6 +7,7 @@ packages=(
     build-essential cmake pkg-config git
     libucx-dev ucx-utils
     libnanomsg-dev
+    libsodium-dev # HMAC-SHA256 of the control plane (--cluster-key-file)
     libprotobuf-c-dev protobuf-c-compiler
     libcmocka-dev
     libopenblas-dev

@@ -2,6 +2,7 @@
  * node (prefill.c) and runs its loop until SIGINT or SIGTERM. */
 #include "prefill.h"
 
+#include "kvf/auth.h"
 #include "kvf/backend_flags.h"
 #include "kvf/flags.h"
 #include "kvf/log.h"
@@ -17,7 +18,8 @@ typedef struct {
     const char *router_url, *listen_url, *model_dir, *node_id;
     int threads, max_batch_tokens;
     kvf_backend_flags_t bf;
-    int block_size, alloc_timeout_ms;
+    int block_size, alloc_timeout_ms, stats_interval_ms;
+    const char *cluster_key_file;
     uint64_t kv_mem;
     bool checksum;
 } prefill_opts_t;
@@ -49,6 +51,9 @@ static int parse_prefill_flags(int argc, char **argv, prefill_opts_t *o)
          "send a CRC32C with every shipped range (the decode node verifies it)", NULL},
         {"alloc-timeout-ms", KVF_FLAG_INT, &o->alloc_timeout_ms, "MS",
          "how long to wait for a decode node's KvAllocReply", NULL},
+        {"stats-interval-ms", KVF_FLAG_INT, &o->stats_interval_ms, "MS",
+         "log the counters this often when they changed (default 30000)", NULL},
+        KVF_AUTH_FLAG_ENTRY(&o->cluster_key_file),
     };
     kvf_flagset_t set = {
         .prog = "kvf-prefill",
@@ -80,9 +85,9 @@ static int check_prefill_opts(const prefill_opts_t *o)
         return 2;
     }
     if (o->max_batch_tokens < 1 || o->block_size < 1 || o->block_size > 256 ||
-        o->alloc_timeout_ms < 1) {
-        kvf_log_error("--max-batch-tokens, --alloc-timeout-ms must be positive and --block-size "
-                      "in 1..256");
+        o->alloc_timeout_ms < 1 || o->stats_interval_ms < 0) {
+        kvf_log_error("--max-batch-tokens, --alloc-timeout-ms must be positive, "
+                      "--stats-interval-ms not negative and --block-size in 1..256");
         return 2;
     }
     return -1;
@@ -98,6 +103,8 @@ int main(int argc, char **argv)
     rc = check_prefill_opts(&o);
     if (rc >= 0)
         return rc;
+    if (kvf_auth_setup(o.cluster_key_file) != KVF_OK)
+        return 1;
     kvf_signals_install(&stop_requested);
     kvf_prefill_config_t cfg = {
         .router_url = o.router_url,
@@ -111,6 +118,7 @@ int main(int argc, char **argv)
         .block_size = o.block_size,
         .checksum = o.checksum,
         .alloc_timeout_ms = o.alloc_timeout_ms,
+        .stats_interval_ms = (uint32_t)o.stats_interval_ms,
     };
     kvf_prefill_t *node = NULL;
     kvf_status_t st = kvf_prefill_create(&cfg, &node);

@@ -3,6 +3,7 @@
  * files that hold its parts. */
 #include "prefill_internal.h"
 
+#include "kvf/auth.h"
 #include "kvf/backend.h"
 #include "kvf/clock.h"
 #include "kvf/log.h"
@@ -91,6 +92,38 @@ static void on_xfer_timer(kvf_timer_t *timer, void *arg)
     (void)timer;
     kvf_prefill_t *p = arg;
     kvf_xfer_progress(p->xfer);
+}
+
+/* Logs the counters, and the control plane's refusals, when they changed
+ * since the last line (force: in any case), with what the line is. */
+static void log_stats(kvf_prefill_t *p, const char *what, bool force)
+{
+    const pf_counters_t *c = &p->count;
+    kvf_auth_counters_t auth;
+    kvf_auth_counters(&auth);
+    if (!force && !memcmp(c, &p->logged, sizeof(*c)) &&
+        !memcmp(&auth, &p->logged_auth, sizeof(auth)))
+        return;
+    p->logged = *c;
+    p->logged_auth = auth;
+    char auth_text[160];
+    kvf_auth_counters_format(auth_text, sizeof(auth_text));
+    kvf_log_info("%s: %llu requests, %llu completed, %llu failed, %llu cancelled, %llu "
+                 "refused; dropped %llu stale, %llu malformed, %llu unexpected | %s",
+                 what, (unsigned long long)c->requests, (unsigned long long)c->completed,
+                 (unsigned long long)c->failed, (unsigned long long)c->cancelled,
+                 (unsigned long long)c->refused, (unsigned long long)c->stale_dropped,
+                 (unsigned long long)c->malformed_dropped,
+                 (unsigned long long)c->unexpected_dropped, auth_text);
+}
+
+static void on_stats_timer(kvf_timer_t *timer, void *arg)
+{
+    kvf_prefill_t *p = arg;
+    log_stats(p, "stats", false);
+    /* Out of memory for the timer: no more stats lines (the last one at
+     * the stop still comes). */
+    (void)kvf_timer_arm_in_ms(kvf_evloop_timers(p->loop), timer, p->cfg.stats_interval_ms);
 }
 
 static void on_deadline_timer(kvf_timer_t *timer, void *arg)
@@ -204,17 +237,6 @@ static void drain_begin(kvf_prefill_t *p)
     kvf_log_info("draining: completing the requests held, taking no new ones");
 }
 
-static void log_counters(const pf_counters_t *c)
-{
-    kvf_log_info("stopped: %llu requests, %llu completed, %llu failed, %llu cancelled, %llu "
-                 "refused; dropped %llu stale, %llu malformed, %llu unexpected",
-                 (unsigned long long)c->requests, (unsigned long long)c->completed,
-                 (unsigned long long)c->failed, (unsigned long long)c->cancelled,
-                 (unsigned long long)c->refused, (unsigned long long)c->stale_dropped,
-                 (unsigned long long)c->malformed_dropped,
-                 (unsigned long long)c->unexpected_dropped);
-}
-
 kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
 {
     char be_desc[128];
@@ -223,6 +245,8 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
                  "backend %s",
                  p->cfg.listen_url, p->cfg.router_url, kvf_kvpool_num_blocks(p->rt.pool),
                  p->geo.block_size, p->cfg.max_batch_tokens, be_desc);
+    (void)kvf_timer_arm_in_ms(kvf_evloop_timers(p->loop), &p->stats_timer,
+                              p->cfg.stats_interval_ms);
     /* A stop signal wakes the loop after writing the flag (kvf/signals.h). */
     kvf_signals_wake_loop(p->loop);
     while (*stop != KVF_PREFILL_STOP && p->node_status == KVF_OK) {
@@ -245,7 +269,8 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
     kvf_timer_cancel(kvf_evloop_timers(p->loop), &p->drain_timer);
     if (p->node_status == KVF_OK)
         (void)kvf_node_deregister(p->node, "stopped");
-    log_counters(&p->count);
+    kvf_timer_cancel(kvf_evloop_timers(p->loop), &p->stats_timer);
+    log_stats(p, "stopped", true);
     return p->node_status;
 }
 
@@ -339,6 +364,7 @@ static kvf_status_t create_loop(kvf_prefill_t *p)
     kvf_timer_init(&p->poll_timer, on_xfer_timer, p);
     kvf_timer_init(&p->drain_timer, on_deadline_timer, p);
     kvf_timer_init(&p->stop_timer, on_deadline_timer, p);
+    kvf_timer_init(&p->stats_timer, on_stats_timer, p);
     st = kvf_evloop_add_fd(p->loop, kvf_inbox_fd(kvf_node_inbox(p->node)), on_inbox_ready, p);
     int xfd = kvf_xfer_fd(p->xfer);
     if (st == KVF_OK && xfd >= 0)
@@ -361,6 +387,8 @@ kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t *
         return KVF_ERR_NOMEM;
     p->cfg = *cfg;
     p->cfg.node_id = p->cfg.model_dir = NULL; /* used during create only */
+    if (!p->cfg.stats_interval_ms)
+        p->cfg.stats_interval_ms = 30000;
     kvf_status_t st = KVF_ERR_NOMEM;
     p->router_url = strdup(cfg->router_url);
     p->listen_url = strdup(cfg->listen_url);

@@ -43,6 +43,7 @@ typedef struct {
     int block_size;              /* tokens per KV block; must match the decode nodes */
     bool checksum;               /* CRC32C per shipped range */
     int alloc_timeout_ms;        /* how long to wait for a KvAllocReply */
+    uint32_t stats_interval_ms;  /* log the counters this often when they changed; 0: 30 s */
 } kvf_prefill_config_t;
 
 typedef struct kvf_prefill kvf_prefill_t;

@@ -133,6 +133,8 @@ struct kvf_prefill {
     bool draining;         /* SIGTERM: completing what it holds, taking nothing new */
     pf_peer_t *peers;
     pf_counters_t count;
+    pf_counters_t logged;            /* count at the last stats line */
+    kvf_auth_counters_t logged_auth; /* the control plane's refusals then */
     pf_forward_t fwd;
     /* The loop: every deadline is a timer of loop's set. */
     kvf_evloop_t *loop;
@@ -142,6 +144,7 @@ struct kvf_prefill {
     kvf_timer_t poll_timer;   /* batches out, fd may not wake for them: progress period */
     kvf_timer_t drain_timer;  /* SIGTERM's drain gives up */
     kvf_timer_t stop_timer;   /* stopping: the wait for transfers ends */
+    kvf_timer_t stats_timer;  /* the next stats line */
     kvf_status_t node_status; /* the router's final refusal, seen by a tick */
     bool drain_expired, stop_expired;
     /* Messages read during a forward, for the loop (messages.c). */

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <string.h>
 
+#include "kvf/auth.h"
 #include "kvf/flags.h"
 #include "http.h"
 #include "kvf/log.h"
@@ -17,6 +18,7 @@ typedef struct {
     int heartbeat_ms, max_queue, queue_timeout_ms, request_timeout_ms, max_attempts;
     int default_max_tokens, prefill_timeout_ms, stall_timeout_ms;
     const char *http_listen, *served_model_name, *api_key, *chat_template;
+    const char *cluster_key_file;
     uint64_t max_body;
     int http_max_connections;
     bool http_seen; /* --http was given: it must work */
@@ -75,6 +77,7 @@ static int parse_router_flags(int argc, char **argv, router_opts_t *o)
         {"max-body", KVF_FLAG_SIZE, &o->max_body, "BYTES", "largest HTTP request body", NULL},
         {"http-max-connections", KVF_FLAG_INT, &o->http_max_connections, "N",
          "concurrent HTTP connections", NULL},
+        KVF_AUTH_FLAG_ENTRY(&o->cluster_key_file),
     };
     kvf_flagset_t set = {
         .prog = "kvf-router",
@@ -167,6 +170,8 @@ int main(int argc, char **argv)
     rc = check_router_opts(&o);
     if (rc >= 0)
         return rc;
+    if (kvf_auth_setup(o.cluster_key_file) != KVF_OK)
+        return 1;
     kvf_router_config_t cfg = router_config(&o);
     kvf_router_t *router;
     kvf_status_t st = kvf_router_create(&cfg, &router);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvf/auth.h"
 #include "kvf/msg.h"
 #include "strbuf.h"
 
@@ -169,6 +170,24 @@ static void put_node_gauge(kvf_strbuf_t *sb, const char *name, const kvf_router_
     kvf_strbuf_printf(sb, "\",role=\"%s\"} %.9g\n", n->role, v);
 }
 
+/* The control plane's refusals in this process, by reason (kvf/auth.h
+ * counts them where the router's sockets take frames). */
+static void put_auth(kvf_strbuf_t *sb)
+{
+    put_header(sb, "kvf_control_authenticated", "gauge",
+               "1 when the control plane is authenticated (--cluster-key-file), else 0.");
+    kvf_strbuf_printf(sb, "kvf_control_authenticated %d\n", kvf_auth_enabled() ? 1 : 0);
+    kvf_auth_counters_t c;
+    kvf_auth_counters(&c);
+    put_header(sb, "kvf_control_refused_total", "counter",
+               "Control messages refused by the router's sockets, by reason (untagged, bad_tag, "
+               "replay, stale, misdirected).");
+    for (int r = 0; r < KVF_AUTH_N_REASONS; r++)
+        kvf_strbuf_printf(sb, "kvf_control_refused_total{reason=\"%s\"} %llu\n",
+                          kvf_auth_reason_name((kvf_auth_reason_t)r),
+                          (unsigned long long)c.refused[r]);
+}
+
 kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapshot_t *snap,
                                 char **text_p, size_t *len_p)
 {
@@ -195,6 +214,7 @@ kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapsho
     put_histogram(&sb, "kvf_kv_transfer_seconds",
                   "KV handoff time of a prefill (transfer completion to the decode node).",
                   &m->handoff);
+    put_auth(&sb);
 
     put_header(&sb, "kvf_num_requests_waiting", "gauge",
                "Requests queued for a decode node with room.");

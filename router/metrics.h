@@ -1,5 +1,7 @@
 /* Router metrics: counters and histograms of requests, tokens, latencies
- * and KV transfers, rendered in the Prometheus text format for /metrics.
+ * and KV transfers, and the control plane's refusals (kvf/auth.h, read
+ * from its atomic counters), rendered in the Prometheus text format for
+ * /metrics.
  *
  * Names follow the serving engines operators already watch
  * (vllm:time_to_first_token_seconds ...), with the prefix kvf_.

@@ -2,6 +2,7 @@
  * cluster's output is compared with), or, with --router, a client of a
  * running cluster. */
 #include "commands.h"
+#include "kvf/auth.h"
 #include "kvf/backend_flags.h"
 #include "kvf/flags.h"
 #include "kvf/log.h"
@@ -16,7 +17,7 @@
 #include <string.h>
 
 typedef struct {
-    const char *model_dir, *prompt, *prompt_ids, *stop, *router;
+    const char *model_dir, *prompt, *prompt_ids, *stop, *router, *cluster_key_file;
     int max_tokens, top_k, threads, timeout_ms;
     kvf_backend_flags_t bf;
     double temperature, top_p;
@@ -52,6 +53,7 @@ static int parse_gen_opts(int argc, char **argv, gen_opts_t *o)
          "generate through a running cluster's router (client URL) instead of locally", NULL},
         {"timeout-ms", KVF_FLAG_INT, &o->timeout_ms, "MS", "with --router: give up after MS of "
          "silence", NULL},
+        KVF_AUTH_FLAG_ENTRY(&o->cluster_key_file),
         {"verbose", KVF_FLAG_BOOL, &o->verbose, NULL, "timings on stderr", NULL},
     };
     kvf_flagset_t set = {
@@ -286,7 +288,7 @@ int kvf_cmd_generate(int argc, char **argv)
         return 2;
     }
     if (o.router) {
-        rc = generate_remote(&o, ids, n_ids);
+        rc = kvf_auth_setup(o.cluster_key_file) == KVF_OK ? generate_remote(&o, ids, n_ids) : 1;
         free(ids);
         return rc;
     }

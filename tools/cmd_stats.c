@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "kvf/auth.h"
 #include "kvf/clientsock.h"
 #include "kvf/flags.h"
 
@@ -96,13 +97,14 @@ static void print_stats_table(const Kvf__StatsReply *s)
 
 int kvf_cmd_stats(int argc, char **argv)
 {
-    const char *router = NULL;
+    const char *router = NULL, *key_file = NULL;
     bool json = false;
     int timeout_ms = 5000;
     kvf_flag_t flags[] = {
         {"router", KVF_FLAG_STRING, &router, "URL", "the router's client URL (required)", NULL},
         {"json", KVF_FLAG_BOOL, &json, NULL, "print one JSON object", NULL},
         {"timeout-ms", KVF_FLAG_INT, &timeout_ms, "MS", "how long to wait for the router", NULL},
+        KVF_AUTH_FLAG_ENTRY(&key_file),
     };
     kvf_flagset_t set = {
         .prog = argv[0],
@@ -119,6 +121,8 @@ int kvf_cmd_stats(int argc, char **argv)
         fprintf(stderr, "%s: --router URL is required\n", argv[0]);
         return 2;
     }
+    if (kvf_auth_setup(key_file) != KVF_OK)
+        return 1;
     kvf_client_t *client;
     if (kvf_client_create(router, &client) != KVF_OK) {
         fprintf(stderr, "%s: cannot connect to %s\n", argv[0], router);

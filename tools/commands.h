@@ -17,5 +17,6 @@ int kvf_cmd_bench(int argc, char **argv);
 int kvf_cmd_stats(int argc, char **argv);
 int kvf_cmd_generate(int argc, char **argv);
 int kvf_cmd_logits(int argc, char **argv);
+int kvf_cmd_keygen(int argc, char **argv);
 
 #endif

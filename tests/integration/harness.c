@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "kvf/auth.h"
 #include "kvf/clock.h"
 #include "kvf/msg.h"
 
@@ -83,6 +84,12 @@ void h_cluster_init(h_cluster_t *c, const char *model, const char *ucx_tls)
     tcp_url(c->client_url, sizeof(c->client_url));
 }
 
+void h_cluster_key(h_cluster_t *c, const char *path)
+{
+    c->key_file = path;
+    assert_int_equal(kvf_auth_load_key_file(path), KVF_OK);
+}
+
 /* Starts argv[0] (a binary in build/bin) in slot i of procs (a new one,
  * or one whose process is gone) with its output appended to its log. */
 static void spawn_in(h_cluster_t *c, int i, const char *name, const char *url, char **argv)
@@ -111,6 +118,8 @@ static void spawn_in(h_cluster_t *c, int i, const char *name, const char *url, c
         setenv("UCX_NET_DEVICES", "lo", 1);
         if (!getenv("KVF_LOG"))
             setenv("KVF_LOG", "info", 1);
+        if (c->key_file)
+            setenv(KVF_AUTH_KEY_ENV, c->key_file, 1);
         char path[512];
         snprintf(path, sizeof(path), "%s/%s", bin_dir(), argv[0]);
         execv(path, argv);

@@ -29,6 +29,7 @@ typedef struct {
     h_proc_t procs[H_MAX_PROCS];
     int n_procs;
     const char *ucx_tls;  /* UCX_TLS for the nodes, NULL: UCX's choice */
+    const char *key_file; /* cluster key of every process started, NULL: none (h_cluster_key) */
 } h_cluster_t;
 
 /* Kills (SIGKILL) every process of every cluster not yet stopped: for a
@@ -38,6 +39,11 @@ int h_teardown(void **state);
 
 /* Prepares a cluster over model (nothing started). */
 void h_cluster_init(h_cluster_t *c, const char *model, const char *ucx_tls);
+
+/* Makes path (borrowed, kept until the cluster stops) the cluster key of
+ * every process started from now on ($KVF_CLUSTER_KEY_FILE) and loads it
+ * into this process, whose client calls then sign with it. */
+void h_cluster_key(h_cluster_t *c, const char *path);
 
 /* Starts the router; extra router flags may follow (NULL-terminated). */
 void h_start_router(h_cluster_t *c, ...);

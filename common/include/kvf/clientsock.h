@@ -8,7 +8,11 @@
  * nanomsg 1.1 the SP_HDR control message holds a size_t length, then the
  * header bytes (router side: pipe id + request id, 8 bytes; client side: a
  * 4-byte request id with the top bit set). Frames are kvf envelopes
- * (kvf/msg.h), checked like every other message. */
+ * (kvf/msg.h), checked like every other message: with a cluster key
+ * (kvf/auth.h) a client signs its requests for the router's client URL and
+ * the router its replies for the connection they go back on (auth_to ""),
+ * each side on its socket's own stream, and each refuses what does not
+ * authenticate (a receive then returns KVF_ERR_AUTH). */
 #ifndef KVF_CLIENTSOCK_H
 #define KVF_CLIENTSOCK_H
 

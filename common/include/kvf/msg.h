@@ -8,18 +8,29 @@
  * flips before protobuf sees the bytes; the Envelope's version must equal
  * KVF_PROTO_VERSION. Everything received is untrusted: size-limited,
  * checked, decoded with error checks; the body's fields are then validated
- * by whoever handles the message. */
+ * by whoever handles the message.
+ *
+ * When the process has a cluster key (kvf/auth.h) every frame is tagged:
+ * "KVF\x02", the CRC32C of the payload, the 32-byte HMAC-SHA256 of the
+ * payload, then the payload, an Envelope stamped with the sending
+ * socket's stream (auth_nonce, auth_seq), the time (sent_unix_ns) and the
+ * destination URL (auth_to). Every socket here signs what it sends and
+ * checks what it takes (tag, time, replay, destination) by the rules of
+ * kvf/auth.h; a frame that fails is refused and counted there, and its
+ * receive call returns KVF_ERR_AUTH. */
 #ifndef KVF_MSG_H
 #define KVF_MSG_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvf/auth.h"
 #include "kvf/status.h"
 #include "kvferry.pb-c.h"
 
 #define KVF_PROTO_VERSION 3u
 #define KVF_MSG_FRAME_HEADER 8u
+#define KVF_MSG_FRAME_HEADER_TAGGED (KVF_MSG_FRAME_HEADER + 32u) /* + the HMAC tag */
 /* Default largest accepted frame; a prefill request of 1M tokens fits. */
 #define KVF_MSG_MAX_DEFAULT (16u << 20)
 
@@ -30,14 +41,31 @@ typedef Kvf__Envelope kvf_envelope_t;
 void kvf_envelope_init(kvf_envelope_t *env, const char *sender);
 
 /* Frames env into a malloc'd buffer owned by the caller (*frame_p, set
- * only on success). */
+ * only on success). With a cluster key the frame is tagged and stamped
+ * with stream (NULL: the process's own, kvf_auth_process_stream), the
+ * current time and the destination to (NULL: ""); env itself is not
+ * changed. Without a key to and stream are ignored. */
+kvf_status_t kvf_envelope_encode_to(const kvf_envelope_t *env, const char *to,
+                                    kvf_auth_stream_t *stream, uint8_t **frame_p, size_t *len_p);
+
+/* kvf_envelope_encode_to(env, NULL, NULL, ...). */
 kvf_status_t kvf_envelope_encode(const kvf_envelope_t *env, uint8_t **frame_p, size_t *len_p);
 
-/* Checks and decodes one frame of len bytes. Frames longer than max_len
- * are refused (KVF_ERR_TOO_BIG) before any decoding; bad magic, checksum
- * or protobuf (KVF_ERR_FORMAT), another version (KVF_ERR_VERSION), or no
- * known body (KVF_ERR_FORMAT) are errors. On success *env_p is owned by
- * the caller: release it with kvf_envelope_free(). */
+/* Checks and decodes one frame of len bytes taken by the socket at local.
+ * Frames longer than max_len are refused (KVF_ERR_TOO_BIG) before any
+ * decoding; bad magic, checksum or protobuf (KVF_ERR_FORMAT), another
+ * version (KVF_ERR_VERSION), or no known body (KVF_ERR_FORMAT) are
+ * errors. With a cluster key, a frame that is untagged, whose tag does not
+ * verify, that is outside the time window at now_unix_ns (0: the wall
+ * clock), a replay, or signed for another destination than local (NULL:
+ * any) is refused with KVF_ERR_AUTH (kvf/auth.h counts it); an accepted
+ * frame is recorded in the replay table. On success *env_p is owned by the
+ * caller: release it with kvf_envelope_free(). */
+kvf_status_t kvf_envelope_decode_at(const uint8_t *frame, size_t len, size_t max_len,
+                                    const char *local, uint64_t now_unix_ns,
+                                    kvf_envelope_t **env_p);
+
+/* kvf_envelope_decode_at(frame, len, max_len, NULL, 0, env_p). */
 kvf_status_t kvf_envelope_decode(const uint8_t *frame, size_t len, size_t max_len,
                                  kvf_envelope_t **env_p);
 
@@ -63,11 +91,12 @@ const char *kvf_inbox_url(const kvf_inbox_t *inbox);
 
 /* Receives one envelope, waiting up to timeout_ms (0: do not wait, -1:
  * forever). KVF_ERR_AGAIN/KVF_ERR_TIMEOUT when nothing came. A frame that
- * fails decoding is dropped, counted and returned as its error, so the
- * caller keeps serving. */
+ * fails decoding or authentication (KVF_ERR_AUTH; the destination it was
+ * signed for must be this inbox's URL) is dropped, counted and returned as
+ * its error, so the caller keeps serving. */
 kvf_status_t kvf_inbox_recv(kvf_inbox_t *inbox, int timeout_ms, kvf_envelope_t **env_p);
 
-/* Frames dropped because they did not decode. */
+/* Frames dropped because they did not decode or authenticate. */
 uint64_t kvf_inbox_dropped(const kvf_inbox_t *inbox);
 
 /* ---- outbox (NN_PUSH, connected) ----------------------------------------- */
@@ -85,10 +114,11 @@ void kvf_outbox_destroy(kvf_outbox_t *outbox);
 const char *kvf_outbox_url(const kvf_outbox_t *outbox);
 
 /* Encodes and sends env, waiting up to timeout_ms for the peer to take it
- * (KVF_ERR_TIMEOUT if it does not). */
+ * (KVF_ERR_TIMEOUT if it does not). With a key the frame is stamped with
+ * this outbox's own stream and its URL as the destination. */
 kvf_status_t kvf_outbox_send(kvf_outbox_t *outbox, const kvf_envelope_t *env, int timeout_ms);
 
-/* Sends an already encoded frame (same rules). */
+/* Sends an already encoded frame (same rules), as it is. */
 kvf_status_t kvf_outbox_send_frame(kvf_outbox_t *outbox, const uint8_t *frame, size_t len,
                                    int timeout_ms);
 

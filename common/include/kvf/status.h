@@ -32,6 +32,7 @@ typedef enum {
     KVF_ERR_DEVICE = -17,    /* a GPU call failed or no GPU is present */
     KVF_ERR_CLOSED = -18,    /* the socket, endpoint or node shut down */
     KVF_ERR_INTERNAL = -19,  /* a bug: an invariant did not hold */
+    KVF_ERR_AUTH = -20,      /* a control message failed authentication (kvf/auth.h) */
 } kvf_status_t;
 
 /* A static, lowercase description of status; never NULL. */
