@@ -54,6 +54,8 @@ static int parse_flags(kvf_soak_t *s, int argc, char **argv, const char **ucx_tl
          "client aborts over the run (default 1000 per 600 s of duration)", NULL},
         {"ucx-tls", KVF_FLAG_STRING, ucx_tls_p, "TLS", "UCX_TLS of the nodes (default sm,self)",
          NULL},
+        {"cluster-key-file", KVF_FLAG_STRING, &s->key_file, "PATH",
+         "run the cluster (and the native clients) with this cluster key", NULL},
     };
     kvf_flagset_t set = {
         .prog = "kvf_soak",
@@ -116,13 +118,16 @@ static bool start_cluster(kvf_soak_t *s, const char *ucx_tls)
     char http[32];
     snprintf(http, sizeof(http), "127.0.0.1:%d", s->http_port);
     h_cluster_init(&s->cluster, s->model, ucx_tls);
+    if (s->key_file)
+        h_cluster_key(&s->cluster, s->key_file);
     /* A request still unfinished after 60 s fails with the router's error
      * (before the driver's stall limit would call it lost). */
     h_start_router(&s->cluster, "--http", http, "--request-timeout-ms", "60000", NULL);
     kvf_soak_chaos_start_nodes(s);
     h_wait_nodes(&s->cluster, 4, 120000);
-    fprintf(stderr, "soak: router (HTTP %s, native %s) and 4 nodes live; logs in %s\n", http,
-            s->cluster.client_url, s->cluster.dir);
+    fprintf(stderr,
+            "soak: router (HTTP %s, native %s) and 4 nodes live, control plane %s; logs in %s\n",
+            http, s->cluster.client_url, s->key_file ? "keyed" : "not keyed", s->cluster.dir);
     return true;
 }
 

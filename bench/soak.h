@@ -127,6 +127,7 @@ typedef struct {
     char scratch[240]; /* model and logs */
     char model[256];
     char lease_flag[16];
+    const char *key_file; /* --cluster-key-file: the cluster runs keyed; NULL: not */
     int http_port;
     kvf_soak_prompt_t pool[KVF_SOAK_POOL];
     h_cluster_t cluster;

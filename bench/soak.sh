@@ -12,6 +12,8 @@
 # the run) to the end, and the checks; exits non-zero when one failed.
 #
 # Usage: bash bench/soak.sh [DURATION_S]   (default 600; 60 is a quick smoke)
+# The cluster runs with a fresh cluster key (kvf keygen; KVF_SOAK_NO_KEY=1:
+# without one).
 # Environment: KVF_SOAK_BUILD_DIR (default build), JOBS (2), KVF_SOAK_SEED
 # (1), KVF_SOAK_ARGS (more kvf_soak flags, see kvf_soak --help),
 # KVF_SOAK_KEEP_LOGS=1 (keep the processes' logs even when it passes).
@@ -44,9 +46,17 @@ stop_group() {
     [[ -n $pid ]] && kill -KILL -- "-$pid" 2> /dev/null || true
 }
 trap stop_group EXIT
+# The cluster runs keyed (a fresh cluster key) unless KVF_SOAK_NO_KEY=1.
+key_args=()
+if [[ "${KVF_SOAK_NO_KEY:-0}" != 1 ]]; then
+    keydir=$(mktemp -d /tmp/kvf-soak-key-XXXXXX)
+    trap 'stop_group; rm -rf "$keydir"' EXIT
+    "$build/bin/kvf" keygen "$keydir/cluster.key" > /dev/null
+    key_args=(--cluster-key-file "$keydir/cluster.key")
+fi
 # shellcheck disable=SC2086
 timeout --kill-after=20 $((duration + 600)) "$build/bin/kvf_soak" --duration "$duration" \
-    --seed "${KVF_SOAK_SEED:-1}" ${KVF_SOAK_ARGS:-} &
+    --seed "${KVF_SOAK_SEED:-1}" "${key_args[@]}" ${KVF_SOAK_ARGS:-} &
 pid=$!
 rc=0
 wait "$pid" || rc=$?
