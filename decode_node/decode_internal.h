@@ -111,8 +111,7 @@ struct kvf_decode {
     size_t n_reqs, cap_reqs;
 
     /* Messages read during a step for the loop, in order (loop.c). */
-    kvf_envelope_t **stash;
-    size_t n_stash, cap_stash;
+    kvf_kept_t stash;
 
     /* Prefill nodes whose connection to this pool has carried a batch
      * (events.c): (n_senders) ids, owned. */

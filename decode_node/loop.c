@@ -38,7 +38,6 @@
  * took the signal and whenever it came. */
 #include "decode_internal.h"
 
-#include "kvf/array.h"
 #include "kvf/auth.h"
 #include "kvf/clock.h"
 #include "kvf/kvcache.h"
@@ -119,47 +118,27 @@ static void log_stats(kvf_decode_t *d, bool force)
 /* At most this many messages are kept for the loop during a step. */
 #define DECODE_STASH_MAX 4096
 
+/* Handles env and frees it. */
+static void take_envelope(void *arg, kvf_envelope_t *env)
+{
+    dec_on_envelope(arg, env);
+    kvf_envelope_free(env);
+}
+
 void dec_inbox_during_step(kvf_decode_t *d)
 {
-    while (d->n_stash < DECODE_STASH_MAX) {
-        kvf_envelope_t *env = NULL;
-        kvf_status_t st = kvf_inbox_recv(kvf_node_inbox(d->node), 0, &env);
-        if (st == KVF_ERR_AGAIN || st == KVF_ERR_TIMEOUT)
-            return;
-        if (st != KVF_OK)
-            continue; /* already dropped and counted by the inbox */
-        if (env->body_case == KVF__ENVELOPE__BODY_KV_LEASE) {
-            dec_on_envelope(d, env);
-            kvf_envelope_free(env);
-            continue;
-        }
-        if (kvf_array_reserve(&d->stash, &d->cap_stash, d->n_stash + 1, 16,
-                              sizeof(*d->stash)) != KVF_OK) {
-            kvf_log_warn("no memory to keep a %s message: dropped", kvf_envelope_body_name(env));
-            kvf_envelope_free(env);
-            continue;
-        }
-        d->stash[d->n_stash++] = env;
-    }
+    kvf_inbox_keep(kvf_node_inbox(d->node), &d->stash, DECODE_STASH_MAX,
+                   KVF__ENVELOPE__BODY_KV_LEASE, take_envelope, d);
 }
 
 void dec_stash_free(kvf_decode_t *d)
 {
-    for (size_t i = 0; i < d->n_stash; i++)
-        kvf_envelope_free(d->stash[i]);
-    free(d->stash);
-    d->stash = NULL;
-    d->n_stash = d->cap_stash = 0;
+    kvf_kept_free(&d->stash);
 }
 
 static void drain_inbox(kvf_decode_t *d)
 {
-    /* What the last step kept comes first. */
-    for (size_t i = 0; i < d->n_stash; i++) {
-        dec_on_envelope(d, d->stash[i]);
-        kvf_envelope_free(d->stash[i]);
-    }
-    d->n_stash = 0;
+    kvf_kept_handle(&d->stash, take_envelope, d); /* what the last step kept comes first */
     for (int i = 0; i < DECODE_RECV_BURST; i++) {
         kvf_envelope_t *env = NULL;
         kvf_status_t st = kvf_inbox_recv(kvf_node_inbox(d->node), 0, &env);
@@ -344,7 +323,7 @@ static kvf_status_t turn(kvf_decode_t *d)
     arm_transport_timers(d);
     /* Busy, or messages the step kept: only look (due timers, readable
      * fds); the next turn follows at once. */
-    (void)kvf_evloop_wait(d->loop, busy || d->n_stash ? 0 : -1);
+    (void)kvf_evloop_wait(d->loop, busy || d->stash.n ? 0 : -1);
     return d->node_status;
 }
 

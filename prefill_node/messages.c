@@ -3,7 +3,6 @@
  * back (Error, PrefillDone, and KvReady to the decode node). */
 #include "prefill_internal.h"
 
-#include "kvf/array.h"
 #include "kvf/clock.h"
 #include "kvf/log.h"
 #include "kvf/model.h"
@@ -201,48 +200,31 @@ void pf_handle_envelope(kvf_prefill_t *p, kvf_envelope_t *env)
 
 /* ---- the inbox during a forward ---- */
 
+static void take_lease_reply(void *arg, kvf_envelope_t *env)
+{
+    pf_on_lease_reply(arg, env->kv_lease_reply, env->sender);
+    kvf_envelope_free(env);
+}
+
+static void handle_kept(void *arg, kvf_envelope_t *env)
+{
+    pf_handle_envelope(arg, env);
+}
+
 void pf_inbox_during_forward(kvf_prefill_t *p)
 {
-    kvf_inbox_t *inbox = kvf_node_inbox(p->node);
-    while (p->n_stash < PF_STASH_MAX) {
-        kvf_envelope_t *env = NULL;
-        kvf_status_t st = kvf_inbox_recv(inbox, 0, &env);
-        if (st == KVF_ERR_AGAIN || st == KVF_ERR_TIMEOUT)
-            return;
-        if (st != KVF_OK) {
-            p->count.malformed_dropped++;
-            continue;
-        }
-        if (env->body_case == KVF__ENVELOPE__BODY_KV_LEASE_REPLY) {
-            pf_on_lease_reply(p, env->kv_lease_reply, env->sender);
-            kvf_envelope_free(env);
-            continue;
-        }
-        if (kvf_array_reserve(&p->stash, &p->cap_stash, p->n_stash + 1, 16,
-                              sizeof(*p->stash)) != KVF_OK) {
-            kvf_log_warn("no memory to keep a %s message: dropped", kvf_envelope_body_name(env));
-            kvf_envelope_free(env);
-            continue;
-        }
-        p->stash[p->n_stash++] = env;
-    }
+    kvf_inbox_keep(kvf_node_inbox(p->node), &p->stash, PF_STASH_MAX,
+                   KVF__ENVELOPE__BODY_KV_LEASE_REPLY, take_lease_reply, p);
 }
 
 void pf_stash_handle(kvf_prefill_t *p)
 {
-    /* Handling may run no forward, so nothing is added meanwhile. */
-    for (size_t i = 0; i < p->n_stash; i++)
-        pf_handle_envelope(p, p->stash[i]);
-    p->n_stash = 0;
+    kvf_kept_handle(&p->stash, handle_kept, p);
 }
 
 void pf_stash_free(kvf_prefill_t *p)
 {
-    for (size_t i = 0; i < p->n_stash; i++)
-        kvf_envelope_free(p->stash[i]);
-    free(p->stash);
-    p->stash = NULL;
-    p->n_stash = p->cap_stash = 0;
+    kvf_kept_free(&p->stash);
 }
 
 /* ---- completion ---- */

@@ -148,8 +148,7 @@ struct kvf_prefill {
     kvf_status_t node_status; /* the router's final refusal, seen by a tick */
     bool drain_expired, stop_expired;
     /* Messages read during a forward, for the loop (messages.c). */
-    kvf_envelope_t **stash;
-    size_t n_stash, cap_stash;
+    kvf_kept_t stash;
 };
 
 static inline uint64_t pf_us_between(uint64_t from_ns, uint64_t to_ns)

@@ -99,6 +99,31 @@ kvf_status_t kvf_inbox_recv(kvf_inbox_t *inbox, int timeout_ms, kvf_envelope_t *
 /* Frames dropped because they did not decode or authenticate. */
 uint64_t kvf_inbox_dropped(const kvf_inbox_t *inbox);
 
+/* ---- messages kept while a loop computes (msg_keep.c) ---------------------- */
+
+/* Takes env (frees it or keeps it). */
+typedef void (*kvf_envelope_fn)(void *arg, kvf_envelope_t *env);
+
+/* Envelopes kept for the loop, in arrival order. Zero-initialised is empty. */
+typedef struct {
+    kvf_envelope_t **envs;
+    size_t n, cap;
+} kvf_kept_t;
+
+/* Reads what waits in inbox between the steps of a long compute (a
+ * forward's layers): envelopes of body case urgent_body go to urgent at
+ * once (it must not start a compute); the rest is kept, up to max (more
+ * stays in the inbox), for the loop to handle in order once the compute
+ * is over (kvf_kept_handle). */
+void kvf_inbox_keep(kvf_inbox_t *inbox, kvf_kept_t *kept, size_t max, int urgent_body,
+                    kvf_envelope_fn urgent, void *arg);
+
+/* Hands every kept envelope to fn, oldest first, and empties kept. */
+void kvf_kept_handle(kvf_kept_t *kept, kvf_envelope_fn fn, void *arg);
+
+/* Frees what is kept. */
+void kvf_kept_free(kvf_kept_t *kept);
+
 /* ---- outbox (NN_PUSH, connected) ----------------------------------------- */
 
 typedef struct kvf_outbox kvf_outbox_t;
