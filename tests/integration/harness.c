@@ -528,6 +528,37 @@ void h_gen_free(h_gen_t *g)
     g->n_out = g->cap_out = g->n_text = 0;
 }
 
+void h_gen_random(h_gen_t *g, size_t n_prompt, uint32_t vocab, uint64_t seed, uint32_t max_tokens,
+                  bool ignore_eos)
+{
+    memset(g, 0, sizeof(*g));
+    g->n_prompt = n_prompt;
+    g->prompt = h_prompt(n_prompt, vocab, seed);
+    g->prompt[0] = vocab - 2; /* BOS, as a tokenized prompt starts */
+    g->max_tokens = max_tokens;
+    g->ignore_eos = ignore_eos;
+}
+
+void h_references(const char *model, const h_gen_t *gens, size_t n, uint32_t **refs,
+                  size_t *n_refs)
+{
+    for (size_t i = 0; i < n; i++)
+        refs[i] = h_colocated(model, &gens[i], &n_refs[i]);
+}
+
+void h_gens_free(h_gen_t *gens, uint32_t **refs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(gens[i].prompt);
+        gens[i].prompt = NULL;
+        h_gen_free(&gens[i]);
+        if (refs) {
+            free(refs[i]);
+            refs[i] = NULL;
+        }
+    }
+}
+
 /* The kvf generate command of g's colocated reference (malloc'd, the
  * caller's): the generated ids on one line with ids, else the text. */
 static char *colocated_cmd(const char *model, const h_gen_t *g, bool ids)

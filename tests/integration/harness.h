@@ -141,6 +141,20 @@ int h_find(const h_cluster_t *c, const char *name);
 
 void h_gen_free(h_gen_t *g);
 
+/* g becomes a fresh generation of a random prompt: n_prompt ids from
+ * h_prompt(n_prompt, vocab, seed), the first one vocab - 2 (the BOS of the
+ * models h_mkmodel makes), max_tokens, greedy; ignore_eos as given. */
+void h_gen_random(h_gen_t *g, size_t n_prompt, uint32_t vocab, uint64_t seed, uint32_t max_tokens,
+                  bool ignore_eos);
+
+/* The colocated reference of each of gens[0..n) (h_colocated). */
+void h_references(const char *model, const h_gen_t *gens, size_t n, uint32_t **refs,
+                  size_t *n_refs);
+
+/* Frees the prompts, outputs and references (refs may be NULL) of
+ * gens[0..n). */
+void h_gens_free(h_gen_t *gens, uint32_t **refs, size_t n);
+
 /* The colocated reference: kvf generate --model M --prompt-ids ... --ids
  * with g's sampling; returns a malloc'd id array. */
 uint32_t *h_colocated(const char *model, const h_gen_t *g, size_t *n_p);

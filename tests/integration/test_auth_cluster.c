@@ -64,27 +64,17 @@ static int setup(void **state)
     assert_int_equal(kvf_model_load(model_dir, &m), KVF_OK);
     snprintf(fingerprint, sizeof(fingerprint), "%s", kvf_model_fingerprint(m));
     kvf_model_destroy(m);
-    for (int i = 0; i < N_REQ; i++) {
-        h_gen_t *g = &reqs[i];
-        memset(g, 0, sizeof(*g));
-        size_t len = 20 + (size_t)i * 37;
-        g->prompt = h_prompt(len, VOCAB, (uint64_t)i + 5);
-        g->prompt[0] = 510;
-        g->n_prompt = len;
-        g->max_tokens = 24 + (uint32_t)i * 4;
-        g->ignore_eos = true;
-        refs[i] = h_colocated(model_dir, g, &n_refs[i]);
-    }
+    for (int i = 0; i < N_REQ; i++)
+        h_gen_random(&reqs[i], 20 + (size_t)i * 37, VOCAB, (uint64_t)i + 5, 24 + (uint32_t)i * 4,
+                     true);
+    h_references(model_dir, reqs, N_REQ, refs, n_refs);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    for (int i = 0; i < N_REQ; i++) {
-        free(reqs[i].prompt);
-        free(refs[i]);
-    }
+    h_gens_free(reqs, refs, N_REQ);
     unlink(key_path);
     unlink(other_key_path);
     rmdir(key_dir);

@@ -33,14 +33,9 @@ static size_t n_ref_texts[N_REQ];
 static void make_requests(void)
 {
     for (int i = 0; i < N_REQ; i++) {
-        h_gen_t *g = &reqs[i];
-        memset(g, 0, sizeof(*g));
         size_t len = i == 0 ? 1 : i == 1 ? 600 : 1 + (size_t)((i * 197) % 600);
-        g->prompt = h_prompt(len, VOCAB, (uint64_t)i + 1);
-        g->prompt[0] = 510; /* BOS, as a tokenized prompt starts */
-        g->n_prompt = len;
-        g->max_tokens = 1 + (uint32_t)((i * 37) % 48);
-        g->ignore_eos = i % 2 == 0;
+        h_gen_random(&reqs[i], len, VOCAB, (uint64_t)i + 1, 1 + (uint32_t)((i * 37) % 48),
+                     i % 2 == 0);
     }
 }
 

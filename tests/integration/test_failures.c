@@ -41,26 +41,17 @@ static int setup(void **state)
     /* Big enough that 16 streams last a while on the CPU. */
     h_mkmodel(model_dir, "--layers 4 --hidden 256 --heads 4 --kv-heads 2 --inter 512 "
                          "--vocab 512 --max-pos 2048 --seed 21");
-    for (int i = 0; i < N_REQ; i++) {
-        h_gen_t *g = &reqs[i];
-        memset(g, 0, sizeof(*g));
-        g->n_prompt = 16 + (size_t)((i * 131) % 400);
-        g->prompt = h_prompt(g->n_prompt, VOCAB, 50 + (uint64_t)i);
-        g->prompt[0] = 510;
-        g->max_tokens = 120 + (uint32_t)((i * 53) % 120);
-        g->ignore_eos = true;
-        refs[i] = h_colocated(model_dir, g, &n_refs[i]);
-    }
+    for (int i = 0; i < N_REQ; i++)
+        h_gen_random(&reqs[i], 16 + (size_t)((i * 131) % 400), VOCAB, 50 + (uint64_t)i,
+                     120 + (uint32_t)((i * 53) % 120), true);
+    h_references(model_dir, reqs, N_REQ, refs, n_refs);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    for (int i = 0; i < N_REQ; i++) {
-        free(reqs[i].prompt);
-        free(refs[i]);
-    }
+    h_gens_free(reqs, refs, N_REQ);
     return h_rmmodel(model_dir);
 }
 

@@ -42,27 +42,16 @@ static int setup(void **state)
     snprintf(model_dir, sizeof(model_dir), "/tmp/kvf-test-liveness-model-%d", (int)getpid());
     h_mkmodel(model_dir, "--layers 8 --hidden 512 --heads 8 --kv-heads 4 --inter 1376 "
                          "--vocab 512 --max-pos 2048 --seed 33");
-    for (int i = 0; i < N_REQ; i++) {
-        h_gen_t *g = &reqs[i];
-        memset(g, 0, sizeof(*g));
-        g->n_prompt = PROMPT_TOKENS;
-        g->prompt = h_prompt(g->n_prompt, VOCAB, 700 + (uint64_t)i);
-        g->prompt[0] = 510;
-        g->max_tokens = 24;
-        g->ignore_eos = true;
-        refs[i] = h_colocated(model_dir, g, &n_refs[i]);
-    }
+    for (int i = 0; i < N_REQ; i++)
+        h_gen_random(&reqs[i], PROMPT_TOKENS, VOCAB, 700 + (uint64_t)i, 24, true);
+    h_references(model_dir, reqs, N_REQ, refs, n_refs);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    for (int i = 0; i < N_REQ; i++) {
-        free(reqs[i].prompt);
-        free(refs[i]);
-        h_gen_free(&reqs[i]);
-    }
+    h_gens_free(reqs, refs, N_REQ);
     return h_rmmodel(model_dir);
 }
 
