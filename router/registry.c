@@ -264,6 +264,10 @@ void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
     }
     n->pending_blocks = n->pending_running = 0;
     n->pending_tokens = 0;
+    /* A heartbeat sent after the failed transfer shows the node alive. */
+    if (n->suspect_since_ns &&
+        kvf_clock_ns() - n->suspect_since_ns >= (uint64_t)r->cfg.heartbeat_ms * 1000000ull)
+        n->suspect_since_ns = 0;
     kvf_node_state_t st = strcmp(hb->state, "draining") == 0 ? NODE_DRAINING : NODE_LIVE;
     if (st != n->state)
         kvf_log_info("node %s is %s", n->id, node_state_names[st]);

@@ -79,6 +79,10 @@ typedef struct {
     /* Prefill compute per token it reported (PrefillDone), a running
      * average in nanoseconds; 0 until its first. */
     uint64_t prefill_ns_per_token;
+    /* A transfer to this decode node failed at this time (it may have
+     * died, unseen yet): it gets no new work until a heartbeat taken a
+     * period after that shows it alive (sched.c); 0: not suspect. */
+    uint64_t suspect_since_ns;
 } kvf_router_node_t;
 
 /* The node table and what the cluster agreed on. */

@@ -177,7 +177,7 @@ static kvf_router_node_t *pick_decode(kvf_router_t *r, const kvf_router_req_t *q
     for (int i = 0; i < ROUTER_MAX_NODES; i++) {
         kvf_router_node_t *n = &r->nodes.slots[i];
         if (!n->used || n->role != KVF__ROLE__ROLE_DECODE || n->state != NODE_LIVE ||
-            excluded(r, q, n))
+            n->suspect_since_ns || excluded(r, q, n))
             continue;
         if (n->max_context && tokens > n->max_context)
             continue;
@@ -407,6 +407,17 @@ void kvf_router__on_error(kvf_router_t *r, const Kvf__Error *e, const char *send
         q->place.attempts--; /* a refusal is not a failure */
         kvf_router__schedule(r, q);
         return;
+    }
+    if (e->status == KVF_ERR_TRANSPORT) {
+        /* The decode node may be dead, unseen yet: the next attempts go
+         * elsewhere or wait, rather than fail on it again at once. */
+        kvf_router_node_t *d = kvf_router__node_get(r, q->place.decode);
+        kvf_router_node_t *p = kvf_router__node_get(r, q->place.prefill);
+        if (d && d != p && !d->suspect_since_ns) {
+            d->suspect_since_ns = kvf_clock_ns();
+            kvf_log_info("node %s: a transfer to it failed; no new work until it heartbeats",
+                         d->id);
+        }
     }
     if (e->status == KVF_ERR_INVAL || e->status == KVF_ERR_TOO_BIG ||
         e->status == KVF_ERR_UNSUPPORTED) {
