@@ -182,6 +182,46 @@ static void heartbeat_naming(fixture_t *fx, const char *id, const char *url, uin
     kvf_router__on_heartbeat(fx->r, &hb);
 }
 
+/* A transfer to a decode node failed (it may be dead, unseen): the request
+ * goes to the other decode node, and the failed one gets no new work
+ * until a heartbeat a period later. */
+static void test_transport_failure_suspects_decode(void **state)
+{
+    fixture_t *fx = *state;
+    register_decode(fx, "d1", fx->urls[2]);
+    register_node(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
+    outcome_t o = {0};
+    kvf_router_gen_t g = {.prompt = "hello"};
+    kvf_router_sink_t sink = {on_chunk, &o};
+    uint64_t id = kvf_router_submit(fx->r, &g, &sink);
+    kvf_envelope_t *pr = node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    assert_non_null(pr);
+    assert_string_equal(pr->prefill_request->decode_node_id, "d1");
+    uint64_t epoch = pr->prefill_request->epoch;
+    kvf_envelope_free(pr);
+    register_decode(fx, "d2", fx->urls[2]);
+    Kvf__Error e = KVF__ERROR__INIT;
+    e.req_id = id;
+    e.epoch = epoch;
+    e.status = KVF_ERR_TRANSPORT;
+    e.message = "cannot connect to the decode node";
+    e.node_id = "p1";
+    kvf_router__on_error(fx->r, &e, "p1");
+    pr = node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    assert_non_null(pr);
+    assert_string_equal(pr->prefill_request->decode_node_id, "d2");
+    kvf_envelope_free(pr);
+    kvf_router_node_t *d1 = node_named(fx, "d1");
+    assert_true(d1->suspect_since_ns != 0);
+    /* A heartbeat at once (maybe sent before the failure) does not clear
+     * the suspicion; one a period later does. */
+    heartbeat_naming(fx, "d1", fx->urls[2], 0, 0);
+    assert_true(d1->suspect_since_ns != 0);
+    d1->suspect_since_ns -= (uint64_t)fx->r->cfg.heartbeat_ms * 1000000ull;
+    heartbeat_naming(fx, "d1", fx->urls[2], 0, 0);
+    assert_int_equal(d1->suspect_since_ns, 0);
+}
+
 /* A request whose prefill node left keeps decoding, its placement still
  * naming that node; a new prefill node registers into the freed slot.
  * The old handle must not resolve to the new node: the new node's
@@ -421,6 +461,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_handles, setup_slow, teardown),
         cmocka_unit_test_setup_teardown(test_slot_reuse_under_live_request, setup_slow, teardown),
+        cmocka_unit_test_setup_teardown(test_transport_failure_suspects_decode, setup_slow,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_queue_timeout, setup_queue_timeout, teardown),
         cmocka_unit_test_setup_teardown(test_request_timeout, setup_request_timeout, teardown),
         cmocka_unit_test_setup_teardown(test_missed_heartbeats, setup_slow, teardown),
