@@ -9,15 +9,14 @@
  *   detok.c            decoding, whole and incremental (kvf_detok_*)
  *
  * Every id owns a string in one arena (the tokenizer.json spelling) and the
- * bytes it decodes to; the vocabulary is a hash map from spelling to id,
- * the merges a hash map from an id pair to (rank, merged id), both on
- * kvf/hashmap.h. A loaded tokenizer is never written again, so lookups
- * from any number of threads are safe. */
+ * bytes it decodes to; the vocabulary is a map from spelling to id, the
+ * merges a map from an id pair to (rank, merged id), both flat tables
+ * sized once at load (kvf_tok_index_t). A loaded tokenizer is never
+ * written again, so lookups from any number of threads are safe. */
 #ifndef KVF_TOKENIZER_INTERNAL_H
 #define KVF_TOKENIZER_INTERNAL_H
 
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "kvf/hashmap.h"
 #include "kvf/tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -53,8 +52,6 @@ typedef struct {
     uint32_t text_off, text_len;   /* spelling in tokenizer.json */
     uint32_t bytes_off, bytes_len; /* bytes it decodes to */
     bool present;
-    UT_hash_handle hh; /* in the vocabulary map (model.vocab entries only),
-                          keyed by the spelling in the arena */
 } kvf_tok_entry_t;
 
 /* A merge: the pair (left, right) of ids becomes merged, at rank. */
@@ -62,19 +59,26 @@ typedef struct {
     uint64_t pair; /* left << 32 | right: the key */
     uint32_t rank;
     uint32_t merged;
-    UT_hash_handle hh;
 } kvf_tok_merge_t;
+
+/* A map sized once at load: open addressing with linear probing over
+ * 2^k slots (at most half full), each an index + 1 into the table it maps
+ * to (0: empty). */
+typedef struct {
+    uint32_t *slots;
+    uint32_t mask;
+} kvf_tok_index_t;
 
 struct kvf_tokenizer {
     char *arena; /* spellings and bytes of every token */
     size_t arena_len, arena_cap;
     kvf_tok_entry_t *tokens; /* [n_ids] */
     uint32_t n_ids;
-    kvf_tok_entry_t *vocab; /* map head: spelling -> entry (id = entry - tokens) */
+    kvf_tok_index_t vocab; /* spelling -> id (model.vocab entries only) */
 
-    kvf_tok_merge_t *merge_nodes; /* [n_merges]: the merges map's elements */
+    kvf_tok_merge_t *merge_nodes; /* [n_merges] */
     size_t n_merges;
-    kvf_tok_merge_t *merges; /* map head: pair -> merge */
+    kvf_tok_index_t merges; /* pair -> index into merge_nodes */
 
     uint32_t byte_id[256];         /* ByteLevel symbol id of each byte, KVF_TOK_NO_ID if absent */
     uint8_t byte_spelling[256][3]; /* UTF-8 of each byte's symbol */

@@ -187,31 +187,79 @@ static kvf_status_t load_added(kvf_tokenizer_t *tok, const cJSON *added)
     return KVF_OK;
 }
 
-/* The vocabulary map, over the finished arena: model.vocab entries only
- * (an added token's text is not a spelling). */
-static kvf_status_t index_vocab(kvf_tokenizer_t *tok, const char *path, const cJSON *vocab)
+/* ---- the maps ------------------------------------------------------------- */
+
+/* Room for n keys at most half the slots. */
+static kvf_status_t index_init(kvf_tok_index_t *x, size_t n)
 {
-    for (const cJSON *v = vocab->child; v; v = v->next) {
-        uint32_t id = (uint32_t)v->valuedouble;
-        kvf_tok_entry_t *e = &tok->tokens[id];
-        const char *spelling = token_spelling(tok, id);
-        if (kvf_tokenizer__vocab_find(tok, spelling, e->text_len) != KVF_TOK_NO_ID) {
-            kvf_log_error("%s: token '%s' appears twice in model.vocab", path, v->string);
-            return KVF_ERR_FORMAT;
-        }
-        kvf_status_t st;
-        KVF_HASH_ADD_KEYPTR(tok->vocab, spelling, e->text_len, e, st);
-        if (st != KVF_OK)
-            return st;
-    }
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    if (cap > (size_t)UINT32_MAX)
+        return KVF_ERR_TOO_BIG;
+    x->slots = calloc(cap, sizeof(*x->slots));
+    if (!x->slots)
+        return KVF_ERR_NOMEM;
+    x->mask = (uint32_t)(cap - 1);
     return KVF_OK;
+}
+
+/* FNV-1a of a spelling. */
+static uint32_t spelling_hash(const char *text, size_t len)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (uint8_t)text[i]) * 1099511628211ull;
+    return (uint32_t)(h ^ h >> 32);
+}
+
+static uint32_t pair_hash(uint64_t pair)
+{
+    pair ^= pair >> 33;
+    pair *= 0xff51afd7ed558ccdull;
+    pair ^= pair >> 33;
+    return (uint32_t)pair;
 }
 
 uint32_t kvf_tokenizer__vocab_find(const kvf_tokenizer_t *tok, const char *text, size_t len)
 {
-    const kvf_tok_entry_t *e;
-    HASH_FIND(hh, tok->vocab, text, len, e);
-    return e ? (uint32_t)(e - tok->tokens) : KVF_TOK_NO_ID;
+    const kvf_tok_index_t *x = &tok->vocab;
+    if (!x->slots)
+        return KVF_TOK_NO_ID;
+    for (uint32_t h = spelling_hash(text, len) & x->mask;; h = (h + 1) & x->mask) {
+        uint32_t s = x->slots[h];
+        if (!s)
+            return KVF_TOK_NO_ID;
+        const kvf_tok_entry_t *e = &tok->tokens[s - 1];
+        if (e->text_len == len && !memcmp(tok->arena + e->text_off, text, len))
+            return s - 1;
+    }
+}
+
+/* The vocabulary map, over the finished arena: model.vocab entries only
+ * (an added token's text is not a spelling). */
+static kvf_status_t index_vocab(kvf_tokenizer_t *tok, const char *path, const cJSON *vocab)
+{
+    kvf_status_t st = index_init(&tok->vocab, (size_t)cJSON_GetArraySize(vocab));
+    if (st != KVF_OK)
+        return st;
+    const kvf_tok_index_t *x = &tok->vocab;
+    for (const cJSON *v = vocab->child; v; v = v->next) {
+        uint32_t id = (uint32_t)v->valuedouble;
+        const kvf_tok_entry_t *e = &tok->tokens[id];
+        const char *spelling = token_spelling(tok, id);
+        uint32_t h = spelling_hash(spelling, e->text_len) & x->mask;
+        for (; x->slots[h]; h = (h + 1) & x->mask) {
+            const kvf_tok_entry_t *o = &tok->tokens[x->slots[h] - 1];
+            if (o->text_len == e->text_len &&
+                !memcmp(tok->arena + o->text_off, spelling, e->text_len)) {
+                kvf_log_error("%s: token '%s' appears twice in model.vocab", path, v->string);
+                return KVF_ERR_FORMAT;
+            }
+        }
+        x->slots[h] = id + 1;
+    }
+    return KVF_OK;
 }
 
 /* ---- merges --------------------------------------------------------------- */
@@ -268,14 +316,16 @@ static kvf_status_t add_merge(kvf_tokenizer_t *tok, const char *path, uint32_t r
                       rank, (int)left_len, left, (int)right_len, right);
         return KVF_ERR_FORMAT;
     }
-    if (kvf_tokenizer__merge_find(tok, a, b))
-        return KVF_OK; /* a repeated merge keeps its first (lowest) rank */
-    kvf_tok_merge_t *node = &tok->merge_nodes[tok->n_merges];
-    *node = (kvf_tok_merge_t){.pair = (uint64_t)a << 32 | b, .rank = rank, .merged = merged};
-    KVF_HASH_ADD(tok->merges, pair, node, st);
-    if (st == KVF_OK)
-        tok->n_merges++;
-    return st;
+    uint64_t pair = (uint64_t)a << 32 | b;
+    const kvf_tok_index_t *x = &tok->merges;
+    uint32_t h = pair_hash(pair) & x->mask;
+    for (; x->slots[h]; h = (h + 1) & x->mask)
+        if (tok->merge_nodes[x->slots[h] - 1].pair == pair)
+            return KVF_OK; /* a repeated merge keeps its first (lowest) rank */
+    tok->merge_nodes[tok->n_merges] =
+        (kvf_tok_merge_t){.pair = pair, .rank = rank, .merged = merged};
+    x->slots[h] = (uint32_t)++tok->n_merges;
+    return KVF_OK;
 }
 
 static kvf_status_t load_merges(kvf_tokenizer_t *tok, const char *path, const cJSON *merges)
@@ -284,6 +334,9 @@ static kvf_status_t load_merges(kvf_tokenizer_t *tok, const char *path, const cJ
     tok->merge_nodes = calloc(n ? n : 1, sizeof(*tok->merge_nodes));
     if (!tok->merge_nodes)
         return KVF_ERR_NOMEM;
+    kvf_status_t ist = index_init(&tok->merges, n);
+    if (ist != KVF_OK)
+        return ist;
     char *joined = NULL;
     size_t joined_cap = 0;
     kvf_status_t st = KVF_OK;
@@ -298,9 +351,16 @@ const kvf_tok_merge_t *kvf_tokenizer__merge_find(const kvf_tokenizer_t *tok, uin
                                                  uint32_t right)
 {
     uint64_t pair = (uint64_t)left << 32 | right;
-    const kvf_tok_merge_t *m;
-    HASH_FIND(hh, tok->merges, &pair, sizeof(pair), m);
-    return m;
+    const kvf_tok_index_t *x = &tok->merges;
+    if (!x->slots)
+        return NULL;
+    for (uint32_t h = pair_hash(pair) & x->mask;; h = (h + 1) & x->mask) {
+        uint32_t s = x->slots[h];
+        if (!s)
+            return NULL;
+        if (tok->merge_nodes[s - 1].pair == pair)
+            return &tok->merge_nodes[s - 1];
+    }
 }
 
 /* ---- loading and freeing --------------------------------------------------- */
@@ -329,8 +389,8 @@ kvf_status_t kvf_tokenizer__load_vocab(kvf_tokenizer_t *tok, const char *path, c
 
 void kvf_tokenizer__free_vocab(kvf_tokenizer_t *tok)
 {
-    HASH_CLEAR(hh, tok->merges);
-    HASH_CLEAR(hh, tok->vocab);
+    free(tok->merges.slots);
+    free(tok->vocab.slots);
     free(tok->merge_nodes);
     free(tok->added);
     free(tok->tokens);
