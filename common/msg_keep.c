@@ -6,10 +6,10 @@
 
 #include <stdlib.h>
 
-void kvf_inbox_keep(kvf_inbox_t *inbox, kvf_kept_t *kept, size_t max, int urgent_body,
-                    kvf_envelope_fn urgent, void *arg)
+void kvf_inbox_keep(kvf_inbox_t *inbox, kvf_kept_t *kept, int urgent_body, kvf_envelope_fn urgent,
+                    void *arg)
 {
-    while (kept->n < max) {
+    while (kept->n < KVF_KEPT_MAX) {
         kvf_envelope_t *env = NULL;
         kvf_status_t st = kvf_inbox_recv(inbox, 0, &env);
         if (st == KVF_ERR_AGAIN || st == KVF_ERR_TIMEOUT)

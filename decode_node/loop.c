@@ -44,7 +44,6 @@
 #include "kvf/log.h"
 #include "kvf/signals.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 /* Messages taken from the inbox per loop turn, so a flood cannot starve
@@ -115,9 +114,6 @@ static void log_stats(kvf_decode_t *d, bool force)
     }
 }
 
-/* At most this many messages are kept for the loop during a step. */
-#define DECODE_STASH_MAX 4096
-
 /* Handles env and frees it. */
 static void take_envelope(void *arg, kvf_envelope_t *env)
 {
@@ -127,8 +123,8 @@ static void take_envelope(void *arg, kvf_envelope_t *env)
 
 void dec_inbox_during_step(kvf_decode_t *d)
 {
-    kvf_inbox_keep(kvf_node_inbox(d->node), &d->stash, DECODE_STASH_MAX,
-                   KVF__ENVELOPE__BODY_KV_LEASE, take_envelope, d);
+    kvf_inbox_keep(kvf_node_inbox(d->node), &d->stash, KVF__ENVELOPE__BODY_KV_LEASE,
+                   take_envelope, d);
 }
 
 void dec_stash_free(kvf_decode_t *d)

@@ -213,8 +213,8 @@ static void handle_kept(void *arg, kvf_envelope_t *env)
 
 void pf_inbox_during_forward(kvf_prefill_t *p)
 {
-    kvf_inbox_keep(kvf_node_inbox(p->node), &p->stash, PF_STASH_MAX,
-                   KVF__ENVELOPE__BODY_KV_LEASE_REPLY, take_lease_reply, p);
+    kvf_inbox_keep(kvf_node_inbox(p->node), &p->stash, KVF__ENVELOPE__BODY_KV_LEASE_REPLY,
+                   take_lease_reply, p);
 }
 
 void pf_stash_handle(kvf_prefill_t *p)

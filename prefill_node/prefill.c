@@ -136,7 +136,7 @@ static void on_deadline_timer(kvf_timer_t *timer, void *arg)
 }
 
 /* Batches out, or a connection being set up. */
-static bool batches_out(const kvf_prefill_t *p)
+static bool transfers_pending(const kvf_prefill_t *p)
 {
     for (const pf_req_t *r = p->head; r; r = r->next)
         if (r->n_batches)
@@ -156,7 +156,7 @@ static bool arm_xfer_timers(kvf_prefill_t *p)
         ok &= kvf_timer_arm_in_ms(timers, &p->xfer_timer, (uint64_t)ms) == KVF_OK;
     else
         kvf_timer_cancel(timers, &p->xfer_timer);
-    if (!p->xfer_caps.fd_wakes_on_data && batches_out(p))
+    if (!p->xfer_caps.fd_wakes_on_data && transfers_pending(p))
         ok &= kvf_timer_arm_in_ms(timers, &p->poll_timer, p->xfer_caps.poll_ms) == KVF_OK;
     else
         kvf_timer_cancel(timers, &p->poll_timer);

@@ -47,8 +47,6 @@
 /* A loop that could not arm a timer (out of memory) does not know its next
  * deadline: it looks again after this long instead of sleeping. */
 #define PF_NOMEM_WAIT_MS 10
-/* Messages the inbox keeps for the loop while a forward runs, at most. */
-#define PF_STASH_MAX 4096
 /* Longest transport progress between two layers of a forward, or before
  * the next forward starts (kvf_xfer_progress_for). */
 #define PF_PROGRESS_BUDGET_MS 20

@@ -278,7 +278,7 @@ void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
     kvf_metrics_observe_handoff(r->metrics, pd->handoff_us, pd->kv_bytes);
     kvf_router_node_t *p = kvf_router__node_get(r, q->place.prefill);
     if (p)
-        kvf_router__observe_prefill(r, p, pd->prefill_compute_us, q->ask.n_prompt + q->out.n);
+        kvf_router__observe_prefill(p, pd->prefill_compute_us, q->ask.n_prompt + q->out.n);
     if (q->place.state == REQ_PREFILL) {
         q->place.state = REQ_DECODE;
         kvf_router__progress(r, q);

@@ -237,8 +237,7 @@ void kvf_router__progress(kvf_router_t *r, kvf_router_req_t *q);
 void kvf_router__on_work(kvf_router_t *r, kvf_router_node_t *n, Kvf__WorkRef *const *work,
                          size_t n_work);
 /* A prefill node reported compute_us for tokens: its measured rate. */
-void kvf_router__observe_prefill(kvf_router_t *r, kvf_router_node_t *p, uint64_t compute_us,
-                                 uint32_t tokens);
+void kvf_router__observe_prefill(kvf_router_node_t *p, uint64_t compute_us, uint32_t tokens);
 
 /* ---- native.c -------------------------------------------------------------- */
 

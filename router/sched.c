@@ -50,10 +50,8 @@ void kvf_router__on_work(kvf_router_t *r, kvf_router_node_t *n, Kvf__WorkRef *co
 /* An attempt's expected prefill time counts this many times over. */
 #define PREFILL_EXPECTED_SLACK 4
 
-void kvf_router__observe_prefill(kvf_router_t *r, kvf_router_node_t *p, uint64_t compute_us,
-                                 uint32_t tokens)
+void kvf_router__observe_prefill(kvf_router_node_t *p, uint64_t compute_us, uint32_t tokens)
 {
-    (void)r;
     if (!tokens || !compute_us)
         return;
     uint64_t per = compute_us * 1000u / tokens;

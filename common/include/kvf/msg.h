@@ -104,6 +104,10 @@ uint64_t kvf_inbox_dropped(const kvf_inbox_t *inbox);
 /* Takes env (frees it or keeps it). */
 typedef void (*kvf_envelope_fn)(void *arg, kvf_envelope_t *env);
 
+/* How many envelopes a loop keeps during one compute, at most (the rest
+ * waits in its inbox). */
+#define KVF_KEPT_MAX 4096
+
 /* Envelopes kept for the loop, in arrival order. Zero-initialised is empty. */
 typedef struct {
     kvf_envelope_t **envs;
@@ -112,11 +116,11 @@ typedef struct {
 
 /* Reads what waits in inbox between the steps of a long compute (a
  * forward's layers): envelopes of body case urgent_body go to urgent at
- * once (it must not start a compute); the rest is kept, up to max (more
- * stays in the inbox), for the loop to handle in order once the compute
- * is over (kvf_kept_handle). */
-void kvf_inbox_keep(kvf_inbox_t *inbox, kvf_kept_t *kept, size_t max, int urgent_body,
-                    kvf_envelope_fn urgent, void *arg);
+ * once (it must not start a compute); the rest is kept, up to KVF_KEPT_MAX
+ * (more stays in the inbox), for the loop to handle in order once the
+ * compute is over (kvf_kept_handle). */
+void kvf_inbox_keep(kvf_inbox_t *inbox, kvf_kept_t *kept, int urgent_body, kvf_envelope_fn urgent,
+                    void *arg);
 
 /* Hands every kept envelope to fn, oldest first, and empties kept. */
 void kvf_kept_handle(kvf_kept_t *kept, kvf_envelope_fn fn, void *arg);
