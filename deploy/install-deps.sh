@@ -13,9 +13,10 @@ packages=(
     libopenblas-dev
     libcjson-dev
     libpcre2-dev
+    libutf8proc-dev # Unicode normalization of tokenizer.json normalizers (NFC, NFKC, ...)
     libmicrohttpd-dev
     uthash-dev # header only: the AArch64 cross build includes the same uthash.h
-    curl iproute2 procps python3 python3-yaml gnuplot-nox
+    curl iproute2 procps python3 python3-yaml python3-numpy gnuplot-nox xz-utils
     # the AArch64 build of the numerics tests (tests/cross/aarch64.sh): the
     # cross compiler, qemu's user-mode emulator and the target's cJSON and
     # cmocka as :arm64 multiarch packages
