@@ -3,6 +3,8 @@
  *
  *   tokenizer_load.c   tokenizer.json and tokenizer_config.json: the model
  *                      section, pre-tokenizer regexes, BOS/EOS; destroy
+ *   tokenizer_scan.c   model.vocab and model.merges read from the text
+ *                      without a JSON tree, the rest handed to cJSON
  *   tokenizer_vocab.c  the vocabulary, added tokens and merges, their maps,
  *                      and the id/text queries of kvf/tokenizer.h
  *   bpe.c              encoding: added tokens, pre-tokenization, BPE merges
@@ -98,15 +100,50 @@ struct kvf_tokenizer {
     bool adds_bos;
 };
 
+/* ---- tokenizer_scan.c ---- */
+
+/* A model.vocab entry: its spelling (decoded, in the file's text) and id. */
+typedef struct {
+    const char *text;
+    uint32_t len;
+    uint32_t id;
+} kvf_tok_vocab_item_t;
+
+/* A model.merges entry: its two sides (decoded, in the file's text). */
+typedef struct {
+    const char *left, *right;
+    uint32_t left_len, right_len;
+} kvf_tok_merge_item_t;
+
+typedef struct {
+    kvf_tok_vocab_item_t *vocab; /* [n_vocab], in file order */
+    size_t n_vocab;
+    bool has_vocab;               /* model.vocab was an object, read here */
+    kvf_tok_merge_item_t *merges; /* [n_merges], in rank order */
+    size_t n_merges;
+    bool has_merges; /* model.merges was an array, read here */
+    char *rest;      /* the document with those two values as {} and [] */
+    size_t rest_len;
+} kvf_tok_scan_t;
+
+/* Reads root.model.vocab (when an object) and root.model.merges (when an
+ * array) out of the tokenizer.json text[0..len), decoding their strings in
+ * place: the items point into text, which must outlive them. The rest of
+ * the document is copied into scan->rest for cJSON. A malformed document
+ * is KVF_ERR_FORMAT, logged naming path and the byte offset. */
+kvf_status_t kvf_tokenizer__scan(char *text, size_t len, const char *path, kvf_tok_scan_t *scan);
+
+void kvf_tokenizer__scan_free(kvf_tok_scan_t *scan);
+
 /* ---- tokenizer_vocab.c ---- */
 
 /* GPT-2's byte <-> symbol mapping into tok (the first step of a load). */
 void kvf_tokenizer__byte_mapping(kvf_tokenizer_t *tok);
 
-/* Reads model.vocab, added_tokens (NULL: none) and model.merges into tok
- * and builds the maps; errors are logged naming path. */
-kvf_status_t kvf_tokenizer__load_vocab(kvf_tokenizer_t *tok, const char *path, const cJSON *vocab,
-                                       const cJSON *added, const cJSON *merges);
+/* Reads model.vocab and model.merges (from scan), added_tokens (NULL:
+ * none) into tok and builds the maps; errors are logged naming path. */
+kvf_status_t kvf_tokenizer__load_vocab(kvf_tokenizer_t *tok, const char *path,
+                                       const kvf_tok_scan_t *scan, const cJSON *added);
 
 /* Frees what kvf_tokenizer__load_vocab() built (not tok itself). */
 void kvf_tokenizer__free_vocab(kvf_tokenizer_t *tok);

@@ -225,7 +225,8 @@ static kvf_status_t check_model(const char *path, const cJSON *model, const cJSO
     return KVF_OK;
 }
 
-static kvf_status_t parse_tokenizer_json(kvf_tokenizer_t *tok, const char *path, const cJSON *root)
+static kvf_status_t parse_tokenizer_json(kvf_tokenizer_t *tok, const char *path, const cJSON *root,
+                                         const kvf_tok_scan_t *scan)
 {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
@@ -237,7 +238,7 @@ static kvf_status_t parse_tokenizer_json(kvf_tokenizer_t *tok, const char *path,
     if (!cJSON_IsArray(added))
         added = NULL;
     tok->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
-    st = kvf_tokenizer__load_vocab(tok, path, vocab, added, merges);
+    st = kvf_tokenizer__load_vocab(tok, path, scan, added);
     if (st != KVF_OK)
         return st;
     bool byte_level = false;
@@ -268,8 +269,15 @@ kvf_status_t kvf_tokenizer_load(const char *model_dir, kvf_tokenizer_t **tok_p)
         kvf_log_error("%s: not found", path);
     if (st != KVF_OK)
         return st;
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
+    /* model.vocab and model.merges are read from the text; cJSON parses the
+     * rest (kvf_tokenizer__scan). text lives until the vocabulary is read. */
+    kvf_tok_scan_t scan;
+    st = kvf_tokenizer__scan(text, len, path, &scan);
+    if (st != KVF_OK) {
+        free(text);
+        return st;
+    }
+    cJSON *root = cJSON_ParseWithLength(scan.rest, scan.rest_len);
     if (!cJSON_IsObject(root)) {
         kvf_log_error("%s: not valid JSON", path);
         st = KVF_ERR_FORMAT;
@@ -281,7 +289,10 @@ kvf_status_t kvf_tokenizer_load(const char *model_dir, kvf_tokenizer_t **tok_p)
         goto fail_parse;
     }
     kvf_tokenizer__byte_mapping(tok);
-    st = parse_tokenizer_json(tok, path, root);
+    st = parse_tokenizer_json(tok, path, root, &scan);
+    kvf_tokenizer__scan_free(&scan);
+    free(text);
+    text = NULL;
     if (st != KVF_OK)
         goto fail_tok;
     st = load_config(tok, model_dir, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
@@ -297,6 +308,8 @@ fail_tok:
     kvf_tokenizer_destroy(tok);
 fail_parse:
     cJSON_Delete(root);
+    kvf_tokenizer__scan_free(&scan);
+    free(text);
     return st;
 }
 

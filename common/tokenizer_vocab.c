@@ -51,36 +51,37 @@ void kvf_tokenizer__byte_mapping(kvf_tokenizer_t *tok)
 }
 
 /* Sets a vocabulary id's spelling; its bytes are the ByteLevel decoding of
- * the spelling (characters outside the mapping stand for their own UTF-8). */
-static kvf_status_t set_token(kvf_tokenizer_t *tok, uint32_t id, const char *text)
+ * the spelling (characters outside the mapping stand for their own UTF-8),
+ * never longer than the spelling. */
+static kvf_status_t set_token(kvf_tokenizer_t *tok, uint32_t id, const char *text, size_t len)
 {
-    size_t len = strlen(text);
     kvf_tok_entry_t e = {.present = true, .text_len = (uint32_t)len};
     kvf_status_t st = arena_add(tok, text, len, &e.text_off);
     if (st != KVF_OK)
         return st;
-    uint8_t *bytes = malloc(len + 1);
-    if (!bytes)
-        return KVF_ERR_NOMEM;
+    /* room for the bytes and their NUL, written in place */
+    st = kvf_array_reserve(&tok->arena, &tok->arena_cap, tok->arena_len + len + 1, 4096, 1);
+    if (st != KVF_OK)
+        return st;
+    e.bytes_off = (uint32_t)tok->arena_len;
+    uint8_t *bytes = (uint8_t *)tok->arena + e.bytes_off;
     size_t n = 0;
-    const uint8_t *s = (const uint8_t *)text;
+    const uint8_t *s = (const uint8_t *)tok->arena + e.text_off;
     for (size_t i = 0; i < len;) {
-        uint32_t cp;
-        int k = kvf_utf8_next(s + i, len - i, &cp);
+        uint32_t cp = s[i];
+        int k = cp < 0x80 ? 1 : kvf_utf8_next(s + i, len - i, &cp);
         if (k > 0 && cp < KVF_TOK_BYTE_LEVEL_CPS && tok->cp_to_byte[cp] >= 0) {
             bytes[n++] = (uint8_t)tok->cp_to_byte[cp];
             i += (size_t)k;
         } else {
             size_t step = k > 0 ? (size_t)k : k < 0 ? (size_t)-k : len - i;
-            memcpy(bytes + n, s + i, step);
+            memmove(bytes + n, s + i, step);
             n += step;
             i += step;
         }
     }
-    st = arena_add(tok, bytes, n, &e.bytes_off);
-    free(bytes);
-    if (st != KVF_OK)
-        return st;
+    bytes[n] = '\0';
+    tok->arena_len += n + 1;
     e.bytes_len = (uint32_t)n;
     tok->tokens[id] = e;
     return KVF_OK;
@@ -99,21 +100,13 @@ bool kvf_tokenizer__json_id(const cJSON *item, uint32_t *id_p)
 
 /* Checks every id of model.vocab and added_tokens; *n_ids_p is one more
  * than the largest. */
-static kvf_status_t count_ids(const char *path, const cJSON *vocab, const cJSON *added,
+static kvf_status_t count_ids(const char *path, const kvf_tok_scan_t *scan, const cJSON *added,
                               uint32_t *n_ids_p)
 {
     uint32_t max_id = 0;
-    bool any = false;
-    for (const cJSON *v = vocab->child; v; v = v->next) {
-        uint32_t id;
-        if (!v->string || !kvf_tokenizer__json_id(v, &id)) {
-            kvf_log_error("%s: model.vocab entry '%s' has no valid id", path,
-                          v->string ? v->string : "?");
-            return KVF_ERR_FORMAT;
-        }
-        max_id = id > max_id ? id : max_id;
-        any = true;
-    }
+    bool any = scan->n_vocab > 0;
+    for (size_t i = 0; i < scan->n_vocab; i++)
+        max_id = scan->vocab[i].id > max_id ? scan->vocab[i].id : max_id;
     for (const cJSON *a = added ? added->child : NULL; a; a = a->next) {
         uint32_t id;
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(a, "content");
@@ -134,22 +127,29 @@ static kvf_status_t count_ids(const char *path, const cJSON *vocab, const cJSON 
 }
 
 /* The spelling and bytes of every model.vocab entry. */
-static kvf_status_t load_vocab(kvf_tokenizer_t *tok, const char *path, const cJSON *vocab,
+static kvf_status_t load_vocab(kvf_tokenizer_t *tok, const char *path, const kvf_tok_scan_t *scan,
                                const cJSON *added)
 {
-    kvf_status_t st = count_ids(path, vocab, added, &tok->n_ids);
+    kvf_status_t st = count_ids(path, scan, added, &tok->n_ids);
     if (st != KVF_OK)
         return st;
     tok->tokens = calloc(tok->n_ids, sizeof(*tok->tokens));
     if (!tok->tokens)
         return KVF_ERR_NOMEM;
-    for (const cJSON *v = vocab->child; v; v = v->next) {
-        uint32_t id = (uint32_t)v->valuedouble;
+    /* spellings and bytes: about twice the vocabulary's text */
+    size_t text_bytes = 0;
+    for (size_t i = 0; i < scan->n_vocab; i++)
+        text_bytes += 2 * ((size_t)scan->vocab[i].len + 1);
+    st = kvf_array_reserve(&tok->arena, &tok->arena_cap, text_bytes + 4096, 4096, 1);
+    if (st != KVF_OK)
+        return st;
+    for (size_t i = 0; i < scan->n_vocab; i++) {
+        uint32_t id = scan->vocab[i].id;
         if (tok->tokens[id].present) {
             kvf_log_error("%s: id %u appears twice in model.vocab", path, id);
             return KVF_ERR_FORMAT;
         }
-        st = set_token(tok, id, v->string);
+        st = set_token(tok, id, scan->vocab[i].text, scan->vocab[i].len);
         if (st != KVF_OK)
             return st;
     }
@@ -238,14 +238,14 @@ uint32_t kvf_tokenizer__vocab_find(const kvf_tokenizer_t *tok, const char *text,
 
 /* The vocabulary map, over the finished arena: model.vocab entries only
  * (an added token's text is not a spelling). */
-static kvf_status_t index_vocab(kvf_tokenizer_t *tok, const char *path, const cJSON *vocab)
+static kvf_status_t index_vocab(kvf_tokenizer_t *tok, const char *path, const kvf_tok_scan_t *scan)
 {
-    kvf_status_t st = index_init(&tok->vocab, (size_t)cJSON_GetArraySize(vocab));
+    kvf_status_t st = index_init(&tok->vocab, scan->n_vocab);
     if (st != KVF_OK)
         return st;
     const kvf_tok_index_t *x = &tok->vocab;
-    for (const cJSON *v = vocab->child; v; v = v->next) {
-        uint32_t id = (uint32_t)v->valuedouble;
+    for (size_t i = 0; i < scan->n_vocab; i++) {
+        uint32_t id = scan->vocab[i].id;
         const kvf_tok_entry_t *e = &tok->tokens[id];
         const char *spelling = token_spelling(tok, id);
         uint32_t h = spelling_hash(spelling, e->text_len) & x->mask;
@@ -253,7 +253,7 @@ static kvf_status_t index_vocab(kvf_tokenizer_t *tok, const char *path, const cJ
             const kvf_tok_entry_t *o = &tok->tokens[x->slots[h] - 1];
             if (o->text_len == e->text_len &&
                 !memcmp(tok->arena + o->text_off, spelling, e->text_len)) {
-                kvf_log_error("%s: token '%s' appears twice in model.vocab", path, v->string);
+                kvf_log_error("%s: token '%s' appears twice in model.vocab", path, spelling);
                 return KVF_ERR_FORMAT;
             }
         }
@@ -264,46 +264,14 @@ static kvf_status_t index_vocab(kvf_tokenizer_t *tok, const char *path, const cJ
 
 /* ---- merges --------------------------------------------------------------- */
 
-/* The two spellings of merge m: "left right" (ByteLevel spellings never
- * contain a plain space) or ["left", "right"]. Pointers into m. */
-static kvf_status_t merge_sides(const char *path, uint32_t rank, const cJSON *m,
-                                const char **left_p, size_t *left_len_p, const char **right_p,
-                                size_t *right_len_p)
-{
-    if (cJSON_IsString(m)) {
-        const char *sp = strchr(m->valuestring, ' ');
-        if (!sp || strchr(sp + 1, ' ')) {
-            kvf_log_error("%s: merge %u '%s' is not 'left right'", path, rank, m->valuestring);
-            return KVF_ERR_FORMAT;
-        }
-        *left_p = m->valuestring;
-        *left_len_p = (size_t)(sp - m->valuestring);
-        *right_p = sp + 1;
-        *right_len_p = strlen(sp + 1);
-        return KVF_OK;
-    }
-    if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 && cJSON_IsString(m->child) &&
-        cJSON_IsString(m->child->next)) {
-        *left_p = m->child->valuestring;
-        *left_len_p = strlen(*left_p);
-        *right_p = m->child->next->valuestring;
-        *right_len_p = strlen(*right_p);
-        return KVF_OK;
-    }
-    kvf_log_error("%s: merge %u is neither a string nor a pair of strings", path, rank);
-    return KVF_ERR_FORMAT;
-}
-
 /* Adds merge m at rank: its sides and their concatenation must be
  * vocabulary entries. joined is scratch space (*joined_cap bytes). */
-static kvf_status_t add_merge(kvf_tokenizer_t *tok, const char *path, uint32_t rank, const cJSON *m,
-                              char **joined, size_t *joined_cap)
+static kvf_status_t add_merge(kvf_tokenizer_t *tok, const char *path, uint32_t rank,
+                              const kvf_tok_merge_item_t *m, char **joined, size_t *joined_cap)
 {
-    const char *left, *right;
-    size_t left_len, right_len;
-    kvf_status_t st = merge_sides(path, rank, m, &left, &left_len, &right, &right_len);
-    if (st != KVF_OK)
-        return st;
+    const char *left = m->left, *right = m->right;
+    size_t left_len = m->left_len, right_len = m->right_len;
+    kvf_status_t st;
     if ((st = kvf_array_reserve(joined, joined_cap, left_len + right_len + 1, 64, 1)) != KVF_OK)
         return st;
     memcpy(*joined, left, left_len);
@@ -328,9 +296,9 @@ static kvf_status_t add_merge(kvf_tokenizer_t *tok, const char *path, uint32_t r
     return KVF_OK;
 }
 
-static kvf_status_t load_merges(kvf_tokenizer_t *tok, const char *path, const cJSON *merges)
+static kvf_status_t load_merges(kvf_tokenizer_t *tok, const char *path, const kvf_tok_scan_t *scan)
 {
-    size_t n = (size_t)cJSON_GetArraySize(merges);
+    size_t n = scan->n_merges;
     tok->merge_nodes = calloc(n ? n : 1, sizeof(*tok->merge_nodes));
     if (!tok->merge_nodes)
         return KVF_ERR_NOMEM;
@@ -340,9 +308,8 @@ static kvf_status_t load_merges(kvf_tokenizer_t *tok, const char *path, const cJ
     char *joined = NULL;
     size_t joined_cap = 0;
     kvf_status_t st = KVF_OK;
-    uint32_t rank = 0;
-    for (const cJSON *m = merges ? merges->child : NULL; m && st == KVF_OK; m = m->next, rank++)
-        st = add_merge(tok, path, rank, m, &joined, &joined_cap);
+    for (size_t i = 0; i < n && st == KVF_OK; i++)
+        st = add_merge(tok, path, (uint32_t)i, &scan->merges[i], &joined, &joined_cap);
     free(joined);
     return st;
 }
@@ -365,10 +332,10 @@ const kvf_tok_merge_t *kvf_tokenizer__merge_find(const kvf_tokenizer_t *tok, uin
 
 /* ---- loading and freeing --------------------------------------------------- */
 
-kvf_status_t kvf_tokenizer__load_vocab(kvf_tokenizer_t *tok, const char *path, const cJSON *vocab,
-                                       const cJSON *added, const cJSON *merges)
+kvf_status_t kvf_tokenizer__load_vocab(kvf_tokenizer_t *tok, const char *path,
+                                       const kvf_tok_scan_t *scan, const cJSON *added)
 {
-    kvf_status_t st = load_vocab(tok, path, vocab, added);
+    kvf_status_t st = load_vocab(tok, path, scan, added);
     if (st == KVF_OK)
         st = load_added(tok, added);
     if (st != KVF_OK)
@@ -376,9 +343,9 @@ kvf_status_t kvf_tokenizer__load_vocab(kvf_tokenizer_t *tok, const char *path, c
     /* The arena is complete: pointers into it hold from here on. */
     for (size_t i = 0; i < tok->n_added; i++)
         tok->added[i].content = tok->arena + tok->added[i].content_off;
-    st = index_vocab(tok, path, vocab);
+    st = index_vocab(tok, path, scan);
     if (st == KVF_OK)
-        st = load_merges(tok, path, merges);
+        st = load_merges(tok, path, scan);
     if (st != KVF_OK)
         return st;
     for (int b = 0; b < 256; b++)
