@@ -8,9 +8,11 @@
 // tokenizer.json and tokenizer_config.json. Each output line is, for the
 // corpus line of the same number,
 //   {"ids": encode(s, no special tokens), "ids_special": encode(s, special
-//    tokens), "decoded": decode(ids_special, special tokens kept)}
-// with the tokenizer_config.json defaults for everything else (e.g.
-// clean_up_tokenization_spaces); an empty id list decodes to "". Run it with NODE_PATH naming the
+//    tokens), "decoded": decode(ids_special, special tokens kept),
+//    "decoded_raw": the same with clean_up_tokenization_spaces off}
+// with the tokenizer_config.json defaults for everything else ("decoded"
+// cleans up spaces where the config says so); an empty id list decodes to
+// "". Run it with NODE_PATH naming the
 // node_modules that fetch.sh made.
 import fs from "fs";
 import path from "path";
@@ -45,7 +47,9 @@ lines.forEach((line, i) => {
     const ids = tok.encode(s, { add_special_tokens: false }).ids;
     const idsSpecial = tok.encode(s, { add_special_tokens: true }).ids;
     // decode refuses an empty list; nothing decodes to the empty string.
-    const decoded = idsSpecial.length ? tok.decode(idsSpecial, { skip_special_tokens: false }) : "";
-    out.push(JSON.stringify({ ids, ids_special: idsSpecial, decoded }));
+    const decode = (opts) => (idsSpecial.length ? tok.decode(idsSpecial, opts) : "");
+    const decoded = decode({ skip_special_tokens: false });
+    const decodedRaw = decode({ skip_special_tokens: false, clean_up_tokenization_spaces: false });
+    out.push(JSON.stringify({ ids, ids_special: idsSpecial, decoded, decoded_raw: decodedRaw }));
 });
 process.stdout.write(out.join("\n") + "\n");
