@@ -14,8 +14,7 @@ static const kvf_command_t bench_commands[] = {
     {"engine", "decode vs memory roofline, prefill vs sgemm, KV cache vs recompute",
      kvf_bench_engine},
     {"transfer", "KV block transfer vs ucx_perftest (shm, tcp)", kvf_bench_transfer},
-    {"serve", "serving load: latency, throughput, goodput (split vs colocated)",
-     kvf_bench_serve},
+    {"serve", "serving load: latency, throughput, goodput (split vs colocated)", kvf_bench_serve},
     {"tokenizer-load", "tokenizer.json load time (median of N loads)", kvf_bench_tokenizer_load},
     {NULL, NULL, NULL},
 };
