@@ -3,6 +3,7 @@
  * this file only dispatches `kvf bench NAME` to it. */
 #include "bench_engine.h"
 #include "bench_serve.h"
+#include "bench_tokenizer.h"
 #include "bench_transfer.h"
 #include "commands.h"
 
@@ -13,8 +14,8 @@ static const kvf_command_t bench_commands[] = {
     {"engine", "decode vs memory roofline, prefill vs sgemm, KV cache vs recompute",
      kvf_bench_engine},
     {"transfer", "KV block transfer vs ucx_perftest (shm, tcp)", kvf_bench_transfer},
-    {"serve", "serving load: latency, throughput, goodput (split vs colocated)",
-     kvf_bench_serve},
+    {"serve", "serving load: latency, throughput, goodput (split vs colocated)", kvf_bench_serve},
+    {"tokenizer-load", "tokenizer.json load time (median of N loads)", kvf_bench_tokenizer_load},
     {NULL, NULL, NULL},
 };
 
@@ -22,7 +23,7 @@ static void print_usage(const char *prog)
 {
     printf("usage: %s NAME [options]\n\nbenchmarks:\n", prog);
     for (const kvf_command_t *c = bench_commands; c->name; c++)
-        printf("  %-12s %s\n", c->name, c->summary);
+        printf("  %-15s %s\n", c->name, c->summary);
 }
 
 int kvf_cmd_bench(int argc, char **argv)

@@ -3,7 +3,8 @@
 # out. Each line's ids must equal those of kvf tokenize --text on the same
 # text (JSON escapes, surrogate pairs and \u0000 decoded first), with and
 # without BOS, and a line that is not a JSON string must fail with a
-# message naming its line.
+# message naming its line. --decode --jsonl turns the id lists back into
+# the texts, as JSON strings, and refuses a line that is not a list.
 # Needs KVF_BIN_DIR (ctest sets it).
 set -euo pipefail
 
@@ -57,4 +58,47 @@ for bad in 'plain text' '"unterminated' '"bad \x escape"' '"lone \udc00"' '"a" t
         exit 1
     }
 done
+# --decode --jsonl: the id lists back to the texts, as JSON strings with
+# control characters as \uXXXX and the rest of UTF-8 kept.
+decoded=('"Hello world"' '"  runs of   spaces"' '"tab\u0009here"' \
+    '"é and \"quotes\" and \\ back"' '"🎉 emoji"' '""')
+"$bin/kvf" tokenize --model "$dir/model" --no-bos --jsonl < "$dir/in.jsonl" > "$dir/ids.jsonl"
+printf '%s\n' '[]' "$nul" >> "$dir/ids.jsonl"
+decoded+=('""' '"a\u0000b"')
+"$bin/kvf" tokenize --model "$dir/model" --decode --jsonl < "$dir/ids.jsonl" > "$dir/text.jsonl"
+[[ $(wc -l < "$dir/text.jsonl") == "${#decoded[@]}" ]] || {
+    echo "FAIL: --decode --jsonl: ${#decoded[@]} lines in, $(wc -l < "$dir/text.jsonl") out" >&2
+    exit 1
+}
+for i in "${!decoded[@]}"; do
+    got=$(sed -n "$((i + 1))p" "$dir/text.jsonl")
+    [[ $got == "${decoded[$i]}" ]] || {
+        echo "FAIL: --decode --jsonl line $((i + 1)): $got, want ${decoded[$i]}" >&2
+        exit 1
+    }
+done
+# The same with the flags the other way round, and on the text of --decode IDS.
+"$bin/kvf" tokenize --model "$dir/model" --jsonl --decode < "$dir/ids.jsonl" | cmp - "$dir/text.jsonl"
+ids=$(sed -n 1p "$dir/ids.jsonl" | tr -d '[]')
+[[ $("$bin/kvf" tokenize --model "$dir/model" --decode "$ids") == "Hello world" ]] || {
+    echo "FAIL: --decode $ids is not Hello world" >&2
+    exit 1
+}
+# Not JSON id lists: refused, naming the line.
+for bad in '1,2' '[1,' '[1,,2]' '[-1]' '[01]' '[1.5]' '[4294967296]' '"text"' '[1] x'; do
+    if printf '[1]\n%s\n' "$bad" | "$bin/kvf" tokenize --model "$dir/model" --decode --jsonl \
+        > /dev/null 2> "$dir/err"; then
+        echo "FAIL: --decode --jsonl accepted $bad" >&2
+        exit 1
+    fi
+    grep -q "line 2 is not a JSON list of ids" "$dir/err" || {
+        echo "FAIL: for $bad: $(cat "$dir/err")" >&2
+        exit 1
+    }
+done
+# --decode with no ids needs --jsonl.
+if "$bin/kvf" tokenize --model "$dir/model" --decode < /dev/null 2> /dev/null; then
+    echo "FAIL: --decode without ids or --jsonl accepted" >&2
+    exit 1
+fi
 echo "tokenize --jsonl: ok"
