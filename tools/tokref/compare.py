@@ -8,8 +8,9 @@ CORPUS: one JSON string a line; REF: the family's .ref.jsonl (plain or .xz);
 ENCODE, ENCODE_SPECIAL: kvf tokenize --jsonl with --no-bos and without (one
 JSON id list a line); DECODE: kvf tokenize --decode --jsonl of the
 reference's "ids_special" (one JSON string a line). Prints
-"FAMILY: encode N/M, encode+special N/M, decode N/M" (saying how many
-decodings differ only by clean_up_tokenization_spaces) and the first
+"FAMILY: encode N/M, encode+special N/M, decode N/M" (decode against
+"decoded_raw", the decoder chain without clean_up_tokenization_spaces,
+saying how many lines the clean-up would change) and the first
 mismatches; exits 1 on any mismatch (a missing or unreadable line is one).
 Used by tests/integration/tokenizer_ref.sh.
 """
@@ -80,14 +81,13 @@ def main():
     counts = [
         compare("encode", corpus, [r["ids"] for r in ref], enc),
         compare("encode+special", corpus, [r["ids_special"] for r in ref], enc_special),
-        compare("decode", corpus, [r["decoded"] for r in ref], dec),
+        compare("decode", corpus, [r["decoded_raw"] for r in ref], dec),
     ]
     m = len(corpus)
-    # Decodings that differ only by the config's clean_up_tokenization_spaces.
-    got = [parse(g) for g in read_lines(dec)]
-    cleanup = sum(1 for r, g in zip(ref, got)
-                  if g != r["decoded"] and g == r.get("decoded_raw"))
-    note = f" ({cleanup} differ only by clean_up_tokenization_spaces)" if cleanup else ""
+    # kvferry decodes with the decoder chain alone: the lines the config's
+    # clean_up_tokenization_spaces would change are reported, not required.
+    cleanup = sum(1 for r in ref if r["decoded"] != r["decoded_raw"])
+    note = f" ({cleanup} that clean_up_tokenization_spaces would change)" if cleanup else ""
     print(f"{family}: encode {counts[0]}/{m}, encode+special {counts[1]}/{m}, "
           f"decode {counts[2]}/{m}{note}")
     return 0 if all(c == m for c in counts) else 1
