@@ -317,7 +317,7 @@ static bool parse_messages(const kvf_openai_server_t *srv, kvf_openai_request_t 
         BAD_REQUEST(err, "messages",
                     "the model '%s' has no chat template kvferry recognises; use "
                     "/v1/completions, or start kvf-router with --chat-template "
-                    "llama3|chatml|qwen2|llama2|mistral",
+                    KVF_CHAT_TEMPLATE_NAMES,
                     srv->model_name);
         return false;
     }
