@@ -73,7 +73,7 @@ const conversations = [
       u("Second question"),
       a("No thinking here"),
       u("Third question"),
-      a("<think>a</think>middle</think>\nlast part\n"),
+      a("<think>a</think>middle</think>\n  last part\n"),
       u("Fourth question"),
     ],
   },
@@ -93,6 +93,13 @@ const conversations = [
   { name: "empty_user", messages: [u("")] },
   { name: "empty_turns", messages: [s(""), u(""), a(""), u("")] },
   { name: "user_user", messages: [u("one"), u("two")] },
+  {
+    name: "assistant_last",
+    messages: [
+      u("Continue your answer."),
+      a("<think>\n first \n</think>\n<think> second\n\n</think>\n\n Partial answer \n"),
+    ],
+  },
 ];
 
 const renderings = [];
