@@ -282,6 +282,61 @@ static void test_detect_published(void **state)
     rmdir(dir);
 }
 
+/* s with every occurrence of from replaced by to (malloc'd). */
+static char *replace_all(const char *s, const char *from, const char *to)
+{
+    size_t nf = strlen(from), nt = strlen(to), count = 0;
+    for (const char *p = strstr(s, from); p; p = strstr(p + nf, from))
+        count++;
+    char *out = malloc(strlen(s) + count * nt + 1), *o = out;
+    assert_non_null(out);
+    for (const char *p; (p = strstr(s, from)); s = p + nf) {
+        memcpy(o, s, (size_t)(p - s));
+        o += p - s;
+        memcpy(o, to, nt);
+        o += nt;
+    }
+    strcpy(o, s);
+    return out;
+}
+
+/* Other revisions of the published templates are recognised too: markers,
+ * not the exact text. */
+static void test_detect_revisions(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *file, *from, *to;
+        kvf_chat_template_t want;
+    } revisions[] = {
+        /* gemma-7b-it's first revision had no leading bos_token */
+        {"gemma", "{{ bos_token }}", "", KVF_CHAT_GEMMA},
+        /* Llama 3.2 takes today's date from strftime_now */
+        {"llama3_1", "{%- set date_string = \"26 Jul 2024\" %}",
+         "{%- set date_string = strftime_now(\"%d %b %Y\") %}", KVF_CHAT_LLAMA3_1},
+        /* the same templates without their line breaks and indentation */
+        {"mistral_v0_3", "\n    ", "", KVF_CHAT_MISTRAL_V0_3},
+        {"mistral_v0_2", "\n    ", "", KVF_CHAT_MISTRAL_V0_2},
+        {"qwen3", "\n    ", "", KVF_CHAT_QWEN3},
+        /* double instead of single quotes */
+        {"mistral_v0_1", "'", "\"", KVF_CHAT_MISTRAL_V0_1},
+        {"llama2", "'", "\"", KVF_CHAT_LLAMA2},
+    };
+    for (size_t i = 0; i < sizeof(revisions) / sizeof(revisions[0]); i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "%s.jinja", revisions[i].file);
+        char *jinja = read_data(name);
+        assert_non_null(strstr(jinja, revisions[i].from));
+        char *edited = replace_all(jinja, revisions[i].from, revisions[i].to);
+        kvf_chat_template_t got = kvf_chat_template_detect(edited);
+        if (got != revisions[i].want)
+            fail_msg("%s edited (%zu): detected %s, want %s", name, i,
+                     kvf_chat_template_name(got), kvf_chat_template_name(revisions[i].want));
+        free(edited);
+        free(jinja);
+    }
+}
+
 static const cJSON *find_named(const cJSON *list, const char *key, const char *name)
 {
     const cJSON *item;
@@ -408,6 +463,7 @@ int main(void)
         cmocka_unit_test(test_refusals), cmocka_unit_test(test_names),
         cmocka_unit_test(test_detect),   cmocka_unit_test(test_load),
         cmocka_unit_test(test_detect_published),
+        cmocka_unit_test(test_detect_revisions),
         cmocka_unit_test(test_published_renderings),
         cmocka_unit_test(test_all_names),
     };
