@@ -176,8 +176,7 @@ void kvf_chat__append_trimmed(kvf_strbuf_t *sb, const char *s, size_t len)
         const unsigned char *last = end - 1;
         while (last > p && (*last & 0xc0) == 0x80 && end - last < 4)
             last--;
-        if (!is_trim_space(utf8_decode(last, (size_t)(end - last), &cl)) ||
-            last + cl != end)
+        if (!is_trim_space(utf8_decode(last, (size_t)(end - last), &cl)) || last + cl != end)
             break;
         end = last;
     }
@@ -200,8 +199,8 @@ void kvf_chat__append_stripped_of(kvf_strbuf_t *sb, const char *s, size_t len, c
 static kvf_status_t check_messages(const kvf_chat__input_t *in)
 {
     bool inst = in->template_ == KVF_CHAT_LLAMA2 || in->template_ == KVF_CHAT_MISTRAL ||
-                in->template_ == KVF_CHAT_MISTRAL_V0_1 ||
-                in->template_ == KVF_CHAT_MISTRAL_V0_2 || in->template_ == KVF_CHAT_MISTRAL_V0_3;
+                in->template_ == KVF_CHAT_MISTRAL_V0_1 || in->template_ == KVF_CHAT_MISTRAL_V0_2 ||
+                in->template_ == KVF_CHAT_MISTRAL_V0_3;
     for (size_t i = 0; i < in->n; i++) {
         const kvf_chat_message_t *m = &in->msgs[i];
         if (!m->role || !m->content) {
@@ -215,8 +214,7 @@ static kvf_status_t check_messages(const kvf_chat__input_t *in)
             return KVF_ERR_INVAL;
         }
         if (i > 0 && inst && kvf_chat__role_is(m, "system")) {
-            snprintf(in->why, in->why_len,
-                     "the %s chat template takes a system message only first",
+            snprintf(in->why, in->why_len, "the %s chat template takes a system message only first",
                      kvf_chat_template_name(in->template_));
             return KVF_ERR_INVAL;
         }

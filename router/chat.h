@@ -36,16 +36,16 @@
 #include "kvf/status.h"
 
 typedef enum {
-    KVF_CHAT_NONE = 0, /* no known template: chat requests are refused */
-    KVF_CHAT_LLAMA3,   /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
-    KVF_CHAT_CHATML,   /* <|im_start|>role\n...<|im_end|>\n */
-    KVF_CHAT_QWEN2,    /* ChatML with Qwen2's default system message */
-    KVF_CHAT_LLAMA2,   /* <s>[INST] <<SYS>>\n..\n<</SYS>>\n\n.. [/INST] .. </s> */
-    KVF_CHAT_MISTRAL,  /* <s>[INST] .. [/INST]..</s> (Mixtral-8x7B v0.1's first template) */
-    KVF_CHAT_LLAMA3_1, /* Llama 3 with the dated system header of Llama 3.1 */
-    KVF_CHAT_QWEN2_5,  /* ChatML with Qwen2.5's default system message */
-    KVF_CHAT_QWEN3,    /* ChatML; <think> of earlier assistant turns dropped */
-    KVF_CHAT_GEMMA,    /* <bos><start_of_turn>user\n..<end_of_turn>\n, role "model" */
+    KVF_CHAT_NONE = 0,     /* no known template: chat requests are refused */
+    KVF_CHAT_LLAMA3,       /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+    KVF_CHAT_CHATML,       /* <|im_start|>role\n...<|im_end|>\n */
+    KVF_CHAT_QWEN2,        /* ChatML with Qwen2's default system message */
+    KVF_CHAT_LLAMA2,       /* <s>[INST] <<SYS>>\n..\n<</SYS>>\n\n.. [/INST] .. </s> */
+    KVF_CHAT_MISTRAL,      /* <s>[INST] .. [/INST]..</s> (Mixtral-8x7B v0.1's first template) */
+    KVF_CHAT_LLAMA3_1,     /* Llama 3 with the dated system header of Llama 3.1 */
+    KVF_CHAT_QWEN2_5,      /* ChatML with Qwen2.5's default system message */
+    KVF_CHAT_QWEN3,        /* ChatML; <think> of earlier assistant turns dropped */
+    KVF_CHAT_GEMMA,        /* <bos><start_of_turn>user\n..<end_of_turn>\n, role "model" */
     KVF_CHAT_MISTRAL_V0_1, /* <s> [INST] .. [/INST] ..</s>, no system role */
     KVF_CHAT_MISTRAL_V0_2, /* as v0.1, system prepended to the first user turn */
     KVF_CHAT_MISTRAL_V0_3, /* <s>[INST] ..[/INST] ..</s>, system with the last user turn */
@@ -78,8 +78,8 @@ kvf_status_t kvf_chat_template_load(const char *model_dir, kvf_chat_template_t *
 
 /* The names kvf_chat_template_parse() accepts, "|"-separated (for help
  * and error messages). */
-#define KVF_CHAT_TEMPLATE_NAMES                                                                   \
-    "llama3|llama3.1|chatml|qwen2|qwen2.5|qwen3|llama2|mistral|mistral-v0.1|mistral-v0.2|"       \
+#define KVF_CHAT_TEMPLATE_NAMES                                                                    \
+    "llama3|llama3.1|chatml|qwen2|qwen2.5|qwen3|llama2|mistral|mistral-v0.1|mistral-v0.2|"         \
     "mistral-v0.3|gemma"
 
 /* Renders msgs (n_msgs >= 1) with template_ followed by the assistant's

@@ -24,7 +24,8 @@ typedef struct {
 /* The default system messages of Qwen2 and Qwen2.5 (markers of their
  * templates too). */
 #define KVF_CHAT__QWEN2_SYSTEM "You are a helpful assistant."
-#define KVF_CHAT__QWEN2_5_SYSTEM "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+#define KVF_CHAT__QWEN2_5_SYSTEM                                                                   \
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 /* The reason a template gives when roles do not alternate. */
 #define KVF_CHAT__ALTERNATE "Conversation roles must alternate user/assistant/user/assistant/..."

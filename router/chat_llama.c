@@ -5,9 +5,9 @@
 #include "chat_internal.h"
 
 /* Llama 3.1's system header, with its template's default date_string. */
-#define LLAMA3_1_SYSTEM_HEAD                                                                      \
-    "<|start_header_id|>system<|end_header_id|>\n\n"                                              \
-    "Cutting Knowledge Date: December 2023\n"                                                     \
+#define LLAMA3_1_SYSTEM_HEAD                                                                       \
+    "<|start_header_id|>system<|end_header_id|>\n\n"                                               \
+    "Cutting Knowledge Date: December 2023\n"                                                      \
     "Today Date: 26 Jul 2024\n\n"
 
 static void append_content_trimmed(kvf_strbuf_t *sb, const kvf_chat_message_t *m)

@@ -21,25 +21,25 @@ typedef struct {
     const char *alternate; /* the template's reason for roles out of order */
 } mistral_style_t;
 
-#define AFTER_SYSTEM_ALTERNATE                                                                    \
-    "After the optional system message, conversation roles must alternate "                       \
+#define AFTER_SYSTEM_ALTERNATE                                                                     \
+    "After the optional system message, conversation roles must alternate "                        \
     "user/assistant/user/assistant/..."
 
 static mistral_style_t style_of(kvf_chat_template_t t)
 {
     switch (t) {
     case KVF_CHAT_MISTRAL_V0_1:
-        return (mistral_style_t){" [INST] ", " [/INST]", " ", false, SYSTEM_REFUSED,
-                                 KVF_CHAT__ALTERNATE};
+        return (mistral_style_t){" [INST] ", " [/INST]",     " ",
+                                 false,      SYSTEM_REFUSED, KVF_CHAT__ALTERNATE};
     case KVF_CHAT_MISTRAL_V0_2:
-        return (mistral_style_t){" [INST] ", " [/INST]", " ", false, SYSTEM_FIRST_USER,
-                                 AFTER_SYSTEM_ALTERNATE};
+        return (mistral_style_t){" [INST] ", " [/INST]",        " ",
+                                 false,      SYSTEM_FIRST_USER, AFTER_SYSTEM_ALTERNATE};
     case KVF_CHAT_MISTRAL_V0_3:
-        return (mistral_style_t){"[INST] ", "[/INST]", " ", true, SYSTEM_LAST_USER,
-                                 AFTER_SYSTEM_ALTERNATE};
+        return (mistral_style_t){"[INST] ", "[/INST]",        " ",
+                                 true,      SYSTEM_LAST_USER, AFTER_SYSTEM_ALTERNATE};
     default: /* KVF_CHAT_MISTRAL; its system message is kvferry's choice */
-        return (mistral_style_t){"[INST] ", " [/INST]", "", false, SYSTEM_FIRST_USER,
-                                 KVF_CHAT__ALTERNATE};
+        return (mistral_style_t){"[INST] ", " [/INST]",        "",
+                                 false,     SYSTEM_FIRST_USER, KVF_CHAT__ALTERNATE};
     }
 }
 

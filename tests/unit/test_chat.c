@@ -17,7 +17,7 @@
 #include "chat.h"
 #include "kvf/file.h"
 
-#define CHAT_DATA KVF_TEST_DATA "/chat_templates"
+#define CHAT_DATA     KVF_TEST_DATA "/chat_templates"
 #define CHAT_MAX_MSGS 16
 
 static char *render(kvf_chat_template_t t, const kvf_chat_message_t *m, size_t n, bool bos)
@@ -330,8 +330,8 @@ static void test_detect_revisions(void **state)
         char *edited = replace_all(jinja, revisions[i].from, revisions[i].to);
         kvf_chat_template_t got = kvf_chat_template_detect(edited);
         if (got != revisions[i].want)
-            fail_msg("%s edited (%zu): detected %s, want %s", name, i,
-                     kvf_chat_template_name(got), kvf_chat_template_name(revisions[i].want));
+            fail_msg("%s edited (%zu): detected %s, want %s", name, i, kvf_chat_template_name(got),
+                     kvf_chat_template_name(revisions[i].want));
         free(edited);
         free(jinja);
     }
@@ -376,7 +376,8 @@ static void check_rendering(const cJSON *root, const cJSON *r)
 {
     const char *file = cJSON_GetObjectItemCaseSensitive(r, "template")->valuestring;
     const char *conv = cJSON_GetObjectItemCaseSensitive(r, "conversation")->valuestring;
-    const cJSON *tmpl = find_named(cJSON_GetObjectItemCaseSensitive(root, "templates"), "name", file);
+    const cJSON *tmpl =
+        find_named(cJSON_GetObjectItemCaseSensitive(root, "templates"), "name", file);
     const char *bos = token_of(tmpl, "bos_token"), *eos = token_of(tmpl, "eos_token");
     kvf_chat_message_t msgs[CHAT_MAX_MSGS];
     size_t n = messages_of(
@@ -393,8 +394,8 @@ static void check_rendering(const cJSON *root, const cJSON *r)
     kvf_chat_template_t t = template_of_file(file);
     for (int leading_bos = 1; leading_bos >= 0; leading_bos--) {
         char *text = NULL, why[300] = "";
-        kvf_status_t st = kvf_chat_render(t, msgs, n, bos, eos, leading_bos, &text, why,
-                                          sizeof(why));
+        kvf_status_t st =
+            kvf_chat_render(t, msgs, n, bos, eos, leading_bos, &text, why, sizeof(why));
         if (cJSON_IsString(error)) {
             if (st != KVF_ERR_INVAL || !strstr(why, error->valuestring))
                 fail_msg("%s / %s: want the refusal '%s', got %d '%s'", file, conv,
@@ -408,8 +409,8 @@ static void check_rendering(const cJSON *root, const cJSON *r)
         if (!leading_bos && bos && !strncmp(expect, bos, strlen(bos)))
             expect += strlen(bos);
         if (strcmp(text, expect))
-            fail_msg("%s / %s (leading_bos %d):\n got: %s\nwant: %s", file, conv, leading_bos,
-                     text, expect);
+            fail_msg("%s / %s (leading_bos %d):\n got: %s\nwant: %s", file, conv, leading_bos, text,
+                     expect);
         free(text);
     }
 }
@@ -432,9 +433,9 @@ static void test_published_renderings(void **state)
         refused += cJSON_GetObjectItemCaseSensitive(r, "error") != NULL;
     }
     /* Every template file over every conversation, some refused. */
-    assert_int_equal(count, N_CHAT_FILES *
-                                (size_t)cJSON_GetArraySize(
-                                    cJSON_GetObjectItemCaseSensitive(root, "conversations")));
+    assert_int_equal(count,
+                     N_CHAT_FILES * (size_t)cJSON_GetArraySize(
+                                        cJSON_GetObjectItemCaseSensitive(root, "conversations")));
     assert_true(refused > 0 && refused < count);
     cJSON_Delete(root);
 }
@@ -442,10 +443,9 @@ static void test_published_renderings(void **state)
 static void test_all_names(void **state)
 {
     (void)state;
-    static const char *const names[] = {"llama3",       "llama3.1",     "chatml",
-                                        "qwen2",        "qwen2.5",      "qwen3",
-                                        "llama2",       "mistral",      "mistral-v0.1",
-                                        "mistral-v0.2", "mistral-v0.3", "gemma"};
+    static const char *const names[] = {"llama3",       "llama3.1",     "chatml",       "qwen2",
+                                        "qwen2.5",      "qwen3",        "llama2",       "mistral",
+                                        "mistral-v0.1", "mistral-v0.2", "mistral-v0.3", "gemma"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         kvf_chat_template_t t = KVF_CHAT_NONE;
         assert_int_equal(kvf_chat_template_parse(names[i], &t), KVF_OK);
@@ -458,10 +458,14 @@ static void test_all_names(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama3),   cmocka_unit_test(test_chatml_qwen2),
-        cmocka_unit_test(test_llama2),   cmocka_unit_test(test_mistral),
-        cmocka_unit_test(test_refusals), cmocka_unit_test(test_names),
-        cmocka_unit_test(test_detect),   cmocka_unit_test(test_load),
+        cmocka_unit_test(test_llama3),
+        cmocka_unit_test(test_chatml_qwen2),
+        cmocka_unit_test(test_llama2),
+        cmocka_unit_test(test_mistral),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_load),
         cmocka_unit_test(test_detect_published),
         cmocka_unit_test(test_detect_revisions),
         cmocka_unit_test(test_published_renderings),
