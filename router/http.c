@@ -449,7 +449,7 @@ static kvf_status_t configure(kvf_http_t *h, const kvf_http_config_t *cfg)
     h->api.model_name = h->model_name;
     if (cfg->chat_template && cfg->chat_template[0]) {
         if (kvf_chat_template_parse(cfg->chat_template, &h->api.chat) != KVF_OK) {
-            kvf_log_error("unknown chat template '%s' (llama3, chatml, qwen2, llama2, mistral)",
+            kvf_log_error("unknown chat template '%s' (" KVF_CHAT_TEMPLATE_NAMES ")",
                           cfg->chat_template);
             return KVF_ERR_INVAL;
         }

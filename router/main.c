@@ -6,6 +6,7 @@
 
 #include "kvf/auth.h"
 #include "kvf/flags.h"
+#include "chat.h"
 #include "http.h"
 #include "kvf/log.h"
 #include "kvf/signals.h"
@@ -71,7 +72,7 @@ static int parse_router_flags(int argc, char **argv, router_opts_t *o)
         {"api-key", KVF_FLAG_STRING, &o->api_key, "KEY",
          "require 'Authorization: Bearer KEY' on /v1/ (default: none)", NULL},
         {"chat-template", KVF_FLAG_STRING, &o->chat_template, "NAME",
-         "llama3, chatml, qwen2, llama2 or mistral (default: recognised from the model's "
+         KVF_CHAT_TEMPLATE_NAMES " (default: recognised from the model's "
          "tokenizer_config.json)",
          NULL},
         {"max-body", KVF_FLAG_SIZE, &o->max_body, "BYTES", "largest HTTP request body", NULL},

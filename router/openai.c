@@ -314,11 +314,11 @@ static bool parse_messages(const kvf_openai_server_t *srv, kvf_openai_request_t 
         return false;
     }
     if (srv->chat == KVF_CHAT_NONE) {
-        BAD_REQUEST(err, "messages",
-                    "the model '%s' has no chat template kvferry recognises; use "
-                    "/v1/completions, or start kvf-router with --chat-template "
-                    "llama3|chatml|qwen2|llama2|mistral",
-                    srv->model_name);
+        BAD_REQUEST(
+            err, "messages",
+            "the model '%s' has no chat template kvferry recognises; use "
+            "/v1/completions, or start kvf-router with --chat-template " KVF_CHAT_TEMPLATE_NAMES,
+            srv->model_name);
         return false;
     }
     return render_messages(srv, req, msgs, (size_t)n, err);

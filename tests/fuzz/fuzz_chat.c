@@ -10,7 +10,10 @@
 
 #define FUZZ_CHAT_MAX_MSGS 16
 
-static const char *const fuzz_templates[] = {"llama3", "chatml", "qwen2", "llama2", "mistral"};
+static const char *const fuzz_templates[] = {
+    "llama3", "llama3.1", "chatml",       "qwen2",        "qwen2.5",      "qwen3",
+    "llama2", "mistral",  "mistral-v0.1", "mistral-v0.2", "mistral-v0.3", "gemma",
+};
 static const char *const fuzz_roles[] = {"system", "user", "assistant", "tool"};
 
 /* Splits buf (NUL-terminated, len bytes before the NUL) into messages. */
