@@ -77,17 +77,30 @@ const uint8_t *kvf_tokenizer_token_bytes(const kvf_tokenizer_t *tok, uint32_t id
  * added token); KVF_ERR_NOT_FOUND if there is none. */
 kvf_status_t kvf_tokenizer_token_id(const kvf_tokenizer_t *tok, const char *text, uint32_t *id_p);
 
-/* Incremental decoder for streaming: text is released only in whole UTF-8
- * characters; an incomplete tail waits for the next token. The
- * concatenation of every push and the final flush equals
- * kvf_tokenizer_decode() of the same ids. Caller owns the struct
- * (init/fini); the fields are private. */
+/* Incremental decoder for streaming: text is released only once no later
+ * token can change it (whole UTF-8 characters; a byte-fallback run's
+ * characters once complete; a character a Strip of the joined text might
+ * remove, once it is known not to be). The concatenation of every push and
+ * the final flush equals kvf_tokenizer_decode() of the same ids, and text
+ * handed out is never taken back. Caller owns the struct (init/fini); the
+ * fields are private. */
+#define KVF_DETOK_MAX_STRIPS     4 /* Strip decoders after a Fuse */
+#define KVF_DETOK_MAX_STRIPS_STR "4"
 typedef struct {
     const kvf_tokenizer_t *tok;
     uint8_t pending[4]; /* a valid but incomplete UTF-8 prefix */
     size_t n_pending;
+    uint8_t *run; /* a byte-fallback run held whole (run_cap) */
+    size_t n_run, run_cap;
+    bool in_run;     /* the last token was a byte-fallback byte */
+    bool started;    /* a known token was pushed */
+    bool had_element; /* an element (token or run) is complete */
+    uint32_t strip_left[KVF_DETOK_MAX_STRIPS]; /* characters the Strip may still cut */
+    uint32_t strip_held[KVF_DETOK_MAX_STRIPS]; /* trailing stripped characters held back */
+    uint8_t *scratch; /* a token's bytes and their text (scratch_cap) */
+    size_t scratch_cap;
     char *out; /* the text handed out by the last call */
-    size_t out_cap;
+    size_t out_len, out_cap;
 } kvf_detok_t;
 
 /* Starts a stream; tok must outlive the decoder. */
@@ -99,7 +112,9 @@ void kvf_detok_init(kvf_detok_t *detok, const kvf_tokenizer_t *tok);
  * on it. */
 kvf_status_t kvf_detok_push(kvf_detok_t *detok, uint32_t id, const char **text_p, size_t *len_p);
 
-/* Ends the stream: a pending incomplete character becomes U+FFFD. Same
+/* Ends the stream: a pending incomplete character becomes U+FFFD, held
+ * characters that end the text are dropped or handed out as decoding the
+ * whole sequence would. Same
  * ownership as kvf_detok_push(). The decoder may then start a new stream. */
 kvf_status_t kvf_detok_flush(kvf_detok_t *detok, const char **text_p, size_t *len_p);
 
