@@ -6,8 +6,11 @@
  * (PCRE2 with Unicode properties), every piece is mapped to its bytes'
  * ByteLevel symbols and merged by rank. BOS follows tokenizer_config.json
  * (`add_bos_token`), or the post_processor's template when the config does
- * not say. Decoding maps symbols back to bytes; special tokens decode to
- * their text; invalid UTF-8 becomes U+FFFD, as Hugging Face does.
+ * not say. Decoding follows tokenizer.json's decoder as Hugging Face
+ * does (ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence;
+ * no decoder: tokens joined by spaces): special tokens decode to their
+ * text, invalid UTF-8 (ByteLevel bytes, a run of <0xNN> tokens) becomes
+ * U+FFFD for each invalid subpart.
  *
  * Thread rules: a loaded tokenizer is immutable; any number of threads may
  * encode and decode with it at once. A kvf_detok_t belongs to one thread. */
@@ -24,7 +27,7 @@ typedef struct kvf_tokenizer kvf_tokenizer_t;
 
 /* Loads <model_dir>/tokenizer.json and, when present,
  * <model_dir>/tokenizer_config.json. Unsupported features (a non-BPE model,
- * an unknown pre-tokenizer) are KVF_ERR_UNSUPPORTED, malformed files
+ * an unknown pre-tokenizer or decoder) are KVF_ERR_UNSUPPORTED, malformed files
  * KVF_ERR_FORMAT, both logged with the file name. On success *tok_p is
  * owned by the caller, who frees it with kvf_tokenizer_destroy(). */
 kvf_status_t kvf_tokenizer_load(const char *model_dir, kvf_tokenizer_t **tok_p);
@@ -40,8 +43,8 @@ void kvf_tokenizer_destroy(kvf_tokenizer_t *tok);
 kvf_status_t kvf_tokenizer_encode(const kvf_tokenizer_t *tok, const char *text, size_t len,
                                   bool add_bos, uint32_t **ids_p, size_t *n_p);
 
-/* Decodes ids to UTF-8 text: special tokens as their text, invalid byte
- * sequences as U+FFFD. An id the tokenizer does not know (beyond its
+/* Decodes ids to UTF-8 text through the decoder chain: special tokens as
+ * their text, invalid byte sequences as U+FFFD. An id the tokenizer does not know (beyond its
  * vocabulary, e.g. a model whose embedding is larger, or a gap) decodes to
  * nothing. On success *text_p is malloc'd, NUL-terminated and owned by the
  * caller (free()); *len_p (optional, may be NULL) excludes the NUL. The
