@@ -8,6 +8,7 @@
  *   tokenizer_vocab.c  the vocabulary, added tokens and merges, their maps,
  *                      and the id/text queries of kvf/tokenizer.h
  *   bpe.c              encoding: added tokens, pre-tokenization, BPE merges
+ *   tokenizer_decoder.c the decoder section: its steps and each id's piece
  *   detok.c            decoding, whole and incremental (kvf_detok_*)
  *
  * Every id owns a string in one arena (the tokenizer.json spelling) and the
@@ -35,6 +36,57 @@ typedef enum {
     KVF_TOK_SPLIT_ISOLATED, /* matches and the text between them are pieces */
     KVF_TOK_SPLIT_REMOVED,  /* matches are dropped, the text between them kept */
 } kvf_tok_split_behavior_t;
+
+/* ---- decoding (built by tokenizer_decoder.c, used by detok.c) ----------
+ *
+ * A decoder chain is read as  before* [ByteFallback] after* [join whole*]:
+ * per-token steps, the byte run rule, per-element steps, then a Fuse or
+ * ByteLevel that joins everything into one text, and Strip steps on that
+ * text. Every id's piece is its token run through the steps that do not
+ * depend on its position, computed once at load; what does (the first
+ * token under Metaspace, a byte run, the first characters under a Strip of
+ * the joined text) is done while decoding. */
+
+typedef enum {
+    KVF_TOK_STEP_REPLACE,   /* every match of from (or re) becomes to */
+    KVF_TOK_STEP_METASPACE, /* from becomes ' '; the first token loses one leading ' ' */
+    KVF_TOK_STEP_STRIP,     /* up to start / stop copies of strip_cp off each end */
+} kvf_tok_step_kind_t;
+
+typedef struct {
+    kvf_tok_step_kind_t kind;
+    char *from, *to; /* owned, NUL-terminated */
+    size_t from_len, to_len;
+    pcre2_code *re; /* Replace with a Regex pattern (owned), else NULL */
+    uint32_t strip_cp;
+    uint32_t start, stop;
+    bool strip_first; /* Metaspace: prepend_scheme is not "never" */
+} kvf_tok_step_t;
+
+/* An id's decoded form: a <0xNN> byte under ByteFallback, else text (bytes
+ * for ByteLevel) in the decoder's arena. */
+typedef struct {
+    uint32_t off, len;
+    int16_t byte; /* -1: not a byte token */
+} kvf_tok_piece_t;
+
+typedef struct {
+    bool space_join;    /* no decoder: tokens are joined by ' ' */
+    bool byte_level;    /* pieces are bytes; their concatenation is decoded lossily */
+    bool byte_fallback; /* runs of <0xNN> tokens are decoded lossily */
+    bool first_differs; /* a Metaspace step: the first id's piece is made when decoding */
+    kvf_tok_step_t *before, *after, *whole; /* (n_before, n_after, n_whole) */
+    size_t n_before, n_after, n_whole;
+    kvf_tok_piece_t *pieces; /* [n_ids] */
+    char *arena;
+    size_t arena_len, arena_cap;
+} kvf_tok_decoder_t;
+
+/* A growing byte string. */
+typedef struct {
+    char *data;
+    size_t len, cap;
+} kvf_tok_text_t;
 
 /* One pre-tokenizer regex, applied to the pieces of the one before. */
 typedef struct {
@@ -98,6 +150,10 @@ struct kvf_tokenizer {
 
     int64_t bos_id, eos_id;
     bool adds_bos;
+
+    /* ---- decoding: tokenizer_decoder.c, detok.c ---- */
+    kvf_tok_decoder_t dec;
+    /* ---- end of decoding ---- */
 };
 
 /* ---- tokenizer_scan.c ---- */
@@ -157,5 +213,30 @@ const kvf_tok_merge_t *kvf_tokenizer__merge_find(const kvf_tokenizer_t *tok, uin
 
 /* Reads an id: a JSON integer in [0, KVF_TOK_MAX_IDS). */
 bool kvf_tokenizer__json_id(const cJSON *item, uint32_t *id_p);
+
+/* ---- tokenizer_decoder.c ---- */
+
+/* Reads the decoder section (NULL or JSON null: none) and builds every
+ * id's piece; called once the vocabulary is loaded. A decoder type or an
+ * order of steps it does not implement is KVF_ERR_UNSUPPORTED, logged
+ * naming path and the type. */
+kvf_status_t kvf_tokenizer__load_decoder(kvf_tokenizer_t *tok, const char *path,
+                                         const cJSON *decoder);
+
+/* Frees what kvf_tokenizer__load_decoder() built. */
+void kvf_tokenizer__free_decoder(kvf_tokenizer_t *tok);
+
+/* The piece of id made as the first token of a stream (first) or as any
+ * other: *byte_p is its <0xNN> byte, or -1 and text receives it (text is
+ * emptied first). */
+kvf_status_t kvf_tokenizer__make_piece(const kvf_tokenizer_t *tok, uint32_t id, bool first,
+                                       kvf_tok_text_t *text, int *byte_p);
+
+/* Runs text through steps[0..n), in place; first: it is the first token. */
+kvf_status_t kvf_tokenizer__apply_steps(const kvf_tok_step_t *steps, size_t n, bool first,
+                                        kvf_tok_text_t *text);
+
+/* Appends s[0..n) to text (kept NUL-terminated). */
+kvf_status_t kvf_tokenizer__text_append(kvf_tok_text_t *text, const void *s, size_t n);
 
 #endif

@@ -239,6 +239,9 @@ static kvf_status_t parse_tokenizer_json(kvf_tokenizer_t *tok, const char *path,
         added = NULL;
     tok->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
     st = kvf_tokenizer__load_vocab(tok, path, scan, added);
+    if (st == KVF_OK)
+        st = kvf_tokenizer__load_decoder(tok, path,
+                                         cJSON_GetObjectItemCaseSensitive(root, "decoder"));
     if (st != KVF_OK)
         return st;
     bool byte_level = false;
@@ -320,6 +323,7 @@ void kvf_tokenizer_destroy(kvf_tokenizer_t *tok)
     for (size_t i = 0; i < tok->n_steps; i++)
         pcre2_code_free(tok->steps[i].re);
     free(tok->steps);
+    kvf_tokenizer__free_decoder(tok);
     kvf_tokenizer__free_vocab(tok);
     free(tok);
 }

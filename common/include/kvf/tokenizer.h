@@ -6,8 +6,11 @@
  * (PCRE2 with Unicode properties), every piece is mapped to its bytes'
  * ByteLevel symbols and merged by rank. BOS follows tokenizer_config.json
  * (`add_bos_token`), or the post_processor's template when the config does
- * not say. Decoding maps symbols back to bytes; special tokens decode to
- * their text; invalid UTF-8 becomes U+FFFD, as Hugging Face does.
+ * not say. Decoding follows tokenizer.json's decoder as Hugging Face
+ * does (ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence;
+ * no decoder: tokens joined by spaces): special tokens decode to their
+ * text, invalid UTF-8 (ByteLevel bytes, a run of <0xNN> tokens) becomes
+ * U+FFFD for each invalid subpart.
  *
  * Thread rules: a loaded tokenizer is immutable; any number of threads may
  * encode and decode with it at once. A kvf_detok_t belongs to one thread. */
@@ -24,7 +27,7 @@ typedef struct kvf_tokenizer kvf_tokenizer_t;
 
 /* Loads <model_dir>/tokenizer.json and, when present,
  * <model_dir>/tokenizer_config.json. Unsupported features (a non-BPE model,
- * an unknown pre-tokenizer) are KVF_ERR_UNSUPPORTED, malformed files
+ * an unknown pre-tokenizer or decoder) are KVF_ERR_UNSUPPORTED, malformed files
  * KVF_ERR_FORMAT, both logged with the file name. On success *tok_p is
  * owned by the caller, who frees it with kvf_tokenizer_destroy(). */
 kvf_status_t kvf_tokenizer_load(const char *model_dir, kvf_tokenizer_t **tok_p);
@@ -40,8 +43,8 @@ void kvf_tokenizer_destroy(kvf_tokenizer_t *tok);
 kvf_status_t kvf_tokenizer_encode(const kvf_tokenizer_t *tok, const char *text, size_t len,
                                   bool add_bos, uint32_t **ids_p, size_t *n_p);
 
-/* Decodes ids to UTF-8 text: special tokens as their text, invalid byte
- * sequences as U+FFFD. An id the tokenizer does not know (beyond its
+/* Decodes ids to UTF-8 text through the decoder chain: special tokens as
+ * their text, invalid byte sequences as U+FFFD. An id the tokenizer does not know (beyond its
  * vocabulary, e.g. a model whose embedding is larger, or a gap) decodes to
  * nothing. On success *text_p is malloc'd, NUL-terminated and owned by the
  * caller (free()); *len_p (optional, may be NULL) excludes the NUL. The
@@ -77,17 +80,30 @@ const uint8_t *kvf_tokenizer_token_bytes(const kvf_tokenizer_t *tok, uint32_t id
  * added token); KVF_ERR_NOT_FOUND if there is none. */
 kvf_status_t kvf_tokenizer_token_id(const kvf_tokenizer_t *tok, const char *text, uint32_t *id_p);
 
-/* Incremental decoder for streaming: text is released only in whole UTF-8
- * characters; an incomplete tail waits for the next token. The
- * concatenation of every push and the final flush equals
- * kvf_tokenizer_decode() of the same ids. Caller owns the struct
- * (init/fini); the fields are private. */
+/* Incremental decoder for streaming: text is released only once no later
+ * token can change it (whole UTF-8 characters; a byte-fallback run's
+ * characters once complete; a character a Strip of the joined text might
+ * remove, once it is known not to be). The concatenation of every push and
+ * the final flush equals kvf_tokenizer_decode() of the same ids, and text
+ * handed out is never taken back. Caller owns the struct (init/fini); the
+ * fields are private. */
+#define KVF_DETOK_MAX_STRIPS     4 /* Strip decoders after a Fuse */
+#define KVF_DETOK_MAX_STRIPS_STR "4"
 typedef struct {
     const kvf_tokenizer_t *tok;
     uint8_t pending[4]; /* a valid but incomplete UTF-8 prefix */
     size_t n_pending;
+    uint8_t *run; /* a byte-fallback run held whole (run_cap) */
+    size_t n_run, run_cap;
+    bool in_run;     /* the last token was a byte-fallback byte */
+    bool started;    /* a known token was pushed */
+    bool had_element; /* an element (token or run) is complete */
+    uint32_t strip_left[KVF_DETOK_MAX_STRIPS]; /* characters the Strip may still cut */
+    uint32_t strip_held[KVF_DETOK_MAX_STRIPS]; /* trailing stripped characters held back */
+    uint8_t *scratch; /* a token's bytes and their text (scratch_cap) */
+    size_t scratch_cap;
     char *out; /* the text handed out by the last call */
-    size_t out_cap;
+    size_t out_len, out_cap;
 } kvf_detok_t;
 
 /* Starts a stream; tok must outlive the decoder. */
@@ -99,7 +115,9 @@ void kvf_detok_init(kvf_detok_t *detok, const kvf_tokenizer_t *tok);
  * on it. */
 kvf_status_t kvf_detok_push(kvf_detok_t *detok, uint32_t id, const char **text_p, size_t *len_p);
 
-/* Ends the stream: a pending incomplete character becomes U+FFFD. Same
+/* Ends the stream: a pending incomplete character becomes U+FFFD, held
+ * characters that end the text are dropped or handed out as decoding the
+ * whole sequence would. Same
  * ownership as kvf_detok_push(). The decoder may then start a new stream. */
 kvf_status_t kvf_detok_flush(kvf_detok_t *detok, const char **text_p, size_t *len_p);
 
