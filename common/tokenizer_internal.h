@@ -138,6 +138,7 @@ struct kvf_tokenizer {
     uint8_t byte_spelling[256][3]; /* UTF-8 of each byte's symbol */
     uint8_t byte_spelling_len[256];
     int16_t cp_to_byte[KVF_TOK_BYTE_LEVEL_CPS]; /* -1: not a byte symbol */
+    uint8_t byte_value[256];                    /* b at [b]: a byte token's decoded byte */
 
     kvf_tok_split_step_t *steps;
     size_t n_steps;

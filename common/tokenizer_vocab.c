@@ -43,6 +43,7 @@ void kvf_tokenizer__byte_mapping(kvf_tokenizer_t *tok)
         tok->cp_to_byte[i] = -1;
     uint32_t next = 256;
     for (int b = 0; b < 256; b++) {
+        tok->byte_value[b] = (uint8_t)b;
         bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
         uint32_t cp = printable ? (uint32_t)b : next++;
         tok->cp_to_byte[cp] = (int16_t)b;
@@ -402,8 +403,13 @@ const uint8_t *kvf_tokenizer_token_bytes(const kvf_tokenizer_t *tok, uint32_t id
         *len_p = 0;
         return NULL;
     }
-    *len_p = tok->tokens[id].bytes_len;
-    return (const uint8_t *)tok->arena + tok->tokens[id].bytes_off;
+    const kvf_tok_piece_t *p = &tok->dec.pieces[id];
+    if (p->byte >= 0) {
+        *len_p = 1;
+        return &tok->byte_value[p->byte];
+    }
+    *len_p = p->len;
+    return p->len ? (const uint8_t *)tok->dec.arena + p->off : (const uint8_t *)"";
 }
 
 kvf_status_t kvf_tokenizer_token_id(const kvf_tokenizer_t *tok, const char *text, uint32_t *id_p)

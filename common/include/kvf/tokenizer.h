@@ -72,8 +72,11 @@ bool kvf_tokenizer_adds_bos(const kvf_tokenizer_t *tok);
  * unknown id. */
 const char *kvf_tokenizer_token_text(const kvf_tokenizer_t *tok, uint32_t id);
 
-/* The raw bytes a token stands for (may be a partial UTF-8 sequence),
- * owned by the tokenizer; NULL and *len_p = 0 for an unknown id. */
+/* The bytes a token decodes to when it is not the first of a sequence,
+ * through the decoder's per-token steps (a ByteLevel symbol's byte, a
+ * <0xNN> byte token's byte, "▁" as a space under Metaspace; may be a
+ * partial UTF-8 sequence), owned by the tokenizer; NULL and *len_p = 0 for
+ * an unknown id. */
 const uint8_t *kvf_tokenizer_token_bytes(const kvf_tokenizer_t *tok, uint32_t id, size_t *len_p);
 
 /* The id of a token string as written in tokenizer.json (vocabulary or
