@@ -181,6 +181,27 @@ static void test_golden_qwen2(void **state)
         check_golden("tiny-qwen2-bf16", isas[i]);
 }
 
+/* Qwen3 (q/k norms, head_dim 24 != hidden / heads, the window on layer 1
+ * only) and Mistral with a 16-position window on every layer, over
+ * prompts and greedy steps that cross the window and block boundaries. */
+static void test_golden_qwen3(void **state)
+{
+    (void)state;
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
+    int n = kvf_test_cpu_isas(isas);
+    for (int i = 0; i < n; i++)
+        check_golden("tiny-qwen3-f32", isas[i]);
+}
+
+static void test_golden_sliding_window(void **state)
+{
+    (void)state;
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
+    int n = kvf_test_cpu_isas(isas);
+    for (int i = 0; i < n; i++)
+        check_golden("tiny-mistral-sw-f32", isas[i]);
+}
+
 /* A bf16 checkpoint held in bf16 (native) computes the bits it computes
  * widened to f32, on every instruction set, in half the bytes. */
 static void test_bf16_weights(void **state)
@@ -229,13 +250,15 @@ static kvf_model_t *random_model(int n_heads, int n_kv_heads, bool qwen2, uint64
 }
 
 
-/* Decode with the cache equals recomputing the whole sequence. */
-static void check_cache_vs_recompute(kvf_model_t *m, int block_size)
+/* Decode with the cache equals recomputing the whole sequence: n_prompt
+ * prompt ids, then n_steps greedy steps (n_prompt + n_steps <= 64). */
+static void check_cache_vs_recompute_n(kvf_model_t *m, int block_size, int n_prompt, int n_steps)
 {
     rig_t r;
     rig_open(&r, m, block_size, 256);
-    const int V = m->cfg.vocab, n_prompt = 13, n_steps = 6;
-    uint32_t ids[32];
+    const int V = m->cfg.vocab;
+    uint32_t ids[64];
+    assert_true(n_prompt + n_steps <= 64);
     kvf_test_random_ids(ids, n_prompt, V, 7);
     float *cached = malloc((size_t)V * sizeof(float));
     float *full = malloc((size_t)V * sizeof(float));
@@ -271,6 +294,11 @@ static void check_cache_vs_recompute(kvf_model_t *m, int block_size)
     rig_close(&r);
 }
 
+static void check_cache_vs_recompute(kvf_model_t *m, int block_size)
+{
+    check_cache_vs_recompute_n(m, block_size, 13, 6);
+}
+
 static void test_cache_vs_recompute_gqa_mha_mqa(void **state)
 {
     (void)state;
@@ -283,6 +311,20 @@ static void test_cache_vs_recompute_gqa_mha_mqa(void **state)
     kvf_model_t *m = random_model(6, 2, true, 21); /* qwen2: biases, tied */
     check_cache_vs_recompute(m, 16);
     kvf_model_destroy(m);
+}
+
+/* The same for the Qwen3 and sliding-window golden models, past their
+ * windows (20 and 16 positions), at block sizes 16 and 1. */
+static void test_cache_vs_recompute_qwen3_window(void **state)
+{
+    (void)state;
+    const char *names[] = {"tiny-qwen3-f32", "tiny-mistral-sw-f32"};
+    for (int i = 0; i < 2; i++) {
+        kvf_model_t *m = kvf_test_load_golden(KVF_TEST_DATA, names[i]);
+        check_cache_vs_recompute_n(m, 16, 37, 10);
+        check_cache_vs_recompute_n(m, 1, 21, 6);
+        kvf_model_destroy(m);
+    }
 }
 
 /* Chunked prefill (1, 7, 16, whole) gives every position's logits of one
@@ -601,7 +643,7 @@ static void test_bench_smoke(void **state)
 
 /* ---- the bits themselves -------------------------------------------- */
 
-/* The hash of every logit bit of both golden models' prompts (all
+/* The hash of every logit bit of the golden models' prompts (all
  * positions, then the greedy steps) on every ISA this machine runs,
  * against the value recorded in tests/data/numerics_bits.json on another
  * machine: the numerics do not depend on the CPU the tests run on. A
@@ -620,13 +662,14 @@ static void test_recorded_bits(void **state)
     text[len] = 0;
     cJSON *rec = cJSON_Parse(text);
     assert_non_null(rec);
-    const char *names[] = {"tiny-llama-f32", "tiny-qwen2-bf16"};
+    const char *names[] = {"tiny-llama-f32", "tiny-qwen2-bf16", "tiny-qwen3-f32",
+                           "tiny-mistral-sw-f32"};
     kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
     int n_isa = kvf_test_cpu_isas(isas);
     bool record = getenv("KVF_RECORD_BITS") != NULL;
-    for (int m = 0; m < 2; m++) {
+    for (int m = 0; m < 4; m++) {
         const cJSON *want = cJSON_GetObjectItem(rec, names[m]);
-        assert_true(cJSON_IsString(want));
+        assert_true(record || cJSON_IsString(want));
         for (int i = 0; i < n_isa; i++) {
             char got[32];
             snprintf(got, sizeof(got), "%016llx",
@@ -688,8 +731,11 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_llama),
         cmocka_unit_test(test_golden_qwen2),
+        cmocka_unit_test(test_golden_qwen3),
+        cmocka_unit_test(test_golden_sliding_window),
         cmocka_unit_test(test_bf16_weights),
         cmocka_unit_test(test_cache_vs_recompute_gqa_mha_mqa),
+        cmocka_unit_test(test_cache_vs_recompute_qwen3_window),
         cmocka_unit_test(test_chunked_prefill_and_block_sizes),
         cmocka_unit_test(test_mixed_batch),
         cmocka_unit_test(test_isas_threads_chunks),
