@@ -1,7 +1,8 @@
 /* Forward pass of a Llama-family decoder over a paged KV pool. See
  * kvf/engine.h. The math, per layer, for the batch's tokens x:
- *   h = rmsnorm(x) ; q,k,v = h·Wqkvᵀ (+b) ; rope(q, k) ; write k,v to the pool
- *   x += attention(q, pool)·Woᵀ
+ *   h = rmsnorm(x) ; q,k,v = h·Wqkvᵀ (+b) ; [Qwen3: rmsnorm of each q and k head]
+ *   rope(q, k) ; write k,v to the pool
+ *   x += attention(q, pool, the layer's sliding window)·Woᵀ
  *   x += down(silu(gate(rmsnorm(x))) * up(rmsnorm(x)))
  * then logits = rmsnorm(x)·lm_headᵀ for the rows that want them. */
 #include "kvf/engine.h"
@@ -71,6 +72,11 @@ kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend,
                       "copy of its own",
                       backend->ops->name);
         return KVF_ERR_MISMATCH;
+    }
+    if (c->qk_norm && !backend->ops->forward && !backend->ops->head_rmsnorm) {
+        kvf_log_error("engine: the %s backend has no per-head RMSNorm (%s needs it)",
+                      backend->ops->name, c->arch_name);
+        return KVF_ERR_UNSUPPORTED;
     }
     if (backend->ops->bind_model) {
         kvf_status_t st = backend->ops->bind_model(backend->ctx, model);
@@ -271,7 +277,7 @@ static void lay_out_batch(kvf_engine_t *e, const kvf_engine_seq_t *seqs, int n_s
 }
 
 /* Decoder layer l over the batch's n rows of x, in place. */
-static kvf_status_t forward_layer(kvf_engine_t *e, int l, int n, const kvf_batch_layout_t *batch,
+static kvf_status_t forward_layer(kvf_engine_t *e, int l, int n, kvf_batch_layout_t *batch,
                                   const kvf_engine_hooks_t *hooks)
 {
     const kvf_model_config_t *c = &e->model->cfg;
@@ -284,6 +290,10 @@ static kvf_status_t forward_layer(kvf_engine_t *e, int l, int n, const kvf_batch
     CHECK(ops->rmsnorm(bx, e->h, e->x, L->attn_norm, n, hidden, eps));
     CHECK(project(e, e->qkv, e->h, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_QKV), L->wqkv, L->bqkv, n,
                   e->qkv_dim, hidden, 0));
+    if (L->q_norm) {
+        CHECK(ops->head_rmsnorm(bx, q, e->qkv_dim, L->q_norm, n, c->n_heads, hd, eps));
+        CHECK(ops->head_rmsnorm(bx, k, e->qkv_dim, L->k_norm, n, c->n_kv_heads, hd, eps));
+    }
     CHECK(ops->rope(bx, q, e->qkv_dim, e->cos_sin, n, c->n_heads, hd));
     CHECK(ops->rope(bx, k, e->qkv_dim, e->cos_sin, n, c->n_kv_heads, hd));
     CHECK(ops->kv_write(bx, e->pool, l, k, v, e->qkv_dim, batch));
@@ -292,6 +302,7 @@ static kvf_status_t forward_layer(kvf_engine_t *e, int l, int n, const kvf_batch
             CHECK(ops->synchronize(bx));
         hooks->on_layer_done(hooks->arg, l);
     }
+    batch->window = kvf_model_layer_window(c, l);
     CHECK(ops->attention(bx, e->att, q, e->qkv_dim, e->pool, l, c->n_heads, batch));
     CHECK(project(e, e->x, e->att, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_O), L->wo, NULL, n, hidden,
                   e->q_dim, 1));

@@ -181,9 +181,12 @@ static kvf_status_t parse_arch(kvf_model_config_t *cfg, const cJSON *root, const
     } else if (!strcmp(arch->valuestring, "Qwen2ForCausalLM")) {
         cfg->arch = KVF_ARCH_QWEN2;
         cfg->qkv_bias = true;
+    } else if (!strcmp(arch->valuestring, "Qwen3ForCausalLM")) {
+        cfg->arch = KVF_ARCH_QWEN3; /* no biases unless attention_bias says so */
+        cfg->qk_norm = true;
     } else {
         kvf_log_error("%s: architecture '%s' is not supported (LlamaForCausalLM, "
-                      "MistralForCausalLM, Qwen2ForCausalLM)",
+                      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
                       path, arch->valuestring);
         return KVF_ERR_UNSUPPORTED;
     }
@@ -255,17 +258,78 @@ static kvf_status_t parse_features(kvf_model_config_t *cfg, const cJSON *root, c
     return KVF_OK;
 }
 
-/* Sliding-window attention is not supported: say so when a config turns
- * it on for contexts it would change. */
-static void warn_sliding_window(const kvf_model_config_t *cfg, const cJSON *root, const char *path)
+/* layer_types, when given: "full_attention" for layers below some k and
+ * "sliding_attention" from k on, the one pattern the config holds (k in
+ * *first_p, n_layers when none slides). Other patterns are unsupported. */
+static kvf_status_t parse_layer_types(const kvf_model_config_t *cfg, const cJSON *types,
+                                      const char *path, int *first_p)
 {
-    int window = 0;
-    const cJSON *use_sw = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window");
-    if (json_int(root, "sliding_window", &window) == 0 && window > 0 && window < cfg->max_pos &&
-        (cfg->arch == KVF_ARCH_MISTRAL || cJSON_IsTrue(use_sw)))
-        kvf_log_warn("%s: sliding_window %d is not applied: contexts beyond %d tokens differ "
-                     "from the reference implementation",
-                     path, window, window);
+    int n = cJSON_GetArraySize(types), first = cfg->n_layers, i = 0;
+    const cJSON *e;
+    if (!cJSON_IsArray(types) || n != cfg->n_layers)
+        goto fail_pattern;
+    cJSON_ArrayForEach(e, types)
+    {
+        bool sliding = cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention");
+        if (!sliding && !(cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention")))
+            goto fail_pattern;
+        if (sliding && first == cfg->n_layers)
+            first = i;
+        if (!sliding && first < cfg->n_layers)
+            goto fail_pattern; /* full attention after a sliding layer */
+        i++;
+    }
+    *first_p = first;
+    return KVF_OK;
+fail_pattern:
+    kvf_log_error("%s: layer_types must list one full_attention or sliding_attention per layer, "
+                  "the sliding layers last",
+                  path);
+    return KVF_ERR_UNSUPPORTED;
+}
+
+/* Sliding-window attention, as Hugging Face applies it: Mistral on every
+ * layer whenever sliding_window is set; Qwen2 and Qwen3 only with
+ * use_sliding_window, on the layers from max_window_layers (default 28)
+ * on, or those layer_types marks sliding_attention. */
+static kvf_status_t parse_sliding_window(kvf_model_config_t *cfg, const cJSON *root,
+                                         const char *path)
+{
+    int window = 0, first = 0;
+    int r = json_int(root, "sliding_window", &window);
+    if (r == -2) {
+        kvf_log_error("%s: \"sliding_window\" must be null or a non-negative integer", path);
+        return KVF_ERR_FORMAT;
+    }
+    bool qwen = cfg->arch == KVF_ARCH_QWEN2 || cfg->arch == KVF_ARCH_QWEN3;
+    bool on = r == 0 && window > 0 &&
+              (cfg->arch == KVF_ARCH_MISTRAL ||
+               (qwen && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window"))));
+    if (!on)
+        return KVF_OK;
+    if (qwen) {
+        first = 28;
+        if (json_int(root, "max_window_layers", &first) == -2) {
+            kvf_log_error("%s: \"max_window_layers\" must be a non-negative integer", path);
+            return KVF_ERR_FORMAT;
+        }
+    }
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+    if (types && !cJSON_IsNull(types)) {
+        kvf_status_t st = parse_layer_types(cfg, types, path, &first);
+        if (st != KVF_OK)
+            return st;
+    }
+    if (first >= cfg->n_layers)
+        return KVF_OK; /* no layer slides */
+    cfg->sliding_window = window;
+    cfg->window_first_layer = first;
+    return KVF_OK;
+}
+
+int kvf_model_layer_window(const kvf_model_config_t *cfg, int layer)
+{
+    return cfg->sliding_window > 0 && layer >= cfg->window_first_layer ? cfg->sliding_window : 0;
 }
 
 /* bos_token_id (sets it) and eos_token_id (adds to the list), as both
@@ -288,9 +352,10 @@ static kvf_status_t parse_config_json(kvf_model_config_t *cfg, const cJSON *root
         st = parse_features(cfg, root, path);
     if (st == KVF_OK)
         st = parse_rope_scaling(cfg, root, path);
+    if (st == KVF_OK)
+        st = parse_sliding_window(cfg, root, path);
     if (st != KVF_OK)
         return st;
-    warn_sliding_window(cfg, root, path);
     st = parse_special_ids(cfg, root, path);
     if (st != KVF_OK)
         return st;

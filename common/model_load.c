@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #define KVF_MODEL_MAX_SHARDS 1024
+/* Tensors of a layer with every option: biases (3) and q/k norms (2). */
+#define KVF_MODEL_LAYER_TENSORS 14
 /* Models at least this large log loading progress on a terminal. */
 #define KVF_MODEL_PROGRESS_BYTES (256u << 20)
 
@@ -297,7 +299,13 @@ static uint64_t config_hash(const kvf_model_config_t *c)
     double real[] = {c->rope_theta, c->rms_eps, c->rope_factor, c->rope_low_freq_factor,
                      c->rope_high_freq_factor};
     uint64_t h = kvf_fnv64(KVF_FNV64_INIT, geo, sizeof(geo));
-    return kvf_fnv64(h, real, sizeof(real));
+    h = kvf_fnv64(h, real, sizeof(real));
+    if (c->qk_norm || c->sliding_window) {
+        /* only then: the fingerprints of models without them stay */
+        int64_t more[] = {c->qk_norm, c->sliding_window, c->window_first_layer};
+        h = kvf_fnv64(h, more, sizeof(more));
+    }
+    return h;
 }
 
 /* Appends layer l's tensor suffix to the plan: a matrix (cols > 0) to the
@@ -316,7 +324,7 @@ static void layer_want(want_t *w, int *n, size_t *off, size_t *moff, int l, cons
  * may drop it: kvf_model_drop_matrices), the embedding, norms and biases
  * in the other. The order makes wq|wk|wv and gate|up adjacent, and is the
  * one point_tensors() follows. Returns the number of wants (at most
- * 3 + 12 * n_layers); *floats_p and *mfloats_p are the slabs' sizes. */
+ * 3 + KVF_MODEL_LAYER_TENSORS * n_layers); *floats_p and *mfloats_p are the slabs' sizes. */
 static int plan_weights(const kvf_model_config_t *c, want_t *wants, size_t *floats_p,
                         size_t *mfloats_p)
 {
@@ -334,6 +342,10 @@ static int plan_weights(const kvf_model_config_t *c, want_t *wants, size_t *floa
             layer_want(wants, &nw, &off, &moff, l, "self_attn.q_proj.bias", q_dim, 0, false);
             layer_want(wants, &nw, &off, &moff, l, "self_attn.k_proj.bias", kv_dim, 0, false);
             layer_want(wants, &nw, &off, &moff, l, "self_attn.v_proj.bias", kv_dim, 0, true);
+        }
+        if (c->qk_norm) {
+            layer_want(wants, &nw, &off, &moff, l, "self_attn.q_norm.weight", c->head_dim, 0, true);
+            layer_want(wants, &nw, &off, &moff, l, "self_attn.k_norm.weight", c->head_dim, 0, true);
         }
         layer_want(wants, &nw, &off, &moff, l, "self_attn.o_proj.weight", c->hidden, q_dim, true);
         layer_want(wants, &nw, &off, &moff, l, "post_attention_layernorm.weight", c->hidden, 0,
@@ -426,6 +438,10 @@ static void point_tensors(kvf_model_t *m, const want_t *wants, int nw)
             L->bqkv = m->slab + wants[wi].slab_off;
             wi += 3;
         }
+        if (c->qk_norm) {
+            L->q_norm = m->slab + wants[wi++].slab_off;
+            L->k_norm = m->slab + wants[wi++].slab_off;
+        }
         L->wo = m->mslab + wants[wi++].slab_off;
         L->ffn_norm = m->slab + wants[wi++].slab_off;
         L->wgu = m->mslab + wants[wi++].slab_off;
@@ -462,7 +478,7 @@ kvf_status_t kvf_model_load(const char *dir, kvf_model_t **model_p)
     if (st != KVF_OK)
         goto fail_load;
     const kvf_model_config_t *c = &m->cfg;
-    size_t max_wants = 3 + 12 * (size_t)c->n_layers; /* 12 tensors per layer with biases */
+    size_t max_wants = 3 + KVF_MODEL_LAYER_TENSORS * (size_t)c->n_layers;
     wants = calloc(max_wants, sizeof(*wants));
     found = calloc(max_wants, sizeof(*found));
     m->layers = calloc((size_t)c->n_layers, sizeof(*m->layers));

@@ -22,8 +22,8 @@ static kvf_status_t write_config_json(const char *dir, const kvf_model_config_t 
                                       kvf_dtype_t dtype)
 {
     static const char *arch_names[] = {"LlamaForCausalLM", "MistralForCausalLM",
-                                       "Qwen2ForCausalLM"};
-    static const char *model_types[] = {"llama", "mistral", "qwen2"};
+                                       "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    static const char *model_types[] = {"llama", "mistral", "qwen2", "qwen3"};
     char path[4096];
     kvf_status_t st = KVF_OK;
     cJSON *root = cJSON_CreateObject();
@@ -43,6 +43,13 @@ static kvf_status_t write_config_json(const char *dir, const kvf_model_config_t 
     cJSON_AddBoolToObject(root, "tie_word_embeddings", c->tie_embeddings);
     if (c->arch != KVF_ARCH_QWEN2)
         cJSON_AddBoolToObject(root, "attention_bias", c->qkv_bias);
+    if (c->sliding_window > 0) {
+        cJSON_AddNumberToObject(root, "sliding_window", c->sliding_window);
+        if (c->arch == KVF_ARCH_QWEN2 || c->arch == KVF_ARCH_QWEN3) {
+            cJSON_AddBoolToObject(root, "use_sliding_window", true);
+            cJSON_AddNumberToObject(root, "max_window_layers", c->window_first_layer);
+        }
+    }
     cJSON_AddStringToObject(root, "hidden_act", "silu");
     cJSON_AddStringToObject(root, "torch_dtype",
                             dtype == KVF_DTYPE_F32   ? "float32"
@@ -139,23 +146,25 @@ static kvf_status_t add_random_layer(random_tensors_t *r, const kvf_model_config
         const char *fmt;
         int64_t rows, cols;
         random_kind_t kind;
-        bool bias; /* only with qkv_bias */
+        char only; /* 'b': only with qkv_bias, 'n': only with qk_norm */
     } layer[] = {
-        {"model.layers.%d.input_layernorm.weight", c->hidden, 0, RANDOM_NORM, false},
-        {"model.layers.%d.self_attn.q_proj.weight", q_dim, c->hidden, RANDOM_MATRIX, false},
-        {"model.layers.%d.self_attn.k_proj.weight", kv_dim, c->hidden, RANDOM_MATRIX, false},
-        {"model.layers.%d.self_attn.v_proj.weight", kv_dim, c->hidden, RANDOM_MATRIX, false},
-        {"model.layers.%d.self_attn.q_proj.bias", q_dim, 0, RANDOM_BIAS, true},
-        {"model.layers.%d.self_attn.k_proj.bias", kv_dim, 0, RANDOM_BIAS, true},
-        {"model.layers.%d.self_attn.v_proj.bias", kv_dim, 0, RANDOM_BIAS, true},
-        {"model.layers.%d.self_attn.o_proj.weight", c->hidden, q_dim, RANDOM_MATRIX, false},
-        {"model.layers.%d.post_attention_layernorm.weight", c->hidden, 0, RANDOM_NORM, false},
-        {"model.layers.%d.mlp.gate_proj.weight", c->inter, c->hidden, RANDOM_MATRIX, false},
-        {"model.layers.%d.mlp.up_proj.weight", c->inter, c->hidden, RANDOM_MATRIX, false},
-        {"model.layers.%d.mlp.down_proj.weight", c->hidden, c->inter, RANDOM_MATRIX, false},
+        {"model.layers.%d.input_layernorm.weight", c->hidden, 0, RANDOM_NORM, 0},
+        {"model.layers.%d.self_attn.q_proj.weight", q_dim, c->hidden, RANDOM_MATRIX, 0},
+        {"model.layers.%d.self_attn.k_proj.weight", kv_dim, c->hidden, RANDOM_MATRIX, 0},
+        {"model.layers.%d.self_attn.v_proj.weight", kv_dim, c->hidden, RANDOM_MATRIX, 0},
+        {"model.layers.%d.self_attn.q_proj.bias", q_dim, 0, RANDOM_BIAS, 'b'},
+        {"model.layers.%d.self_attn.k_proj.bias", kv_dim, 0, RANDOM_BIAS, 'b'},
+        {"model.layers.%d.self_attn.v_proj.bias", kv_dim, 0, RANDOM_BIAS, 'b'},
+        {"model.layers.%d.self_attn.q_norm.weight", c->head_dim, 0, RANDOM_NORM, 'n'},
+        {"model.layers.%d.self_attn.k_norm.weight", c->head_dim, 0, RANDOM_NORM, 'n'},
+        {"model.layers.%d.self_attn.o_proj.weight", c->hidden, q_dim, RANDOM_MATRIX, 0},
+        {"model.layers.%d.post_attention_layernorm.weight", c->hidden, 0, RANDOM_NORM, 0},
+        {"model.layers.%d.mlp.gate_proj.weight", c->inter, c->hidden, RANDOM_MATRIX, 0},
+        {"model.layers.%d.mlp.up_proj.weight", c->inter, c->hidden, RANDOM_MATRIX, 0},
+        {"model.layers.%d.mlp.down_proj.weight", c->hidden, c->inter, RANDOM_MATRIX, 0},
     };
     for (size_t i = 0; i < sizeof(layer) / sizeof(layer[0]); i++) {
-        if (layer[i].bias && !c->qkv_bias)
+        if ((layer[i].only == 'b' && !c->qkv_bias) || (layer[i].only == 'n' && !c->qk_norm))
             continue;
         kvf_status_t st =
             add_random_tensor(r, layer[i].fmt, l, layer[i].rows, layer[i].cols, layer[i].kind);
@@ -190,7 +199,7 @@ kvf_status_t kvf_model_write_random(const char *dir, const kvf_model_config_t *c
     st = write_config_json(dir, cfg, dtype);
     if (st != KVF_OK)
         return st;
-    random_tensors_t r = {.cap = 3 + 12 * cfg->n_layers, .dtype = dtype, .rng = seed};
+    random_tensors_t r = {.cap = 3 + 14 * cfg->n_layers, .dtype = dtype, .rng = seed};
     r.t = calloc((size_t)r.cap, sizeof(*r.t));
     r.names = calloc((size_t)r.cap, sizeof(*r.names));
     r.bufs = calloc((size_t)r.cap, sizeof(*r.bufs));

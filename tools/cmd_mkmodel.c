@@ -288,6 +288,7 @@ typedef struct {
     const char *arch, *dtype_name;
     bool qwen2, tie, theta_seen, eps_seen;
     int layers, hidden, heads, kv_heads, inter, vocab, max_pos, head_dim;
+    int sliding_window, window_layers;
     double rope_theta, rms_eps;
     uint64_t seed;
 } mkmodel_opts_t;
@@ -308,7 +309,7 @@ static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
                           .rope_theta = 10000.0,
                           .rms_eps = 1e-5};
     const kvf_flag_t flags[] = {
-        {"arch", KVF_FLAG_STRING, &o->arch, "llama|qwen2", "architecture", NULL},
+        {"arch", KVF_FLAG_STRING, &o->arch, "llama|mistral|qwen2|qwen3", "architecture", NULL},
         {"qwen2", KVF_FLAG_BOOL, &o->qwen2, NULL, "same as --arch qwen2", NULL},
         {"layers", KVF_FLAG_INT, &o->layers, "N", "decoder layers", NULL},
         {"hidden", KVF_FLAG_INT, &o->hidden, "N", "hidden size", NULL},
@@ -321,9 +322,15 @@ static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
         {"max-pos", KVF_FLAG_INT, &o->max_pos, "N", "max_position_embeddings", NULL},
         {"dtype", KVF_FLAG_STRING, &o->dtype_name, "f32|bf16|f16", "weight type", NULL},
         {"tie", KVF_FLAG_BOOL, &o->tie, NULL, "tie lm_head to the embedding", NULL},
-        {"rope-theta", KVF_FLAG_DOUBLE, &o->rope_theta, "T", "RoPE base (qwen2 default: 1000000)",
+        {"sliding-window", KVF_FLAG_INT, &o->sliding_window, "N",
+         "sliding-window attention over the last N positions (mistral, qwen2, qwen3; 0: none)",
+         NULL},
+        {"window-layers", KVF_FLAG_INT, &o->window_layers, "N",
+         "qwen2/qwen3 max_window_layers: the window applies from layer N on (default 0)", NULL},
+        {"rope-theta", KVF_FLAG_DOUBLE, &o->rope_theta, "T",
+         "RoPE base (qwen2/qwen3 default: 1000000)",
          &o->theta_seen},
-        {"rms-eps", KVF_FLAG_DOUBLE, &o->rms_eps, "E", "RMSNorm epsilon (qwen2 default: 1e-6)",
+        {"rms-eps", KVF_FLAG_DOUBLE, &o->rms_eps, "E", "RMSNorm epsilon (qwen2/qwen3 default: 1e-6)",
          &o->eps_seen},
         {"seed", KVF_FLAG_UINT64, &o->seed, "S", "random seed (same seed, same weights)", NULL},
     };
@@ -361,9 +368,24 @@ static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
  * options that make no model. */
 static bool config_from_opts(const char *prog, const mkmodel_opts_t *o, kvf_model_config_t *cfg)
 {
-    bool is_qwen2 = !strcmp(o->arch, "qwen2");
-    if (!is_qwen2 && strcmp(o->arch, "llama")) {
-        fprintf(stderr, "%s: --arch must be llama or qwen2, not '%s'\n", prog, o->arch);
+    static const char *arch_opts[] = {"llama", "mistral", "qwen2", "qwen3"};
+    static const char *arch_names[] = {"LlamaForCausalLM", "MistralForCausalLM",
+                                       "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    int arch = -1;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(o->arch, arch_opts[i]))
+            arch = i;
+    if (arch < 0) {
+        fprintf(stderr, "%s: --arch must be llama, mistral, qwen2 or qwen3, not '%s'\n", prog,
+                o->arch);
+        return false;
+    }
+    bool is_qwen = arch == KVF_ARCH_QWEN2 || arch == KVF_ARCH_QWEN3;
+    if (o->sliding_window < 0 || (o->sliding_window > 0 && arch == KVF_ARCH_LLAMA) ||
+        o->window_layers < 0 || (o->window_layers > 0 && !is_qwen)) {
+        fprintf(stderr, "%s: --sliding-window N >= 0 needs --arch mistral, qwen2 or qwen3; "
+                        "--window-layers qwen2 or qwen3\n",
+                prog);
         return false;
     }
     kvf_dtype_t dtype;
@@ -382,7 +404,7 @@ static bool config_from_opts(const char *prog, const mkmodel_opts_t *o, kvf_mode
         return false;
     }
     *cfg = (kvf_model_config_t){
-        .arch = is_qwen2 ? KVF_ARCH_QWEN2 : KVF_ARCH_LLAMA,
+        .arch = (kvf_arch_t)arch,
         .n_layers = o->layers,
         .hidden = o->hidden,
         .n_heads = o->heads,
@@ -391,15 +413,17 @@ static bool config_from_opts(const char *prog, const mkmodel_opts_t *o, kvf_mode
         .inter = o->inter,
         .vocab = o->vocab,
         .max_pos = o->max_pos,
-        .rope_theta = is_qwen2 && !o->theta_seen ? 1000000.0 : o->rope_theta,
-        .rms_eps = is_qwen2 && !o->eps_seen ? 1e-6 : o->rms_eps,
+        .rope_theta = is_qwen && !o->theta_seen ? 1000000.0 : o->rope_theta,
+        .rms_eps = is_qwen && !o->eps_seen ? 1e-6 : o->rms_eps,
         .tie_embeddings = o->tie,
-        .qkv_bias = is_qwen2,
+        .qkv_bias = arch == KVF_ARCH_QWEN2,
+        .qk_norm = arch == KVF_ARCH_QWEN3,
+        .sliding_window = o->sliding_window,
+        .window_first_layer = o->window_layers,
         .dtype = dtype,
         .n_eos = 1,
     };
-    snprintf(cfg->arch_name, sizeof(cfg->arch_name), "%s",
-             is_qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
+    snprintf(cfg->arch_name, sizeof(cfg->arch_name), "%s", arch_names[arch]);
     return kvf_model_config_validate(cfg, "mkmodel") == KVF_OK;
 }
 
@@ -436,7 +460,8 @@ static void print_summary(const char *dir, const kvf_model_config_t *cfg)
     uint64_t kv_dim = (uint64_t)cfg->n_kv_heads * (uint64_t)cfg->head_dim;
     uint64_t h = (uint64_t)cfg->hidden;
     uint64_t per_layer = 2 * h + q_dim * h + 2 * kv_dim * h + h * q_dim +
-                         3 * (uint64_t)cfg->inter * h + (cfg->qkv_bias ? q_dim + 2 * kv_dim : 0);
+                         3 * (uint64_t)cfg->inter * h + (cfg->qkv_bias ? q_dim + 2 * kv_dim : 0) +
+                         (cfg->qk_norm ? 2 * (uint64_t)cfg->head_dim : 0);
     uint64_t params = (uint64_t)cfg->vocab * h * (cfg->tie_embeddings ? 1 : 2) +
                       (uint64_t)cfg->n_layers * per_layer + h;
     printf("%s: %s, %d layers, hidden %d, %d heads / %d kv heads (head_dim %d), inter %d, "

@@ -90,6 +90,7 @@ kvf_cuda_attn_t attn_of(const kv_batch &b, const attention_rows &r, const float 
     a.block_tables = b.bt.data();
     a.bt_stride = b.bt_stride;
     a.n_seqs = (int)b.seqs.size();
+    a.window = b.window;
     return a;
 }
 
@@ -106,7 +107,8 @@ std::vector<unsigned char> run_emulated(check &c, kv_batch &b, const attention_p
     b.reset_emu_pool(start);
     std::vector<float> qkv_dev = qkv;
     launch_ok(c, "qkv_rope_write", [&] {
-        return kvf_cuda_qkv_rope_write(nullptr, qkv_dev.data(), r.ld_qkv, nullptr, identity.data(),
+        return kvf_cuda_qkv_rope_write(nullptr, qkv_dev.data(), r.ld_qkv, nullptr, nullptr, nullptr,
+                                       0.0f, identity.data(),
                                        b.emu_base(), b.block_stride(), b.layer_off(),
                                        b.tok_block.data(), b.pos.data(), b.n_tokens, g.n_heads,
                                        g.n_kv_heads, r.hd, g.block_size, (int)b.n_blocks);
@@ -189,16 +191,17 @@ void compare_with_cpu(check &c, kv_batch &b, const attention_plan &p, const atte
 // batch is written into both pools first, then both attentions read their
 // pool.
 void attention_case(geometry g, std::vector<seq_spec> specs, kvf_dtype_t adt, int split_keys,
-                    int extra_splits, prefill_kernel pk = prefill_kernel::cores)
+                    int extra_splits, prefill_kernel pk = prefill_kernel::cores, int window = 0)
 {
     kv_batch b(g, std::move(specs));
+    b.window = window;
     const int hd = g.head_dim, q_dim = g.n_heads * hd, kv_dim = g.n_kv_heads * hd;
     const attention_rows r = {hd, q_dim, kv_dim, q_dim + 2 * kv_dim + 8, q_dim + 4};
     const attention_plan p = plan_attention(b, split_keys, extra_splits);
     const bool tc = pk == prefill_kernel::tensor_cores;
-    check c(fmt("attention %s %s: %zu tiles%s, %zu decode x %d splits of %d", b.describe().c_str(),
-                kvf_dtype_name(adt), p.tiles.size() / 2, tc ? " on tensor cores" : "", p.dec.size(),
-                p.n_splits, p.split_keys));
+    check c(fmt("attention %s %s: %zu tiles%s, %zu decode x %d splits of %d, window %d",
+                b.describe().c_str(), kvf_dtype_name(adt), p.tiles.size() / 2,
+                tc ? " on tensor cores" : "", p.dec.size(), p.n_splits, p.split_keys, window));
     std::vector<float> qkv = random_floats((size_t)b.n_tokens * r.ld_qkv);
     for (int t = 0; t < b.n_tokens; t++) // sharper softmax than uniform q
         for (int j = 0; j < q_dim; j++)
@@ -405,6 +408,19 @@ void test_attention_vs_cpu()
     attention_case({4, 2, 96, 1}, {{0, 5}, {70, 1}}, KVF_DTYPE_F16, 32, 1, tc);
     attention_case({4, 1, 80, 256}, {{0, 12}, {250, 9}}, KVF_DTYPE_BF16, 0, 0, tc);
     attention_case({32, 1, 16, 16}, {{10, 4}, {45, 1}}, KVF_DTYPE_F16, 0, 0, tc);
+
+    // Sliding windows: 16 (a block), 5 (inside one prefill chunk) and 40
+    // (across decode splits and prefill chunks), on both prefill kernels
+    // and decode; chunked prefill past the window, a window larger than
+    // the context.
+    const prefill_kernel cores = prefill_kernel::cores;
+    for (kvf_dtype_t adt : k_adts)
+        attention_case({4, 2, 16, 16}, {{0, 40}, {37, 9}, {5, 1}, {60, 1}}, adt, 0, 0, cores, 16);
+    attention_case({4, 2, 16, 16}, {{0, 20}, {70, 30}, {90, 1}}, KVF_DTYPE_F32, 16, 2, cores, 5);
+    attention_case({8, 2, 64, 16}, {{0, 90}, {150, 1}, {20, 1}}, KVF_DTYPE_F32, 32, 1, cores, 40);
+    attention_case({4, 2, 24, 16}, {{0, 30}, {33, 1}}, KVF_DTYPE_F32, 0, 0, cores, 500);
+    attention_case({4, 2, 16, 16}, {{0, 40}, {37, 9}, {5, 1}}, KVF_DTYPE_BF16, 0, 0, tc, 16);
+    attention_case({8, 2, 64, 16}, {{0, 90}, {100, 17}}, KVF_DTYPE_F16, 0, 0, tc, 40);
 }
 
 } // namespace kvf_emu_test

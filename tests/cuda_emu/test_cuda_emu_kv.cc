@@ -109,18 +109,19 @@ struct qkv_case {
     geometry g;
     std::vector<seq_spec> seqs;
     bool bias;
+    bool norm; // Qwen3's per-head q/k RMSNorm
 };
 
 // q, rotated in place, against want; the padding past q|k|v untouched.
 void compare_q(check &c, const kv_batch &b, int n_rows, int ld, const std::vector<float> &q_after,
-               const std::vector<float> &want, const std::vector<float> &qkv0)
+               const std::vector<float> &want, const std::vector<float> &qkv0, double rel)
 {
     const int q_dim = b.g.n_heads * b.g.head_dim, kv_dim = b.g.n_kv_heads * b.g.head_dim;
     int shown = 0;
     for (int t = 0; t < n_rows; t++) {
         for (int j = 0; j < q_dim; j++) {
             size_t i = (size_t)t * ld + j;
-            if (!c.near(q_after[i], want[i], 3e-7 * std::max(1.0f, fabsf(want[i]))) && shown++ < 3)
+            if (!c.near(q_after[i], want[i], rel * std::max(1.0f, fabsf(want[i]))) && shown++ < 3)
                 c.fail("q row %d column %d: %.9g, want %.9g", t, j, q_after[i], want[i]);
         }
         for (int j = q_dim + 2 * kv_dim; j < ld; j++)
@@ -132,7 +133,7 @@ void compare_q(check &c, const kv_batch &b, int n_rows, int ld, const std::vecto
 void qkv_rope_write_case(const qkv_case &qc)
 {
     kv_batch b(qc.g, qc.seqs);
-    check c("qkv_rope_write " + b.describe() + (qc.bias ? " bias" : ""));
+    check c("qkv_rope_write " + b.describe() + (qc.bias ? " bias" : "") + (qc.norm ? " qk-norm" : ""));
     const int hd = b.g.head_dim, q_dim = b.g.n_heads * hd, kv_dim = b.g.n_kv_heads * hd;
     const int ld = q_dim + 2 * kv_dim + 3;
     // Two more tokens whose blocks are outside the pool: their q is
@@ -146,6 +147,9 @@ void qkv_rope_write_case(const qkv_case &qc)
     std::vector<float> qkv0 = random_floats((size_t)n_rows * ld, -2, 2);
     std::vector<float> bias = random_floats((size_t)(q_dim + 2 * kv_dim));
     std::vector<float> cs = rope_table(pos, hd);
+    std::vector<float> q_norm = random_floats((size_t)hd, 0.5f, 1.5f);
+    std::vector<float> k_norm = random_floats((size_t)hd, 0.5f, 1.5f);
+    const float eps = 1e-6f;
     const auto start = b.emu_pool_bytes();
     std::vector<float> q_after;
     auto got = both_orders(c, [&] {
@@ -153,7 +157,9 @@ void qkv_rope_write_case(const qkv_case &qc)
         std::vector<float> qkv = qkv0;
         launch_ok(c, "qkv_rope_write", [&] {
             return kvf_cuda_qkv_rope_write(nullptr, qkv.data(), ld, qc.bias ? bias.data() : nullptr,
-                                           cs.data(), b.emu_base(), b.block_stride(), b.layer_off(),
+                                           qc.norm ? q_norm.data() : nullptr,
+                                           qc.norm ? k_norm.data() : nullptr, eps, cs.data(),
+                                           b.emu_base(), b.block_stride(), b.layer_off(),
                                            tok_block.data(), pos.data(), n_rows, b.g.n_heads,
                                            b.g.n_kv_heads, hd, b.g.block_size, (int)b.n_blocks);
         });
@@ -162,12 +168,19 @@ void qkv_rope_write_case(const qkv_case &qc)
         append(out, qkv.data(), qkv.size() * sizeof(float));
         return out;
     });
-    // The reference: bias (a loop), then the CPU backend's rope and kv_write.
+    // The reference: bias (a loop), then the CPU backend's head_rmsnorm,
+    // rope and kv_write.
     std::vector<float> want = qkv0;
     if (qc.bias)
         for (int t = 0; t < n_rows; t++)
             for (int j = 0; j < q_dim + 2 * kv_dim; j++)
                 want[(size_t)t * ld + j] += bias[j];
+    if (qc.norm) {
+        g_cpu.ops->head_rmsnorm(g_cpu.ctx, want.data(), ld, q_norm.data(), n_rows, b.g.n_heads, hd,
+                                eps);
+        g_cpu.ops->head_rmsnorm(g_cpu.ctx, want.data() + q_dim, ld, k_norm.data(), n_rows,
+                                b.g.n_kv_heads, hd, eps);
+    }
     g_cpu.ops->rope(g_cpu.ctx, want.data(), ld, cs.data(), n_rows, b.g.n_heads, hd);
     g_cpu.ops->rope(g_cpu.ctx, want.data() + q_dim, ld, cs.data(), n_rows, b.g.n_kv_heads, hd);
     auto ptrs = b.table_ptrs();
@@ -175,8 +188,11 @@ void qkv_rope_write_case(const qkv_case &qc)
     g_cpu.ops->kv_write(g_cpu.ctx, b.cpu_pool, b.layer, want.data() + q_dim,
                         want.data() + q_dim + kv_dim, ld, &lay);
     got.resize(kvf_kvpool_bytes(b.emu_pool));
-    compare_pools(c, b, got, 3e-7);
-    compare_q(c, b, n_rows, ld, q_after, want, qkv0);
+    // The norm's sum of squares is f32 in warp order on the device, f64 on
+    // the CPU: a few ulps apart.
+    const double rel = qc.norm ? 2e-6 : 3e-7;
+    compare_pools(c, b, got, rel);
+    compare_q(c, b, n_rows, ld, q_after, want, qkv0, rel);
 }
 
 void qkv_rope_write_shapes()
@@ -185,16 +201,16 @@ void qkv_rope_write_shapes()
     float qkv[64] = {0}, cs[16] = {0}, pool[64] = {0};
     int32_t ids[1] = {0}, pos[1] = {0};
     refused(c, "odd head_dim", KVF_ERR_INVAL, [&] {
-        return kvf_cuda_qkv_rope_write(nullptr, qkv, 64, nullptr, cs, pool, 64, 0, ids, pos, 1, 1,
-                                       1, 15, 1, 1);
+        return kvf_cuda_qkv_rope_write(nullptr, qkv, 64, nullptr, nullptr, nullptr, 0.0f, cs, pool,
+                                       64, 0, ids, pos, 1, 1, 1, 15, 1, 1);
     });
     refused(c, "row shorter than q|k|v", KVF_ERR_INVAL, [&] {
-        return kvf_cuda_qkv_rope_write(nullptr, qkv, 40, nullptr, cs, pool, 64, 0, ids, pos, 1, 1,
-                                       1, 16, 1, 1);
+        return kvf_cuda_qkv_rope_write(nullptr, qkv, 40, nullptr, nullptr, nullptr, 0.0f, cs, pool,
+                                       64, 0, ids, pos, 1, 1, 1, 16, 1, 1);
     });
     empty_ok(c, "qkv_rope_write", [&] {
-        return kvf_cuda_qkv_rope_write(nullptr, qkv, 64, nullptr, cs, pool, 64, 0, ids, pos, 0, 1,
-                                       1, 16, 1, 1);
+        return kvf_cuda_qkv_rope_write(nullptr, qkv, 64, nullptr, nullptr, nullptr, 0.0f, cs, pool,
+                                       64, 0, ids, pos, 0, 1, 1, 16, 1, 1);
     });
 }
 
@@ -203,11 +219,15 @@ void qkv_rope_write_shapes()
 void test_qkv_rope_write()
 {
     const qkv_case cases[] = {
-        {{4, 2, 16, 16}, {{0, 20}, {37, 9}, {5, 1}}, false},
-        {{8, 2, 64, 16}, {{100, 17}, {3, 1}}, true},
-        {{4, 4, 128, 1}, {{0, 4}, {9, 1}}, true},
-        {{6, 2, 96, 256}, {{250, 12}, {0, 2}}, false},
-        {{4, 1, 80, 16}, {{30, 5}}, true},
+        {{4, 2, 16, 16}, {{0, 20}, {37, 9}, {5, 1}}, false, false},
+        {{8, 2, 64, 16}, {{100, 17}, {3, 1}}, true, false},
+        {{4, 4, 128, 1}, {{0, 4}, {9, 1}}, true, false},
+        {{6, 2, 96, 256}, {{250, 12}, {0, 2}}, false, false},
+        {{4, 1, 80, 16}, {{30, 5}}, true, false},
+        // Qwen3: per-head q/k norms, head_dim 24 (hidden / heads would differ),
+        // with and without biases; 128 threads over 6 + 2 heads of 128.
+        {{4, 2, 24, 16}, {{0, 20}, {37, 9}, {5, 1}}, false, true},
+        {{6, 2, 128, 16}, {{10, 7}, {3, 1}}, true, true},
     };
     for (const qkv_case &qc : cases)
         qkv_rope_write_case(qc);

@@ -167,6 +167,60 @@ void kvf_test_assert_bits(const float *got, const float *want, size_t n, const c
         return;
     for (size_t i = 0; i < n; i++)
         if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
-            fail_msg("%s: element %zu is %.9g, want %.9g (bit for bit)", what, i, got[i],
-                     want[i]);
+            fail_msg("%s: element %zu is %.9g, want %.9g (bit for bit)", what, i, got[i], want[i]);
+}
+
+/* ---- engine rigs (support.h) ---------------------------------------- */
+
+/* A CPU backend on threads threads with isa's kernels. */
+void kvf_test_rig_open_isa(kvf_test_rig_t *r, kvf_model_t *model, int block_size,
+                           uint32_t num_blocks, kvf_cpu_isa_t isa, int threads,
+                           kvf_cpu_weights_t weights)
+{
+    memset(r, 0, sizeof(*r));
+    r->model = model;
+    kvf_test_cpu_backend(&r->be, threads, isa, weights);
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size);
+    assert_int_equal(kvf_kvpool_create(&g, num_blocks, &r->pool), KVF_OK);
+    assert_int_equal(kvf_engine_create(model, &r->be, r->pool, &r->engine), KVF_OK);
+}
+
+/* Two threads on the best instruction set here. */
+void kvf_test_rig_open(kvf_test_rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks)
+{
+    kvf_test_rig_open_isa(r, model, block_size, num_blocks, kvf_cpu_isa_best(), 2,
+                          KVF_CPU_WEIGHTS_NATIVE);
+}
+
+void kvf_test_rig_close(kvf_test_rig_t *r)
+{
+    kvf_engine_destroy(r->engine);
+    kvf_kvpool_destroy(r->pool);
+    kvf_backend_destroy(&r->be);
+}
+
+/* Runs a sequence of `chunks` forward calls over prompt (sizes chunk each,
+ * last one smaller) into a fresh block table; returns logits of every
+ * position in all (n, vocab) when all != NULL, and the last position's in
+ * last (vocab). Leaves the table allocated in *bt. */
+void kvf_test_run_chunked(kvf_test_rig_t *r, kvf_block_table_t *bt, const uint32_t *ids, int n,
+                          int chunk, float *all, float *last)
+{
+    int V = r->model->cfg.vocab;
+    assert_int_equal(kvf_block_table_reserve(bt, r->pool, (uint32_t)n), KVF_OK);
+    for (int s = 0; s < n; s += chunk) {
+        int c = n - s < chunk ? n - s : chunk;
+        kvf_engine_seq_t q = {.tokens = ids + s,
+                              .n_tokens = (uint32_t)c,
+                              .start_pos = (uint32_t)s,
+                              .block_ids = bt->blocks,
+                              .n_blocks = bt->n_blocks,
+                              .all_logits = all != NULL,
+                              .logits = all ? all + (size_t)s * V : NULL};
+        if (!all && s + c == n)
+            q.logits = last;
+        assert_int_equal(kvf_engine_forward(r->engine, &q, 1, NULL), KVF_OK);
+    }
+    if (all && last)
+        memcpy(last, all + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
 }

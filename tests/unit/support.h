@@ -11,6 +11,8 @@
 #include <cjson/cJSON.h>
 
 #include "kvf/backend.h"
+#include "kvf/engine.h"
+#include "kvf/kvcache.h"
 #include "kvf/model.h"
 
 /* Loads <data_dir>/golden/<name> (data_dir: tests/data). Owned by the
@@ -61,5 +63,28 @@ float kvf_test_max_abs_diff(const float *a, const float *b, size_t n);
 
 /* max |a - b| / max(1, max |b|): relative to the logits' scale. */
 float kvf_test_rel_diff(const float *a, const float *b, size_t n);
+
+/* A CPU backend, a pool and an engine over model (test_engine*.c). */
+typedef struct {
+    kvf_model_t *model;
+    kvf_backend_t be;
+    kvf_kvpool_t *pool;
+    kvf_engine_t *engine;
+} kvf_test_rig_t;
+
+/* A CPU backend on threads threads with isa's kernels, a pool of
+ * num_blocks blocks of block_size, an engine. */
+void kvf_test_rig_open_isa(kvf_test_rig_t *r, kvf_model_t *model, int block_size,
+                           uint32_t num_blocks, kvf_cpu_isa_t isa, int threads,
+                           kvf_cpu_weights_t weights);
+/* Two threads on the best instruction set here. */
+void kvf_test_rig_open(kvf_test_rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks);
+void kvf_test_rig_close(kvf_test_rig_t *r);
+
+/* Forward calls of chunk ids each over ids[0, n) into a fresh block table:
+ * every position's logits in all (n, vocab) when all != NULL, the last
+ * position's in last (vocab). Leaves the table allocated in *bt. */
+void kvf_test_run_chunked(kvf_test_rig_t *r, kvf_block_table_t *bt, const uint32_t *ids, int n,
+                          int chunk, float *all, float *last);
 
 #endif

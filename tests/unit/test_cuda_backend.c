@@ -2,7 +2,7 @@
  * Exits 77 (ctest: skipped) with a message where there is no GPU or the
  * build has no CUDA.
  *
- *  - golden: both golden models with f32 weights on the GPU: last logits
+ *  - golden: the golden models with f32 weights on the GPU: last logits
  *    within 1e-4 of expected.json, every position's argmax and 24 greedy
  *    ids identical; with bf16 weights, logits within bf16 tolerance of the
  *    CPU backend;
@@ -293,6 +293,20 @@ static void test_golden_qwen2(void **state)
 {
     (void)state;
     golden("tiny-qwen2-bf16");
+}
+
+/* Qwen3 (q/k norms in qkv_rope_write, head_dim 24) and a 16-position
+ * sliding window on every layer (all three attention kernels). */
+static void test_golden_qwen3(void **state)
+{
+    (void)state;
+    golden("tiny-qwen3-f32");
+}
+
+static void test_golden_sliding_window(void **state)
+{
+    (void)state;
+    golden("tiny-mistral-sw-f32");
 }
 
 /* ---- production-like heads, long context ------------------------------- */
@@ -638,6 +652,7 @@ int main(void)
     kvf_log_set_level(KVF_LOG_WARN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_llama),           cmocka_unit_test(test_golden_qwen2),
+        cmocka_unit_test(test_golden_qwen3),           cmocka_unit_test(test_golden_sliding_window),
         cmocka_unit_test(test_long_context_vs_cpu),    cmocka_unit_test(test_cache_chunks_blocks),
         cmocka_unit_test(test_mixed_batch_and_graphs), cmocka_unit_test(test_mirror_and_upload),
     };

@@ -1,5 +1,5 @@
-/* Engine tests: golden outputs of both golden models (expected.json, from
- * an independent float64 reference), and invariances of the forward pass
+/* Engine tests (the golden outputs are test_engine_golden.c's): the
+ * invariances of the forward pass
  * (cache vs recompute, chunking, batching, block sizes, GQA/MHA/MQA),
  * bit for bit, on every instruction set and thread count, and `kvf
  * generate` end to end. */
@@ -27,160 +27,6 @@
 
 /* ---- helpers -------------------------------------------------------- */
 
-typedef struct {
-    kvf_model_t *model;
-    kvf_backend_t be;
-    kvf_kvpool_t *pool;
-    kvf_engine_t *engine;
-} rig_t;
-
-/* A CPU backend on threads threads with isa's kernels. */
-static void rig_open_isa(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks,
-                         kvf_cpu_isa_t isa, int threads, kvf_cpu_weights_t weights)
-{
-    memset(r, 0, sizeof(*r));
-    r->model = model;
-    kvf_test_cpu_backend(&r->be, threads, isa, weights);
-    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size);
-    assert_int_equal(kvf_kvpool_create(&g, num_blocks, &r->pool), KVF_OK);
-    assert_int_equal(kvf_engine_create(model, &r->be, r->pool, &r->engine), KVF_OK);
-}
-
-/* Two threads on the best instruction set here. */
-static void rig_open(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks)
-{
-    rig_open_isa(r, model, block_size, num_blocks, kvf_cpu_isa_best(), 2,
-                 KVF_CPU_WEIGHTS_NATIVE);
-}
-
-static void rig_close(rig_t *r)
-{
-    kvf_engine_destroy(r->engine);
-    kvf_kvpool_destroy(r->pool);
-    kvf_backend_destroy(&r->be);
-}
-
-/* Runs a sequence of `chunks` forward calls over prompt (sizes chunk each,
- * last one smaller) into a fresh block table; returns logits of every
- * position in all (n, vocab) when all != NULL, and the last position's in
- * last (vocab). Leaves the table allocated in *bt. */
-static void run_chunked(rig_t *r, kvf_block_table_t *bt, const uint32_t *ids, int n, int chunk,
-                        float *all, float *last)
-{
-    int V = r->model->cfg.vocab;
-    assert_int_equal(kvf_block_table_reserve(bt, r->pool, (uint32_t)n), KVF_OK);
-    for (int s = 0; s < n; s += chunk) {
-        int c = n - s < chunk ? n - s : chunk;
-        kvf_engine_seq_t q = {.tokens = ids + s,
-                              .n_tokens = (uint32_t)c,
-                              .start_pos = (uint32_t)s,
-                              .block_ids = bt->blocks,
-                              .n_blocks = bt->n_blocks,
-                              .all_logits = all != NULL,
-                              .logits = all ? all + (size_t)s * V : NULL};
-        if (!all && s + c == n)
-            q.logits = last;
-        assert_int_equal(kvf_engine_forward(r->engine, &q, 1, NULL), KVF_OK);
-    }
-    if (all && last)
-        memcpy(last, all + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
-}
-
-/* ---- golden --------------------------------------------------------- */
-
-/* Checks name's golden outputs on isa; returns a hash of every logit bit
- * it computed (each prompt's positions, then each greedy step's). */
-static uint64_t check_golden(const char *name, kvf_cpu_isa_t isa)
-{
-    cJSON *root = kvf_test_load_expected(KVF_TEST_DATA);
-    const cJSON *mj = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"), name);
-    assert_non_null(mj);
-    kvf_model_t *model = kvf_test_load_golden(KVF_TEST_DATA, name);
-    rig_t r;
-    rig_open_isa(&r, model, 16, 64, isa, 2, KVF_CPU_WEIGHTS_NATIVE);
-    const int V = model->cfg.vocab;
-    uint64_t h = 0xcbf29ce484222325ull;
-    const cJSON *pj;
-    int n_prompts = 0;
-    cJSON_ArrayForEach(pj, cJSON_GetObjectItem(mj, "prompts"))
-    {
-        int n;
-        uint32_t *ids = kvf_test_json_ids(cJSON_GetObjectItem(pj, "ids"), &n);
-        float *all = malloc((size_t)n * V * sizeof(float));
-        float *last = malloc((size_t)V * sizeof(float));
-        kvf_block_table_t bt;
-        kvf_block_table_init(&bt);
-        run_chunked(&r, &bt, ids, n, n, all, last);
-        h = kvf_fnv64(h, all, (size_t)n * V * sizeof(float));
-        /* last_logits within 1e-4 */
-        const cJSON *ll = cJSON_GetObjectItem(pj, "last_logits");
-        assert_int_equal(cJSON_GetArraySize(ll), V);
-        float worst = 0;
-        for (int i = 0; i < V; i++) {
-            float d = fabsf(last[i] - (float)cJSON_GetArrayItem(ll, i)->valuedouble);
-            worst = d > worst ? d : worst;
-        }
-        if (worst > 1e-4f)
-            fail_msg("%s prompt %d: max |logit - expected| = %g", name, n_prompts, worst);
-        /* position_argmax */
-        const cJSON *pa = cJSON_GetObjectItem(pj, "position_argmax");
-        assert_int_equal(cJSON_GetArraySize(pa), n);
-        for (int i = 0; i < n; i++)
-            assert_int_equal(kvf_sample_argmax(all + (size_t)i * V, V),
-                             cJSON_GetArrayItem(pa, i)->valueint);
-        /* 24 greedy steps with the cache */
-        int n_greedy;
-        uint32_t *greedy = kvf_test_json_ids(cJSON_GetObjectItem(pj, "greedy_ids"), &n_greedy);
-        uint32_t tok = kvf_sample_argmax(last, V);
-        for (int s = 0; s < n_greedy; s++) {
-            assert_int_equal(tok, greedy[s]);
-            uint32_t pos = (uint32_t)(n + s);
-            assert_int_equal(kvf_block_table_reserve(&bt, r.pool, pos + 1), KVF_OK);
-            kvf_engine_seq_t q = {.tokens = &tok,
-                                  .n_tokens = 1,
-                                  .start_pos = pos,
-                                  .block_ids = bt.blocks,
-                                  .n_blocks = bt.n_blocks,
-                                  .logits = last};
-            assert_int_equal(kvf_engine_forward(r.engine, &q, 1, NULL), KVF_OK);
-            h = kvf_fnv64(h, last, (size_t)V * sizeof(float));
-            tok = kvf_sample_argmax(last, V);
-        }
-        kvf_block_table_release(&bt, r.pool);
-        kvf_block_table_fini(&bt);
-        assert_int_equal(kvf_kvpool_used_blocks(r.pool), 0);
-        free(greedy);
-        free(all);
-        free(last);
-        free(ids);
-        n_prompts++;
-    }
-    assert_int_equal(n_prompts, 4);
-    rig_close(&r);
-    kvf_model_destroy(model);
-    cJSON_Delete(root);
-    return h;
-}
-
-/* Golden outputs on every instruction set this machine runs. */
-static void test_golden_llama(void **state)
-{
-    (void)state;
-    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
-    int n = kvf_test_cpu_isas(isas);
-    for (int i = 0; i < n; i++)
-        check_golden("tiny-llama-f32", isas[i]);
-}
-
-static void test_golden_qwen2(void **state)
-{
-    (void)state;
-    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
-    int n = kvf_test_cpu_isas(isas);
-    for (int i = 0; i < n; i++)
-        check_golden("tiny-qwen2-bf16", isas[i]);
-}
-
 /* A bf16 checkpoint held in bf16 (native) computes the bits it computes
  * widened to f32, on every instruction set, in half the bytes. */
 static void test_bf16_weights(void **state)
@@ -190,15 +36,16 @@ static void test_bf16_weights(void **state)
     const int V = model->cfg.vocab, n = 29;
     uint32_t ids[29];
     kvf_test_random_ids(ids, n, V, 5);
-    float *ref = malloc((size_t)n * V * sizeof(float)), *got = malloc((size_t)n * V * sizeof(float));
+    float *ref = malloc((size_t)n * V * sizeof(float)),
+          *got = malloc((size_t)n * V * sizeof(float));
     kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
     int n_isa = kvf_test_cpu_isas(isas);
     size_t f32_bytes = 0;
     for (int i = 0; i < n_isa; i++)
         for (int wt = 0; wt < 2; wt++) {
             kvf_cpu_weights_t weights = wt ? KVF_CPU_WEIGHTS_NATIVE : KVF_CPU_WEIGHTS_F32;
-            rig_t r;
-            rig_open_isa(&r, model, 16, 64, isas[i], 2, weights);
+            kvf_test_rig_t r;
+            kvf_test_rig_open_isa(&r, model, 16, 64, isas[i], 2, weights);
             assert_int_equal(kvf_backend_cpu_weights_dtype(&r.be),
                              wt ? KVF_DTYPE_BF16 : KVF_DTYPE_F32);
             if (!wt)
@@ -207,12 +54,12 @@ static void test_bf16_weights(void **state)
                 assert_int_equal(kvf_backend_cpu_weight_bytes(&r.be) * 2, f32_bytes);
             kvf_block_table_t bt;
             kvf_block_table_init(&bt);
-            run_chunked(&r, &bt, ids, n, 5, i == 0 && wt == 0 ? ref : got, NULL);
+            kvf_test_run_chunked(&r, &bt, ids, n, 5, i == 0 && wt == 0 ? ref : got, NULL);
             kvf_block_table_release(&bt, r.pool);
             kvf_block_table_fini(&bt);
             if (i || wt)
                 kvf_test_assert_bits(got, ref, (size_t)n * V, kvf_cpu_isa_name(isas[i]));
-            rig_close(&r);
+            kvf_test_rig_close(&r);
         }
     free(ref);
     free(got);
@@ -228,26 +75,27 @@ static kvf_model_t *random_model(int n_heads, int n_kv_heads, bool qwen2, uint64
     return kvf_test_random_model(&c, seed);
 }
 
-
-/* Decode with the cache equals recomputing the whole sequence. */
-static void check_cache_vs_recompute(kvf_model_t *m, int block_size)
+/* Decode with the cache equals recomputing the whole sequence: n_prompt
+ * prompt ids, then n_steps greedy steps (n_prompt + n_steps <= 64). */
+static void check_cache_vs_recompute_n(kvf_model_t *m, int block_size, int n_prompt, int n_steps)
 {
-    rig_t r;
-    rig_open(&r, m, block_size, 256);
-    const int V = m->cfg.vocab, n_prompt = 13, n_steps = 6;
-    uint32_t ids[32];
+    kvf_test_rig_t r;
+    kvf_test_rig_open(&r, m, block_size, 256);
+    const int V = m->cfg.vocab;
+    uint32_t ids[64];
+    assert_true(n_prompt + n_steps <= 64);
     kvf_test_random_ids(ids, n_prompt, V, 7);
     float *cached = malloc((size_t)V * sizeof(float));
     float *full = malloc((size_t)V * sizeof(float));
     kvf_block_table_t bt;
     kvf_block_table_init(&bt);
-    run_chunked(&r, &bt, ids, n_prompt, n_prompt, NULL, cached);
+    kvf_test_run_chunked(&r, &bt, ids, n_prompt, n_prompt, NULL, cached);
     for (int s = 0; s < n_steps; s++) {
         int n = n_prompt + s;
         /* full recompute of ids[0..n) in a separate table */
         kvf_block_table_t bt2;
         kvf_block_table_init(&bt2);
-        run_chunked(&r, &bt2, ids, n, n, NULL, full);
+        kvf_test_run_chunked(&r, &bt2, ids, n, n, NULL, full);
         kvf_block_table_release(&bt2, r.pool);
         kvf_block_table_fini(&bt2);
         char what[64];
@@ -268,7 +116,12 @@ static void check_cache_vs_recompute(kvf_model_t *m, int block_size)
     assert_int_equal(kvf_kvpool_used_blocks(r.pool), 0);
     free(cached);
     free(full);
-    rig_close(&r);
+    kvf_test_rig_close(&r);
+}
+
+static void check_cache_vs_recompute(kvf_model_t *m, int block_size)
+{
+    check_cache_vs_recompute_n(m, block_size, 13, 6);
 }
 
 static void test_cache_vs_recompute_gqa_mha_mqa(void **state)
@@ -285,6 +138,20 @@ static void test_cache_vs_recompute_gqa_mha_mqa(void **state)
     kvf_model_destroy(m);
 }
 
+/* The same for the Qwen3 and sliding-window golden models, past their
+ * windows (20 and 16 positions), at block sizes 16 and 1. */
+static void test_cache_vs_recompute_qwen3_window(void **state)
+{
+    (void)state;
+    const char *names[] = {"tiny-qwen3-f32", "tiny-mistral-sw-f32"};
+    for (int i = 0; i < 2; i++) {
+        kvf_model_t *m = kvf_test_load_golden(KVF_TEST_DATA, names[i]);
+        check_cache_vs_recompute_n(m, 16, 37, 10);
+        check_cache_vs_recompute_n(m, 1, 21, 6);
+        kvf_model_destroy(m);
+    }
+}
+
 /* Chunked prefill (1, 7, 16, whole) gives every position's logits of one
  * prefill; block sizes 1, 16, 32 give the same as well. */
 static void test_chunked_prefill_and_block_sizes(void **state)
@@ -296,31 +163,31 @@ static void test_chunked_prefill_and_block_sizes(void **state)
     kvf_test_random_ids(ids, n, V, 3);
     float *ref = malloc((size_t)n * V * sizeof(float));
     float *got = malloc((size_t)n * V * sizeof(float));
-    rig_t r;
-    rig_open(&r, m, 16, 64);
+    kvf_test_rig_t r;
+    kvf_test_rig_open(&r, m, 16, 64);
     kvf_block_table_t bt;
     kvf_block_table_init(&bt);
-    run_chunked(&r, &bt, ids, n, n, ref, NULL);
+    kvf_test_run_chunked(&r, &bt, ids, n, n, ref, NULL);
     kvf_block_table_release(&bt, r.pool);
     int chunks[] = {1, 7, 16};
     for (int c = 0; c < 3; c++) {
-        run_chunked(&r, &bt, ids, n, chunks[c], got, NULL);
+        kvf_test_run_chunked(&r, &bt, ids, n, chunks[c], got, NULL);
         kvf_block_table_release(&bt, r.pool);
         char what[64];
         snprintf(what, sizeof(what), "chunk %d vs one prefill", chunks[c]);
         kvf_test_assert_bits(got, ref, (size_t)n * V, what);
     }
-    rig_close(&r);
+    kvf_test_rig_close(&r);
     int sizes[] = {1, 32, 256};
     for (int b = 0; b < 3; b++) {
-        rig_open(&r, m, sizes[b], 64);
-        run_chunked(&r, &bt, ids, n, 7, got, NULL);
+        kvf_test_rig_open(&r, m, sizes[b], 64);
+        kvf_test_run_chunked(&r, &bt, ids, n, 7, got, NULL);
         kvf_block_table_release(&bt, r.pool);
         assert_int_equal(kvf_kvpool_used_blocks(r.pool), 0);
         char what[64];
         snprintf(what, sizeof(what), "block size %d vs 16", sizes[b]);
         kvf_test_assert_bits(got, ref, (size_t)n * V, what);
-        rig_close(&r);
+        kvf_test_rig_close(&r);
     }
     for (int b = 0; b < 2; b++)
         check_cache_vs_recompute(m, b == 0 ? 1 : 32);
@@ -337,8 +204,8 @@ static void test_mixed_batch(void **state)
     (void)state;
     kvf_model_t *m = random_model(4, 2, false, 9);
     const int V = m->cfg.vocab;
-    rig_t r;
-    rig_open(&r, m, 16, 128);
+    kvf_test_rig_t r;
+    kvf_test_rig_open(&r, m, 16, 128);
     uint32_t a[10], b[20], c[25];
     kvf_test_random_ids(a, 10, V, 1);
     kvf_test_random_ids(b, 20, V, 2);
@@ -352,10 +219,10 @@ static void test_mixed_batch(void **state)
     kvf_block_table_init(&ta);
     kvf_block_table_init(&tb);
     kvf_block_table_init(&tc);
-    run_chunked(&r, &ta, a, 10, 10, NULL, la);
-    run_chunked(&r, &tb, b, 20, 19, NULL, lb);
+    kvf_test_run_chunked(&r, &ta, a, 10, 10, NULL, la);
+    kvf_test_run_chunked(&r, &tb, b, 20, 19, NULL, lb);
     float *tmp = malloc((size_t)25 * V * sizeof(float));
-    run_chunked(&r, &tc, c, 25, 8, tmp, NULL);
+    kvf_test_run_chunked(&r, &tc, c, 25, 8, tmp, NULL);
     memcpy(lc, tmp + (size_t)8 * V, (size_t)17 * V * sizeof(float));
     kvf_block_table_release(&ta, r.pool);
     kvf_block_table_release(&tb, r.pool);
@@ -416,7 +283,7 @@ static void test_mixed_batch(void **state)
     free(ma);
     free(mb);
     free(mc);
-    rig_close(&r);
+    kvf_test_rig_close(&r);
     kvf_model_destroy(m);
 }
 
@@ -430,29 +297,30 @@ static void test_isas_threads_chunks(void **state)
     const int V = m->cfg.vocab, n = 40;
     uint32_t ids[40];
     kvf_test_random_ids(ids, n, V, 9);
-    float *ref = malloc((size_t)n * V * sizeof(float)), *got = malloc((size_t)n * V * sizeof(float));
+    float *ref = malloc((size_t)n * V * sizeof(float)),
+          *got = malloc((size_t)n * V * sizeof(float));
     kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
     int n_isa = kvf_test_cpu_isas(isas);
-    rig_t r;
+    kvf_test_rig_t r;
     kvf_block_table_t bt;
     kvf_block_table_init(&bt);
-    rig_open_isa(&r, m, 16, 64, KVF_CPU_ISA_SCALAR, 1, KVF_CPU_WEIGHTS_NATIVE);
-    run_chunked(&r, &bt, ids, n, n, ref, NULL);
+    kvf_test_rig_open_isa(&r, m, 16, 64, KVF_CPU_ISA_SCALAR, 1, KVF_CPU_WEIGHTS_NATIVE);
+    kvf_test_run_chunked(&r, &bt, ids, n, n, ref, NULL);
     kvf_block_table_release(&bt, r.pool);
-    rig_close(&r);
+    kvf_test_rig_close(&r);
     for (int i = 0; i < n_isa; i++)
         for (int threads = 1; threads <= 3; threads++) {
-            rig_open_isa(&r, m, 16, 64, isas[i], threads, KVF_CPU_WEIGHTS_NATIVE);
+            kvf_test_rig_open_isa(&r, m, 16, 64, isas[i], threads, KVF_CPU_WEIGHTS_NATIVE);
             const int chunks[] = {n, 3, 17};
             for (int c = 0; c < 3; c++) {
-                run_chunked(&r, &bt, ids, n, chunks[c], got, NULL);
+                kvf_test_run_chunked(&r, &bt, ids, n, chunks[c], got, NULL);
                 kvf_block_table_release(&bt, r.pool);
                 char what[96];
                 snprintf(what, sizeof(what), "%s, %d threads, chunks of %d",
                          kvf_cpu_isa_name(isas[i]), threads, chunks[c]);
                 kvf_test_assert_bits(got, ref, (size_t)n * V, what);
             }
-            rig_close(&r);
+            kvf_test_rig_close(&r);
         }
     kvf_block_table_fini(&bt);
     free(ref);
@@ -478,8 +346,8 @@ static void test_hook_and_validation(void **state)
 {
     (void)state;
     kvf_model_t *m = random_model(4, 2, false, 3);
-    rig_t r;
-    rig_open(&r, m, 16, 8);
+    kvf_test_rig_t r;
+    kvf_test_rig_open(&r, m, 16, 8);
     uint32_t ids[20];
     kvf_test_random_ids(ids, 20, m->cfg.vocab, 4);
     kvf_block_table_t bt;
@@ -518,7 +386,7 @@ static void test_hook_and_validation(void **state)
     kvf_kvpool_destroy(other);
     kvf_block_table_release(&bt, r.pool);
     kvf_block_table_fini(&bt);
-    rig_close(&r);
+    kvf_test_rig_close(&r);
     kvf_model_destroy(m);
 }
 
@@ -599,49 +467,6 @@ static void test_bench_smoke(void **state)
     cJSON_Delete(root);
 }
 
-/* ---- the bits themselves -------------------------------------------- */
-
-/* The hash of every logit bit of both golden models' prompts (all
- * positions, then the greedy steps) on every ISA this machine runs,
- * against the value recorded in tests/data/numerics_bits.json on another
- * machine: the numerics do not depend on the CPU the tests run on. A
- * deliberate change of the numerics records new values: KVF_RECORD_BITS=1
- * prints them. */
-static void test_recorded_bits(void **state)
-{
-    (void)state;
-    char path[512];
-    snprintf(path, sizeof(path), "%s/numerics_bits.json", KVF_TEST_DATA);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    char text[4096];
-    size_t len = fread(text, 1, sizeof(text) - 1, f);
-    fclose(f);
-    text[len] = 0;
-    cJSON *rec = cJSON_Parse(text);
-    assert_non_null(rec);
-    const char *names[] = {"tiny-llama-f32", "tiny-qwen2-bf16"};
-    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
-    int n_isa = kvf_test_cpu_isas(isas);
-    bool record = getenv("KVF_RECORD_BITS") != NULL;
-    for (int m = 0; m < 2; m++) {
-        const cJSON *want = cJSON_GetObjectItem(rec, names[m]);
-        assert_true(cJSON_IsString(want));
-        for (int i = 0; i < n_isa; i++) {
-            char got[32];
-            snprintf(got, sizeof(got), "%016llx",
-                     (unsigned long long)check_golden(names[m], isas[i]));
-            if (record)
-                printf("\"%s\": \"%s\" (%s)\n", names[m], got, kvf_cpu_isa_name(isas[i]));
-            else if (strcmp(got, want->valuestring) != 0)
-                fail_msg("%s on %s: logit bits hash %s, recorded %s (numerics changed; "
-                         "KVF_RECORD_BITS=1 prints new values)",
-                         names[m], kvf_cpu_isa_name(isas[i]), got, want->valuestring);
-        }
-    }
-    cJSON_Delete(rec);
-}
-
 /* A backend serves one model: a second engine on it with another model
  * is refused (its panels would change under the first engine), one with
  * the same model shares them; after the projections are dropped the
@@ -651,8 +476,8 @@ static void test_one_model_per_backend(void **state)
     (void)state;
     kvf_model_t *a = random_model(4, 2, false, 31), *b = random_model(4, 2, false, 32);
     const int V = a->cfg.vocab;
-    rig_t r;
-    rig_open(&r, a, 16, 64);
+    kvf_test_rig_t r;
+    kvf_test_rig_open(&r, a, 16, 64);
     kvf_engine_t *e2 = NULL;
     assert_int_equal(kvf_engine_create(b, &r.be, r.pool, &e2), KVF_ERR_MISMATCH);
     assert_int_equal(kvf_engine_create(a, &r.be, r.pool, &e2), KVF_OK);
@@ -661,12 +486,12 @@ static void test_one_model_per_backend(void **state)
     float *l1 = malloc((size_t)V * sizeof(float)), *l2 = malloc((size_t)V * sizeof(float));
     kvf_block_table_t bt;
     kvf_block_table_init(&bt);
-    run_chunked(&r, &bt, ids, 9, 9, NULL, l1);
+    kvf_test_run_chunked(&r, &bt, ids, 9, 9, NULL, l1);
     kvf_block_table_release(&bt, r.pool);
     kvf_model_drop_matrices(a);
     kvf_engine_t *first = r.engine;
     r.engine = e2;
-    run_chunked(&r, &bt, ids, 9, 4, NULL, l2);
+    kvf_test_run_chunked(&r, &bt, ids, 9, 4, NULL, l2);
     kvf_block_table_release(&bt, r.pool);
     kvf_block_table_fini(&bt);
     kvf_test_assert_bits(l2, l1, (size_t)V, "second engine after the drop");
@@ -676,7 +501,7 @@ static void test_one_model_per_backend(void **state)
     assert_int_not_equal(kvf_engine_create(a, &be2, r.pool, &e3), KVF_OK);
     kvf_backend_destroy(&be2);
     kvf_engine_destroy(first);
-    rig_close(&r);
+    kvf_test_rig_close(&r);
     free(l1);
     free(l2);
     kvf_model_destroy(a);
@@ -686,14 +511,12 @@ static void test_one_model_per_backend(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_golden_llama),
-        cmocka_unit_test(test_golden_qwen2),
         cmocka_unit_test(test_bf16_weights),
         cmocka_unit_test(test_cache_vs_recompute_gqa_mha_mqa),
+        cmocka_unit_test(test_cache_vs_recompute_qwen3_window),
         cmocka_unit_test(test_chunked_prefill_and_block_sizes),
         cmocka_unit_test(test_mixed_batch),
         cmocka_unit_test(test_isas_threads_chunks),
-        cmocka_unit_test(test_recorded_bits),
         cmocka_unit_test(test_one_model_per_backend),
         cmocka_unit_test(test_hook_and_validation),
         cmocka_unit_test(test_generate_cli),

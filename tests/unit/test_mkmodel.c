@@ -338,6 +338,49 @@ static void test_qwen2_tied_bf16(void **state)
     free(dir);
 }
 
+/* The Qwen3 and sliding-window golden models are `kvf mkmodel` with the
+ * arguments expected.json records: the same config and weights, byte for
+ * byte (q_norm/k_norm, head_dim 24, the window settings included). */
+static void test_qwen3_and_window_goldens(void **state)
+{
+    (void)state;
+    const char *names[] = {"tiny-qwen3-f32", "tiny-mistral-sw-f32"};
+    cJSON *exp = load_json(KVF_TEST_DATA "/golden", "expected.json");
+    for (int i = 0; i < 2; i++) {
+        const cJSON *mj = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "models"), names[i]);
+        const char *args = cJSON_GetObjectItem(mj, "mkmodel_args")->valuestring;
+        char *dir = make_dir();
+        char cmd[1024], golden[512];
+        snprintf(cmd, sizeof(cmd), KVF " mkmodel %s %s", dir, args);
+        assert_int_equal(run(cmd, NULL), 0);
+        snprintf(golden, sizeof(golden), "%s/golden/%s", KVF_TEST_DATA, names[i]);
+        snprintf(cmd, sizeof(cmd), "cmp -s %s/model.safetensors %s/model.safetensors", dir, golden);
+        assert_int_equal(run(cmd, NULL), 0);
+        cJSON *mine = load_json(dir, "config.json"), *theirs = load_json(golden, "config.json");
+        assert_true(cJSON_Compare(mine, theirs, true));
+        cJSON_Delete(mine);
+        cJSON_Delete(theirs);
+        if (i == 0) {
+            cJSON *h = check_safetensors(dir, "F32", 4);
+            assert_shape(h, "model.layers.1.self_attn.q_norm.weight", 24, 0);
+            assert_shape(h, "model.layers.1.self_attn.k_norm.weight", 24, 0);
+            assert_shape(h, "model.layers.0.self_attn.q_proj.weight", 96, 64);
+            assert_null(cJSON_GetObjectItem(h, "model.layers.0.self_attn.q_proj.bias"));
+            cJSON_Delete(h);
+        }
+        /* a window on an architecture without one is refused */
+        snprintf(cmd, sizeof(cmd), KVF " mkmodel %s --sliding-window 16 2>/dev/null", dir);
+        assert_int_equal(run(cmd, NULL), 2);
+        snprintf(cmd, sizeof(cmd),
+                 KVF " mkmodel %s --arch mistral --sliding-window 16 --window-layers 1 2>/dev/null",
+                 dir);
+        assert_int_equal(run(cmd, NULL), 2);
+        remove_dir(dir);
+        free(dir);
+    }
+    cJSON_Delete(exp);
+}
+
 static void test_small_vocab_and_errors(void **state)
 {
     (void)state;
@@ -441,6 +484,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_gqa_untied),
         cmocka_unit_test(test_qwen2_tied_bf16),
+        cmocka_unit_test(test_qwen3_and_window_goldens),
         cmocka_unit_test(test_small_vocab_and_errors),
         cmocka_unit_test(test_kvcalc),
     };

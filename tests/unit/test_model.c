@@ -291,6 +291,89 @@ static void test_malformed(void **state)
     assert_int_equal(kvf_model_config_load(g_dir, &cfg), KVF_ERR_NOT_FOUND);
 }
 
+/* The window of each layer of a 3-layer config: extra is spliced into
+ * config.json after the architecture. Returns the load status. */
+static kvf_status_t window_config(const char *arch, const char *extra, kvf_model_config_t *c)
+{
+    char text[1024];
+    snprintf(text, sizeof(text),
+             "{\"architectures\": [\"%s\"], %s \"hidden_size\": 32, \"num_hidden_layers\": 3, "
+             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 48, "
+             "\"vocab_size\": 64}",
+             arch, extra);
+    write_text("config.json", text);
+    return kvf_model_config_load(g_dir, c);
+}
+
+static void expect_windows(const kvf_model_config_t *c, int w0, int w1, int w2)
+{
+    assert_int_equal(kvf_model_layer_window(c, 0), w0);
+    assert_int_equal(kvf_model_layer_window(c, 1), w1);
+    assert_int_equal(kvf_model_layer_window(c, 2), w2);
+}
+
+/* Qwen3: q/k norms, no biases unless attention_bias; its q_norm/k_norm
+ * tensors load. Which layers get a sliding window, as HF decides it. */
+static void test_qwen3_and_windows(void **state)
+{
+    (void)state;
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s/golden/tiny-qwen3-f32", KVF_TEST_DATA);
+    kvf_model_t *m;
+    assert_int_equal(kvf_model_load(dir, &m), KVF_OK);
+    assert_int_equal(m->cfg.arch, KVF_ARCH_QWEN3);
+    assert_true(m->cfg.qk_norm);
+    assert_false(m->cfg.qkv_bias);
+    assert_int_equal(m->cfg.head_dim, 24);
+    assert_non_null(m->layers[1].q_norm);
+    assert_non_null(m->layers[1].k_norm);
+    assert_null(m->layers[0].bqkv);
+    assert_int_equal(kvf_model_layer_window(&m->cfg, 0), 0);
+    assert_int_equal(kvf_model_layer_window(&m->cfg, 1), 20);
+    kvf_model_destroy(m);
+
+    kvf_model_config_t c;
+    write_text("generation_config.json", "{\"eos_token_id\": 2}");
+    assert_int_equal(window_config("Qwen3ForCausalLM", "\"attention_bias\": true,", &c), KVF_OK);
+    assert_true(c.qk_norm && c.qkv_bias);
+    /* Mistral: every layer whenever sliding_window is set */
+    assert_int_equal(window_config("MistralForCausalLM", "\"sliding_window\": 8,", &c), KVF_OK);
+    expect_windows(&c, 8, 8, 8);
+    assert_int_equal(window_config("MistralForCausalLM", "\"sliding_window\": null,", &c), KVF_OK);
+    expect_windows(&c, 0, 0, 0);
+    /* Qwen2/Qwen3: only with use_sliding_window, from max_window_layers on (default 28) */
+    assert_int_equal(window_config("Qwen2ForCausalLM", "\"sliding_window\": 8,", &c), KVF_OK);
+    expect_windows(&c, 0, 0, 0);
+    assert_int_equal(window_config("Qwen2ForCausalLM",
+                                   "\"sliding_window\": 8, \"use_sliding_window\": true,", &c),
+                     KVF_OK);
+    expect_windows(&c, 0, 0, 0);
+    assert_int_equal(window_config("Qwen3ForCausalLM",
+                                   "\"sliding_window\": 8, \"use_sliding_window\": true, "
+                                   "\"max_window_layers\": 1,",
+                                   &c),
+                     KVF_OK);
+    expect_windows(&c, 0, 8, 8);
+    assert_int_equal(window_config("Qwen3ForCausalLM",
+                                   "\"sliding_window\": 8, \"use_sliding_window\": true, "
+                                   "\"layer_types\": [\"full_attention\", \"full_attention\", "
+                                   "\"sliding_attention\"],",
+                                   &c),
+                     KVF_OK);
+    expect_windows(&c, 0, 0, 8);
+    /* Llama has no window */
+    assert_int_equal(window_config("LlamaForCausalLM", "\"sliding_window\": 8,", &c), KVF_OK);
+    expect_windows(&c, 0, 0, 0);
+    /* a pattern the config cannot hold, a bad window */
+    assert_int_equal(window_config("MistralForCausalLM",
+                                   "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
+                                   "\"full_attention\", \"sliding_attention\"],",
+                                   &c),
+                     KVF_ERR_UNSUPPORTED);
+    assert_int_equal(window_config("MistralForCausalLM", "\"sliding_window\": -3,", &c),
+                     KVF_ERR_FORMAT);
+}
+
 /* generation_config.json eos lists merge with config.json's. */
 static void test_eos_lists(void **state)
 {
@@ -316,6 +399,7 @@ int main(void)
         cmocka_unit_test(test_dtypes_and_shards),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_eos_lists),
+        cmocka_unit_test(test_qwen3_and_windows),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

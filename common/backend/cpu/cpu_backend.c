@@ -256,23 +256,39 @@ typedef struct {
     float eps;
 } rows_job_t;
 
-/* The sum of squares in double, in index order: the same on every
- * instruction set (plain C, no contraction). */
+/* One row: the sum of squares in double, in index order, the same on
+ * every instruction set (plain C, no contraction). y may be x. */
+static void rmsnorm_row(float *y, const float *x, const float *w, int dim, float eps)
+{
+    double ss = 0;
+    for (int d = 0; d < dim; d++)
+        ss += (double)x[d] * x[d];
+    float inv = (float)(1.0 / sqrt(ss / dim + eps));
+    for (int d = 0; d < dim; d++)
+        y[d] = w[d] * (x[d] * inv);
+}
+
 static void rmsnorm_task(void *arg, int task, int thread)
 {
     (void)thread;
     rows_job_t *j = arg;
     int i0 = task * j->rows_per_task, i1 = i0 + j->rows_per_task > j->m ? j->m : i0 + j->rows_per_task;
-    for (int i = i0; i < i1; i++) {
-        const float *x = j->x + (size_t)i * (size_t)j->dim;
-        float *y = j->y + (size_t)i * (size_t)j->dim;
-        double ss = 0;
-        for (int d = 0; d < j->dim; d++)
-            ss += (double)x[d] * x[d];
-        float inv = (float)(1.0 / sqrt(ss / j->dim + j->eps));
-        for (int d = 0; d < j->dim; d++)
-            y[d] = j->w[d] * (x[d] * inv);
-    }
+    for (int i = i0; i < i1; i++)
+        rmsnorm_row(j->y + (size_t)i * (size_t)j->dim, j->x + (size_t)i * (size_t)j->dim, j->w,
+                    j->dim, j->eps);
+}
+
+/* Each head of each row, as a row of rmsnorm. */
+static void head_rmsnorm_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    rows_job_t *j = arg;
+    int i0 = task * j->rows_per_task, i1 = i0 + j->rows_per_task > j->m ? j->m : i0 + j->rows_per_task;
+    for (int i = i0; i < i1; i++)
+        for (int h = 0; h < j->n_heads; h++) {
+            float *v = j->y + (size_t)i * (size_t)j->ld + (size_t)h * (size_t)j->head_dim;
+            rmsnorm_row(v, v, j->w, j->head_dim, j->eps);
+        }
 }
 
 static int rows_per_task(int m, int n_threads)
@@ -288,6 +304,17 @@ static kvf_status_t cpu_rmsnorm(void *ctx, float *y, const float *x, const float
     rows_job_t j = {.cx = cx, .y = y, .x = x, .w = w, .m = m, .dim = dim, .eps = eps};
     j.rows_per_task = rows_per_task(m, cx->n_threads);
     kvf_threadpool_run(cx->pool, rmsnorm_task, &j, (m + j.rows_per_task - 1) / j.rows_per_task);
+    return KVF_OK;
+}
+
+static kvf_status_t cpu_head_rmsnorm(void *ctx, float *x, int ld, const float *w, int m,
+                                     int n_heads, int head_dim, float eps)
+{
+    cpu_ctx_t *cx = ctx;
+    rows_job_t j = {.cx = cx, .y = x, .w = w, .m = m, .ld = ld, .n_heads = n_heads,
+                    .head_dim = head_dim, .eps = eps};
+    j.rows_per_task = rows_per_task(m, cx->n_threads);
+    kvf_threadpool_run(cx->pool, head_rmsnorm_task, &j, (m + j.rows_per_task - 1) / j.rows_per_task);
     return KVF_OK;
 }
 
@@ -409,6 +436,7 @@ static void attention_task(void *arg, int task, int thread)
         .keys = keys,
         .values = values,
         .scale = (float)(1.0 / sqrt((double)hd)),
+        .window = j->b->window,
     };
     j->cx->k->attention(&t, scratch);
 }
@@ -493,6 +521,7 @@ static const kvf_backend_ops_t cpu_ops = {
     .name = "cpu",
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
+    .head_rmsnorm = cpu_head_rmsnorm,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,

@@ -14,7 +14,8 @@
  *   tree ((l, l+8), then (l, l+4), (l, l+2), (l, l+1)).
  * - attention: each query row alone, keys in chunks of 16 absolute
  *   positions, one online-softmax step per chunk; p·v as one FMA chain per
- *   element over the chunk's keys in order.
+ *   element over the chunk's keys in order. A sliding window starts at the
+ *   chunk holding the first key in it; keys before that key have p = 0.
  * - exp: one polynomial (kvf_cpu_exp), evaluated with the same operations
  *   in every instruction set.
  *
@@ -89,7 +90,16 @@ typedef struct {
     const float *const *keys;    /* (n_blocks) */
     const float *const *values;  /* (n_blocks) */
     float scale;                 /* 1 / sqrt(head_dim) */
+    int window;                  /* sliding window W (keys > pos - W); 0: none */
 } kvf_cpu_attn_tile_t;
+
+/* The first key a query at pos attends to under window (0: none). Keys of
+ * the first chunk below it get probability 0, so the chunks and their
+ * sums stay those of absolute positions. */
+static inline int kvf_cpu_attn_first_key(int window, int pos)
+{
+    return window > 0 && pos >= window ? pos - window + 1 : 0;
+}
 
 /* Floats of scratch one attention call needs per thread for head_dim. */
 size_t kvf_cpu_attn_scratch_floats(int head_dim);

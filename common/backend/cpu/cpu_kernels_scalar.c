@@ -72,11 +72,14 @@ static void attention_scalar(const kvf_cpu_attn_tile_t *t, float *scratch)
             float m = -INFINITY, l = 0;
             for (int c = 0; c < hd; c++)
                 acc[c] = 0;
-            for (int j0 = 0; j0 <= pos; j0 += KVF_CPU_KEY_CHUNK) {
+            const int lo = kvf_cpu_attn_first_key(t->window, pos);
+            for (int j0 = lo / KVF_CPU_KEY_CHUNK * KVF_CPU_KEY_CHUNK; j0 <= pos;
+                 j0 += KVF_CPU_KEY_CHUNK) {
                 const int nj = pos - j0 + 1 < KVF_CPU_KEY_CHUNK ? pos - j0 + 1 : KVF_CPU_KEY_CHUNK;
+                const int ja = lo > j0 ? lo - j0 : 0; /* keys before the window's first: p = 0 */
                 float s[KVF_CPU_KEY_CHUNK], p[KVF_CPU_KEY_CHUNK] = {0};
                 float mc = -INFINITY;
-                for (int j = 0; j < nj; j++) {
+                for (int j = ja; j < nj; j++) {
                     int key = j0 + j;
                     const float *kj = t->keys[key / bs] + (size_t)(key % bs) * (size_t)hd;
                     s[j] = dot16_scalar(q, kj, hd) * t->scale;
@@ -84,7 +87,7 @@ static void attention_scalar(const kvf_cpu_attn_tile_t *t, float *scratch)
                 }
                 float mn = mc > m ? mc : m;
                 float alpha = kvf_cpu_rescale(m, mn);
-                for (int j = 0; j < nj; j++)
+                for (int j = ja; j < nj; j++)
                     p[j] = kvf_cpu_exp(s[j] - mn);
                 l = l * alpha + kvf_cpu_tree16(p);
                 for (int c = 0; c < hd; c++)

@@ -227,8 +227,11 @@ static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
             const float *q = t->q + (size_t)i * (size_t)t->ld_q + (size_t)h * (size_t)hd;
             float m = -INFINITY, l = 0;
             memset(acc, 0, (size_t)hd * sizeof(float));
-            for (int j0 = 0; j0 <= pos; j0 += KVF_CPU_KEY_CHUNK) {
+            const int lo = kvf_cpu_attn_first_key(t->window, pos);
+            for (int j0 = lo / KVF_CPU_KEY_CHUNK * KVF_CPU_KEY_CHUNK; j0 <= pos;
+                 j0 += KVF_CPU_KEY_CHUNK) {
                 const int nj = pos - j0 + 1 < KVF_CPU_KEY_CHUNK ? pos - j0 + 1 : KVF_CPU_KEY_CHUNK;
+                const int ja = lo > j0 ? lo - j0 : 0; /* keys before the window's first */
                 float s[KVF_CPU_KEY_CHUNK], p[KVF_CPU_KEY_CHUNK];
                 const float *vrows[KVF_CPU_KEY_CHUNK], *krows[KVF_CPU_KEY_CHUNK];
                 float mc = -INFINITY;
@@ -247,15 +250,19 @@ static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
                     for (int j = 0; j < nj; j++)
                         s[j] = DOT16(q, krows[j], hd) * t->scale;
                 }
-                for (int j = 0; j < nj; j++)
+                for (int j = ja; j < nj; j++)
                     mc = s[j] > mc ? s[j] : mc;
                 const float mn = mc > m ? mc : m;
                 const float alpha = kvf_cpu_rescale(m, mn);
+                for (int j = 0; j < ja; j++)
+                    s[j] = mn;
                 for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
                     s[j] = mn;
                 const vf vm = V_SET1(mn);
                 for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
                     V_STORE(p + j, v_exp(V_SUB(V_LOAD(s + j), vm)));
+                for (int j = 0; j < ja; j++)
+                    p[j] = 0;
                 for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
                     p[j] = 0;
                 l = l * alpha + kvf_cpu_tree16(p);

@@ -8,6 +8,8 @@
 
 #include "cuda_common.cuh"
 
+#include <limits.h>
+
 // The table row of sequence seq, or NULL for an id outside the batch.
 __device__ __forceinline__ const int32_t *kvf_attn_table(const kvf_cuda_attn_t &a, int seq)
 {
@@ -28,6 +30,14 @@ __device__ __forceinline__ long long kvf_attn_key_off(const kvf_cuda_attn_t &a, 
     if (blk < 0 || blk >= a.n_pool_blocks)
         return -1;
     return (long long)blk * a.block_stride + ((long long)g * bs + p % bs) * a.head_dim;
+}
+
+// The first key position a query at pos attends to: pos - window + 1
+// under a sliding window, else 0. Keys before it are masked like keys
+// after pos.
+__device__ __forceinline__ int kvf_attn_first_key(const kvf_cuda_attn_t &a, int pos)
+{
+    return a.window > 0 && pos >= a.window ? pos - a.window + 1 : 0;
 }
 
 // The prefill tile of this CTA (blockIdx.x): its first batch row in

@@ -10,7 +10,8 @@
 // M = max_s m_s, and out = sum_s w_s acc_s / sum_s w_s l_s.
 //
 // Kernel 1, CTA (i, g, s), for token t = tokens[i], kv head g and keys
-// [s * split_keys, min((s + 1) * split_keys, pos[t] + 1)), all group query
+// [s * split_keys, min((s + 1) * split_keys, pos[t] + 1)) (from the
+// window's first key on, under a sliding window), all group query
 // heads of g at once so each K and V row is read once per group (GQA):
 //   1. q rows of the group -> shared;
 //   2. scores: warps take keys in turn; lanes stride over head_dim (one
@@ -73,8 +74,9 @@ __global__ void __launch_bounds__(DEC_THREADS)
     const int t = tokens[i];
     const bool tok_ok = t >= 0 && t < a.n_tokens; // the host checks; never read past pos
     const int n_ctx = tok_ok ? a.pos[t] + 1 : 0;
-    const int k0 = s * split_keys;
-    const int k1 = min(k0 + split_keys, n_ctx);
+    // A split before the window's first key is empty, one across it starts there.
+    const int k0 = max(s * split_keys, tok_ok ? kvf_attn_first_key(a, a.pos[t]) : 0);
+    const int k1 = min(s * split_keys + split_keys, n_ctx);
     if (k0 >= k1) {
         // Past the context: an empty partial (the merge also skips it by count).
         if (tid < group) {

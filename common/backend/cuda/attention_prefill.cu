@@ -119,10 +119,14 @@ __global__ void __launch_bounds__(PF_THREADS)
     __syncthreads();
 
     // Keys 0 .. the tile's last position (the same value in every thread).
-    int last = -1;
-    for (int r = 0; r < n_rows; r += group)
+    int last = -1, first_pos = INT_MAX;
+    for (int r = 0; r < n_rows; r += group) {
         last = max(last, row_pos[r]);
+        first_pos = min(first_pos, row_pos[r]);
+    }
     const int n_keys = last + 1;
+    // Under a sliding window, chunks wholly before every row's window are skipped.
+    const int k_begin = n_rows > 0 ? kvf_attn_first_key(a, first_pos) / KC * KC : 0;
 
     // Online softmax state of this warp's rows warp + PF_WARPS * i, the same
     // in every lane (butterfly reductions leave every lane the same value).
@@ -143,7 +147,7 @@ __global__ void __launch_bounds__(PF_THREADS)
         for (int c = 0; c < PV_COLS; c++)
             o[i][c] = 0.0f;
 
-    for (int k0 = 0; k0 < n_keys; k0 += KC) {
+    for (int k0 = k_begin; k0 < n_keys; k0 += KC) {
         // Where each key of the chunk lives. key_off was last read in the
         // previous chunk's load, which every thread finished before that
         // chunk's second barrier.
@@ -182,7 +186,8 @@ __global__ void __launch_bounds__(PF_THREADS)
             for (int i = 0; i < S_ROWS; i++) {
                 int r = srg + S_RG * i;
                 // Selected, not multiplied: a masked score is -inf whatever the dot was.
-                s_s[r * (KC + 1) + j] = p <= row_pos[r] ? acc[i] * a.scale : -INFINITY;
+                const bool seen = p <= row_pos[r] && p >= kvf_attn_first_key(a, row_pos[r]);
+                s_s[r * (KC + 1) + j] = seen ? acc[i] * a.scale : -INFINITY;
             }
         }
         __syncthreads();

@@ -139,13 +139,17 @@ __global__ void __launch_bounds__(TC_THREADS)
         l_s[tid] = 0.0f;
     }
     __syncthreads();
-    int last = -1;
-    for (int r = 0; r < n_rows; r += group)
+    int last = -1, first_pos = INT_MAX;
+    for (int r = 0; r < n_rows; r += group) {
         last = max(last, row_pos[r]);
+        first_pos = min(first_pos, row_pos[r]);
+    }
     const int n_keys = last + 1;
+    // Under a sliding window, chunks wholly before every row's window are skipped.
+    const int k_begin = n_rows > 0 ? kvf_attn_first_key(a, first_pos) / TC_KEYS * TC_KEYS : 0;
     const int r0 = 16 * warp; // this warp's first row
 
-    for (int k0 = 0; k0 < n_keys; k0 += TC_KEYS) {
+    for (int k0 = k_begin; k0 < n_keys; k0 += TC_KEYS) {
         if (tid < TC_KEYS) {
             int p = k0 + tid;
             key_off[tid] = p < n_keys ? kvf_attn_key_off(a, bt, p, g) : -1;
@@ -174,9 +178,10 @@ __global__ void __launch_bounds__(TC_THREADS)
         // Online softmax over the chunk, row by row; lanes take keys lane
         // and lane + 32.
         for (int i = 0; i < 16; i++) {
-            const int r = r0 + i, rp = row_pos[r];
-            float s0 = k0 + lane <= rp ? s_s[r * L.lds + lane] * a.scale : -INFINITY;
-            float s1 = k0 + lane + 32 <= rp ? s_s[r * L.lds + lane + 32] * a.scale : -INFINITY;
+            const int r = r0 + i, rp = row_pos[r], lo = kvf_attn_first_key(a, rp);
+            const int p0k = k0 + lane, p1k = k0 + lane + 32;
+            float s0 = p0k <= rp && p0k >= lo ? s_s[r * L.lds + lane] * a.scale : -INFINITY;
+            float s1 = p1k <= rp && p1k >= lo ? s_s[r * L.lds + lane + 32] * a.scale : -INFINITY;
             const float m_old = m_s[r], l_old = l_s[r];
             const float m_new = fmaxf(m_old, kvf_warp_max(fmaxf(s0, s1)));
             // No key of this row yet: exponentials against 0 give 0, not NaN.

@@ -102,12 +102,13 @@ static void cuda_host_free(void *ctx, void *p)
 // the per-op slots are unused (forward owns the whole pass).
 static const kvf_backend_ops_t cuda_ops = {
     "cuda",
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    NULL, // matmul
+    NULL, // rmsnorm
+    NULL, // head_rmsnorm: qkv_rope_write does Qwen3's q/k norms
+    NULL, // rope
+    NULL, // kv_write
+    NULL, // attention
+    NULL, // swiglu
     kvf_cuda__forward,
     NULL, // bind_model: the weights were uploaded at creation
     NULL, // matmul_bound: forward owns the whole pass

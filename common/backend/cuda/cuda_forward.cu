@@ -119,6 +119,7 @@ static kvf_status_t enqueue_attention(cuda_ctx_t *c, const batch_plan_t *p,
     a.block_tables = in->tables;
     a.bt_stride = p->bt_stride;
     a.n_seqs = p->n_seqs;
+    a.window = kvf_model_layer_window(m, l);
     if (p->n_tiles > 0) {
         kvf_cuda_prefill_tiles_t t = {in->tiles, p->n_tiles, p->max_tile_pos};
         CHECK(kvf_cuda_prefill_tc_ok(&a) ? kvf_cuda_attention_prefill_tc(st, &a, &t)
@@ -146,7 +147,8 @@ static kvf_status_t enqueue_layer(cuda_ctx_t *c, kvf_kvpool_t *pool, const batch
     CHECK(kvf_cuda_add_rmsnorm(st, c->x, l > 0 ? c->delta : NULL, L->attn_norm, c->h, hidden,
                                c->wdt, n, hidden, eps));
     CHECK(gemm(c, c->qkv, c->h, L->wqkv, n, c->qkv_dim, hidden));
-    CHECK(kvf_cuda_qkv_rope_write(st, c->qkv, c->qkv_dim, L->bqkv, in->cos_sin, pv->base,
+    CHECK(kvf_cuda_qkv_rope_write(st, c->qkv, c->qkv_dim, L->bqkv, L->q_norm, L->k_norm, eps,
+                                  in->cos_sin, pv->base,
                                   pv->block_stride, (int64_t)l * pv->slice_elems, in->tok_block,
                                   in->pos, n, m->n_heads, m->n_kv_heads, m->head_dim,
                                   pv->block_size, pv->n_blocks));

@@ -54,6 +54,7 @@ typedef struct {
     const int32_t *block_tables; /* (n_seqs, bt_stride) block ids in position order */
     int bt_stride;
     int n_seqs;
+    int window; /* sliding window W: a token at p attends to p - W + 1..p only; 0: none */
 } kvf_cuda_attn_t;
 
 /* Prefill tiles: runs of consecutive tokens of one sequence (consecutive
@@ -131,11 +132,13 @@ kvf_status_t kvf_cuda_add_rmsnorm(cudaStream_t st, float *x, const float *delta,
                                   float eps);
 
 /* After the qkv GEMM, per token row of qkv (q | k | v, row stride ld): adds
- * bias (NULL: none), rotates q in place and k (cos_sin as for rope), and
- * writes k and v to the token's block tok_block[t], slot pos[t] %
- * block_size, of the pool layer at layer_off. Bias, rope and kv_write in
- * one launch. */
+ * bias (NULL: none), RMS-norms each q head with q_norm and each k head with
+ * k_norm (head_dim weights, eps; NULL: no norm, Qwen3 has them), rotates q
+ * in place and k (cos_sin as for rope), and writes k and v to the token's
+ * block tok_block[t], slot pos[t] % block_size, of the pool layer at
+ * layer_off. Bias, norms, rope and kv_write in one launch. */
 kvf_status_t kvf_cuda_qkv_rope_write(cudaStream_t st, float *qkv, int ld, const float *bias,
+                                     const float *q_norm, const float *k_norm, float eps,
                                      const float *cos_sin, float *pool, int64_t block_stride,
                                      int64_t layer_off, const int32_t *tok_block,
                                      const int32_t *pos, int n_tokens, int n_heads, int n_kv_heads,

@@ -74,6 +74,13 @@ static kvf_status_t upload_model(uploader_t *u)
             CHECK(upload(u, W->bqkv, qkv, KVF_DTYPE_F32, &p));
             L->bqkv = (const float *)p;
         }
+        L->q_norm = L->k_norm = NULL;
+        if (W->q_norm) {
+            CHECK(upload(u, W->q_norm, (size_t)m->head_dim, KVF_DTYPE_F32, &p));
+            L->q_norm = (const float *)p;
+            CHECK(upload(u, W->k_norm, (size_t)m->head_dim, KVF_DTYPE_F32, &p));
+            L->k_norm = (const float *)p;
+        }
         CHECK(upload(u, W->wo, h * (size_t)c->q_dim, c->wdt, &p));
         L->wo = p;
         CHECK(upload(u, W->wgu, 2 * in * h, c->wdt, &p));

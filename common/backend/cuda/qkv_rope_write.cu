@@ -1,5 +1,5 @@
 // What follows the qkv projection, in one pass over each token's qkv row:
-// the q/k/v bias (Qwen2), the rotary embedding of q and k (HF half-split
+// the q/k/v bias (Qwen2), the per-head RMSNorm of q and k (Qwen3), the rotary embedding of q and k (HF half-split
 // pairs (d, d + half), angles from the host's cos|sin table) and the write
 // of k and v into the token's (block, slot) of the paged pool. q stays in
 // the row, rotated, for attention; k and v go to the pool only. One launch instead of four per layer:
@@ -11,7 +11,34 @@
 // thread reads what another writes.
 #include "cuda_common.cuh"
 
+// Qwen3: bias, then each q and k head RMS-normed in place in the row (one
+// warp per head: its sum of squares, then the scaled values). The rotation
+// pass that follows reads the normed values, without adding the bias again.
+__device__ __forceinline__ void kvf_qk_head_norm(float *row, const float *bias,
+                                                 const float *q_norm, const float *k_norm,
+                                                 float eps, int n_heads, int n_kv_heads,
+                                                 int head_dim)
+{
+    const int lane = threadIdx.x & 31, n_warps = blockDim.x / 32;
+    for (int h = threadIdx.x / 32; h < n_heads + n_kv_heads; h += n_warps) {
+        const float *w = h < n_heads ? q_norm : k_norm;
+        float *v = row + (size_t)h * head_dim;
+        const float *b = bias ? bias + (size_t)h * head_dim : nullptr;
+        float ss = 0.0f;
+        for (int d = lane; d < head_dim; d += 32) {
+            float x = b ? v[d] + b[d] : v[d];
+            v[d] = x; // read back below by this same lane only
+            ss += x * x;
+        }
+        ss = kvf_warp_sum(ss);
+        const float rinv = 1.0f / sqrtf(ss / (float)head_dim + eps);
+        for (int d = lane; d < head_dim; d += 32)
+            v[d] = w[d] * (v[d] * rinv);
+    }
+}
+
 __global__ void kvf_qkv_rope_write_kernel(float *qkv, int ld, const float *bias,
+                                          const float *q_norm, const float *k_norm, float eps,
                                           const float *cos_sin, float *pool, int64_t block_stride,
                                           int64_t layer_off, const int32_t *tok_block,
                                           const int32_t *pos, int n_heads, int n_kv_heads,
@@ -27,6 +54,13 @@ __global__ void kvf_qkv_rope_write_kernel(float *qkv, int ld, const float *bias,
     const int slot = pos[t] % block_size;
     float *kd = pool + (int64_t)(write ? b : 0) * block_stride + layer_off;
     float *vd = kd + (size_t)kv_dim * block_size;
+    // With the norms the q/k bias is added by the norm pass.
+    const float *qk_bias = bias;
+    if (q_norm) {
+        kvf_qk_head_norm(row, bias, q_norm, k_norm, eps, n_heads, n_kv_heads, head_dim);
+        qk_bias = nullptr;
+        __syncthreads();
+    }
 
     // Rotation pairs of q (heads 0..n_heads-1) then k (n_kv_heads more).
     const int n_pairs = (n_heads + n_kv_heads) * half;
@@ -34,9 +68,9 @@ __global__ void kvf_qkv_rope_write_kernel(float *qkv, int ld, const float *bias,
         const int h = i / half, d = i - h * half;
         const int c0 = h * head_dim + d, c1 = c0 + half; // columns in the row
         float x0 = row[c0], x1 = row[c1];
-        if (bias) {
-            x0 += bias[c0];
-            x1 += bias[c1];
+        if (qk_bias) {
+            x0 += qk_bias[c0];
+            x1 += qk_bias[c1];
         }
         const float c = cs[d], s = cs[half + d];
         const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
@@ -61,6 +95,7 @@ __global__ void kvf_qkv_rope_write_kernel(float *qkv, int ld, const float *bias,
 }
 
 kvf_status_t kvf_cuda_qkv_rope_write(cudaStream_t st, float *qkv, int ld, const float *bias,
+                                     const float *q_norm, const float *k_norm, float eps,
                                      const float *cos_sin, float *pool, int64_t block_stride,
                                      int64_t layer_off, const int32_t *tok_block,
                                      const int32_t *pos, int n_tokens, int n_heads,
@@ -72,7 +107,7 @@ kvf_status_t kvf_cuda_qkv_rope_write(cudaStream_t st, float *qkv, int ld, const 
     if (s != KVF_OK || n_tokens == 0)
         return s;
     kvf_qkv_rope_write_kernel<<<n_tokens, 128, 0, st>>>(
-        qkv, ld, bias, cos_sin, pool, block_stride, layer_off, tok_block, pos, n_heads,
+        qkv, ld, bias, q_norm, k_norm, eps, cos_sin, pool, block_stride, layer_off, tok_block, pos, n_heads,
         n_kv_heads, head_dim, block_size, n_pool_blocks);
     return KVF_CUDA_LAUNCHED("qkv_rope_write");
 }

@@ -29,14 +29,16 @@ struct kvf_engine_hooks;
 
 /* Where each token of a batch sits: its sequence and position, and every
  * sequence's block table. Token t attends to positions 0..pos[t] of
- * sequence seq[t], whose K/V (including this batch's, written by kv_write
- * first) live in the pool blocks block_tables[seq[t]]. */
+ * sequence seq[t] (with a sliding window W, to pos[t] - W + 1..pos[t]),
+ * whose K/V (including this batch's, written by kv_write first) live in
+ * the pool blocks block_tables[seq[t]]. */
 typedef struct {
     int n_tokens;
     const int32_t *pos;   /* (n_tokens) absolute positions */
     const int32_t *seq;   /* (n_tokens) sequence index of each token */
     int n_seqs;
     const uint32_t *const *block_tables; /* (n_seqs) arrays of block ids */
+    int window; /* the layer's sliding window (kvf_model_layer_window); 0: none */
 } kvf_batch_layout_t;
 
 /* The projections of a bound model by index: layer l's are
@@ -63,6 +65,12 @@ typedef struct kvf_backend_ops {
     kvf_status_t (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int m, int dim,
                             float eps);
 
+    /* (optional: only models with qk_norm need it) RMSNorm, in place, of
+     * n_heads heads of head_dim in each of m rows of x (row stride ld),
+     * each head as a row of rmsnorm() with weight w(head_dim). */
+    kvf_status_t (*head_rmsnorm)(void *ctx, float *x, int ld, const float *w, int m, int n_heads,
+                                 int head_dim, float eps);
+
     /* Rotates, in place, n_heads heads of head_dim in each of m rows of x
      * (row stride ld), HF half-split layout: pairs (i, i + head_dim/2).
      * cos_sin(m, head_dim) holds per row cos(a_i) for i < head_dim/2, then
@@ -76,8 +84,9 @@ typedef struct kvf_backend_ops {
                              const float *v, int ld, const kvf_batch_layout_t *batch);
 
     /* out(n_tokens, n_heads * head_dim) = causal softmax(q·kᵀ / sqrt(head_dim))·v
-     * over each token's sequence in the pool (q row stride ld_q). Query head h
-     * uses kv head h / (n_heads / n_kv_heads). */
+     * over each token's sequence in the pool (q row stride ld_q), within
+     * batch->window when it is set. Query head h uses kv head
+     * h / (n_heads / n_kv_heads). */
     kvf_status_t (*attention)(void *ctx, float *out, const float *q, int ld_q,
                               const kvf_kvpool_t *pool, int layer, int n_heads,
                               const kvf_batch_layout_t *batch);

@@ -3,8 +3,11 @@
  * Reads config.json, generation_config.json (EOS ids) and the weights in
  * model.safetensors or the shards named by model.safetensors.index.json.
  * Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
- * (q/k/v biases), with GQA/MQA, an explicit head_dim, tied embeddings and
- * rope_scaling "linear" or "llama3". Weights (F32, F16, BF16) are converted
+ * (q/k/v biases), Qwen3ForCausalLM (per-head RMSNorm of q and k before
+ * RoPE), with GQA/MQA, an explicit head_dim, tied embeddings, rope_scaling
+ * "linear" or "llama3" and sliding-window attention (Mistral's
+ * sliding_window; Qwen2/Qwen3 use_sliding_window for the layers from
+ * max_window_layers on). Weights (F32, F16, BF16) are converted
  * to f32 once, into two slab allocations that every tensor points into:
  * the projections in one (which a backend holding its own copy drops), the
  * embedding, norms and biases in the other.
@@ -28,6 +31,7 @@ typedef enum {
     KVF_ARCH_LLAMA = 0,
     KVF_ARCH_MISTRAL = 1,
     KVF_ARCH_QWEN2 = 2,
+    KVF_ARCH_QWEN3 = 3,
 } kvf_arch_t;
 
 #define KVF_MODEL_MAX_EOS 8
@@ -58,7 +62,10 @@ typedef struct {
     double rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
     int rope_orig_max_pos;   /* llama3: original_max_position_embeddings */
     bool tie_embeddings;     /* tie_word_embeddings: lm_head = embed_tokens */
-    bool qkv_bias;           /* Qwen2, or Llama attention_bias */
+    bool qkv_bias;           /* Qwen2, or attention_bias */
+    bool qk_norm;            /* Qwen3: q_norm / k_norm (head_dim) on each head before RoPE */
+    int sliding_window;      /* 0: none; else a query at p sees keys > p - sliding_window */
+    int window_first_layer;  /* the window applies to layers >= this (Qwen max_window_layers) */
     kvf_dtype_t dtype;       /* torch_dtype, informational */
     int64_t bos_id;          /* -1 when none */
     int64_t eos_ids[KVF_MODEL_MAX_EOS]; /* config.json and generation_config.json, merged */
@@ -74,6 +81,8 @@ typedef struct {
     float *wk;        /* (kv_dim, hidden), kv_dim = n_kv_heads * head_dim */
     float *wv;        /* (kv_dim, hidden) */
     float *bqkv;      /* (q_dim + 2*kv_dim) q/k/v biases, NULL without qkv_bias */
+    float *q_norm;    /* (head_dim) self_attn.q_norm, NULL without qk_norm */
+    float *k_norm;    /* (head_dim) self_attn.k_norm, NULL without qk_norm */
     float *wo;        /* (hidden, q_dim) o_proj */
     float *ffn_norm;  /* (hidden) post_attention_layernorm */
     float *wgu;       /* (2*inter, hidden): rows of gate_proj, then up_proj */
@@ -131,6 +140,10 @@ void kvf_model_drop_matrices(kvf_model_t *model);
  * every safetensors header. Nodes compare fingerprints to be sure they
  * serve the same weights. Owned by the model. */
 const char *kvf_model_fingerprint(const kvf_model_t *model);
+
+/* The attention window of layer l: 0 for full causal attention, else W
+ * (a query at position p attends to keys at positions p - W + 1 .. p). */
+int kvf_model_layer_window(const kvf_model_config_t *cfg, int layer);
 
 /* True when id is one of the config's EOS ids. */
 bool kvf_model_is_eos(const kvf_model_config_t *cfg, int64_t id);

@@ -1,0 +1,195 @@
+/* Engine golden tests: the golden models' outputs (expected.json, from an
+ * independent float64 reference; tests/data/golden/README.md) on every
+ * instruction set this machine runs: last logits within 1e-4, every
+ * position's argmax and 24 greedy steps with the cache exact; and the hash
+ * of every logit bit against tests/data/numerics_bits.json. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "kvf/backend.h"
+#include "kvf/engine.h"
+#include "kvf/kvcache.h"
+#include "kvf/log.h"
+#include "kvf/model.h"
+#include "kvf/safetensors.h"
+#include "kvf/sampling.h"
+#include "support.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- golden --------------------------------------------------------- */
+
+/* Checks name's golden outputs on isa; returns a hash of every logit bit
+ * it computed (each prompt's positions, then each greedy step's). */
+static uint64_t check_golden(const char *name, kvf_cpu_isa_t isa)
+{
+    cJSON *root = kvf_test_load_expected(KVF_TEST_DATA);
+    const cJSON *mj = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "models"), name);
+    assert_non_null(mj);
+    kvf_model_t *model = kvf_test_load_golden(KVF_TEST_DATA, name);
+    kvf_test_rig_t r;
+    kvf_test_rig_open_isa(&r, model, 16, 64, isa, 2, KVF_CPU_WEIGHTS_NATIVE);
+    const int V = model->cfg.vocab;
+    uint64_t h = 0xcbf29ce484222325ull;
+    const cJSON *pj;
+    int n_prompts = 0;
+    cJSON_ArrayForEach(pj, cJSON_GetObjectItem(mj, "prompts"))
+    {
+        int n;
+        uint32_t *ids = kvf_test_json_ids(cJSON_GetObjectItem(pj, "ids"), &n);
+        float *all = malloc((size_t)n * V * sizeof(float));
+        float *last = malloc((size_t)V * sizeof(float));
+        kvf_block_table_t bt;
+        kvf_block_table_init(&bt);
+        kvf_test_run_chunked(&r, &bt, ids, n, n, all, last);
+        h = kvf_fnv64(h, all, (size_t)n * V * sizeof(float));
+        /* last_logits within 1e-4 */
+        const cJSON *ll = cJSON_GetObjectItem(pj, "last_logits");
+        assert_int_equal(cJSON_GetArraySize(ll), V);
+        float worst = 0;
+        for (int i = 0; i < V; i++) {
+            float d = fabsf(last[i] - (float)cJSON_GetArrayItem(ll, i)->valuedouble);
+            worst = d > worst ? d : worst;
+        }
+        if (worst > 1e-4f)
+            fail_msg("%s prompt %d: max |logit - expected| = %g", name, n_prompts, worst);
+        /* position_argmax */
+        const cJSON *pa = cJSON_GetObjectItem(pj, "position_argmax");
+        assert_int_equal(cJSON_GetArraySize(pa), n);
+        for (int i = 0; i < n; i++)
+            assert_int_equal(kvf_sample_argmax(all + (size_t)i * V, V),
+                             cJSON_GetArrayItem(pa, i)->valueint);
+        /* 24 greedy steps with the cache */
+        int n_greedy;
+        uint32_t *greedy = kvf_test_json_ids(cJSON_GetObjectItem(pj, "greedy_ids"), &n_greedy);
+        uint32_t tok = kvf_sample_argmax(last, V);
+        for (int s = 0; s < n_greedy; s++) {
+            assert_int_equal(tok, greedy[s]);
+            uint32_t pos = (uint32_t)(n + s);
+            assert_int_equal(kvf_block_table_reserve(&bt, r.pool, pos + 1), KVF_OK);
+            kvf_engine_seq_t q = {.tokens = &tok,
+                                  .n_tokens = 1,
+                                  .start_pos = pos,
+                                  .block_ids = bt.blocks,
+                                  .n_blocks = bt.n_blocks,
+                                  .logits = last};
+            assert_int_equal(kvf_engine_forward(r.engine, &q, 1, NULL), KVF_OK);
+            h = kvf_fnv64(h, last, (size_t)V * sizeof(float));
+            tok = kvf_sample_argmax(last, V);
+        }
+        kvf_block_table_release(&bt, r.pool);
+        kvf_block_table_fini(&bt);
+        assert_int_equal(kvf_kvpool_used_blocks(r.pool), 0);
+        free(greedy);
+        free(all);
+        free(last);
+        free(ids);
+        n_prompts++;
+    }
+    assert_int_equal(n_prompts, 4);
+    kvf_test_rig_close(&r);
+    kvf_model_destroy(model);
+    cJSON_Delete(root);
+    return h;
+}
+
+/* Golden outputs on every instruction set this machine runs. */
+static void test_golden_llama(void **state)
+{
+    (void)state;
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
+    int n = kvf_test_cpu_isas(isas);
+    for (int i = 0; i < n; i++)
+        check_golden("tiny-llama-f32", isas[i]);
+}
+
+static void test_golden_qwen2(void **state)
+{
+    (void)state;
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
+    int n = kvf_test_cpu_isas(isas);
+    for (int i = 0; i < n; i++)
+        check_golden("tiny-qwen2-bf16", isas[i]);
+}
+
+/* Qwen3 (q/k norms, head_dim 24 != hidden / heads, the window on layer 1
+ * only) and Mistral with a 16-position window on every layer, over
+ * prompts and greedy steps that cross the window and block boundaries. */
+static void test_golden_qwen3(void **state)
+{
+    (void)state;
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
+    int n = kvf_test_cpu_isas(isas);
+    for (int i = 0; i < n; i++)
+        check_golden("tiny-qwen3-f32", isas[i]);
+}
+
+static void test_golden_sliding_window(void **state)
+{
+    (void)state;
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
+    int n = kvf_test_cpu_isas(isas);
+    for (int i = 0; i < n; i++)
+        check_golden("tiny-mistral-sw-f32", isas[i]);
+}
+
+/* ---- the bits themselves -------------------------------------------- */
+
+/* The hash of every logit bit of the golden models' prompts (all
+ * positions, then the greedy steps) on every ISA this machine runs,
+ * against the value recorded in tests/data/numerics_bits.json on another
+ * machine: the numerics do not depend on the CPU the tests run on. A
+ * deliberate change of the numerics records new values: KVF_RECORD_BITS=1
+ * prints them. */
+static void test_recorded_bits(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof(path), "%s/numerics_bits.json", KVF_TEST_DATA);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char text[4096];
+    size_t len = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[len] = 0;
+    cJSON *rec = cJSON_Parse(text);
+    assert_non_null(rec);
+    const char *names[] = {"tiny-llama-f32", "tiny-qwen2-bf16", "tiny-qwen3-f32",
+                           "tiny-mistral-sw-f32"};
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
+    int n_isa = kvf_test_cpu_isas(isas);
+    bool record = getenv("KVF_RECORD_BITS") != NULL;
+    for (int m = 0; m < 4; m++) {
+        const cJSON *want = cJSON_GetObjectItem(rec, names[m]);
+        assert_true(record || cJSON_IsString(want));
+        for (int i = 0; i < n_isa; i++) {
+            char got[32];
+            snprintf(got, sizeof(got), "%016llx",
+                     (unsigned long long)check_golden(names[m], isas[i]));
+            if (record)
+                printf("\"%s\": \"%s\" (%s)\n", names[m], got, kvf_cpu_isa_name(isas[i]));
+            else if (strcmp(got, want->valuestring) != 0)
+                fail_msg("%s on %s: logit bits hash %s, recorded %s (numerics changed; "
+                         "KVF_RECORD_BITS=1 prints new values)",
+                         names[m], kvf_cpu_isa_name(isas[i]), got, want->valuestring);
+        }
+    }
+    cJSON_Delete(rec);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_llama),  cmocka_unit_test(test_golden_qwen2),
+        cmocka_unit_test(test_golden_qwen3),  cmocka_unit_test(test_golden_sliding_window),
+        cmocka_unit_test(test_recorded_bits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
