@@ -166,9 +166,9 @@ static void test_golden_cases(void **state)
 static void test_golden_prompts(void **state)
 {
     fixture_t *fx = *state;
-    int n_prompts = 0;
+    int n_prompts = 0, n_models = 0;
     const cJSON *models = cJSON_GetObjectItem(fx->expected, "models");
-    for (const cJSON *m = models->child; m; m = m->next) {
+    for (const cJSON *m = models->child; m; m = m->next, n_models++) {
         /* each model with the tokenizer files of its own directory */
         char dir[512];
         snprintf(dir, sizeof(dir), GOLDEN "/%s", m->string);
@@ -199,7 +199,9 @@ static void test_golden_prompts(void **state)
         }
         kvf_tokenizer_destroy(tok);
     }
-    assert_int_equal(n_prompts, 8);
+    /* four prompts for each golden model, at least the two first ones */
+    assert_true(n_models >= 2);
+    assert_int_equal(n_prompts, 4 * n_models);
 }
 
 /* Streams ids through a kvf_detok_t: every chunk must be whole UTF-8 and
