@@ -126,7 +126,8 @@ static kvf_status_t whole_piece(kvf_tok_bpe_t *enc, const uint8_t *piece, size_t
         return KVF_OK;
     }
     /* a byte's symbol is at most 2 bytes of UTF-8 (below U+0144) */
-    kvf_status_t st = kvf_array_reserve(&enc->spelled, &enc->spelled_cap, len * 2 + 1, ENC_MIN_CAP, 1);
+    kvf_status_t st =
+        kvf_array_reserve(&enc->spelled, &enc->spelled_cap, len * 2 + 1, ENC_MIN_CAP, 1);
     if (st != KVF_OK)
         return st;
     size_t n = 0;

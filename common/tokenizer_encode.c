@@ -113,7 +113,8 @@ static kvf_status_t split_added(encoder_t *enc, bool normalized, const uint8_t *
         if (t->rstrip) {
             /* the white space after it, up to the next token of the set */
             size_t stop = end;
-            while (stop < len && !(first_byte[s[stop]] && match_added(tok, normalized, s, len, stop)))
+            while (stop < len &&
+                   !(first_byte[s[stop]] && match_added(tok, normalized, s, len, stop)))
                 stop++;
             end = trim_start(s, end, stop);
         }
@@ -193,8 +194,8 @@ kvf_status_t kvf_tokenizer_encode(const kvf_tokenizer_t *tok, const char *text, 
     if (!text)
         text = "";
     encoder_t enc = {.tok = tok, .bpe = {.tok = tok}};
-    kvf_status_t st = kvf_array_reserve(&enc.bpe.ids, &enc.bpe.ids_cap, len / 3 + 16, 64,
-                                        sizeof(*enc.bpe.ids));
+    kvf_status_t st =
+        kvf_array_reserve(&enc.bpe.ids, &enc.bpe.ids_cap, len / 3 + 16, 64, sizeof(*enc.bpe.ids));
     if (st != KVF_OK)
         goto fail_encode;
     if (add_special_tokens && (st = emit_all(&enc, tok->tmpl_ids, tok->n_tmpl_before)) != KVF_OK)

@@ -38,11 +38,11 @@
 
 /* How a Split keeps its matches (Hugging Face's SplitDelimiterBehavior). */
 typedef enum {
-    KVF_TOK_SPLIT_ISOLATED,       /* matches and the text between them are pieces */
-    KVF_TOK_SPLIT_REMOVED,        /* matches are dropped, the text between them kept */
-    KVF_TOK_SPLIT_MERGED_PREV,    /* a match joins the piece before it */
-    KVF_TOK_SPLIT_MERGED_NEXT,    /* a match joins the piece after it */
-    KVF_TOK_SPLIT_CONTIGUOUS,     /* consecutive matches are one piece */
+    KVF_TOK_SPLIT_ISOLATED,    /* matches and the text between them are pieces */
+    KVF_TOK_SPLIT_REMOVED,     /* matches are dropped, the text between them kept */
+    KVF_TOK_SPLIT_MERGED_PREV, /* a match joins the piece before it */
+    KVF_TOK_SPLIT_MERGED_NEXT, /* a match joins the piece after it */
+    KVF_TOK_SPLIT_CONTIGUOUS,  /* consecutive matches are one piece */
 } kvf_tok_split_behavior_t;
 
 typedef enum {
@@ -62,10 +62,10 @@ typedef struct {
     kvf_tok_pre_kind_t kind;
     pcre2_code *re; /* what splits (NULL: the piece stays whole) */
     kvf_tok_split_behavior_t behavior;
-    bool invert;           /* Split: the text between matches is what the behavior applies to */
-    bool add_prefix_space; /* ByteLevel */
-    kvf_tok_prepend_t prepend;   /* Metaspace */
-    uint8_t replacement[8];      /* Metaspace: UTF-8 of the replacement character */
+    bool invert;               /* Split: the text between matches is what the behavior applies to */
+    bool add_prefix_space;     /* ByteLevel */
+    kvf_tok_prepend_t prepend; /* Metaspace */
+    uint8_t replacement[8];    /* Metaspace: UTF-8 of the replacement character */
     uint8_t replacement_len;
 } kvf_tok_pre_t;
 
@@ -84,8 +84,8 @@ typedef enum {
  * by the tokenizer. */
 typedef struct {
     kvf_tok_norm_kind_t kind;
-    pcre2_code *re;  /* Replace */
-    char *content;   /* Prepend, Replace */
+    pcre2_code *re; /* Replace */
+    char *content;  /* Prepend, Replace */
     size_t content_len;
 } kvf_tok_norm_t;
 
@@ -155,13 +155,13 @@ struct kvf_tokenizer {
     size_t n_norms;
     kvf_tok_pre_t pres[KVF_TOK_MAX_PRE];
     size_t n_pres;
-    bool byte_level;    /* a ByteLevel pre-tokenizer: BPE starts from byte symbols */
-    bool byte_fallback; /* a character missing from the vocabulary becomes <0xNN> tokens */
-    bool fuse_unk;      /* consecutive unknown tokens are one */
-    uint32_t unk_id;    /* KVF_TOK_NO_ID: an unknown character is dropped */
+    bool byte_level;           /* a ByteLevel pre-tokenizer: BPE starts from byte symbols */
+    bool byte_fallback;        /* a character missing from the vocabulary becomes <0xNN> tokens */
+    bool fuse_unk;             /* consecutive unknown tokens are one */
+    uint32_t unk_id;           /* KVF_TOK_NO_ID: an unknown character is dropped */
     uint32_t fallback_id[256]; /* <0xNN>, KVF_TOK_NO_ID if absent */
     bool added_norm_first_byte[256]; /* of the added tokens matched in normalized text */
-    char *added_norm_text; /* the normalized contents of those tokens, one buffer */
+    char *added_norm_text;           /* the normalized contents of those tokens, one buffer */
     uint32_t *tmpl_ids; /* the post-processor's special tokens: before $A, then after */
     size_t n_tmpl_before, n_tmpl_after;
 };
@@ -257,7 +257,7 @@ typedef struct {
     const kvf_tokenizer_t *tok;
     uint32_t *ids; /* output */
     size_t n_ids, ids_cap;
-    uint32_t *sym; /* BPE symbols of the current piece */
+    uint32_t *sym;     /* BPE symbols of the current piece */
     uint32_t *sym_off; /* where each initial symbol starts in the piece */
     int32_t *prev, *next;
     uint64_t *heap; /* rank << 32 | left symbol index */

@@ -28,7 +28,8 @@ kvf_status_t kvf_tokenizer__compile(const char *path, const char *what, const ch
      * in the Onig regexes the files were written for. */
     int err;
     PCRE2_SIZE err_off;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    /* PCRE2_LITERAL takes no UCP */
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &err_off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
@@ -59,8 +60,8 @@ static kvf_status_t template_special(kvf_tokenizer_t *tok, const char *path, con
     const cJSON *entry = cJSON_GetObjectItemCaseSensitive(table, name->valuestring);
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(entry, "ids");
     size_t n = cJSON_IsArray(ids) ? (size_t)cJSON_GetArraySize(ids) : 1;
-    uint32_t *grown = realloc(tok->tmpl_ids, (tok->n_tmpl_before + tok->n_tmpl_after + n + 1) *
-                                                 sizeof(*grown));
+    uint32_t *grown =
+        realloc(tok->tmpl_ids, (tok->n_tmpl_before + tok->n_tmpl_after + n + 1) * sizeof(*grown));
     if (!grown)
         return KVF_ERR_NOMEM;
     tok->tmpl_ids = grown;

@@ -44,8 +44,7 @@ static kvf_status_t load_replace(kvf_tokenizer_t *tok, const char *path, const c
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(norm, "content");
     const cJSON *pat = cJSON_IsString(regex) ? regex : string;
     if (!cJSON_IsString(pat) || !cJSON_IsString(content)) {
-        kvf_log_error("%s: Replace normalizer without a String/Regex pattern and a content",
-                      path);
+        kvf_log_error("%s: Replace normalizer without a String/Regex pattern and a content", path);
         return KVF_ERR_FORMAT;
     }
     kvf_tok_norm_t n = {.kind = KVF_TOK_NORM_REPLACE};
@@ -195,8 +194,7 @@ static kvf_status_t replace_all(const kvf_tok_norm_t *norm, const uint8_t *s, si
     return st;
 }
 
-static kvf_status_t apply(const kvf_tok_norm_t *norm, const uint8_t *s, size_t len,
-                          norm_buf_t *out)
+static kvf_status_t apply(const kvf_tok_norm_t *norm, const uint8_t *s, size_t len, norm_buf_t *out)
 {
     switch (norm->kind) {
     case KVF_TOK_NORM_PREPEND:

@@ -58,7 +58,8 @@ static kvf_status_t load_split(kvf_tokenizer_t *tok, const char *path, const cJS
     const cJSON *behavior = cJSON_GetObjectItemCaseSensitive(pre, "behavior");
     kvf_tok_pre_t step = {.kind = KVF_TOK_PRE_SPLIT};
     size_t i = 0, n = sizeof(behaviors) / sizeof(behaviors[0]);
-    while (i < n && !(cJSON_IsString(behavior) && !strcmp(behavior->valuestring, behaviors[i].name)))
+    while (i < n &&
+           !(cJSON_IsString(behavior) && !strcmp(behavior->valuestring, behaviors[i].name)))
         i++;
     if (i == n) {
         kvf_log_error("%s: Split behavior '%s' is not supported", path,
@@ -194,8 +195,8 @@ static kvf_status_t pre_step(const kvf_tokenizer_t *tok, kvf_tok_pre_run_t *run,
 /* Appends the piece [start, end) to the level's cuts. */
 static kvf_status_t add_cut(kvf_tok_pre_level_t *lv, size_t *n_cuts, size_t start, size_t end)
 {
-    kvf_status_t st = kvf_array_reserve(&lv->cuts, &lv->cuts_cap, *n_cuts + 2, 32,
-                                        sizeof(*lv->cuts));
+    kvf_status_t st =
+        kvf_array_reserve(&lv->cuts, &lv->cuts_cap, *n_cuts + 2, 32, sizeof(*lv->cuts));
     if (st != KVF_OK)
         return st;
     lv->cuts[(*n_cuts)++] = start;

@@ -187,8 +187,8 @@ static kvf_status_t load_added(kvf_tokenizer_t *tok, const cJSON *added)
         /* absent, "normalized" is the opposite of "special"; with no
          * normalizer a normalized token is matched in the raw text */
         const cJSON *normalized = cJSON_GetObjectItemCaseSensitive(a, "normalized");
-        t->normalized = (cJSON_IsBool(normalized) ? cJSON_IsTrue(normalized) : !t->special) &&
-                        tok->n_norms > 0;
+        t->normalized =
+            (cJSON_IsBool(normalized) ? cJSON_IsTrue(normalized) : !t->special) && tok->n_norms > 0;
     }
     return KVF_OK;
 }

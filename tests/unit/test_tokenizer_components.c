@@ -71,17 +71,56 @@ static const tok_case_t CASES[] = {
      "{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepen"
      "d\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\"
      "u2581\"}]},\"model\":{\"byte_fallback\":true,\"fuse_unk\":true}}",
-     "\xe6""\x97""\xa5""\xe6""\x9c""\xac""\xe6""\x9c""\xac"" x\xe6""\x97""\xa5""", false, false, 10, {6, 3, 4, 5, 0, 6, 0, 3, 4, 5}},
+     "\xe6"
+     "\x97"
+     "\xa5"
+     "\xe6"
+     "\x9c"
+     "\xac"
+     "\xe6"
+     "\x9c"
+     "\xac"
+     " x\xe6"
+     "\x97"
+     "\xa5"
+     "",
+     false,
+     false,
+     10,
+     {6, 3, 4, 5, 0, 6, 0, 3, 4, 5}},
     {"llama2: no fuse_unk",
      "{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepen"
      "d\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\"
      "u2581\"}]},\"model\":{\"byte_fallback\":true}}",
-     "\xe6""\x97""\xa5""\xe6""\x9c""\xac""\xe6""\x9c""\xac"" x\xe6""\x97""\xa5""", false, false, 11, {6, 3, 4, 5, 0, 0, 6, 0, 3, 4, 5}},
+     "\xe6"
+     "\x97"
+     "\xa5"
+     "\xe6"
+     "\x9c"
+     "\xac"
+     "\xe6"
+     "\x9c"
+     "\xac"
+     " x\xe6"
+     "\x97"
+     "\xa5"
+     "",
+     false,
+     false,
+     11,
+     {6, 3, 4, 5, 0, 0, 6, 0, 3, 4, 5}},
     {"no byte_fallback: unk",
      "{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepen"
      "d\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\"
      "u2581\"}]}}",
-     "\xe6""\x97""\xa5"" hello", false, false, 3, {6, 0, 30}},
+     "\xe6"
+     "\x97"
+     "\xa5"
+     " hello",
+     false,
+     false,
+     3,
+     {6, 0, 30}},
     {"template before and after",
      "{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepen"
      "d\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\"
@@ -90,7 +129,11 @@ static const tok_case_t CASES[] = {
      "SpecialToken\":{\"id\":\"</s>\",\"type_id\":0}}],\"pair\":[],\"special_tokens\":{\"<s>"
      "\":{\"id\":\"<s>\",\"ids\":[1],\"tokens\":[\"<s>\"]},\"</s>\":{\"id\":\"</s>\",\"ids\""
      ":[2],\"tokens\":[\"</s>\"]}}}}",
-     "hello world", true, false, 6, {1, 30, 33, 9, 13, 2}},
+     "hello world",
+     true,
+     false,
+     6,
+     {1, 30, 33, 9, 13, 2}},
     {"template, no special tokens",
      "{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepen"
      "d\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\"
@@ -99,7 +142,11 @@ static const tok_case_t CASES[] = {
      "SpecialToken\":{\"id\":\"</s>\",\"type_id\":0}}],\"pair\":[],\"special_tokens\":{\"<s>"
      "\":{\"id\":\"<s>\",\"ids\":[1],\"tokens\":[\"<s>\"]},\"</s>\":{\"id\":\"</s>\",\"ids\""
      ":[2],\"tokens\":[\"</s>\"]}}}}",
-     "hello world", false, false, 4, {30, 33, 9, 13}},
+     "hello world",
+     false,
+     false,
+     4,
+     {30, 33, 9, 13}},
     {"post Sequence[ByteLevel, Template]",
      "{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepen"
      "d\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\"
@@ -109,107 +156,225 @@ static const tok_case_t CASES[] = {
      "\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"pair\":[],\"special_tokens\":{\"<s>\":{"
      "\"id\":\"<s>\",\"ids\":[1],\"tokens\":[\"<s>\"]},\"</s>\":{\"id\":\"</s>\",\"ids\":[2]"
      ",\"tokens\":[\"</s>\"]}}}]}}",
-     "hello", true, false, 2, {1, 30}},
+     "hello",
+     true,
+     false,
+     2,
+     {1, 30}},
     {"added tokens split sections, Prepend each",
      "{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepen"
      "d\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\"
      "u2581\"}]}}",
-     "hello<s>hello</s> world", false, false, 8, {30, 1, 30, 2, 6, 33, 9, 13}},
+     "hello<s>hello</s> world",
+     false,
+     false,
+     8,
+     {30, 1, 30, 2, 6, 33, 9, 13}},
     {"NFKC",
      "{\"normalizer\":{\"type\":\"NFKC\"}}",
-     "\xef""\xac""\x81""", false, false, 1, {49}},
+     "\xef"
+     "\xac"
+     "\x81"
+     "",
+     false,
+     false,
+     1,
+     {49}},
     {"NFC",
      "{\"normalizer\":{\"type\":\"NFC\"}}",
-     "e\xcc""\x81""", false, false, 1, {24}},
+     "e\xcc"
+     "\x81"
+     "",
+     false,
+     false,
+     1,
+     {24}},
     {"NFD",
      "{\"normalizer\":{\"type\":\"NFD\"}}",
-     "\xc3""\xa9""", false, false, 2, {8, 25}},
+     "\xc3"
+     "\xa9"
+     "",
+     false,
+     false,
+     2,
+     {8, 25}},
     {"NFKD",
      "{\"normalizer\":{\"type\":\"NFKD\"}}",
-     "\xef""\xac""\x81""\xc3""\xa9""", false, false, 3, {49, 8, 25}},
+     "\xef"
+     "\xac"
+     "\x81"
+     "\xc3"
+     "\xa9"
+     "",
+     false,
+     false,
+     3,
+     {49, 8, 25}},
     {"Replace Regex",
      "{\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"Regex\":\"[0-9]+\"},\"content\":"
      "\"-\"}}",
-     "a1b22c", false, false, 3, {34, 36, 16}},
+     "a1b22c",
+     false,
+     false,
+     3,
+     {34, 36, 16}},
     {"normalized added token",
      "{\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\u"
      "2581\"},\"added_tokens\":[{\"id\":0,\"content\":\"<unk>\",\"special\":true,\"normalize"
      "d\":false},{\"id\":1,\"content\":\"<s>\",\"special\":true,\"normalized\":false},{\"id"
      "\":2,\"content\":\"</s>\",\"special\":true,\"normalized\":false},{\"id\":51,\"content"
      "\":\"o\\u2581w\",\"special\":false,\"normalized\":true}]}",
-     "hello world", false, false, 6, {27, 26, 51, 32, 9, 13}},
+     "hello world",
+     false,
+     false,
+     6,
+     {27, 26, 51, 32, 9, 13}},
     {"unnormalized added token",
      "{\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\u"
      "2581\"},\"added_tokens\":[{\"id\":0,\"content\":\"<unk>\",\"special\":true,\"normalize"
      "d\":false},{\"id\":1,\"content\":\"<s>\",\"special\":true,\"normalized\":false},{\"id"
      "\":2,\"content\":\"</s>\",\"special\":true,\"normalized\":false},{\"id\":51,\"content"
      "\":\"o\\u2581w\",\"special\":false,\"normalized\":false}]}",
-     "hello world", false, false, 5, {27, 29, 33, 9, 13}},
+     "hello world",
+     false,
+     false,
+     5,
+     {27, 29, 33, 9, 13}},
     {"lstrip/rstrip take Unicode white space",
      "{\"added_tokens\":[{\"id\":0,\"content\":\"<unk>\",\"special\":true,\"normalized\":fal"
      "se},{\"id\":1,\"content\":\"<s>\",\"special\":true,\"normalized\":false},{\"id\":2,\"c"
      "ontent\":\"</s>\",\"special\":true,\"normalized\":false},{\"id\":51,\"content\":\"<m>"
      "\",\"special\":true,\"normalized\":false,\"lstrip\":true,\"rstrip\":true}]}",
-     "ab\xe3""\x80""\x80"" <m>\xe3""\x80""\x80"" c", false, false, 3, {50, 51, 16}},
+     "ab\xe3"
+     "\x80"
+     "\x80"
+     " <m>\xe3"
+     "\x80"
+     "\x80"
+     " c",
+     false,
+     false,
+     3,
+     {50, 51, 16}},
     {"Split Isolated",
      "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},\"behavior\":\"I"
      "solated\",\"invert\":false}}",
-     "a-b--c", false, false, 6, {14, 17, 15, 17, 17, 16}},
+     "a-b--c",
+     false,
+     false,
+     6,
+     {14, 17, 15, 17, 17, 16}},
     {"Split Removed",
      "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"-\"},\"behavior\":\"Re"
      "moved\",\"invert\":false}}",
-     "a-b--c", false, false, 3, {14, 15, 16}},
+     "a-b--c",
+     false,
+     false,
+     3,
+     {14, 15, 16}},
     {"Split Removed inverted",
      "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"-\"},\"behavior\":\"Re"
      "moved\",\"invert\":true}}",
-     "a-b--c", false, false, 3, {17, 17, 17}},
+     "a-b--c",
+     false,
+     false,
+     3,
+     {17, 17, 17}},
     {"Split MergedWithPrevious",
      "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},\"behavior\":\"M"
      "ergedWithPrevious\",\"invert\":false}}",
-     "a-b--c", false, true, 4, {34, 36, 17, 16}},
+     "a-b--c",
+     false,
+     true,
+     4,
+     {34, 36, 17, 16}},
     {"Split MergedWithNext",
      "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},\"behavior\":\"M"
      "ergedWithNext\",\"invert\":false}}",
-     "a-b--c", false, true, 4, {14, 35, 17, 38}},
+     "a-b--c",
+     false,
+     true,
+     4,
+     {14, 35, 17, 38}},
     {"Split Contiguous",
      "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},\"behavior\":\"C"
      "ontiguous\",\"invert\":false}}",
-     "a-b--c", false, true, 5, {14, 17, 15, 37, 16}},
+     "a-b--c",
+     false,
+     true,
+     5,
+     {14, 17, 15, 37, 16}},
     {"Split Isolated inverted",
      "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"[abc]\"},\"behavior\":"
      "\"Isolated\",\"invert\":true}}",
-     "a-b--c", false, true, 5, {14, 17, 15, 37, 16}},
+     "a-b--c",
+     false,
+     true,
+     5,
+     {14, 17, 15, 37, 16}},
     {"Digits individual",
      "{\"pre_tokenizer\":{\"type\":\"Digits\",\"individual_digits\":true}}",
-     "ab123", false, false, 4, {50, 18, 19, 20}},
+     "ab123",
+     false,
+     false,
+     4,
+     {50, 18, 19, 20}},
     {"Digits runs",
      "{\"pre_tokenizer\":{\"type\":\"Digits\",\"individual_digits\":false}}",
-     "ab123", false, false, 2, {50, 40}},
+     "ab123",
+     false,
+     false,
+     2,
+     {50, 40}},
     {"Metaspace always, no split",
      "{\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_schem"
      "e\":\"always\",\"split\":false}}",
-     "hi there", false, false, 6, {42, 41, 22, 27, 12, 8}},
+     "hi there",
+     false,
+     false,
+     6,
+     {42, 41, 22, 27, 12, 8}},
     {"Metaspace never, no split",
      "{\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_schem"
      "e\":\"never\",\"split\":false}}",
-     "hi there", false, false, 6, {7, 41, 22, 27, 12, 8}},
+     "hi there",
+     false,
+     false,
+     6,
+     {7, 41, 22, 27, 12, 8}},
     {"Metaspace first",
      "{\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_schem"
      "e\":\"first\",\"split\":false}}",
-     "hi<s>hi", false, false, 4, {43, 1, 7, 21}},
+     "hi<s>hi",
+     false,
+     false,
+     4,
+     {43, 1, 7, 21}},
     {"Metaspace always, split",
      "{\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_schem"
      "e\":\"always\",\"split\":true}}",
-     "hi there", false, true, 6, {43, 6, 22, 27, 12, 8}},
+     "hi there",
+     false,
+     true,
+     6,
+     {43, 6, 22, 27, 12, 8}},
     {"Metaspace legacy add_prefix_space false",
      "{\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"add_prefix_sp"
      "ace\":false,\"split\":false}}",
-     "hi there", false, true, 6, {7, 41, 22, 27, 12, 8}},
+     "hi there",
+     false,
+     true,
+     6,
+     {7, 41, 22, 27, 12, 8}},
     {"pre Sequence[Digits, Metaspace]",
      "{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"in"
      "dividual_digits\":true},{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_"
      "scheme\":\"never\",\"split\":false}]}}",
-     "ab12 there", false, false, 8, {50, 18, 19, 6, 22, 27, 12, 8}},
+     "ab12 there",
+     false,
+     false,
+     8,
+     {50, 18, 19, 6, 22, 27, 12, 8}},
 };
 
 /* Merges patch into dst: objects key by key, anything else replaced. */
@@ -299,11 +464,12 @@ static void test_template_bos(void **state)
 {
     (void)state;
     kvf_tokenizer_t *tok;
-    assert_int_equal(load_patched("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":"
-                                  "[{\"SpecialToken\":{\"id\":\"<s>\"}},{\"Sequence\":{\"id\":\"A\"}},"
-                                  "{\"SpecialToken\":{\"id\":\"</s>\"}}],\"special_tokens\":{}}}",
-                                  &tok),
-              KVF_OK);
+    assert_int_equal(
+        load_patched("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":"
+                     "[{\"SpecialToken\":{\"id\":\"<s>\"}},{\"Sequence\":{\"id\":\"A\"}},"
+                     "{\"SpecialToken\":{\"id\":\"</s>\"}}],\"special_tokens\":{}}}",
+                     &tok),
+        KVF_OK);
     assert_true(kvf_tokenizer_adds_bos(tok));
     assert_int_equal(kvf_tokenizer_bos_id(tok), 1);
     uint32_t *ids;
@@ -424,10 +590,8 @@ static void test_refusals(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cases),
-        cmocka_unit_test(test_template_bos),
-        cmocka_unit_test(test_invalid_utf8),
-        cmocka_unit_test(test_byte_level_prefix_space),
+        cmocka_unit_test(test_cases),        cmocka_unit_test(test_template_bos),
+        cmocka_unit_test(test_invalid_utf8), cmocka_unit_test(test_byte_level_prefix_space),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
