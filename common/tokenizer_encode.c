@@ -203,7 +203,7 @@ kvf_status_t kvf_tokenizer_encode(const kvf_tokenizer_t *tok, const char *text, 
     st = split_added(&enc, false, (const uint8_t *)text, len, true, encode_section);
     if (st != KVF_OK)
         goto fail_encode;
-    if (add_special_tokens &&
+    if (add_special_tokens && tok->n_tmpl_after &&
         (st = emit_all(&enc, tok->tmpl_ids + tok->n_tmpl_before, tok->n_tmpl_after)) != KVF_OK)
         goto fail_encode;
     *ids_p = enc.bpe.ids;
