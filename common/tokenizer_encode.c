@@ -13,8 +13,9 @@
  *      special tokens before and after.
  *
  * Bytes that are not valid UTF-8 cannot go through normalization: each is
- * a piece of its own for BPE, between the valid runs around it. Layout in
- * tokenizer_internal.h. */
+ * a piece of its own for BPE, between the valid runs around it. An added
+ * token's single_word flag is kept but, as in the JS port, does not
+ * change matching. Layout in tokenizer_internal.h. */
 #include "tokenizer_internal.h"
 
 #include "kvf/array.h"

@@ -9,7 +9,15 @@
  * them cover the piece as alternating spans; invert swaps which spans
  * count as matches; the behavior then decides what becomes of the
  * matches (kvf_tok_split_behavior_t), as Hugging Face's
- * SplitDelimiterBehavior does. Empty spans are never pieces. */
+ * SplitDelimiterBehavior does. Empty spans are never pieces.
+ *
+ * Where Hugging Face's JS port and its Rust library differ, this follows
+ * the Rust library, which the files are written for: the JS port treats
+ * every behavior but Removed as Isolated, keeps only the matches of an
+ * inverted Split, never splits in Metaspace and ignores its legacy
+ * add_prefix_space field, and its Digits counts ASCII digits only (here,
+ * as in Rust, every Unicode number). None of the seven families the
+ * comparison covers depends on these. */
 #include "tokenizer_internal.h"
 
 #include "kvf/array.h"
