@@ -152,5 +152,5 @@ function(kvf_layers_check_links)
   kvf_check_links(kvf_cuda_host "^kvf_(text|model|cuda|engine|msg|cli|common|proto)$")
   kvf_check_links(kvf_cuda "^kvf_(text|engine|msg|cli|common|proto)$")
   kvf_check_links(kvf_engine "^kvf_(text|msg|cli|common|proto)$" "nanomsg|NANOMSG"
-                  "protobuf|PROTOBUF" "sodium|SODIUM" "pcre2|PCRE2")
+                  "protobuf|PROTOBUF" "sodium|SODIUM" "pcre2|PCRE2" "utf8proc|UTF8PROC")
 endfunction()

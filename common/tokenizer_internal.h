@@ -2,12 +2,19 @@
  * layout, shared by the files that build it and the ones that use it.
  *
  *   tokenizer_load.c   tokenizer.json and tokenizer_config.json: the model
- *                      section, pre-tokenizer regexes, BOS/EOS; destroy
+ *                      section, the post-processor, BOS/EOS; destroy
  *   tokenizer_scan.c   model.vocab and model.merges read from the text
  *                      without a JSON tree, the rest handed to cJSON
  *   tokenizer_vocab.c  the vocabulary, added tokens and merges, their maps,
  *                      and the id/text queries of kvf/tokenizer.h
- *   bpe.c              encoding: added tokens, pre-tokenization, BPE merges
+ *   tokenizer_norm.c   normalizers (NFC/NFD/NFKC/NFKD through utf8proc,
+ *                      Prepend, Replace, Sequence): loading and applying
+ *   tokenizer_pre.c    pre-tokenizers (ByteLevel, Split, Metaspace, Digits,
+ *                      Sequence): loading and splitting text into pieces
+ *   tokenizer_encode.c kvf_tokenizer_encode: added tokens, normalization,
+ *                      pre-tokenization, the post-processor's template
+ *   bpe.c              the BPE model on one piece (merges, byte fallback,
+ *                      unknown tokens)
  *   tokenizer_decoder.c the decoder section: its steps and each id's piece
  *   detok.c            decoding, whole and incremental (kvf_detok_*)
  *
@@ -32,9 +39,13 @@
 #define KVF_TOK_NO_ID          UINT32_MAX
 #define KVF_TOK_BYTE_LEVEL_CPS 0x144 /* code points used by the byte <-> symbol mapping */
 
+/* How a Split keeps its matches (Hugging Face's SplitDelimiterBehavior). */
 typedef enum {
-    KVF_TOK_SPLIT_ISOLATED, /* matches and the text between them are pieces */
-    KVF_TOK_SPLIT_REMOVED,  /* matches are dropped, the text between them kept */
+    KVF_TOK_SPLIT_ISOLATED,    /* matches and the text between them are pieces */
+    KVF_TOK_SPLIT_REMOVED,     /* matches are dropped, the text between them kept */
+    KVF_TOK_SPLIT_MERGED_PREV, /* a match joins the piece before it */
+    KVF_TOK_SPLIT_MERGED_NEXT, /* a match joins the piece after it */
+    KVF_TOK_SPLIT_CONTIGUOUS,  /* consecutive matches are one piece */
 } kvf_tok_split_behavior_t;
 
 /* ---- decoding (built by tokenizer_decoder.c, used by detok.c) ----------
@@ -88,11 +99,51 @@ typedef struct {
     size_t len, cap;
 } kvf_tok_text_t;
 
-/* One pre-tokenizer regex, applied to the pieces of the one before. */
+typedef enum {
+    KVF_TOK_PRE_SPLIT,      /* Split, Digits */
+    KVF_TOK_PRE_BYTE_LEVEL, /* optional prefix space, then the GPT-2 regex (re may be NULL) */
+    KVF_TOK_PRE_METASPACE,  /* spaces become the replacement; re splits at it */
+} kvf_tok_pre_kind_t;
+
+typedef enum {
+    KVF_TOK_PREPEND_ALWAYS,
+    KVF_TOK_PREPEND_FIRST, /* only the piece at the start of the text */
+    KVF_TOK_PREPEND_NEVER,
+} kvf_tok_prepend_t;
+
+/* One pre-tokenizer step, applied to every piece of the step before. */
 typedef struct {
-    pcre2_code *re;
+    kvf_tok_pre_kind_t kind;
+    pcre2_code *re; /* what splits (NULL: the piece stays whole) */
     kvf_tok_split_behavior_t behavior;
-} kvf_tok_split_step_t;
+    bool invert;               /* Split: the text between matches is what the behavior applies to */
+    bool add_prefix_space;     /* ByteLevel */
+    kvf_tok_prepend_t prepend; /* Metaspace */
+    uint8_t replacement[8];    /* Metaspace: UTF-8 of the replacement character */
+    uint8_t replacement_len;
+} kvf_tok_pre_t;
+
+#define KVF_TOK_MAX_PRE 16 /* pre-tokenizer steps, Sequences flattened */
+
+typedef enum {
+    KVF_TOK_NORM_NFC,
+    KVF_TOK_NORM_NFD,
+    KVF_TOK_NORM_NFKC,
+    KVF_TOK_NORM_NFKD,
+    KVF_TOK_NORM_PREPEND, /* content before non-empty text */
+    KVF_TOK_NORM_REPLACE, /* every match of re (or of the literal pattern) becomes content */
+} kvf_tok_norm_kind_t;
+
+/* One normalizer step (Sequences flattened); strings are malloc'd, owned
+ * by the tokenizer. */
+typedef struct {
+    kvf_tok_norm_kind_t kind;
+    pcre2_code *re; /* Replace */
+    char *content;  /* Prepend, Replace */
+    size_t content_len;
+} kvf_tok_norm_t;
+
+#define KVF_TOK_MAX_NORM 16
 
 typedef struct {
     uint32_t id;
@@ -100,6 +151,10 @@ typedef struct {
     uint32_t content_off; /* raw text (not ByteLevel) in the arena */
     const char *content;  /* the same, once the arena is complete */
     bool lstrip, rstrip;
+    bool single_word, special;
+    bool normalized;   /* matched in the normalized text, as match */
+    const char *match; /* what is matched: content, or its normalized form */
+    uint32_t match_len;
 } kvf_tok_added_t;
 
 typedef struct {
@@ -140,14 +195,11 @@ struct kvf_tokenizer {
     int16_t cp_to_byte[KVF_TOK_BYTE_LEVEL_CPS]; /* -1: not a byte symbol */
     uint8_t byte_value[256];                    /* b at [b]: a byte token's decoded byte */
 
-    kvf_tok_split_step_t *steps;
-    size_t n_steps;
-    bool add_prefix_space;
     bool ignore_merges;
 
     kvf_tok_added_t *added;
     size_t n_added;
-    bool added_first_byte[256];
+    bool added_first_byte[256]; /* of the added tokens matched in the raw text */
 
     int64_t bos_id, eos_id;
     bool adds_bos;
@@ -155,6 +207,21 @@ struct kvf_tokenizer {
     /* ---- decoding: tokenizer_decoder.c, detok.c ---- */
     kvf_tok_decoder_t dec;
     /* ---- end of decoding ---- */
+    /* ---- the encode pipeline (tokenizer_norm.c, tokenizer_pre.c,
+     * tokenizer_encode.c, bpe.c) ---- */
+    kvf_tok_norm_t norms[KVF_TOK_MAX_NORM];
+    size_t n_norms;
+    kvf_tok_pre_t pres[KVF_TOK_MAX_PRE];
+    size_t n_pres;
+    bool byte_level;           /* a ByteLevel pre-tokenizer: BPE starts from byte symbols */
+    bool byte_fallback;        /* a character missing from the vocabulary becomes <0xNN> tokens */
+    bool fuse_unk;             /* consecutive unknown tokens are one */
+    uint32_t unk_id;           /* KVF_TOK_NO_ID: an unknown character is dropped */
+    uint32_t fallback_id[256]; /* <0xNN>, KVF_TOK_NO_ID if absent */
+    bool added_norm_first_byte[256]; /* of the added tokens matched in normalized text */
+    char *added_norm_text;           /* the normalized contents of those tokens, one buffer */
+    uint32_t *tmpl_ids; /* the post-processor's special tokens: before $A, then after */
+    size_t n_tmpl_before, n_tmpl_after;
 };
 
 /* ---- tokenizer_scan.c ---- */
@@ -239,5 +306,90 @@ kvf_status_t kvf_tokenizer__apply_steps(const kvf_tok_step_t *steps, size_t n, b
 
 /* Appends s[0..n) to text (kept NUL-terminated). */
 kvf_status_t kvf_tokenizer__text_append(kvf_tok_text_t *text, const void *s, size_t n);
+/* The "type" string of a JSON object, "" when there is none. */
+const char *kvf_tokenizer__json_type(const cJSON *obj);
+
+/* Compiles a pattern (PCRE2 with UTF and Unicode properties; literal:
+ * matched as is); errors are logged naming path and what. */
+kvf_status_t kvf_tokenizer__compile(const char *path, const char *what, const char *pattern,
+                                    size_t len, bool literal, pcre2_code **re_p);
+
+/* ---- tokenizer_norm.c ---- */
+
+/* Reads the normalizer (NULL or JSON null: none) into tok->norms. */
+kvf_status_t kvf_tokenizer__load_normalizer(kvf_tokenizer_t *tok, const char *path,
+                                            const cJSON *norm);
+
+/* Applies tok's normalizers to s[0..len) (valid UTF-8). *out_p is a
+ * malloc'd buffer the caller owns (reused: *cap_p is its size); the
+ * result is (*out_p)[0..*out_len_p). */
+kvf_status_t kvf_tokenizer__normalize(const kvf_tokenizer_t *tok, const uint8_t *s, size_t len,
+                                      uint8_t **out_p, size_t *cap_p, size_t *out_len_p);
+
+/* Frees the normalizers' patterns and strings. */
+void kvf_tokenizer__free_normalizer(kvf_tokenizer_t *tok);
+
+/* ---- tokenizer_pre.c ---- */
+
+/* Reads the pre-tokenizer (NULL or JSON null: none) into tok->pres and
+ * sets tok->byte_level. */
+kvf_status_t kvf_tokenizer__load_pre_tokenizer(kvf_tokenizer_t *tok, const char *path,
+                                               const cJSON *pre);
+
+void kvf_tokenizer__free_pre_tokenizer(kvf_tokenizer_t *tok);
+
+/* Receives each piece the pre-tokenizer makes. */
+typedef kvf_status_t (*kvf_tok_piece_fn)(void *ctx, const uint8_t *piece, size_t len);
+
+/* Scratch space of pre-tokenization, owned by one encode call. */
+typedef struct {
+    uint8_t *buf; /* a piece rewritten by the step (Metaspace, the prefix space) */
+    size_t buf_cap;
+    size_t *cuts; /* start, end of each piece the step made */
+    size_t cuts_cap;
+    size_t *spans; /* start, end, is_match of each span of the pattern */
+    size_t spans_cap;
+} kvf_tok_pre_level_t;
+
+typedef struct {
+    kvf_tok_pre_level_t level[KVF_TOK_MAX_PRE];
+    pcre2_match_data *md;
+    pcre2_match_context *mctx;
+    pcre2_jit_stack *jit_stack;
+} kvf_tok_pre_run_t;
+
+/* Splits s[0..len) (valid UTF-8) into pieces and hands each to fn, in
+ * order. at_start: s begins the text (Metaspace's prepend_scheme first). */
+kvf_status_t kvf_tokenizer__pre_tokenize(const kvf_tokenizer_t *tok, kvf_tok_pre_run_t *run,
+                                         const uint8_t *s, size_t len, bool at_start,
+                                         kvf_tok_piece_fn fn, void *ctx);
+
+/* Frees the scratch space (not the struct). */
+void kvf_tokenizer__pre_run_fini(kvf_tok_pre_run_t *run);
+
+/* ---- bpe.c ---- */
+
+/* Scratch space and output of the BPE model, owned by one encode call. */
+typedef struct {
+    const kvf_tokenizer_t *tok;
+    uint32_t *ids; /* output */
+    size_t n_ids, ids_cap;
+    uint32_t *sym;     /* BPE symbols of the current piece */
+    uint32_t *sym_off; /* where each initial symbol starts in the piece */
+    int32_t *prev, *next;
+    uint64_t *heap; /* rank << 32 | left symbol index */
+    size_t sym_cap; /* of sym, sym_off, prev and next; the heap holds 2 * sym_cap */
+    char *spelled;  /* the piece in ByteLevel spelling (ignore_merges) */
+    size_t spelled_cap;
+    bool last_unk; /* the last id the model gave was unk (fuse_unk) */
+} kvf_tok_bpe_t;
+
+/* Appends one id to the output. */
+kvf_status_t kvf_tokenizer__emit(kvf_tok_bpe_t *bpe, uint32_t id);
+
+/* BPE over one piece of raw bytes (any bytes), ids appended to bpe->ids. */
+kvf_status_t kvf_tokenizer__bpe_piece(kvf_tok_bpe_t *bpe, const uint8_t *piece, size_t len);
+
+void kvf_tokenizer__bpe_fini(kvf_tok_bpe_t *bpe);
 
 #endif

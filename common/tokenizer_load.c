@@ -1,6 +1,8 @@
 /* Loading a tokenizer (kvf/tokenizer.h): tokenizer.json's model section
- * and pre-tokenizer, tokenizer_config.json's BOS/EOS. The vocabulary and
- * merges are read by tokenizer_vocab.c; layout in tokenizer_internal.h. */
+ * and post-processor, tokenizer_config.json's BOS/EOS. The vocabulary and
+ * merges are read by tokenizer_vocab.c, the normalizer by
+ * tokenizer_norm.c, the pre-tokenizer by tokenizer_pre.c; layout in
+ * tokenizer_internal.h. */
 #include "tokenizer_internal.h"
 
 #include "kvf/file.h"
@@ -12,142 +14,147 @@
 
 #define MAX_FILE_BYTES (512u << 20)
 
-/* The GPT-2 pre-tokenizer, used by ByteLevel with use_regex. */
-static const char GPT2_PATTERN[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-
-static const char *json_type(const cJSON *obj)
+const char *kvf_tokenizer__json_type(const cJSON *obj)
 {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(obj, "type");
     return cJSON_IsString(t) ? t->valuestring : "";
 }
 
-/* ---- pre-tokenizer ---------------------------------------------------------- */
-
-static kvf_status_t add_step(kvf_tokenizer_t *tok, const char *path, const char *pattern,
-                             bool literal, kvf_tok_split_behavior_t behavior)
+kvf_status_t kvf_tokenizer__compile(const char *path, const char *what, const char *pattern,
+                                    size_t len, bool literal, pcre2_code **re_p)
 {
     /* With PCRE2_UCP, \s is Unicode white space (U+0085 and the Z
      * separators included) and \p{L}, \p{N} are the Unicode categories, as
      * in the Onig regexes the files were written for. */
     int err;
     PCRE2_SIZE err_off;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-    pcre2_code *re =
-        pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, opts, &err, &err_off, NULL);
+    /* PCRE2_LITERAL takes no UCP */
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &err_off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof(msg));
-        kvf_log_error("%s: pre-tokenizer regex does not compile at offset %zu: %s", path,
+        kvf_log_error("%s: %s regex does not compile at offset %zu: %s", path, what,
                       (size_t)err_off, (const char *)msg);
         return KVF_ERR_FORMAT;
     }
     /* JIT when this build of PCRE2 has it; the interpreter otherwise. */
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
-    kvf_tok_split_step_t *grown = realloc(tok->steps, (tok->n_steps + 1) * sizeof(*grown));
-    if (!grown) {
-        pcre2_code_free(re);
-        return KVF_ERR_NOMEM;
-    }
-    tok->steps = grown;
-    tok->steps[tok->n_steps++] = (kvf_tok_split_step_t){.re = re, .behavior = behavior};
+    *re_p = re;
     return KVF_OK;
 }
 
-/* A Split pre-tokenizer: a regex or literal, Isolated or Removed. */
-static kvf_status_t load_split(kvf_tokenizer_t *tok, const char *path, const cJSON *pre)
+/* ---- BOS and EOS ------------------------------------------------------------ */
+
+/* The ids one SpecialToken item of a template stands for: its entry in
+ * special_tokens, or the token it names. Appended to tok->tmpl_ids. */
+static kvf_status_t template_special(kvf_tokenizer_t *tok, const char *path, const cJSON *post,
+                                     const cJSON *item)
 {
-    const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(pre, "pattern");
-    const cJSON *regex = cJSON_GetObjectItemCaseSensitive(pattern, "Regex");
-    const cJSON *string = cJSON_GetObjectItemCaseSensitive(pattern, "String");
-    const cJSON *behavior = cJSON_GetObjectItemCaseSensitive(pre, "behavior");
-    kvf_tok_split_behavior_t b;
-    if (cJSON_IsString(behavior) && !strcmp(behavior->valuestring, "Isolated")) {
-        b = KVF_TOK_SPLIT_ISOLATED;
-    } else if (cJSON_IsString(behavior) && !strcmp(behavior->valuestring, "Removed")) {
-        b = KVF_TOK_SPLIT_REMOVED;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(item, "id");
+    if (!cJSON_IsString(name)) {
+        kvf_log_error("%s: post_processor SpecialToken without an id", path);
+        return KVF_ERR_FORMAT;
+    }
+    const cJSON *table = cJSON_GetObjectItemCaseSensitive(post, "special_tokens");
+    const cJSON *entry = cJSON_GetObjectItemCaseSensitive(table, name->valuestring);
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(entry, "ids");
+    size_t n = cJSON_IsArray(ids) ? (size_t)cJSON_GetArraySize(ids) : 1;
+    uint32_t *grown =
+        realloc(tok->tmpl_ids, (tok->n_tmpl_before + tok->n_tmpl_after + n + 1) * sizeof(*grown));
+    if (!grown)
+        return KVF_ERR_NOMEM;
+    tok->tmpl_ids = grown;
+    uint32_t *out = grown + tok->n_tmpl_before + tok->n_tmpl_after;
+    if (!cJSON_IsArray(ids)) {
+        if (kvf_tokenizer_token_id(tok, name->valuestring, out) != KVF_OK) {
+            kvf_log_error("%s: post_processor token '%s' is not a token", path, name->valuestring);
+            return KVF_ERR_FORMAT;
+        }
     } else {
-        kvf_log_error("%s: Split behavior '%s' is not supported (Isolated, Removed)", path,
-                      cJSON_IsString(behavior) ? behavior->valuestring : "?");
-        return KVF_ERR_UNSUPPORTED;
+        size_t i = 0;
+        for (const cJSON *id = ids->child; id; id = id->next, i++) {
+            if (!kvf_tokenizer__json_id(id, &out[i]) || !kvf_tokenizer_has_id(tok, out[i])) {
+                kvf_log_error("%s: post_processor token '%s' has a bad id", path,
+                              name->valuestring);
+                return KVF_ERR_FORMAT;
+            }
+        }
     }
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pre, "invert"))) {
-        kvf_log_error("%s: inverted Split is not supported", path);
-        return KVF_ERR_UNSUPPORTED;
-    }
-    if (cJSON_IsString(regex))
-        return add_step(tok, path, regex->valuestring, false, b);
-    if (cJSON_IsString(string))
-        return add_step(tok, path, string->valuestring, true, b);
-    kvf_log_error("%s: Split without a Regex or String pattern", path);
-    return KVF_ERR_FORMAT;
+    tok->n_tmpl_after += n; /* moved to before by the caller when $A is yet to come */
+    return KVF_OK;
 }
 
-static kvf_status_t load_pre_tokenizer(kvf_tokenizer_t *tok, const char *path, const cJSON *pre,
-                                       bool *byte_level_p)
+/* TemplateProcessing's single template: the special tokens before $A and
+ * after it. */
+static kvf_status_t load_template(kvf_tokenizer_t *tok, const char *path, const cJSON *post)
 {
-    if (!pre || cJSON_IsNull(pre))
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(post, "single");
+    if (!cJSON_IsArray(single)) {
+        kvf_log_error("%s: TemplateProcessing without a single template", path);
+        return KVF_ERR_FORMAT;
+    }
+    bool seen_a = false;
+    for (const cJSON *item = single->child; item; item = item->next) {
+        const cJSON *special = cJSON_GetObjectItemCaseSensitive(item, "SpecialToken");
+        const cJSON *seq = cJSON_GetObjectItemCaseSensitive(item, "Sequence");
+        if (special) {
+            kvf_status_t st = template_special(tok, path, post, special);
+            if (st != KVF_OK)
+                return st;
+            if (!seen_a) {
+                tok->n_tmpl_before += tok->n_tmpl_after;
+                tok->n_tmpl_after = 0;
+            }
+        } else if (seq) {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(seq, "id");
+            if (!cJSON_IsString(id) || strcmp(id->valuestring, "A") || seen_a) {
+                kvf_log_error("%s: the single template may hold $A once, and no other sequence",
+                              path);
+                return KVF_ERR_UNSUPPORTED;
+            }
+            seen_a = true;
+        } else {
+            kvf_log_error("%s: a template item is neither SpecialToken nor Sequence", path);
+            return KVF_ERR_FORMAT;
+        }
+    }
+    return KVF_OK;
+}
+
+/* The post-processor: TemplateProcessing, ByteLevel (no change to the
+ * ids), or a Sequence of them. */
+static kvf_status_t load_post_processor(kvf_tokenizer_t *tok, const char *path, const cJSON *post)
+{
+    if (!post || cJSON_IsNull(post))
         return KVF_OK;
-    const char *type = json_type(pre);
+    const char *type = kvf_tokenizer__json_type(post);
     if (!strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers");
-        for (const cJSON *p = list ? list->child : NULL; p; p = p->next) {
-            kvf_status_t st = load_pre_tokenizer(tok, path, p, byte_level_p);
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(post, "processors");
+        if (!cJSON_IsArray(list)) {
+            kvf_log_error("%s: post_processor Sequence without a processors list", path);
+            return KVF_ERR_FORMAT;
+        }
+        for (const cJSON *p = list->child; p; p = p->next) {
+            kvf_status_t st = load_post_processor(tok, path, p);
             if (st != KVF_OK)
                 return st;
         }
         return KVF_OK;
     }
-    if (!strcmp(type, "ByteLevel")) {
-        *byte_level_p = true;
-        const cJSON *use_regex = cJSON_GetObjectItemCaseSensitive(pre, "use_regex");
-        /* The prefix space is added to each segment before any split. */
-        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pre, "add_prefix_space")))
-            tok->add_prefix_space = true;
-        if (!use_regex || cJSON_IsTrue(use_regex))
-            return add_step(tok, path, GPT2_PATTERN, false, KVF_TOK_SPLIT_ISOLATED);
+    if (!strcmp(type, "ByteLevel"))
         return KVF_OK;
-    }
-    if (!strcmp(type, "Split"))
-        return load_split(tok, path, pre);
-    kvf_log_error("%s: pre-tokenizer '%s' is not supported (ByteLevel, Split, Sequence)", path,
-                  type);
-    return KVF_ERR_UNSUPPORTED;
-}
-
-/* ---- BOS and EOS ------------------------------------------------------------ */
-
-/* The id of a special token the post_processor puts first, or -1. */
-static int64_t template_bos(const cJSON *post)
-{
-    if (!post)
-        return -1;
-    const char *type = json_type(post);
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(post, "processors");
-        for (const cJSON *p = list ? list->child : NULL; p; p = p->next) {
-            int64_t id = template_bos(p);
-            if (id >= 0)
-                return id;
+    if (!strcmp(type, "TemplateProcessing")) {
+        if (tok->n_tmpl_before || tok->n_tmpl_after) {
+            kvf_log_error("%s: more than one TemplateProcessing", path);
+            return KVF_ERR_UNSUPPORTED;
         }
-        return -1;
+        return load_template(tok, path, post);
     }
-    if (strcmp(type, "TemplateProcessing"))
-        return -1;
-    const cJSON *single = cJSON_GetObjectItemCaseSensitive(post, "single");
-    const cJSON *first = cJSON_IsArray(single) ? single->child : NULL;
-    const cJSON *special = cJSON_GetObjectItemCaseSensitive(first, "SpecialToken");
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(special, "id");
-    if (!cJSON_IsString(name))
-        return -1;
-    const cJSON *table = cJSON_GetObjectItemCaseSensitive(post, "special_tokens");
-    const cJSON *entry = cJSON_GetObjectItemCaseSensitive(table, name->valuestring);
-    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(entry, "ids");
-    uint32_t id;
-    if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) != 1 ||
-        !kvf_tokenizer__json_id(ids->child, &id))
-        return -1;
-    return id;
+    kvf_log_error("%s: post_processor '%s' is not supported (TemplateProcessing, ByteLevel, "
+                  "Sequence)",
+                  path, type);
+    return KVF_ERR_UNSUPPORTED;
 }
 
 /* tokenizer_config.json names tokens as a string or {"content": ...}. */
@@ -159,15 +166,17 @@ static const char *config_token(const cJSON *config, const char *key)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-static kvf_status_t load_config(kvf_tokenizer_t *tok, const char *dir, const cJSON *post)
+static kvf_status_t load_config(kvf_tokenizer_t *tok, const char *dir)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
     char *text;
     size_t len;
-    int64_t tmpl = template_bos(post);
-    tok->bos_id = tmpl;
-    tok->adds_bos = tmpl >= 0;
+    /* BOS is the template's first token; encode adds what the template
+     * says, as Hugging Face's JS tokenizers do (tokenizer_config.json's
+     * add_bos_token / add_eos_token are not read there either) */
+    tok->bos_id = tok->n_tmpl_before ? (int64_t)tok->tmpl_ids[0] : -1;
+    tok->adds_bos = tok->n_tmpl_before > 0;
     tok->eos_id = -1;
     kvf_status_t st = kvf_file_read(path, MAX_FILE_BYTES, &text, &len);
     if (st == KVF_ERR_NOT_FOUND)
@@ -193,22 +202,34 @@ static kvf_status_t load_config(kvf_tokenizer_t *tok, const char *dir, const cJS
     else if (eos)
         kvf_log_warn("%s: eos_token '%s' is not a token", path, eos);
     const cJSON *add_bos = cJSON_GetObjectItemCaseSensitive(config, "add_bos_token");
-    if (cJSON_IsBool(add_bos))
-        tok->adds_bos = cJSON_IsTrue(add_bos) && tok->bos_id >= 0;
+    if (cJSON_IsBool(add_bos) && cJSON_IsTrue(add_bos) != tok->adds_bos)
+        kvf_log_debug("%s: add_bos_token is %s, the post_processor's template decides", path,
+                      cJSON_IsTrue(add_bos) ? "true" : "false");
     cJSON_Delete(config);
     return KVF_OK;
 }
 
 /* ---- tokenizer.json ---------------------------------------------------------- */
 
-/* Refuses what this tokenizer does not implement: a model other than
- * byte-level BPE, BPE options it does not apply. */
+/* A BPE affix: absent, null and "" do nothing; any other is refused. */
+static bool affix_ok(const char *path, const cJSON *model, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, key);
+    if (!v || cJSON_IsNull(v) || (cJSON_IsString(v) && !v->valuestring[0]))
+        return true;
+    kvf_log_error("%s: BPE %s '%s' is not supported (only an empty one)", path, key,
+                  cJSON_IsString(v) ? v->valuestring : "?");
+    return false;
+}
+
+/* Refuses what this tokenizer does not implement: a model other than BPE,
+ * BPE options it does not apply. */
 static kvf_status_t check_model(const char *path, const cJSON *model, const cJSON *vocab,
                                 const cJSON *merges, const cJSON *added)
 {
-    const char *type = json_type(model);
+    const char *type = kvf_tokenizer__json_type(model);
     if (!cJSON_IsObject(model) || (type[0] && strcmp(type, "BPE"))) {
-        kvf_log_error("%s: model type '%s' is not supported (byte-level BPE only)", path, type);
+        kvf_log_error("%s: model '%s' is not supported (BPE only)", path, type);
         return KVF_ERR_UNSUPPORTED;
     }
     if (!cJSON_IsObject(vocab) || (merges && !cJSON_IsArray(merges)) ||
@@ -216,13 +237,34 @@ static kvf_status_t check_model(const char *path, const cJSON *model, const cJSO
         kvf_log_error("%s: model.vocab, model.merges or added_tokens malformed", path);
         return KVF_ERR_FORMAT;
     }
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback")) ||
-        cJSON_IsString(cJSON_GetObjectItemCaseSensitive(model, "continuing_subword_prefix")) ||
-        cJSON_IsString(cJSON_GetObjectItemCaseSensitive(model, "end_of_word_suffix"))) {
-        kvf_log_error("%s: BPE with byte_fallback or subword affixes is not supported", path);
+    if (!affix_ok(path, model, "continuing_subword_prefix") ||
+        !affix_ok(path, model, "end_of_word_suffix"))
+        return KVF_ERR_UNSUPPORTED;
+    const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    if (cJSON_IsNumber(dropout) && dropout->valuedouble > 0) {
+        kvf_log_error("%s: BPE dropout is not supported", path);
         return KVF_ERR_UNSUPPORTED;
     }
     return KVF_OK;
+}
+
+/* byte_fallback's <0xNN> tokens and the unknown token. */
+static void load_model_options(kvf_tokenizer_t *tok, const char *path, const cJSON *model)
+{
+    tok->byte_fallback = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"));
+    tok->fuse_unk = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "fuse_unk"));
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof(name), "<0x%02X>", b);
+        tok->fallback_id[b] = kvf_tokenizer__vocab_find(tok, name, 6);
+    }
+    tok->unk_id = KVF_TOK_NO_ID;
+    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
+    uint32_t id;
+    if (cJSON_IsString(unk) && kvf_tokenizer_token_id(tok, unk->valuestring, &id) == KVF_OK)
+        tok->unk_id = id;
+    else if (cJSON_IsString(unk))
+        kvf_log_warn("%s: unk_token '%s' is not a token", path, unk->valuestring);
 }
 
 static kvf_status_t parse_tokenizer_json(kvf_tokenizer_t *tok, const char *path, const cJSON *root,
@@ -238,26 +280,24 @@ static kvf_status_t parse_tokenizer_json(kvf_tokenizer_t *tok, const char *path,
     if (!cJSON_IsArray(added))
         added = NULL;
     tok->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
+    /* the normalizers first: the normalized added tokens are matched in
+     * their normalized form */
+    st = kvf_tokenizer__load_normalizer(tok, path,
+                                        cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
+    if (st != KVF_OK)
+        return st;
+    st = kvf_tokenizer__load_pre_tokenizer(tok, path,
+                                           cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"));
+    if (st != KVF_OK)
+        return st;
     st = kvf_tokenizer__load_vocab(tok, path, scan, added);
     if (st == KVF_OK)
         st = kvf_tokenizer__load_decoder(tok, path,
                                          cJSON_GetObjectItemCaseSensitive(root, "decoder"));
     if (st != KVF_OK)
         return st;
-    bool byte_level = false;
-    st = load_pre_tokenizer(tok, path, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"),
-                            &byte_level);
-    if (st != KVF_OK)
-        return st;
-    if (!byte_level) {
-        kvf_log_error("%s: no ByteLevel pre-tokenizer: only byte-level BPE is supported", path);
-        return KVF_ERR_UNSUPPORTED;
-    }
-    const cJSON *normalizer = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
-    if (normalizer && !cJSON_IsNull(normalizer))
-        kvf_log_warn("%s: normalizer '%s' is not applied (text is encoded as given)", path,
-                     json_type(normalizer));
-    return KVF_OK;
+    load_model_options(tok, path, model);
+    return load_post_processor(tok, path, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
 }
 
 kvf_status_t kvf_tokenizer_load(const char *model_dir, kvf_tokenizer_t **tok_p)
@@ -298,7 +338,7 @@ kvf_status_t kvf_tokenizer_load(const char *model_dir, kvf_tokenizer_t **tok_p)
     text = NULL;
     if (st != KVF_OK)
         goto fail_tok;
-    st = load_config(tok, model_dir, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
+    st = load_config(tok, model_dir);
     if (st != KVF_OK)
         goto fail_tok;
     cJSON_Delete(root);
@@ -320,10 +360,11 @@ void kvf_tokenizer_destroy(kvf_tokenizer_t *tok)
 {
     if (!tok)
         return;
-    for (size_t i = 0; i < tok->n_steps; i++)
-        pcre2_code_free(tok->steps[i].re);
-    free(tok->steps);
     kvf_tokenizer__free_decoder(tok);
+    kvf_tokenizer__free_pre_tokenizer(tok);
+    kvf_tokenizer__free_normalizer(tok);
+    free(tok->tmpl_ids);
+    free(tok->added_norm_text);
     kvf_tokenizer__free_vocab(tok);
     free(tok);
 }

@@ -183,9 +183,62 @@ static kvf_status_t load_added(kvf_tokenizer_t *tok, const cJSON *added)
                                                 .bytes_len = t->len};
         t->lstrip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "lstrip"));
         t->rstrip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "rstrip"));
-        tok->added_first_byte[(uint8_t)content[0]] = true;
+        t->single_word = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "single_word"));
+        t->special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "special"));
+        /* absent, "normalized" is the opposite of "special"; with no
+         * normalizer a normalized token is matched in the raw text */
+        const cJSON *normalized = cJSON_GetObjectItemCaseSensitive(a, "normalized");
+        t->normalized =
+            (cJSON_IsBool(normalized) ? cJSON_IsTrue(normalized) : !t->special) && tok->n_norms > 0;
     }
     return KVF_OK;
+}
+
+/* What each added token is matched as: its content, or for a normalized
+ * one its normalized form (kept in tok->added_norm_text). Needs the
+ * finished arena. */
+static kvf_status_t match_added_forms(kvf_tokenizer_t *tok)
+{
+    size_t total = 0, cap = 0;
+    uint8_t *scratch = NULL;
+    size_t scratch_cap = 0;
+    uint32_t *offs = calloc(tok->n_added ? tok->n_added : 1, sizeof(*offs));
+    kvf_status_t st = offs ? KVF_OK : KVF_ERR_NOMEM;
+    for (size_t i = 0; i < tok->n_added && st == KVF_OK; i++) {
+        kvf_tok_added_t *t = &tok->added[i];
+        if (!t->normalized)
+            continue;
+        size_t n;
+        st = kvf_tokenizer__normalize(tok, (const uint8_t *)t->content, t->len, &scratch,
+                                      &scratch_cap, &n);
+        if (st == KVF_OK && n > UINT32_MAX / 2)
+            st = KVF_ERR_TOO_BIG;
+        if (st == KVF_OK)
+            st = kvf_array_reserve(&tok->added_norm_text, &cap, total + n + 1, 256, 1);
+        if (st != KVF_OK)
+            break;
+        memcpy(tok->added_norm_text + total, scratch, n);
+        offs[i] = (uint32_t)total;
+        t->match_len = (uint32_t)n;
+        total += n;
+    }
+    for (size_t i = 0; i < tok->n_added && st == KVF_OK; i++) {
+        kvf_tok_added_t *t = &tok->added[i];
+        if (!t->normalized) {
+            t->match = t->content;
+            t->match_len = t->len;
+        } else {
+            t->match = tok->added_norm_text + offs[i];
+        }
+        /* a token that normalizes to nothing matches nowhere */
+        if (t->match_len > 0) {
+            bool *first = t->normalized ? tok->added_norm_first_byte : tok->added_first_byte;
+            first[(uint8_t)t->match[0]] = true;
+        }
+    }
+    free(offs);
+    free(scratch);
+    return st;
 }
 
 /* ---- the maps ------------------------------------------------------------- */
@@ -344,7 +397,9 @@ kvf_status_t kvf_tokenizer__load_vocab(kvf_tokenizer_t *tok, const char *path,
     /* The arena is complete: pointers into it hold from here on. */
     for (size_t i = 0; i < tok->n_added; i++)
         tok->added[i].content = tok->arena + tok->added[i].content_off;
-    st = index_vocab(tok, path, scan);
+    st = match_added_forms(tok);
+    if (st == KVF_OK)
+        st = index_vocab(tok, path, scan);
     if (st == KVF_OK)
         st = load_merges(tok, path, scan);
     if (st != KVF_OK)

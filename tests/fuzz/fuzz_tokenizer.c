@@ -1,5 +1,8 @@
 /* Fuzzes kvf_tokenizer_load on a directory whose tokenizer.json holds the
- * input; a tokenizer that loads encodes and decodes a short text. */
+ * input; a tokenizer that loads encodes and decodes a short text, then
+ * encodes the input's own first bytes (whatever they are: the
+ * normalizers, pre-tokenizers and added tokens of the file meet text
+ * made of its own characters). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +27,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             free(out);
         free(ids);
     }
+    if (kvf_tokenizer_encode(tok, (const char *)data, size < 256 ? size : 256, false, &ids, &n) ==
+        KVF_OK)
+        free(ids);
     uint32_t odd[] = {0, 1, 7, 100000, UINT32_MAX};
     char *out = NULL;
     if (kvf_tokenizer_decode(tok, odd, sizeof(odd) / sizeof(odd[0]), &out, NULL) == KVF_OK)

@@ -609,7 +609,7 @@ static void test_bad_files(void **state)
                "\"behavior\":\"Isolated\"}}");
     assert_int_equal(kvf_tokenizer_load(dir, &tok), KVF_ERR_FORMAT);
     spit(path, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
-               "\"pre_tokenizer\":{\"type\":\"Metaspace\"}}");
+               "\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"}}");
     assert_int_equal(kvf_tokenizer_load(dir, &tok), KVF_ERR_UNSUPPORTED);
     kvf_log_set_level(saved);
     assert_null(tok);

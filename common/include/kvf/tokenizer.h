@@ -1,16 +1,23 @@
-/* Tokenizer: byte-level BPE from a Hugging Face tokenizer.json, the scheme
- * of GPT-2, Llama 3 and Qwen2.
+/* Tokenizer: BPE from a Hugging Face tokenizer.json, byte-level (GPT-2,
+ * Llama 3, Qwen2/3) or over characters with byte fallback (Llama 2,
+ * Gemma), encoding as Hugging Face's tokenizers do.
  *
- * Encoding: added/special tokens are cut out of the text first (longest
- * match), each remaining segment is split by the pre-tokenizer regexes
- * (PCRE2 with Unicode properties), every piece is mapped to its bytes'
- * ByteLevel symbols and merged by rank. BOS follows tokenizer_config.json
- * (`add_bos_token`), or the post_processor's template when the config does
- * not say. Decoding follows tokenizer.json's decoder as Hugging Face
- * does (ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence;
- * no decoder: tokens joined by spaces): special tokens decode to their
- * text, invalid UTF-8 (ByteLevel bytes, a run of <0xNN> tokens) becomes
- * U+FFFD for each invalid subpart.
+ * Encoding: added tokens are cut out of the text first (longest match;
+ * lstrip/rstrip take the white space beside them); each remaining section
+ * goes through the normalizer (NFC, NFD, NFKC, NFKD, Prepend, Replace,
+ * Sequence), is cut again at the added tokens matched in normalized form,
+ * split by the pre-tokenizer (ByteLevel, Split, Metaspace, Digits,
+ * Sequence; regexes in PCRE2 with Unicode properties), and every piece is
+ * merged by rank, from its bytes' ByteLevel symbols or its characters (a
+ * character missing from the vocabulary becomes its <0xNN> tokens with
+ * byte_fallback, else the unknown token). The post-processor
+ * (TemplateProcessing, ByteLevel, Sequence) says which special tokens go
+ * before and after. A component outside these lists is refused at load.
+ * Decoding follows tokenizer.json's decoder as Hugging Face does
+ * (ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence; no
+ * decoder: tokens joined by spaces): special tokens decode to their text,
+ * invalid UTF-8 (ByteLevel bytes, a run of <0xNN> tokens) becomes U+FFFD
+ * for each invalid subpart.
  *
  * Thread rules: a loaded tokenizer is immutable; any number of threads may
  * encode and decode with it at once. A kvf_detok_t belongs to one thread. */
@@ -27,19 +34,23 @@ typedef struct kvf_tokenizer kvf_tokenizer_t;
 
 /* Loads <model_dir>/tokenizer.json and, when present,
  * <model_dir>/tokenizer_config.json. Unsupported features (a non-BPE model,
- * an unknown pre-tokenizer or decoder) are KVF_ERR_UNSUPPORTED, malformed files
- * KVF_ERR_FORMAT, both logged with the file name. On success *tok_p is
+ * an unknown pre-tokenizer or decoder) are KVF_ERR_UNSUPPORTED, malformed
+ * files KVF_ERR_FORMAT, both logged with the file name and the component.
+ * On success *tok_p is
  * owned by the caller, who frees it with kvf_tokenizer_destroy(). */
 kvf_status_t kvf_tokenizer_load(const char *model_dir, kvf_tokenizer_t **tok_p);
 
 /* Frees the tokenizer; NULL is a no-op. */
 void kvf_tokenizer_destroy(kvf_tokenizer_t *tok);
 
-/* Encodes len bytes of text (any bytes: bytes that are not valid UTF-8 are
- * encoded one byte symbol each). With add_bos and a tokenizer that asks for
- * BOS (kvf_tokenizer_adds_bos), BOS is the first id; EOS is never added.
- * On success *ids_p is malloc'd and owned by the caller (free()); it is
- * non-NULL even when *n_p is 0. */
+/* Encodes len bytes of text (any bytes: each byte that is not valid UTF-8
+ * is a piece of its own, its byte symbol, <0xNN> token or the unknown
+ * token). add_bos means "add special tokens": the post-processor's
+ * template puts its special tokens before the text (BOS,
+ * kvf_tokenizer_adds_bos) and after it (EOS where the template says), as
+ * Hugging Face's JS tokenizers do; tokenizer_config.json's add_bos_token
+ * and add_eos_token do not change that. On success *ids_p is malloc'd and
+ * owned by the caller (free()); it is non-NULL even when *n_p is 0. */
 kvf_status_t kvf_tokenizer_encode(const kvf_tokenizer_t *tok, const char *text, size_t len,
                                   bool add_bos, uint32_t **ids_p, size_t *n_p);
 
@@ -59,12 +70,13 @@ size_t kvf_tokenizer_vocab_size(const kvf_tokenizer_t *tok);
 /* True when id names a token (vocabulary entry or added token). */
 bool kvf_tokenizer_has_id(const kvf_tokenizer_t *tok, uint32_t id);
 
-/* BOS / EOS ids from tokenizer_config.json (or the post_processor for BOS);
- * -1 when the tokenizer has none. */
+/* BOS / EOS ids from tokenizer_config.json (or the post_processor's
+ * template's first token for BOS); -1 when the tokenizer has none. */
 int64_t kvf_tokenizer_bos_id(const kvf_tokenizer_t *tok);
 int64_t kvf_tokenizer_eos_id(const kvf_tokenizer_t *tok);
 
-/* Whether encode(add_bos = true) prepends BOS. */
+/* Whether encode(add_bos = true) prepends a token (the template starts
+ * with a special token). */
 bool kvf_tokenizer_adds_bos(const kvf_tokenizer_t *tok);
 
 /* The token's string as written in tokenizer.json ("Ġthe",
@@ -98,12 +110,12 @@ typedef struct {
     size_t n_pending;
     uint8_t *run; /* a byte-fallback run held whole (run_cap) */
     size_t n_run, run_cap;
-    bool in_run;     /* the last token was a byte-fallback byte */
-    bool started;    /* a known token was pushed */
-    bool had_element; /* an element (token or run) is complete */
+    bool in_run;                               /* the last token was a byte-fallback byte */
+    bool started;                              /* a known token was pushed */
+    bool had_element;                          /* an element (token or run) is complete */
     uint32_t strip_left[KVF_DETOK_MAX_STRIPS]; /* characters the Strip may still cut */
     uint32_t strip_held[KVF_DETOK_MAX_STRIPS]; /* trailing stripped characters held back */
-    uint8_t *scratch; /* a token's bytes and their text (scratch_cap) */
+    uint8_t *scratch;                          /* a token's bytes and their text (scratch_cap) */
     size_t scratch_cap;
     char *out; /* the text handed out by the last call */
     size_t out_len, out_cap;
