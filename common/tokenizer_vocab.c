@@ -9,6 +9,21 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+/* Asks for transparent huge pages over the whole 2 MiB pages inside
+ * p[0..bytes), a fresh allocation not yet touched: the tables below are
+ * read at random, 1.7 million times while a 256k vocabulary's merges are
+ * read, and with 4 KiB pages most of those reads also miss the TLB. Only a
+ * hint: where the kernel offers none, nothing changes. */
+static void advise_huge(void *p, size_t bytes)
+{
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t begin = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+    uintptr_t end = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (p && end > begin)
+        (void)madvise((void *)begin, end - begin, MADV_HUGEPAGE);
+}
 
 /* ---- the arena ------------------------------------------------------------ */
 
@@ -135,6 +150,7 @@ static kvf_status_t load_vocab(kvf_tokenizer_t *tok, const char *path, const kvf
     if (st != KVF_OK)
         return st;
     tok->tokens = calloc(tok->n_ids, sizeof(*tok->tokens));
+    advise_huge(tok->tokens, tok->n_ids * sizeof(*tok->tokens));
     if (!tok->tokens)
         return KVF_ERR_NOMEM;
     /* spellings and bytes: about twice the vocabulary's text */
@@ -142,6 +158,7 @@ static kvf_status_t load_vocab(kvf_tokenizer_t *tok, const char *path, const kvf
     for (size_t i = 0; i < scan->n_vocab; i++)
         text_bytes += 2 * ((size_t)scan->vocab[i].len + 1);
     st = kvf_array_reserve(&tok->arena, &tok->arena_cap, text_bytes + 4096, 4096, 1);
+    advise_huge(tok->arena, tok->arena_cap);
     if (st != KVF_OK)
         return st;
     for (size_t i = 0; i < scan->n_vocab; i++) {
@@ -252,6 +269,7 @@ static kvf_status_t index_init(kvf_tok_index_t *x, size_t n)
     if (cap > (size_t)UINT32_MAX)
         return KVF_ERR_TOO_BIG;
     x->slots = calloc(cap, sizeof(*x->slots));
+    advise_huge(x->slots, cap * sizeof(*x->slots));
     if (!x->slots)
         return KVF_ERR_NOMEM;
     x->mask = (uint32_t)(cap - 1);
@@ -259,12 +277,24 @@ static kvf_status_t index_init(kvf_tok_index_t *x, size_t n)
 }
 
 /* FNV-1a of a spelling. */
-static uint32_t spelling_hash(const char *text, size_t len)
+#define FNV_BASIS 1469598103934665603ull
+
+/* FNV-1a's state after text[0..len), from state h. */
+static uint64_t fnv_more(uint64_t h, const char *text, size_t len)
 {
-    uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < len; i++)
         h = (h ^ (uint8_t)text[i]) * 1099511628211ull;
+    return h;
+}
+
+static uint32_t fnv_final(uint64_t h)
+{
     return (uint32_t)(h ^ h >> 32);
+}
+
+static uint32_t spelling_hash(const char *text, size_t len)
+{
+    return fnv_final(fnv_more(FNV_BASIS, text, len));
 }
 
 static uint32_t pair_hash(uint64_t pair)
@@ -275,12 +305,14 @@ static uint32_t pair_hash(uint64_t pair)
     return (uint32_t)pair;
 }
 
-uint32_t kvf_tokenizer__vocab_find(const kvf_tokenizer_t *tok, const char *text, size_t len)
+/* The id spelled text[0..len), whose spelling_hash() is hash. */
+static uint32_t vocab_find_hashed(const kvf_tokenizer_t *tok, const char *text, size_t len,
+                                  uint32_t hash)
 {
     const kvf_tok_index_t *x = &tok->vocab;
     if (!x->slots)
         return KVF_TOK_NO_ID;
-    for (uint32_t h = spelling_hash(text, len) & x->mask;; h = (h + 1) & x->mask) {
+    for (uint32_t h = hash & x->mask;; h = (h + 1) & x->mask) {
         uint32_t s = x->slots[h];
         if (!s)
             return KVF_TOK_NO_ID;
@@ -288,6 +320,11 @@ uint32_t kvf_tokenizer__vocab_find(const kvf_tokenizer_t *tok, const char *text,
         if (e->text_len == len && !memcmp(tok->arena + e->text_off, text, len))
             return s - 1;
     }
+}
+
+uint32_t kvf_tokenizer__vocab_find(const kvf_tokenizer_t *tok, const char *text, size_t len)
+{
+    return vocab_find_hashed(tok, text, len, spelling_hash(text, len));
 }
 
 /* The vocabulary map, over the finished arena: model.vocab entries only
@@ -318,35 +355,117 @@ static kvf_status_t index_vocab(kvf_tokenizer_t *tok, const char *path, const kv
 
 /* ---- merges --------------------------------------------------------------- */
 
-/* Adds merge m at rank: its sides and their concatenation must be
- * vocabulary entries. joined is scratch space (*joined_cap bytes). */
-static kvf_status_t add_merge(kvf_tokenizer_t *tok, const char *path, uint32_t rank,
-                              const kvf_tok_merge_item_t *m, char **joined, size_t *joined_cap)
+/* Merges are read in batches, the lookups of each batch in steps over
+ * the whole batch: the hashes of its spellings, then the vocabulary slots
+ * they fall on, the entries those name and their spellings are fetched
+ * before they are compared, so that the random reads of a batch overlap
+ * instead of waiting one by one (the merges of a 256k vocabulary make 1.7
+ * million lookups). */
+#define MERGE_BATCH 32
+
+/* One merge of a batch: its joined spelling, the hashes of left, right and
+ * joined, then their ids. */
+typedef struct {
+    const kvf_tok_merge_item_t *m;
+    size_t joined_off; /* in the batch's scratch text */
+    uint32_t hash[3];
+    uint32_t id[3];
+} merge_job_t;
+
+static void prefetch_slots(const kvf_tokenizer_t *tok, const merge_job_t *jobs, size_t n)
 {
-    const char *left = m->left, *right = m->right;
-    size_t left_len = m->left_len, right_len = m->right_len;
-    kvf_status_t st;
-    if ((st = kvf_array_reserve(joined, joined_cap, left_len + right_len + 1, 64, 1)) != KVF_OK)
-        return st;
-    memcpy(*joined, left, left_len);
-    memcpy(*joined + left_len, right, right_len);
-    uint32_t a = kvf_tokenizer__vocab_find(tok, left, left_len);
-    uint32_t b = kvf_tokenizer__vocab_find(tok, right, right_len);
-    uint32_t merged = kvf_tokenizer__vocab_find(tok, *joined, left_len + right_len);
-    if (a == KVF_TOK_NO_ID || b == KVF_TOK_NO_ID || merged == KVF_TOK_NO_ID) {
-        kvf_log_error("%s: merge %u '%.*s' '%.*s' names a token missing from the vocabulary", path,
-                      rank, (int)left_len, left, (int)right_len, right);
-        return KVF_ERR_FORMAT;
+    for (size_t j = 0; j < n; j++)
+        for (int k = 0; k < 3; k++)
+            __builtin_prefetch(&tok->vocab.slots[jobs[j].hash[k] & tok->vocab.mask]);
+}
+
+/* The entries, then (entries == false) the spellings, the first slot of
+ * each hash names. */
+static void prefetch_entries(const kvf_tokenizer_t *tok, const merge_job_t *jobs, size_t n,
+                             bool entries)
+{
+    for (size_t j = 0; j < n; j++) {
+        for (int k = 0; k < 3; k++) {
+            uint32_t s = tok->vocab.slots[jobs[j].hash[k] & tok->vocab.mask];
+            if (!s)
+                continue;
+            if (entries)
+                __builtin_prefetch(&tok->tokens[s - 1]);
+            else
+                __builtin_prefetch(tok->arena + tok->tokens[s - 1].text_off);
+        }
     }
-    uint64_t pair = (uint64_t)a << 32 | b;
+}
+
+/* The hashes of merges[0..n) and their joined spellings in *text. */
+static kvf_status_t hash_batch(const kvf_tok_merge_item_t *merges, size_t n, merge_job_t *jobs,
+                               char **text, size_t *text_cap)
+{
+    size_t need = 0;
+    for (size_t j = 0; j < n; j++)
+        need += (size_t)merges[j].left_len + merges[j].right_len;
+    kvf_status_t st = kvf_array_reserve(text, text_cap, need + 1, 256, 1);
+    if (st != KVF_OK)
+        return st;
+    size_t off = 0;
+    for (size_t j = 0; j < n; j++) {
+        const kvf_tok_merge_item_t *m = &merges[j];
+        uint64_t left = fnv_more(FNV_BASIS, m->left, m->left_len);
+        jobs[j] = (merge_job_t){.m = m, .joined_off = off};
+        jobs[j].hash[0] = fnv_final(left);
+        jobs[j].hash[1] = spelling_hash(m->right, m->right_len);
+        jobs[j].hash[2] = fnv_final(fnv_more(left, m->right, m->right_len));
+        memcpy(*text + off, m->left, m->left_len);
+        memcpy(*text + off + m->left_len, m->right, m->right_len);
+        off += (size_t)m->left_len + m->right_len;
+    }
+    return KVF_OK;
+}
+
+/* Adds a resolved merge at rank. */
+static void insert_merge(kvf_tokenizer_t *tok, uint32_t rank, const uint32_t id[3])
+{
+    uint64_t pair = (uint64_t)id[0] << 32 | id[1];
     const kvf_tok_index_t *x = &tok->merges;
     uint32_t h = pair_hash(pair) & x->mask;
     for (; x->slots[h]; h = (h + 1) & x->mask)
         if (tok->merge_nodes[x->slots[h] - 1].pair == pair)
-            return KVF_OK; /* a repeated merge keeps its first (lowest) rank */
+            return; /* a repeated merge keeps its first (lowest) rank */
     tok->merge_nodes[tok->n_merges] =
-        (kvf_tok_merge_t){.pair = pair, .rank = rank, .merged = merged};
+        (kvf_tok_merge_t){.pair = pair, .rank = rank, .merged = id[2]};
     x->slots[h] = (uint32_t)++tok->n_merges;
+}
+
+/* Adds merges[first..first+n) (n <= MERGE_BATCH): both sides and their
+ * concatenation must be vocabulary entries. */
+static kvf_status_t add_batch(kvf_tokenizer_t *tok, const char *path, const kvf_tok_scan_t *scan,
+                              size_t first, size_t n, char **text, size_t *text_cap)
+{
+    merge_job_t jobs[MERGE_BATCH];
+    kvf_status_t st = hash_batch(&scan->merges[first], n, jobs, text, text_cap);
+    if (st != KVF_OK)
+        return st;
+    prefetch_slots(tok, jobs, n);
+    prefetch_entries(tok, jobs, n, true);
+    prefetch_entries(tok, jobs, n, false);
+    for (size_t j = 0; j < n; j++) {
+        const kvf_tok_merge_item_t *m = jobs[j].m;
+        const char *spelling[3] = {m->left, m->right, *text + jobs[j].joined_off};
+        size_t len[3] = {m->left_len, m->right_len, (size_t)m->left_len + m->right_len};
+        for (int k = 0; k < 3; k++)
+            jobs[j].id[k] = vocab_find_hashed(tok, spelling[k], len[k], jobs[j].hash[k]);
+        if (jobs[j].id[0] == KVF_TOK_NO_ID || jobs[j].id[1] == KVF_TOK_NO_ID ||
+            jobs[j].id[2] == KVF_TOK_NO_ID) {
+            kvf_log_error("%s: merge %zu '%.*s' '%.*s' names a token missing from the vocabulary",
+                          path, first + j, (int)m->left_len, m->left, (int)m->right_len, m->right);
+            return KVF_ERR_FORMAT;
+        }
+        __builtin_prefetch(
+            &tok->merges.slots[pair_hash((uint64_t)jobs[j].id[0] << 32 | jobs[j].id[1]) &
+                               tok->merges.mask]);
+    }
+    for (size_t j = 0; j < n; j++)
+        insert_merge(tok, (uint32_t)(first + j), jobs[j].id);
     return KVF_OK;
 }
 
@@ -354,17 +473,16 @@ static kvf_status_t load_merges(kvf_tokenizer_t *tok, const char *path, const kv
 {
     size_t n = scan->n_merges;
     tok->merge_nodes = calloc(n ? n : 1, sizeof(*tok->merge_nodes));
+    advise_huge(tok->merge_nodes, n * sizeof(*tok->merge_nodes));
     if (!tok->merge_nodes)
         return KVF_ERR_NOMEM;
-    kvf_status_t ist = index_init(&tok->merges, n);
-    if (ist != KVF_OK)
-        return ist;
-    char *joined = NULL;
-    size_t joined_cap = 0;
-    kvf_status_t st = KVF_OK;
-    for (size_t i = 0; i < n && st == KVF_OK; i++)
-        st = add_merge(tok, path, (uint32_t)i, &scan->merges[i], &joined, &joined_cap);
-    free(joined);
+    kvf_status_t st = index_init(&tok->merges, n);
+    char *text = NULL;
+    size_t text_cap = 0;
+    for (size_t i = 0; i < n && st == KVF_OK; i += MERGE_BATCH)
+        st = add_batch(tok, path, scan, i, n - i < MERGE_BATCH ? n - i : MERGE_BATCH, &text,
+                       &text_cap);
+    free(text);
     return st;
 }
 
