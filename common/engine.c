@@ -397,6 +397,21 @@ kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, i
     return KVF_OK;
 }
 
+/* The keys n_new tokens from start_pos read: min(p + 1, window) for each
+ * position p (window 0: p + 1). */
+static double keys_read(uint32_t start_pos, uint32_t n_new, int window)
+{
+    double first = (double)start_pos + 1, last = (double)start_pos + n_new;
+    if (n_new == 0)
+        return 0;
+    if (window <= 0 || last <= window)
+        return (first + last) * n_new / 2;
+    if (first >= window)
+        return (double)window * n_new;
+    double below = (double)window - first; /* positions reading fewer than window keys */
+    return (first + window - 1) * below / 2 + (double)window * (n_new - below);
+}
+
 double kvf_engine_flops(const kvf_model_config_t *c, uint32_t start_pos, uint32_t n_new,
                         uint32_t n_logits)
 {
@@ -404,12 +419,12 @@ double kvf_engine_flops(const kvf_model_config_t *c, uint32_t start_pos, uint32_
     double per_token_layer = 2.0 * c->hidden * (q_dim + 2 * kv_dim) /* qkv */
                              + 2.0 * q_dim * c->hidden              /* o */
                              + 2.0 * 3.0 * c->hidden * c->inter;    /* gate, up, down */
-    /* attention: each new token at position p reads p + 1 keys and values:
-     * 2 flops per element for q·k and for p·v, per query head. */
-    double ctx = 0;
-    for (uint32_t i = 0; i < n_new; i++)
-        ctx += (double)start_pos + i + 1;
-    double attn_layer = 4.0 * q_dim * ctx;
-    return c->n_layers * (per_token_layer * n_new + attn_layer) +
+    /* attention: each new token at position p reads p + 1 keys and values,
+     * at most the window's on a sliding-window layer: 2 flops per element
+     * for q·k and for p·v, per query head. */
+    double attn = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        attn += 4.0 * q_dim * keys_read(start_pos, n_new, kvf_model_layer_window(c, l));
+    return c->n_layers * per_token_layer * n_new + attn +
            2.0 * (double)c->hidden * c->vocab * n_logits;
 }

@@ -508,6 +508,43 @@ static void test_one_model_per_backend(void **state)
     kvf_model_destroy(b);
 }
 
+/* kvf_engine_flops counts the keys each new token reads: all before it,
+ * at most the window on a sliding-window layer; checked against a count
+ * position by position across the window's edge. */
+static void test_flops_windows(void **state)
+{
+    (void)state;
+    kvf_model_config_t c = kvf_test_model_config(4, 2, false);
+    c.n_layers = 3;
+    double q_dim = (double)c.n_heads * c.head_dim;
+    static const uint32_t starts[] = {0, 5, 15, 16, 17, 40};
+    static const uint32_t news[] = {0, 1, 3, 16, 33};
+    for (int window = 0; window <= 16; window += 8) {
+        c.sliding_window = window;
+        c.window_first_layer = 1;
+        for (size_t a = 0; a < sizeof(starts) / sizeof(starts[0]); a++) {
+            for (size_t b = 0; b < sizeof(news) / sizeof(news[0]); b++) {
+                double keys = 0;
+                for (int l = 0; l < c.n_layers; l++) {
+                    for (uint32_t i = 0; i < news[b]; i++) {
+                        double k = (double)starts[a] + i + 1;
+                        keys += l >= 1 && window && k > window ? window : k;
+                    }
+                }
+                double base = kvf_engine_flops(&c, starts[a], news[b], 1);
+                c.sliding_window = 0;
+                double full_keys = 0;
+                for (uint32_t i = 0; i < news[b]; i++)
+                    full_keys += c.n_layers * ((double)starts[a] + i + 1);
+                double full = kvf_engine_flops(&c, starts[a], news[b], 1);
+                c.sliding_window = window;
+                /* the difference from full attention is the keys not read */
+                assert_float_equal(full - base, 4.0 * q_dim * (full_keys - keys), 1e-6);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -521,6 +558,7 @@ int main(void)
         cmocka_unit_test(test_hook_and_validation),
         cmocka_unit_test(test_generate_cli),
         cmocka_unit_test(test_bench_smoke),
+        cmocka_unit_test(test_flops_windows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
