@@ -311,7 +311,7 @@ static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
                           .rms_eps = 1e-5,
                           .query_scalar = 256,
                           .attn_softcap = 5,
-                          .final_softcap = 3};
+                          .final_softcap = 10};
     const kvf_flag_t flags[] = {
         {"arch", KVF_FLAG_STRING, &o->arch, "llama|mistral|qwen2|qwen3|gemma2", "architecture",
          NULL},
@@ -343,7 +343,9 @@ static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
         {"attn-softcap", KVF_FLAG_DOUBLE, &o->attn_softcap, "C",
          "gemma2 attn_logit_softcapping (default 5, small enough to bite; 0: none)", NULL},
         {"final-softcap", KVF_FLAG_DOUBLE, &o->final_softcap, "C",
-         "gemma2 final_logit_softcapping (default 3; 0: none)", NULL},
+         "gemma2 final_logit_softcapping (default 10: random tied embeddings give logits "
+         "near 40, which a cap of 3 would flatten into ties; 0: none)",
+         NULL},
         {"seed", KVF_FLAG_UINT64, &o->seed, "S", "random seed (same seed, same weights)", NULL},
     };
     const char *positional[1] = {NULL};
