@@ -265,7 +265,11 @@ static kvf_status_t parse_gemma2(kvf_model_config_t *cfg, const cJSON *root, con
 {
     if (cfg->arch != KVF_ARCH_GEMMA2)
         return KVF_OK;
+    /* Hugging Face's defaults when a field is absent; null: no capping */
     cfg->attn_scalar = 256.0;
+    cfg->attn_softcap = cJSON_GetObjectItemCaseSensitive(root, "attn_logit_softcapping") ? 0 : 50.0;
+    cfg->final_softcap =
+        cJSON_GetObjectItemCaseSensitive(root, "final_logit_softcapping") ? 0 : 30.0;
     if (json_double(root, "query_pre_attn_scalar", &cfg->attn_scalar) == -2 ||
         json_double(root, "attn_logit_softcapping", &cfg->attn_softcap) == -2 ||
         json_double(root, "final_logit_softcapping", &cfg->final_softcap) == -2 ||
