@@ -399,9 +399,8 @@ static kvf_status_t parse_sliding_window(kvf_model_config_t *cfg, const cJSON *r
 
 int kvf_model_layer_window(const kvf_model_config_t *cfg, int layer)
 {
-    return cfg->sliding_window > 0 && layer_slides(cfg->window_first_layer, cfg->window_period, layer)
-               ? cfg->sliding_window
-               : 0;
+    bool slides = layer_slides(cfg->window_first_layer, cfg->window_period, layer);
+    return cfg->sliding_window > 0 && slides ? cfg->sliding_window : 0;
 }
 
 float kvf_model_attn_scale(const kvf_model_config_t *cfg)

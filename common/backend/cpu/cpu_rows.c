@@ -146,7 +146,8 @@ static void gated_task(void *arg, int task, int thread)
 {
     (void)thread;
     rows_job_t *j = arg;
-    int i0 = task * j->rows_per_task, i1 = i0 + j->rows_per_task > j->m ? j->m : i0 + j->rows_per_task;
+    int i0 = task * j->rows_per_task;
+    int i1 = i0 + j->rows_per_task > j->m ? j->m : i0 + j->rows_per_task;
     for (int i = i0; i < i1; i++) {
         const float *gu = j->x + (size_t)i * 2 * (size_t)j->dim;
         float *out = j->y + (size_t)i * (size_t)j->dim;

@@ -197,7 +197,8 @@ static kvf_status_t enqueue_logits(cuda_ctx_t *c, const batch_plan_t *p, const b
     CHECK(kvf_cuda_gather_rows(st, c->hout, c->h, (size_t)hidden * c->wsz, in->out_rows, p->n_out));
     CHECK(gemm(c, c->logits, c->hout, c->lm_head, p->n_out, m->vocab, hidden));
     if (m->final_softcap > 0)
-        CHECK(kvf_cuda_softcap(st, c->logits, (size_t)p->n_out * m->vocab, (float)m->final_softcap));
+        CHECK(kvf_cuda_softcap(st, c->logits, (size_t)p->n_out * m->vocab,
+                               (float)m->final_softcap));
     CHECK(kvf_cuda_argmax(st, c->ids, c->logits, p->n_out, m->vocab));
     return KVF_OK;
 }

@@ -82,7 +82,7 @@ typedef struct {
                                 other one (Gemma2: layers 0, 2, 4, ...) */
     kvf_act_t act;           /* hidden_act (Gemma2: hidden_activation) */
     bool embed_scale;        /* Gemma2: embeddings times sqrt(hidden_size), rounded to float */
-    bool norm_plus_one;      /* Gemma2: every RMSNorm multiplies by 1 + weight (folded in at load) */
+    bool norm_plus_one;      /* Gemma2: RMSNorms multiply by 1 + weight (folded in at load) */
     bool sandwich_norms;     /* Gemma2: post_attention_layernorm on the attention output and
                                 post_feedforward_layernorm on the MLP's, before each residual add */
     double attn_scalar;      /* query_pre_attn_scalar: scores scaled by its -1/2; 0: head_dim */
