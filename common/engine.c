@@ -4,7 +4,12 @@
  *   rope(q, k) ; write k,v to the pool
  *   x += attention(q, pool, the layer's sliding window)·Woᵀ
  *   x += down(silu(gate(rmsnorm(x))) * up(rmsnorm(x)))
- * then logits = rmsnorm(x)·lm_headᵀ for the rows that want them. */
+ * then logits = rmsnorm(x)·lm_headᵀ for the rows that want them.
+ * Gemma2: x starts as the embedding times sqrt(hidden); the attention's
+ * scores are scaled by query_pre_attn_scalar^-1/2 and soft-capped; each
+ * block's output is RMS-normed before its residual add (x +=
+ * rmsnorm(attention·Woᵀ), x += rmsnorm(down(...))); the MLP is
+ * gelu_tanh(gate) * up; the logits are soft-capped. */
 #include "kvf/engine.h"
 #include "kvf/detmath.h"
 #include "kvf/log.h"
@@ -73,9 +78,15 @@ kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend,
                       backend->ops->name);
         return KVF_ERR_MISMATCH;
     }
-    if (c->qk_norm && !backend->ops->forward && !backend->ops->head_rmsnorm) {
-        kvf_log_error("engine: the %s backend has no per-head RMSNorm (%s needs it)",
-                      backend->ops->name, c->arch_name);
+    const kvf_backend_ops_t *ops = backend->ops;
+    const char *missing = ops->forward                                 ? NULL
+                          : c->qk_norm && !ops->head_rmsnorm           ? "per-head RMSNorm"
+                          : c->act == KVF_ACT_GELU_TANH && !ops->geglu ? "GeGLU"
+                          : c->sandwich_norms && !ops->rmsnorm_add     ? "RMSNorm-and-add"
+                                                                       : NULL;
+    if (missing) {
+        kvf_log_error("engine: the %s backend has no %s (%s needs it)", ops->name, missing,
+                      c->arch_name);
         return KVF_ERR_UNSUPPORTED;
     }
     if (backend->ops->bind_model) {
@@ -256,6 +267,8 @@ static void lay_out_batch(kvf_engine_t *e, const kvf_engine_seq_t *seqs, int n_s
 {
     const kvf_model_t *m = e->model;
     const int hidden = m->cfg.hidden, hd = m->cfg.head_dim, half = hd / 2;
+    /* Gemma2's normalizer: sqrt(hidden) rounded to the activations' float */
+    const float emb_scale = (float)sqrt((double)hidden);
     int t = 0;
     for (int s = 0; s < n_seqs; s++) {
         e->tables[s] = seqs[s].block_ids;
@@ -263,8 +276,11 @@ static void lay_out_batch(kvf_engine_t *e, const kvf_engine_seq_t *seqs, int n_s
             int32_t p = (int32_t)(seqs[s].start_pos + i);
             e->pos[t] = p;
             e->seq[t] = s;
-            memcpy(e->x + (size_t)t * hidden, m->embed + (size_t)seqs[s].tokens[i] * hidden,
+            float *xt = e->x + (size_t)t * hidden;
+            memcpy(xt, m->embed + (size_t)seqs[s].tokens[i] * hidden,
                    (size_t)hidden * sizeof(float));
+            for (int d = 0; m->cfg.embed_scale && d < hidden; d++)
+                xt[d] = xt[d] * emb_scale;
             float *cs = e->cos_sin + (size_t)t * hd;
             for (int d = 0; d < half; d++) {
                 double a = (double)p * m->rope_inv_freq[d], sn, cn;
@@ -274,6 +290,19 @@ static void lay_out_batch(kvf_engine_t *e, const kvf_engine_seq_t *seqs, int n_s
             }
         }
     }
+}
+
+/* x += in·wᵀ (in: n rows of k), or with a post-norm (Gemma2) x +=
+ * rmsnorm(in·wᵀ) through h. */
+static kvf_status_t residual(kvf_engine_t *e, const float *w, int widx, const float *in, int k,
+                             const float *post_norm, int n)
+{
+    const kvf_model_config_t *c = &e->model->cfg;
+    if (!post_norm)
+        return project(e, e->x, in, widx, w, NULL, n, c->hidden, k, 1);
+    CHECK(project(e, e->h, in, widx, w, NULL, n, c->hidden, k, 0));
+    return e->be->ops->rmsnorm_add(e->be->ctx, e->x, e->h, post_norm, n, c->hidden,
+                                   (float)c->rms_eps);
 }
 
 /* Decoder layer l over the batch's n rows of x, in place. */
@@ -304,14 +333,17 @@ static kvf_status_t forward_layer(kvf_engine_t *e, int l, int n, kvf_batch_layou
     }
     batch->window = kvf_model_layer_window(c, l);
     CHECK(ops->attention(bx, e->att, q, e->qkv_dim, e->pool, l, c->n_heads, batch));
-    CHECK(project(e, e->x, e->att, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_O), L->wo, NULL, n, hidden,
-                  e->q_dim, 1));
+    CHECK(residual(e, L->wo, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_O), e->att, e->q_dim, L->post_attn_norm,
+                   n));
     CHECK(ops->rmsnorm(bx, e->h, e->x, L->ffn_norm, n, hidden, eps));
     CHECK(project(e, e->gu, e->h, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_GU), L->wgu, NULL, n, 2 * c->inter,
                   hidden, 0));
-    CHECK(ops->swiglu(bx, e->act, e->gu, n, c->inter));
-    CHECK(project(e, e->x, e->act, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_DOWN), L->wdown, NULL, n, hidden,
-                  c->inter, 1));
+    if (c->act == KVF_ACT_GELU_TANH)
+        CHECK(ops->geglu(bx, e->act, e->gu, n, c->inter));
+    else
+        CHECK(ops->swiglu(bx, e->act, e->gu, n, c->inter));
+    CHECK(residual(e, L->wdown, KVF_WEIGHT_INDEX(l, KVF_WEIGHT_DOWN), e->act, c->inter,
+                   L->post_ffn_norm, n));
     return KVF_OK;
 }
 
@@ -341,6 +373,13 @@ static kvf_status_t compute_logits(kvf_engine_t *e, const kvf_engine_seq_t *seqs
                   c->vocab, hidden, 0));
     if (ops->synchronize)
         CHECK(ops->synchronize(bx));
+    if (c->final_softcap > 0) {
+        /* host memory: only a backend without forward() gets here (the CPU's) */
+        const float cap = (float)c->final_softcap;
+        size_t count = (size_t)n_out * (size_t)c->vocab;
+        for (size_t i = 0; i < count; i++)
+            e->logits[i] = kvf_det_softcap(e->logits[i], cap);
+    }
     return KVF_OK;
 }
 
@@ -381,8 +420,14 @@ kvf_status_t kvf_engine_forward(kvf_engine_t *e, const kvf_engine_seq_t *seqs, i
         return st;
     }
     lay_out_batch(e, seqs, n_seqs);
-    kvf_batch_layout_t batch = {
-        .n_tokens = n, .pos = e->pos, .seq = e->seq, .n_seqs = n_seqs, .block_tables = e->tables};
+    const kvf_model_config_t *c = &e->model->cfg;
+    kvf_batch_layout_t batch = {.n_tokens = n,
+                                .pos = e->pos,
+                                .seq = e->seq,
+                                .n_seqs = n_seqs,
+                                .block_tables = e->tables,
+                                .scale = kvf_model_attn_scale(c),
+                                .softcap = (float)c->attn_softcap};
     for (int l = 0; l < e->model->cfg.n_layers; l++) {
         st = forward_layer(e, l, n, &batch, hooks);
         if (st != KVF_OK)

@@ -184,9 +184,13 @@ static kvf_status_t parse_arch(kvf_model_config_t *cfg, const cJSON *root, const
     } else if (!strcmp(arch->valuestring, "Qwen3ForCausalLM")) {
         cfg->arch = KVF_ARCH_QWEN3; /* no biases unless attention_bias says so */
         cfg->qk_norm = true;
+    } else if (!strcmp(arch->valuestring, "Gemma2ForCausalLM")) {
+        cfg->arch = KVF_ARCH_GEMMA2;
+        cfg->embed_scale = cfg->norm_plus_one = cfg->sandwich_norms = true;
     } else {
         kvf_log_error("%s: architecture '%s' is not supported (LlamaForCausalLM, "
-                      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                      "Gemma2ForCausalLM)",
                       path, arch->valuestring);
         return KVF_ERR_UNSUPPORTED;
     }
@@ -235,6 +239,52 @@ static kvf_status_t parse_geometry(kvf_model_config_t *cfg, const cJSON *root, c
     return KVF_OK;
 }
 
+/* The MLP's activation: hidden_act, silu by default; Gemma2 reads
+ * hidden_activation first (what its MLP uses), gelu_pytorch_tanh by
+ * default, and takes nothing else. */
+static kvf_status_t parse_activation(kvf_model_config_t *cfg, const cJSON *root, const char *path)
+{
+    bool gemma = cfg->arch == KVF_ARCH_GEMMA2;
+    const cJSON *act = gemma ? cJSON_GetObjectItemCaseSensitive(root, "hidden_activation") : NULL;
+    const char *key = "hidden_activation";
+    if (!cJSON_IsString(act)) {
+        act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+        key = "hidden_act";
+    }
+    const char *want = gemma ? "gelu_pytorch_tanh" : "silu";
+    if (cJSON_IsString(act) && strcmp(act->valuestring, want) != 0) {
+        kvf_log_error("%s: %s '%s' is not supported (%s)", path, key, act->valuestring, want);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    cfg->act = gemma ? KVF_ACT_GELU_TANH : KVF_ACT_SILU;
+    return KVF_OK;
+}
+
+/* Gemma2's attention scalar and soft-capping values (null: no capping). */
+static kvf_status_t parse_gemma2(kvf_model_config_t *cfg, const cJSON *root, const char *path)
+{
+    if (cfg->arch != KVF_ARCH_GEMMA2)
+        return KVF_OK;
+    /* Hugging Face's defaults when a field is absent; null: no capping */
+    cfg->attn_scalar = 256.0;
+    cfg->attn_softcap = cJSON_GetObjectItemCaseSensitive(root, "attn_logit_softcapping") ? 0 : 50.0;
+    cfg->final_softcap =
+        cJSON_GetObjectItemCaseSensitive(root, "final_logit_softcapping") ? 0 : 30.0;
+    if (json_double(root, "query_pre_attn_scalar", &cfg->attn_scalar) == -2 ||
+        json_double(root, "attn_logit_softcapping", &cfg->attn_softcap) == -2 ||
+        json_double(root, "final_logit_softcapping", &cfg->final_softcap) == -2 ||
+        !(cfg->attn_scalar > 0) || cfg->attn_softcap < 0 || cfg->final_softcap < 0) {
+        kvf_log_error("%s: query_pre_attn_scalar must be a positive number, the soft-capping "
+                      "values null or non-negative numbers",
+                      path);
+        return KVF_ERR_FORMAT;
+    }
+    /* Gemma2 ties the LM head to the embedding unless the config says not */
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    cfg->tie_embeddings = !cJSON_IsFalse(tie);
+    return KVF_OK;
+}
+
 /* Tied embeddings, biases, the activation and the checkpoint's dtype. */
 static kvf_status_t parse_features(kvf_model_config_t *cfg, const cJSON *root, const char *path)
 {
@@ -246,11 +296,9 @@ static kvf_status_t parse_features(kvf_model_config_t *cfg, const cJSON *root, c
         kvf_log_error("%s: mlp_bias is not supported", path);
         return KVF_ERR_UNSUPPORTED;
     }
-    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
-    if (cJSON_IsString(act) && strcmp(act->valuestring, "silu") != 0) {
-        kvf_log_error("%s: hidden_act '%s' is not supported (silu)", path, act->valuestring);
-        return KVF_ERR_UNSUPPORTED;
-    }
+    kvf_status_t st = parse_activation(cfg, root, path);
+    if (st != KVF_OK)
+        return st;
     const cJSON *td = cJSON_GetObjectItemCaseSensitive(root, "torch_dtype");
     cfg->dtype = KVF_DTYPE_F32;
     if (cJSON_IsString(td))
@@ -258,32 +306,48 @@ static kvf_status_t parse_features(kvf_model_config_t *cfg, const cJSON *root, c
     return KVF_OK;
 }
 
-/* layer_types, when given: "full_attention" for layers below some k and
- * "sliding_attention" from k on, the one pattern the config holds (k in
- * *first_p, n_layers when none slides). Other patterns are unsupported. */
+/* Whether layer l slides under (first, period): l >= first, and with
+ * period 2 an even distance from first. */
+static bool layer_slides(int first, int period, int l)
+{
+    return l >= first && (period <= 1 || (l - first) % period == 0);
+}
+
+/* layer_types, when given: "full_attention" or "sliding_attention" per
+ * layer, in one of the patterns the config holds: the sliding layers
+ * last (from *first_p on, *period_p 1; n_layers when none slides), or,
+ * for Gemma2 only, every other layer from *first_p on (*period_p 2).
+ * Other patterns are unsupported. */
 static kvf_status_t parse_layer_types(const kvf_model_config_t *cfg, const cJSON *types,
-                                      const char *path, int *first_p)
+                                      const char *path, int *first_p, int *period_p)
 {
     int n = cJSON_GetArraySize(types), first = cfg->n_layers, i = 0;
+    bool sliding[4096];
     const cJSON *e;
-    if (!cJSON_IsArray(types) || n != cfg->n_layers)
+    if (!cJSON_IsArray(types) || n != cfg->n_layers || n > 4096)
         goto fail_pattern;
     cJSON_ArrayForEach(e, types)
     {
-        bool sliding = cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention");
-        if (!sliding && !(cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention")))
+        sliding[i] = cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention");
+        if (!sliding[i] && !(cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention")))
             goto fail_pattern;
-        if (sliding && first == cfg->n_layers)
+        if (sliding[i] && first == cfg->n_layers)
             first = i;
-        if (!sliding && first < cfg->n_layers)
-            goto fail_pattern; /* full attention after a sliding layer */
         i++;
     }
-    *first_p = first;
-    return KVF_OK;
+    for (int period = 1; period <= (cfg->arch == KVF_ARCH_GEMMA2 ? 2 : 1); period++) {
+        bool match = true;
+        for (int l = 0; l < n && match; l++)
+            match = sliding[l] == layer_slides(first, period, l);
+        if (match) {
+            *first_p = first;
+            *period_p = period;
+            return KVF_OK;
+        }
+    }
 fail_pattern:
     kvf_log_error("%s: layer_types must list one full_attention or sliding_attention per layer, "
-                  "the sliding layers last",
+                  "the sliding layers last (Gemma2: or every other one)",
                   path);
     return KVF_ERR_UNSUPPORTED;
 }
@@ -291,20 +355,25 @@ fail_pattern:
 /* Sliding-window attention, as Hugging Face applies it: Mistral on every
  * layer whenever sliding_window is set; Qwen2 and Qwen3 only with
  * use_sliding_window, on the layers from max_window_layers (default 28)
- * on, or those layer_types marks sliding_attention. */
+ * on; Gemma2 on layers 0, 2, 4, ... (sliding_window 4096 when absent);
+ * or on those layer_types marks sliding_attention. */
 static kvf_status_t parse_sliding_window(kvf_model_config_t *cfg, const cJSON *root,
                                          const char *path)
 {
-    int window = 0, first = 0;
+    bool gemma = cfg->arch == KVF_ARCH_GEMMA2;
+    int window = gemma ? 4096 : 0, first = 0, period = gemma ? 2 : 1;
     int r = json_int(root, "sliding_window", &window);
     if (r == -2) {
         kvf_log_error("%s: \"sliding_window\" must be null or a non-negative integer", path);
         return KVF_ERR_FORMAT;
     }
     bool qwen = cfg->arch == KVF_ARCH_QWEN2 || cfg->arch == KVF_ARCH_QWEN3;
-    bool on = r == 0 && window > 0 &&
-              (cfg->arch == KVF_ARCH_MISTRAL ||
-               (qwen && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window"))));
+    if (gemma && r == -1 && cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(root, "sliding_window")))
+        window = 0; /* an explicit null: no window */
+    bool on = window > 0 &&
+              ((r == 0 && cfg->arch == KVF_ARCH_MISTRAL) || gemma ||
+               (r == 0 && qwen &&
+                cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window"))));
     if (!on)
         return KVF_OK;
     if (qwen) {
@@ -316,7 +385,7 @@ static kvf_status_t parse_sliding_window(kvf_model_config_t *cfg, const cJSON *r
     }
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
     if (types && !cJSON_IsNull(types)) {
-        kvf_status_t st = parse_layer_types(cfg, types, path, &first);
+        kvf_status_t st = parse_layer_types(cfg, types, path, &first, &period);
         if (st != KVF_OK)
             return st;
     }
@@ -324,12 +393,20 @@ static kvf_status_t parse_sliding_window(kvf_model_config_t *cfg, const cJSON *r
         return KVF_OK; /* no layer slides */
     cfg->sliding_window = window;
     cfg->window_first_layer = first;
+    cfg->window_period = period;
     return KVF_OK;
 }
 
 int kvf_model_layer_window(const kvf_model_config_t *cfg, int layer)
 {
-    return cfg->sliding_window > 0 && layer >= cfg->window_first_layer ? cfg->sliding_window : 0;
+    bool slides = layer_slides(cfg->window_first_layer, cfg->window_period, layer);
+    return cfg->sliding_window > 0 && slides ? cfg->sliding_window : 0;
+}
+
+float kvf_model_attn_scale(const kvf_model_config_t *cfg)
+{
+    double base = cfg->attn_scalar > 0 ? cfg->attn_scalar : (double)cfg->head_dim;
+    return (float)(1.0 / sqrt(base));
 }
 
 /* bos_token_id (sets it) and eos_token_id (adds to the list), as both
@@ -354,6 +431,8 @@ static kvf_status_t parse_config_json(kvf_model_config_t *cfg, const cJSON *root
         st = parse_rope_scaling(cfg, root, path);
     if (st == KVF_OK)
         st = parse_sliding_window(cfg, root, path);
+    if (st == KVF_OK)
+        st = parse_gemma2(cfg, root, path);
     if (st != KVF_OK)
         return st;
     st = parse_special_ids(cfg, root, path);

@@ -305,6 +305,13 @@ static uint64_t config_hash(const kvf_model_config_t *c)
         int64_t more[] = {c->qk_norm, c->sliding_window, c->window_first_layer};
         h = kvf_fnv64(h, more, sizeof(more));
     }
+    if (c->arch == KVF_ARCH_GEMMA2) {
+        int64_t g[] = {c->window_period, c->act, c->embed_scale, c->norm_plus_one,
+                       c->sandwich_norms};
+        double gr[] = {c->attn_scalar, c->attn_softcap, c->final_softcap};
+        h = kvf_fnv64(h, g, sizeof(g));
+        h = kvf_fnv64(h, gr, sizeof(gr));
+    }
     return h;
 }
 
@@ -350,6 +357,12 @@ static int plan_weights(const kvf_model_config_t *c, want_t *wants, size_t *floa
         layer_want(wants, &nw, &off, &moff, l, "self_attn.o_proj.weight", c->hidden, q_dim, true);
         layer_want(wants, &nw, &off, &moff, l, "post_attention_layernorm.weight", c->hidden, 0,
                    true);
+        if (c->sandwich_norms) {
+            layer_want(wants, &nw, &off, &moff, l, "pre_feedforward_layernorm.weight", c->hidden,
+                       0, true);
+            layer_want(wants, &nw, &off, &moff, l, "post_feedforward_layernorm.weight", c->hidden,
+                       0, true);
+        }
         layer_want(wants, &nw, &off, &moff, l, "mlp.gate_proj.weight", c->inter, c->hidden, false);
         layer_want(wants, &nw, &off, &moff, l, "mlp.up_proj.weight", c->inter, c->hidden, true);
         layer_want(wants, &nw, &off, &moff, l, "mlp.down_proj.weight", c->hidden, c->inter, true);
@@ -443,7 +456,14 @@ static void point_tensors(kvf_model_t *m, const want_t *wants, int nw)
             L->k_norm = m->slab + wants[wi++].slab_off;
         }
         L->wo = m->mslab + wants[wi++].slab_off;
-        L->ffn_norm = m->slab + wants[wi++].slab_off;
+        if (c->sandwich_norms) {
+            /* post_attention_layernorm is on the attention output here */
+            L->post_attn_norm = m->slab + wants[wi++].slab_off;
+            L->ffn_norm = m->slab + wants[wi++].slab_off;
+            L->post_ffn_norm = m->slab + wants[wi++].slab_off;
+        } else {
+            L->ffn_norm = m->slab + wants[wi++].slab_off;
+        }
         L->wgu = m->mslab + wants[wi++].slab_off;
         wi++; /* up_proj, adjacent to gate_proj */
         L->wdown = m->mslab + wants[wi++].slab_off;
@@ -451,6 +471,23 @@ static void point_tensors(kvf_model_t *m, const want_t *wants, int nw)
     m->final_norm = m->slab + wants[wi++].slab_off;
     m->lm_head = c->tie_embeddings ? m->embed : m->mslab + wants[wi++].slab_off;
     KVF_ASSERT(wi == nw);
+}
+
+/* Gemma2's RMSNorms scale by 1 + w: the sum, in float as the model
+ * computes it, replaces w in every norm weight. */
+static void fold_norms_plus_one(kvf_model_t *m)
+{
+    const kvf_model_config_t *c = &m->cfg;
+    if (!c->norm_plus_one)
+        return;
+    for (int l = 0; l <= c->n_layers; l++) {
+        const kvf_layer_weights_t *L = l < c->n_layers ? &m->layers[l] : NULL;
+        float *norms[4] = {L ? L->attn_norm : m->final_norm, L ? L->post_attn_norm : NULL,
+                           L ? L->ffn_norm : NULL, L ? L->post_ffn_norm : NULL};
+        for (int i = 0; i < 4; i++)
+            for (int d = 0; norms[i] && d < c->hidden; d++)
+                norms[i][d] = 1.0f + norms[i][d];
+    }
 }
 
 /* The fingerprint: the config's geometry and every shard's header. */
@@ -496,6 +533,7 @@ kvf_status_t kvf_model_load(const char *dir, kvf_model_t **model_p)
         goto fail_load;
     convert_weights(m, wants, found, nw, dir);
     point_tensors(m, wants, nw);
+    fold_norms_plus_one(m);
     compute_inv_freq(c, m->rope_inv_freq);
     set_fingerprint(m, &shards);
     free(found);

@@ -18,12 +18,43 @@ static float rand_sym(uint64_t *state)
     return (float)((double)(kvf_splitmix64(state) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
 }
 
+/* A number, or null for 0 (Gemma2's "no soft-capping"). */
+static void add_number_or_null(cJSON *root, const char *key, double v)
+{
+    if (v > 0)
+        cJSON_AddNumberToObject(root, key, v);
+    else
+        cJSON_AddNullToObject(root, key);
+}
+
+/* Gemma2's fields: the activation, attention scalar, soft-capping and the
+ * alternating layer_types (sliding on even layers). */
+static void add_gemma2_config(cJSON *root, const kvf_model_config_t *c)
+{
+    cJSON_AddStringToObject(root, "hidden_act", "gelu_pytorch_tanh");
+    cJSON_AddStringToObject(root, "hidden_activation", "gelu_pytorch_tanh");
+    cJSON_AddNumberToObject(root, "query_pre_attn_scalar",
+                            c->attn_scalar > 0 ? c->attn_scalar : c->head_dim);
+    add_number_or_null(root, "attn_logit_softcapping", c->attn_softcap);
+    add_number_or_null(root, "final_logit_softcapping", c->final_softcap);
+    if (c->sliding_window <= 0) {
+        cJSON_AddNullToObject(root, "sliding_window");
+        return;
+    }
+    cJSON *types = cJSON_AddArrayToObject(root, "layer_types");
+    for (int l = 0; l < c->n_layers; l++)
+        cJSON_AddItemToArray(types, cJSON_CreateString(kvf_model_layer_window(c, l)
+                                                           ? "sliding_attention"
+                                                           : "full_attention"));
+}
+
 static kvf_status_t write_config_json(const char *dir, const kvf_model_config_t *c,
                                       kvf_dtype_t dtype)
 {
     static const char *arch_names[] = {"LlamaForCausalLM", "MistralForCausalLM",
-                                       "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
-    static const char *model_types[] = {"llama", "mistral", "qwen2", "qwen3"};
+                                       "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                       "Gemma2ForCausalLM"};
+    static const char *model_types[] = {"llama", "mistral", "qwen2", "qwen3", "gemma2"};
     char path[4096];
     kvf_status_t st = KVF_OK;
     cJSON *root = cJSON_CreateObject();
@@ -50,7 +81,10 @@ static kvf_status_t write_config_json(const char *dir, const kvf_model_config_t 
             cJSON_AddNumberToObject(root, "max_window_layers", c->window_first_layer);
         }
     }
-    cJSON_AddStringToObject(root, "hidden_act", "silu");
+    if (c->arch == KVF_ARCH_GEMMA2)
+        add_gemma2_config(root, c);
+    else
+        cJSON_AddStringToObject(root, "hidden_act", "silu");
     cJSON_AddStringToObject(root, "torch_dtype",
                             dtype == KVF_DTYPE_F32   ? "float32"
                             : dtype == KVF_DTYPE_F16 ? "float16"
@@ -142,13 +176,15 @@ static kvf_status_t add_random_layer(random_tensors_t *r, const kvf_model_config
 {
     int64_t q_dim = (int64_t)c->n_heads * c->head_dim,
             kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    /* Gemma2 norms scale by 1 + w: weights near 0 */
+    const random_kind_t norm = c->norm_plus_one ? RANDOM_BIAS : RANDOM_NORM;
     const struct {
         const char *fmt;
         int64_t rows, cols;
         random_kind_t kind;
-        char only; /* 'b': only with qkv_bias, 'n': only with qk_norm */
+        char only; /* 'b': only with qkv_bias, 'n': only with qk_norm, 's': sandwich_norms */
     } layer[] = {
-        {"model.layers.%d.input_layernorm.weight", c->hidden, 0, RANDOM_NORM, 0},
+        {"model.layers.%d.input_layernorm.weight", c->hidden, 0, norm, 0},
         {"model.layers.%d.self_attn.q_proj.weight", q_dim, c->hidden, RANDOM_MATRIX, 0},
         {"model.layers.%d.self_attn.k_proj.weight", kv_dim, c->hidden, RANDOM_MATRIX, 0},
         {"model.layers.%d.self_attn.v_proj.weight", kv_dim, c->hidden, RANDOM_MATRIX, 0},
@@ -158,13 +194,16 @@ static kvf_status_t add_random_layer(random_tensors_t *r, const kvf_model_config
         {"model.layers.%d.self_attn.q_norm.weight", c->head_dim, 0, RANDOM_NORM, 'n'},
         {"model.layers.%d.self_attn.k_norm.weight", c->head_dim, 0, RANDOM_NORM, 'n'},
         {"model.layers.%d.self_attn.o_proj.weight", c->hidden, q_dim, RANDOM_MATRIX, 0},
-        {"model.layers.%d.post_attention_layernorm.weight", c->hidden, 0, RANDOM_NORM, 0},
+        {"model.layers.%d.post_attention_layernorm.weight", c->hidden, 0, norm, 0},
+        {"model.layers.%d.pre_feedforward_layernorm.weight", c->hidden, 0, norm, 's'},
+        {"model.layers.%d.post_feedforward_layernorm.weight", c->hidden, 0, norm, 's'},
         {"model.layers.%d.mlp.gate_proj.weight", c->inter, c->hidden, RANDOM_MATRIX, 0},
         {"model.layers.%d.mlp.up_proj.weight", c->inter, c->hidden, RANDOM_MATRIX, 0},
         {"model.layers.%d.mlp.down_proj.weight", c->hidden, c->inter, RANDOM_MATRIX, 0},
     };
     for (size_t i = 0; i < sizeof(layer) / sizeof(layer[0]); i++) {
-        if ((layer[i].only == 'b' && !c->qkv_bias) || (layer[i].only == 'n' && !c->qk_norm))
+        if ((layer[i].only == 'b' && !c->qkv_bias) || (layer[i].only == 'n' && !c->qk_norm) ||
+            (layer[i].only == 's' && !c->sandwich_norms))
             continue;
         kvf_status_t st =
             add_random_tensor(r, layer[i].fmt, l, layer[i].rows, layer[i].cols, layer[i].kind);
@@ -182,7 +221,8 @@ static kvf_status_t add_random_model(random_tensors_t *r, const kvf_model_config
     for (int l = 0; l < c->n_layers && st == KVF_OK; l++)
         st = add_random_layer(r, c, l);
     if (st == KVF_OK)
-        st = add_random_tensor(r, "model.norm.weight%.0d", 0, c->hidden, 0, RANDOM_NORM);
+        st = add_random_tensor(r, "model.norm.weight%.0d", 0, c->hidden, 0,
+                               c->norm_plus_one ? RANDOM_BIAS : RANDOM_NORM);
     if (st == KVF_OK && !c->tie_embeddings)
         st = add_random_tensor(r, "lm_head.weight%.0d", 0, c->vocab, c->hidden, RANDOM_MATRIX);
     return st;

@@ -290,6 +290,7 @@ typedef struct {
     int layers, hidden, heads, kv_heads, inter, vocab, max_pos, head_dim;
     int sliding_window, window_layers;
     double rope_theta, rms_eps;
+    double query_scalar, attn_softcap, final_softcap; /* gemma2 */
     uint64_t seed;
 } mkmodel_opts_t;
 
@@ -307,9 +308,13 @@ static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
                           .vocab = 512,
                           .max_pos = 4096,
                           .rope_theta = 10000.0,
-                          .rms_eps = 1e-5};
+                          .rms_eps = 1e-5,
+                          .query_scalar = 256,
+                          .attn_softcap = 5,
+                          .final_softcap = 10};
     const kvf_flag_t flags[] = {
-        {"arch", KVF_FLAG_STRING, &o->arch, "llama|mistral|qwen2|qwen3", "architecture", NULL},
+        {"arch", KVF_FLAG_STRING, &o->arch, "llama|mistral|qwen2|qwen3|gemma2", "architecture",
+         NULL},
         {"qwen2", KVF_FLAG_BOOL, &o->qwen2, NULL, "same as --arch qwen2", NULL},
         {"layers", KVF_FLAG_INT, &o->layers, "N", "decoder layers", NULL},
         {"hidden", KVF_FLAG_INT, &o->hidden, "N", "hidden size", NULL},
@@ -323,7 +328,8 @@ static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
         {"dtype", KVF_FLAG_STRING, &o->dtype_name, "f32|bf16|f16", "weight type", NULL},
         {"tie", KVF_FLAG_BOOL, &o->tie, NULL, "tie lm_head to the embedding", NULL},
         {"sliding-window", KVF_FLAG_INT, &o->sliding_window, "N",
-         "sliding-window attention over the last N positions (mistral, qwen2, qwen3; 0: none)",
+         "sliding-window attention over the last N positions (mistral, qwen2, qwen3; gemma2 on "
+         "layers 0, 2, 4, ...; 0: none)",
          NULL},
         {"window-layers", KVF_FLAG_INT, &o->window_layers, "N",
          "qwen2/qwen3 max_window_layers: the window applies from layer N on (default 0)", NULL},
@@ -332,6 +338,14 @@ static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
          &o->theta_seen},
         {"rms-eps", KVF_FLAG_DOUBLE, &o->rms_eps, "E", "RMSNorm epsilon (qwen2/qwen3 default: 1e-6)",
          &o->eps_seen},
+        {"query-scalar", KVF_FLAG_DOUBLE, &o->query_scalar, "S",
+         "gemma2 query_pre_attn_scalar: scores scaled by S^-1/2 (default 256)", NULL},
+        {"attn-softcap", KVF_FLAG_DOUBLE, &o->attn_softcap, "C",
+         "gemma2 attn_logit_softcapping (default 5, small enough to bite; 0: none)", NULL},
+        {"final-softcap", KVF_FLAG_DOUBLE, &o->final_softcap, "C",
+         "gemma2 final_logit_softcapping (default 10: random tied embeddings give logits "
+         "near 40, which a cap of 3 would flatten into ties; 0: none)",
+         NULL},
         {"seed", KVF_FLAG_UINT64, &o->seed, "S", "random seed (same seed, same weights)", NULL},
     };
     const char *positional[1] = {NULL};
@@ -368,24 +382,30 @@ static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
  * options that make no model. */
 static bool config_from_opts(const char *prog, const mkmodel_opts_t *o, kvf_model_config_t *cfg)
 {
-    static const char *arch_opts[] = {"llama", "mistral", "qwen2", "qwen3"};
+    static const char *arch_opts[] = {"llama", "mistral", "qwen2", "qwen3", "gemma2"};
     static const char *arch_names[] = {"LlamaForCausalLM", "MistralForCausalLM",
-                                       "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+                                       "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                       "Gemma2ForCausalLM"};
     int arch = -1;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (!strcmp(o->arch, arch_opts[i]))
             arch = i;
     if (arch < 0) {
-        fprintf(stderr, "%s: --arch must be llama, mistral, qwen2 or qwen3, not '%s'\n", prog,
-                o->arch);
+        fprintf(stderr, "%s: --arch must be llama, mistral, qwen2, qwen3 or gemma2, not '%s'\n",
+                prog, o->arch);
         return false;
     }
     bool is_qwen = arch == KVF_ARCH_QWEN2 || arch == KVF_ARCH_QWEN3;
     if (o->sliding_window < 0 || (o->sliding_window > 0 && arch == KVF_ARCH_LLAMA) ||
         o->window_layers < 0 || (o->window_layers > 0 && !is_qwen)) {
-        fprintf(stderr, "%s: --sliding-window N >= 0 needs --arch mistral, qwen2 or qwen3; "
+        fprintf(stderr, "%s: --sliding-window N >= 0 needs --arch mistral, qwen2, qwen3 or gemma2; "
                         "--window-layers qwen2 or qwen3\n",
                 prog);
+        return false;
+    }
+    bool gemma = arch == KVF_ARCH_GEMMA2;
+    if (gemma && (!(o->query_scalar > 0) || o->attn_softcap < 0 || o->final_softcap < 0)) {
+        fprintf(stderr, "%s: --query-scalar must be positive, the soft-caps non-negative\n", prog);
         return false;
     }
     kvf_dtype_t dtype;
@@ -415,11 +435,19 @@ static bool config_from_opts(const char *prog, const mkmodel_opts_t *o, kvf_mode
         .max_pos = o->max_pos,
         .rope_theta = is_qwen && !o->theta_seen ? 1000000.0 : o->rope_theta,
         .rms_eps = is_qwen && !o->eps_seen ? 1e-6 : o->rms_eps,
-        .tie_embeddings = o->tie,
+        .tie_embeddings = o->tie || gemma, /* Gemma2 ties its LM head */
         .qkv_bias = arch == KVF_ARCH_QWEN2,
         .qk_norm = arch == KVF_ARCH_QWEN3,
         .sliding_window = o->sliding_window,
         .window_first_layer = o->window_layers,
+        .window_period = gemma ? 2 : 1,
+        .act = gemma ? KVF_ACT_GELU_TANH : KVF_ACT_SILU,
+        .embed_scale = gemma,
+        .norm_plus_one = gemma,
+        .sandwich_norms = gemma,
+        .attn_scalar = gemma ? o->query_scalar : 0,
+        .attn_softcap = gemma ? o->attn_softcap : 0,
+        .final_softcap = gemma ? o->final_softcap : 0,
         .dtype = dtype,
         .n_eos = 1,
     };
@@ -459,7 +487,7 @@ static void print_summary(const char *dir, const kvf_model_config_t *cfg)
     uint64_t q_dim = (uint64_t)cfg->n_heads * (uint64_t)cfg->head_dim;
     uint64_t kv_dim = (uint64_t)cfg->n_kv_heads * (uint64_t)cfg->head_dim;
     uint64_t h = (uint64_t)cfg->hidden;
-    uint64_t per_layer = 2 * h + q_dim * h + 2 * kv_dim * h + h * q_dim +
+    uint64_t per_layer = (cfg->sandwich_norms ? 4 : 2) * h + q_dim * h + 2 * kv_dim * h + h * q_dim +
                          3 * (uint64_t)cfg->inter * h + (cfg->qkv_bias ? q_dim + 2 * kv_dim : 0) +
                          (cfg->qk_norm ? 2 * (uint64_t)cfg->head_dim : 0);
     uint64_t params = (uint64_t)cfg->vocab * h * (cfg->tie_embeddings ? 1 : 2) +

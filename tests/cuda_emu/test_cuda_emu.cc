@@ -12,6 +12,8 @@
 //                                loop for tables with ids outside the pool
 //                                (read as zero K, V)
 //   kvf_cuda_swiglu              CPU backend swiglu
+//   kvf_cuda_geglu               CPU backend geglu
+//   kvf_cuda_scale, _softcap     exact; kvf_det_softcap
 //   kvf_cuda_argmax              kvf_sample_argmax (ties, NaN, infinities)
 //   kvf_cuda_gather_rows         memcpy (exact)
 //
@@ -205,6 +207,8 @@ int main(void)
     test_add_rmsnorm();
     test_qkv_rope_write();
     test_swiglu();
+    test_geglu();
+    test_scale_softcap();
     test_argmax();
     test_gather();
     test_attention_shapes();

@@ -57,6 +57,8 @@ void test_embed();
 void test_add_rmsnorm();
 void test_qkv_rope_write();
 void test_swiglu();
+void test_geglu();
+void test_scale_softcap();
 void test_argmax();
 void test_gather();
 // test_cuda_emu_attention.cc, test_cuda_emu_attention_raw.cc

@@ -78,7 +78,8 @@ kvf_cuda_attn_t attn_of(const kv_batch &b, const attention_rows &r, const float 
     a.n_kv_heads = b.g.n_kv_heads;
     a.head_dim = r.hd;
     a.block_size = b.g.block_size;
-    a.scale = 1.0f / sqrtf((float)r.hd);
+    a.scale = b.scale > 0 ? b.scale : 1.0f / sqrtf((float)r.hd);
+    a.softcap = b.softcap;
     a.q = q;
     a.ld_q = r.ld_qkv;
     a.out = out;
@@ -191,17 +192,21 @@ void compare_with_cpu(check &c, kv_batch &b, const attention_plan &p, const atte
 // batch is written into both pools first, then both attentions read their
 // pool.
 void attention_case(geometry g, std::vector<seq_spec> specs, kvf_dtype_t adt, int split_keys,
-                    int extra_splits, prefill_kernel pk = prefill_kernel::cores, int window = 0)
+                    int extra_splits, prefill_kernel pk = prefill_kernel::cores, int window = 0,
+                    float softcap = 0)
 {
     kv_batch b(g, std::move(specs));
     b.window = window;
+    b.softcap = softcap;
+    b.scale = softcap > 0 ? 0.4f : 0; // Gemma2: a scale of its own with the cap
     const int hd = g.head_dim, q_dim = g.n_heads * hd, kv_dim = g.n_kv_heads * hd;
     const attention_rows r = {hd, q_dim, kv_dim, q_dim + 2 * kv_dim + 8, q_dim + 4};
     const attention_plan p = plan_attention(b, split_keys, extra_splits);
     const bool tc = pk == prefill_kernel::tensor_cores;
-    check c(fmt("attention %s %s: %zu tiles%s, %zu decode x %d splits of %d, window %d",
+    check c(fmt("attention %s %s: %zu tiles%s, %zu decode x %d splits of %d, window %d, cap %g",
                 b.describe().c_str(), kvf_dtype_name(adt), p.tiles.size() / 2,
-                tc ? " on tensor cores" : "", p.dec.size(), p.n_splits, p.split_keys, window));
+                tc ? " on tensor cores" : "", p.dec.size(), p.n_splits, p.split_keys, window,
+                (double)softcap));
     std::vector<float> qkv = random_floats((size_t)b.n_tokens * r.ld_qkv);
     for (int t = 0; t < b.n_tokens; t++) // sharper softmax than uniform q
         for (int j = 0; j < q_dim; j++)
@@ -421,6 +426,17 @@ void test_attention_vs_cpu()
     attention_case({4, 2, 24, 16}, {{0, 30}, {33, 1}}, KVF_DTYPE_F32, 0, 0, cores, 500);
     attention_case({4, 2, 16, 16}, {{0, 40}, {37, 9}, {5, 1}}, KVF_DTYPE_BF16, 0, 0, tc, 16);
     attention_case({8, 2, 64, 16}, {{0, 90}, {100, 17}}, KVF_DTYPE_F16, 0, 0, tc, 40);
+
+    // Gemma2: scores scaled by 0.4 and soft-capped at 2 (well inside the
+    // scores' range, so the cap bites), with and without a window, on both
+    // prefill kernels and decode.
+    for (kvf_dtype_t adt : k_adts)
+        attention_case({4, 2, 16, 16}, {{0, 40}, {37, 9}, {5, 1}, {60, 1}}, adt, 0, 0, cores, 16,
+                       2.0f);
+    attention_case({8, 2, 64, 16}, {{0, 30}, {100, 17}, {150, 1}}, KVF_DTYPE_F32, 32, 1, cores, 0,
+                   2.0f);
+    attention_case({4, 2, 16, 16}, {{0, 40}, {37, 9}, {5, 1}}, KVF_DTYPE_BF16, 0, 0, tc, 16, 2.0f);
+    attention_case({8, 2, 64, 16}, {{0, 30}, {100, 17}}, KVF_DTYPE_F16, 0, 0, tc, 0, 2.0f);
 }
 
 } // namespace kvf_emu_test

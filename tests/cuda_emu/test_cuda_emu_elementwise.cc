@@ -4,6 +4,8 @@
 //   kvf_cuda_embed         dtype.c's conversions (exact)
 //   kvf_cuda_add_rmsnorm   CPU backend rmsnorm after x += delta
 //   kvf_cuda_swiglu        CPU backend swiglu
+//   kvf_cuda_geglu         CPU backend geglu (Gemma2)
+//   kvf_cuda_scale, kvf_cuda_softcap   x * s exactly; kvf_det_softcap
 //   kvf_cuda_argmax        kvf_sample_argmax (ties, NaN, infinities)
 //   kvf_cuda_gather_rows   memcpy (exact)
 //
@@ -13,6 +15,7 @@
 #include "cuda_ops.h"
 #include "test_cuda_emu.h"
 extern "C" {
+#include "kvf/detmath.h"
 #include "kvf/sampling.h"
 }
 
@@ -156,6 +159,52 @@ void test_swiglu()
     refused(c, "unknown dtype", KVF_ERR_INVAL,
             [&] { return kvf_cuda_swiglu(nullptr, out, KVF_DTYPE_UNKNOWN, gu, 1, 8); });
     empty_ok(c, "swiglu", [&] { return kvf_cuda_swiglu(nullptr, out, KVF_DTYPE_F32, gu, 0, 8); });
+}
+
+void test_geglu()
+{
+    const int m = 3;
+    for (int n : {96, 300})
+        for (kvf_dtype_t adt : k_adts) {
+            check c(fmt("geglu %s %d x %d", kvf_dtype_name(adt), m, n));
+            std::vector<float> gu = random_floats((size_t)m * 2 * n, -8, 8);
+            auto got = both_orders(c, [&] {
+                auto out = sentinel_buffer((size_t)m * n + 7, adt);
+                launch_ok(c, "geglu", [&] {
+                    return kvf_cuda_geglu(nullptr, out.data(), adt, gu.data(), m, n);
+                });
+                return out;
+            });
+            std::vector<float> want((size_t)m * n);
+            g_cpu.ops->geglu(g_cpu.ctx, want.data(), gu.data(), m, n);
+            compare_rows(c, "out", got, adt, 1, m * n, m * n + 7, want.data(), m * n, 1e-5);
+        }
+    check c("geglu: bad shapes refused, empty batch launches nothing");
+    float gu[16] = {0}, out[8];
+    refused(c, "n 0", KVF_ERR_INVAL,
+            [&] { return kvf_cuda_geglu(nullptr, out, KVF_DTYPE_F32, gu, 1, 0); });
+    empty_ok(c, "geglu", [&] { return kvf_cuda_geglu(nullptr, out, KVF_DTYPE_F32, gu, 0, 8); });
+}
+
+void test_scale_softcap()
+{
+    check c("scale (exact) and softcap (kvf_det_softcap within 2e-6 of the cap)");
+    const size_t n = 1000;
+    std::vector<float> x = random_floats(n, -40, 40), y = x;
+    launch_ok(c, "scale", [&] { return kvf_cuda_scale(nullptr, y.data(), n, 8.0f); });
+    for (size_t i = 0; i < n; i++)
+        if (y[i] != x[i] * 8.0f)
+            c.fail("scale: %zu: %g, want %g", i, (double)y[i], (double)(x[i] * 8.0f));
+    y = x;
+    launch_ok(c, "softcap", [&] { return kvf_cuda_softcap(nullptr, y.data(), n, 10.0f); });
+    for (size_t i = 0; i < n; i++) {
+        float want = kvf_det_softcap(x[i], 10.0f);
+        if (fabsf(y[i] - want) > 2e-6f * 10.0f)
+            c.fail("softcap: %zu: %g, want %g", i, (double)y[i], (double)want);
+    }
+    float z[4] = {0};
+    refused(c, "cap 0", KVF_ERR_INVAL, [&] { return kvf_cuda_softcap(nullptr, z, 4, 0.0f); });
+    empty_ok(c, "softcap", [&] { return kvf_cuda_softcap(nullptr, z, 0, 1.0f); });
 }
 
 void test_argmax()

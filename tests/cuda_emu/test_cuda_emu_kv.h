@@ -33,6 +33,8 @@ struct kv_batch {
     std::vector<int32_t> pos, seq, tok_block; // per token
     int n_tokens = 0;
     int window = 0; // the attention's sliding window (0: none)
+    float scale = 0;   // the scores' scale (0: 1 / sqrt(head_dim))
+    float softcap = 0; // Gemma2's soft-cap of the scores (0: none)
 
     // Pools of random K/V (the same in both), shuffled block tables.
     kv_batch(geometry geom, std::vector<seq_spec> specs);
@@ -49,8 +51,8 @@ struct kv_batch {
     }
     kvf_batch_layout_t layout(const std::vector<const uint32_t *> &ptrs) const
     {
-        return kvf_batch_layout_t{n_tokens,         pos.data(),  seq.data(),
-                                  (int)seqs.size(), ptrs.data(), window};
+        return kvf_batch_layout_t{n_tokens,    pos.data(), seq.data(), (int)seqs.size(),
+                                  ptrs.data(), window,     scale,      softcap};
     }
     int64_t block_stride() const
     {

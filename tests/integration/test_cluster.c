@@ -128,43 +128,54 @@ static void test_2_prefill_3_decode_tcp(void **state)
     run_cluster(2, 3, "tcp,self");
 }
 
-/* Split equals colocated for the Qwen3 (q/k norms, a window on layer 1)
- * and sliding-window (16 positions, every layer) golden models: prompts
- * and generations that cross the windows and the block boundaries, on
- * one prefill and one decode node. */
+/* Split equals colocated for golden model `model` (the m-th, which picks
+ * the prompts' seeds): prompts and generations that cross the windows and
+ * the block boundaries, on one prefill and one decode node. */
+static void split_golden(const char *model, int m)
+{
+    static const size_t lens[] = {1, 17, 40, 93, 150, 33};
+    static const uint32_t max_tokens[] = {30, 40, 20, 40, 12, 40};
+    enum { N = sizeof(lens) / sizeof(lens[0]) };
+    char dir[1024];
+    snprintf(dir, sizeof(dir), "%s/golden/%s", KVF_TEST_DATA, model);
+    h_gen_t g[N];
+    uint32_t *ref[N];
+    size_t n_ref[N];
+    for (size_t i = 0; i < N; i++) {
+        h_gen_random(&g[i], lens[i], VOCAB, 50 + i + 10 * (uint64_t)m, max_tokens[i], i % 2 == 0);
+        ref[i] = h_colocated(dir, &g[i], &n_ref[i]);
+    }
+    h_cluster_t c;
+    h_cluster_init(&c, dir, "sm,self");
+    h_start_router(&c, NULL);
+    h_start_node(&c, "decode", "decode-0", NULL);
+    h_start_node(&c, "prefill", "prefill-0", NULL);
+    h_wait_nodes(&c, 2, 120000);
+    h_generate_many(&c, g, N, NULL, 120000);
+    h_check_outputs(&c, g, ref, n_ref, N, H_FINISH_STOP | H_FINISH_LENGTH);
+    h_wait_no_blocks_used(&c, 30000);
+    h_cluster_stop(&c, false);
+    for (size_t i = 0; i < N; i++) {
+        free(ref[i]);
+        h_gen_free(&g[i]);
+        free(g[i].prompt);
+    }
+}
+
 static void test_split_qwen3_sliding_window(void **state)
 {
     (void)state;
     static const char *models[] = {"tiny-qwen3-f32", "tiny-mistral-sw-f32"};
-    static const size_t lens[] = {1, 17, 40, 93, 150, 33};
-    static const uint32_t max_tokens[] = {30, 40, 20, 40, 12, 40};
-    enum { N = sizeof(lens) / sizeof(lens[0]) };
-    for (int m = 0; m < 2; m++) {
-        char dir[1024];
-        snprintf(dir, sizeof(dir), "%s/golden/%s", KVF_TEST_DATA, models[m]);
-        h_gen_t g[N];
-        uint32_t *ref[N];
-        size_t n_ref[N];
-        for (size_t i = 0; i < N; i++) {
-            h_gen_random(&g[i], lens[i], VOCAB, 50 + i + 10 * (uint64_t)m, max_tokens[i], i % 2 == 0);
-            ref[i] = h_colocated(dir, &g[i], &n_ref[i]);
-        }
-        h_cluster_t c;
-        h_cluster_init(&c, dir, "sm,self");
-        h_start_router(&c, NULL);
-        h_start_node(&c, "decode", "decode-0", NULL);
-        h_start_node(&c, "prefill", "prefill-0", NULL);
-        h_wait_nodes(&c, 2, 120000);
-        h_generate_many(&c, g, N, NULL, 120000);
-        h_check_outputs(&c, g, ref, n_ref, N, H_FINISH_STOP | H_FINISH_LENGTH);
-        h_wait_no_blocks_used(&c, 30000);
-        h_cluster_stop(&c, false);
-        for (size_t i = 0; i < N; i++) {
-            free(ref[i]);
-            h_gen_free(&g[i]);
-            free(g[i].prompt);
-        }
-    }
+    for (int m = 0; m < 2; m++)
+        split_golden(models[m], m);
+}
+
+/* The same for the Gemma2 golden model: the window of 16 on layers 0 and 2
+ * only, soft-capped scores and logits, the post-norms. */
+static void test_split_gemma2(void **state)
+{
+    (void)state;
+    split_golden("tiny-gemma2-f32", 2);
 }
 
 /* Two requests that cannot both fit the decode node's pool: the second is
@@ -358,6 +369,7 @@ int main(void)
         cmocka_unit_test_teardown(test_1_prefill_1_decode_shm, h_teardown),
         cmocka_unit_test_teardown(test_2_prefill_3_decode_tcp, h_teardown),
         cmocka_unit_test_teardown(test_split_qwen3_sliding_window, h_teardown),
+        cmocka_unit_test_teardown(test_split_gemma2, h_teardown),
         cmocka_unit_test_teardown(test_refusal, h_teardown),
         cmocka_unit_test_teardown(test_cancel, h_teardown),
         cmocka_unit_test_teardown(test_decode_node_joins, h_teardown),

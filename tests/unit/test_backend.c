@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "kvf/backend.h"
+#include "kvf/detmath.h"
 #include "kvf/kvcache.h"
 #include "support.h"
 
@@ -390,8 +391,8 @@ static void test_matmul_invariance(void **state)
     free(got);
 }
 
-/* swiglu, rmsnorm and rope: every instruction set, every row count, the
- * same bits as the scalar kernels (exp's tails included). */
+/* swiglu, geglu, rmsnorm and rmsnorm_add: every instruction set, every
+ * row count, the same bits as the scalar kernels (exp's tails included). */
 static void test_rowwise_invariance(void **state)
 {
     (void)state;
@@ -404,10 +405,22 @@ static void test_rowwise_invariance(void **state)
         gu[i] *= (float)(i % 7) * 20; /* 0, and out to exp's clamps */
     float *ref = malloc((size_t)m * dim * sizeof(float)), *got = malloc((size_t)m * dim * 4);
     float *nref = malloc((size_t)m * dim * sizeof(float)), *ngot = malloc((size_t)m * dim * 4);
+    float *gref = malloc((size_t)m * dim * sizeof(float)), *y0 = rand_floats((size_t)m * dim);
+    float *aref = malloc((size_t)m * dim * sizeof(float)), *agot = malloc((size_t)m * dim * 4);
     kvf_backend_t be;
     kvf_test_cpu_backend(&be, 1, KVF_CPU_ISA_SCALAR, KVF_CPU_WEIGHTS_NATIVE);
     assert_int_equal(be.ops->swiglu(be.ctx, ref, gu, m, dim), KVF_OK);
     assert_int_equal(be.ops->rmsnorm(be.ctx, nref, x, w, m, dim, 1e-6f), KVF_OK);
+    assert_int_equal(be.ops->geglu(be.ctx, gref, gu, m, dim), KVF_OK);
+    memcpy(aref, y0, (size_t)m * dim * sizeof(float));
+    assert_int_equal(be.ops->rmsnorm_add(be.ctx, aref, x, w, m, dim, 1e-6f), KVF_OK);
+    for (size_t i = 0; i < (size_t)m * dim; i++) /* y + the rmsnorm's own bits */
+        assert_true(aref[i] == y0[i] + nref[i]);
+    for (size_t i = 0; i < (size_t)m * dim; i++) {
+        size_t r = i / dim, c = i % dim;
+        float g = gu[r * 2 * dim + c], u = gu[r * 2 * dim + dim + c];
+        assert_true(gref[i] == kvf_det_gelu_tanh(g) * u);
+    }
     kvf_backend_destroy(&be);
     for (int i = 0; i < n_isa; i++)
         for (int threads = 1; threads <= 2; threads++) {
@@ -424,8 +437,17 @@ static void test_rowwise_invariance(void **state)
             kvf_test_assert_bits(ngot, nref, (size_t)m * dim, kvf_cpu_isa_name(isas[i]));
             assert_int_equal(be.ops->swiglu(be.ctx, got, gu, m, dim), KVF_OK);
             kvf_test_assert_bits(got, ref, (size_t)m * dim, kvf_cpu_isa_name(isas[i]));
+            assert_int_equal(be.ops->geglu(be.ctx, got, gu, m, dim), KVF_OK);
+            kvf_test_assert_bits(got, gref, (size_t)m * dim, kvf_cpu_isa_name(isas[i]));
+            memcpy(agot, y0, (size_t)m * dim * sizeof(float));
+            assert_int_equal(be.ops->rmsnorm_add(be.ctx, agot, x, w, m, dim, 1e-6f), KVF_OK);
+            kvf_test_assert_bits(agot, aref, (size_t)m * dim, kvf_cpu_isa_name(isas[i]));
             kvf_backend_destroy(&be);
         }
+    free(gref);
+    free(y0);
+    free(aref);
+    free(agot);
     free(gu);
     free(x);
     free(w);
@@ -440,8 +462,9 @@ static void test_rowwise_invariance(void **state)
  * size gives each token the bits the scalar kernels give it when it is
  * queried alone. */
 static void attention_alone(kvf_backend_t *be, int block_size, int head_dim, int n_heads,
-                            int n_kv, float *out, bool one_by_one)
+                            int n_kv, float *out, bool one_by_one, float softcap)
 {
+    const float scale = softcap > 0 ? 0.3f : 0; /* Gemma2's scale of its own with its cap */
     const int layer = 0, n_seq = 3;
     const int start[3] = {0, 21, 70}, end[3] = {37, 40, 71};
     kvf_kv_geometry_t g = {.n_layers = 1, .n_kv_heads = n_kv, .head_dim = head_dim,
@@ -484,7 +507,7 @@ static void attention_alone(kvf_backend_t *be, int block_size, int head_dim, int
             const uint32_t *t1[1] = {tables[seq[t]]};
             int32_t s0 = 0;
             kvf_batch_layout_t b = {.n_tokens = 1, .pos = &pos[t], .seq = &s0, .n_seqs = 1,
-                                    .block_tables = t1};
+                                    .block_tables = t1, .scale = scale, .softcap = softcap};
             assert_int_equal(be->ops->attention(be->ctx, out + (size_t)t * q_dim,
                                                 q + (size_t)t * q_dim, q_dim, pool, layer,
                                                 n_heads, &b),
@@ -492,7 +515,7 @@ static void attention_alone(kvf_backend_t *be, int block_size, int head_dim, int
         }
     } else {
         kvf_batch_layout_t b = {.n_tokens = n_tok, .pos = pos, .seq = seq, .n_seqs = n_seq,
-                                .block_tables = tables};
+                                .block_tables = tables, .scale = scale, .softcap = softcap};
         assert_int_equal(be->ops->attention(be->ctx, out, q, q_dim, pool, layer, n_heads, &b),
                          KVF_OK);
     }
@@ -519,7 +542,7 @@ static void test_attention_invariance(void **state)
         float *ref = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
         kvf_backend_t be;
         kvf_test_cpu_backend(&be, 1, KVF_CPU_ISA_SCALAR, KVF_CPU_WEIGHTS_NATIVE);
-        attention_alone(&be, 16, hd, nh, nkv, ref, true);
+        attention_alone(&be, 16, hd, nh, nkv, ref, true, 0);
         kvf_backend_destroy(&be);
         for (int i = 0; i < n_isa; i++)
             for (int threads = 1; threads <= 2; threads++) {
@@ -527,7 +550,7 @@ static void test_attention_invariance(void **state)
                 const int blocks[] = {1, 16, 48};
                 for (int bi = 0; bi < 3; bi++)
                     for (int alone = 0; alone < 2; alone++) {
-                        attention_alone(&be, blocks[bi], hd, nh, nkv, got, alone);
+                        attention_alone(&be, blocks[bi], hd, nh, nkv, got, alone, 0);
                         char what[128];
                         snprintf(what, sizeof(what),
                                  "attention %s, %d threads, block %d, head dim %d, %s",
@@ -540,6 +563,36 @@ static void test_attention_invariance(void **state)
         free(ref);
         free(got);
     }
+}
+
+/* Gemma2's scale and soft-capped scores: the same bits on every
+ * instruction set, thread count and batching, and not those without the
+ * cap (the cap is applied). */
+static void test_attention_softcap_invariance(void **state)
+{
+    (void)state;
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
+    int n_isa = kvf_test_cpu_isas(isas);
+    const int hd = 64, nh = 8, nkv = 2, n_tok = 37 + 19 + 1;
+    size_t n_out = (size_t)n_tok * nh * hd;
+    float *ref = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
+    kvf_backend_t be;
+    kvf_test_cpu_backend(&be, 1, KVF_CPU_ISA_SCALAR, KVF_CPU_WEIGHTS_NATIVE);
+    attention_alone(&be, 16, hd, nh, nkv, ref, true, 1.5f);
+    attention_alone(&be, 16, hd, nh, nkv, got, true, 0);
+    assert_true(kvf_test_max_abs_diff(got, ref, n_out) > 1e-3f);
+    kvf_backend_destroy(&be);
+    for (int i = 0; i < n_isa; i++)
+        for (int threads = 1; threads <= 2; threads++) {
+            kvf_test_cpu_backend(&be, threads, isas[i], KVF_CPU_WEIGHTS_NATIVE);
+            for (int alone = 0; alone < 2; alone++) {
+                attention_alone(&be, alone ? 16 : 1, hd, nh, nkv, got, alone, 1.5f);
+                kvf_test_assert_bits(got, ref, n_out, kvf_cpu_isa_name(isas[i]));
+            }
+            kvf_backend_destroy(&be);
+        }
+    free(ref);
+    free(got);
 }
 
 /* KVF_CPU_ISA forces a path; an unknown name or one this CPU lacks is
@@ -604,6 +657,7 @@ int main(void)
         cmocka_unit_test(test_matmul_invariance),
         cmocka_unit_test(test_rowwise_invariance),
         cmocka_unit_test(test_attention_invariance),
+        cmocka_unit_test(test_attention_softcap_invariance),
         cmocka_unit_test(test_isa_selection),
         cmocka_unit_test(test_fp_environment),
     };

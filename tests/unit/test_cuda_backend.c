@@ -309,6 +309,14 @@ static void test_golden_sliding_window(void **state)
     golden("tiny-mistral-sw-f32");
 }
 
+/* Gemma2: the embedding normalizer, post-norms, GeGLU, scaled and
+ * soft-capped scores (the window on layers 0 and 2), soft-capped logits. */
+static void test_golden_gemma2(void **state)
+{
+    (void)state;
+    golden("tiny-gemma2-f32");
+}
+
 /* ---- production-like heads, long context ------------------------------- */
 
 /* head_dim 64, 4 query heads per kv head (as Llama 3.2 1B), 1,100
@@ -653,6 +661,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_llama),           cmocka_unit_test(test_golden_qwen2),
         cmocka_unit_test(test_golden_qwen3),           cmocka_unit_test(test_golden_sliding_window),
+        cmocka_unit_test(test_golden_gemma2),
         cmocka_unit_test(test_long_context_vs_cpu),    cmocka_unit_test(test_cache_chunks_blocks),
         cmocka_unit_test(test_mixed_batch_and_graphs), cmocka_unit_test(test_mirror_and_upload),
     };

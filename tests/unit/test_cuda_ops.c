@@ -117,6 +117,13 @@ static void test_attention_checks(void **state)
     b = a;
     b.scale = 0;
     assert_int_equal(kvf_cuda_check_attention(&b), KVF_ERR_INVAL);
+    b = a;
+    b.softcap = 50.0f; /* Gemma2's soft-cap */
+    assert_int_equal(kvf_cuda_check_attention(&b), KVF_OK);
+    b.softcap = -1.0f;
+    assert_int_equal(kvf_cuda_check_attention(&b), KVF_ERR_INVAL);
+    b.softcap = NAN;
+    assert_int_equal(kvf_cuda_check_attention(&b), KVF_ERR_INVAL);
 
     /* prefill tiles: the last position must fall inside the table */
     static int32_t tiles[2] = {0, 3};

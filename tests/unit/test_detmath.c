@@ -89,12 +89,80 @@ static void test_rotary_tables(void **state)
     assert_true(differ * 100000 <= total);
 }
 
+/* Units in the last place of a double between got and the long double
+ * value want. */
+static double ulps(double got, long double want)
+{
+    double w = (double)want;
+    double ulp = nextafter(fabs(w), INFINITY) - fabs(w);
+    return (double)fabsl((long double)got - want) / ulp;
+}
+
+/* tanh against long double tanhl: within 3 ulp of a double everywhere
+ * (both sides of the 0.5 switch, the saturation at 22), odd, and its float
+ * rounding off the correctly rounded float by at most one float ulp. */
+static void test_tanh(void **state)
+{
+    (void)state;
+    double worst = 0;
+    long float_off = 0, total = 0;
+    for (double x = -30; x < 30; x += 0.000731) {
+        double got = kvf_det_tanh(x);
+        long double want = tanhl((long double)x);
+        double u = ulps(got, want);
+        if (u > worst)
+            worst = u;
+        if (u > 3)
+            fail_msg("tanh(%.17g) = %.17g, tanhl %.20Lg (%.2f ulp)", x, got, want, u);
+        assert_true(kvf_det_tanh(-x) == -got);
+        float f = kvf_det_tanhf((float)x), fw = (float)tanhl((long double)(float)x);
+        if (f != fw) {
+            float_off++;
+            assert_true(nextafterf(f, fw) == fw);
+        }
+        total++;
+    }
+    for (double x = 1e-300; x < 0.5; x *= 1.21)
+        if (ulps(kvf_det_tanh(x), tanhl((long double)x)) > 1)
+            fail_msg("tanh(%.17g) = %.17g, tanhl %.20Lg", x, kvf_det_tanh(x),
+                     tanhl((long double)x));
+    assert_true(kvf_det_tanh(0.0) == 0.0);
+    assert_true(kvf_det_tanh(40.0) == 1.0 && kvf_det_tanh(-40.0) == -1.0);
+    printf("tanh: worst %.2f ulp of a double; %ld of %ld float roundings off by one ulp\n", worst,
+           float_off, total);
+    assert_true(float_off * 10000 <= total);
+}
+
+/* Soft-capping and gelu_tanh against long double formulas. */
+static void test_softcap_gelu(void **state)
+{
+    (void)state;
+    for (float x = -60; x < 60; x += 0.0137f) {
+        float cap = 5.0f, got = kvf_det_softcap(x, cap);
+        long double want = (long double)cap * tanhl((long double)(x / cap));
+        assert_true(fabsl((long double)got - want) <= 1e-6L * fabsl(want) + 1e-30L);
+        assert_true(fabs(got) <= cap);
+        const long double k = 0.797884560802865355879892119868763737L;
+        long double xl = x;
+        long double u = k * (xl + 0.044715L * xl * xl * xl);
+        /* 0.5 x (1 + tanh u), and for x < 0 the same without its cancellation */
+        long double g = x >= 0 ? 0.5L * xl * (1.0L + tanhl(u)) : xl / (1.0L + expl(-2.0L * u));
+        float gg = kvf_det_gelu_tanh(x);
+        if (fabsl((long double)gg - g) > 1.2e-7L * fabsl(g) + 1e-38L)
+            fail_msg("gelu_tanh(%.9g) = %.9g, long double %.12Lg", x, gg, g);
+    }
+    assert_true(kvf_det_gelu_tanh(0.0f) == 0.0f);
+    assert_true(kvf_det_gelu_tanh(-20.0f) == -0.0f && kvf_det_gelu_tanh(20.0f) == 20.0f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exp_log_pow),
         cmocka_unit_test(test_sincos),
         cmocka_unit_test(test_rotary_tables),
+        cmocka_unit_test(test_tanh),
+        cmocka_unit_test(test_softcap_gelu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -138,13 +138,13 @@ static void test_cache_vs_recompute_gqa_mha_mqa(void **state)
     kvf_model_destroy(m);
 }
 
-/* The same for the Qwen3 and sliding-window golden models, past their
- * windows (20 and 16 positions), at block sizes 16 and 1. */
+/* The same for the Qwen3, sliding-window and Gemma2 golden models, past
+ * their windows (20, 16 and 16 positions), at block sizes 16 and 1. */
 static void test_cache_vs_recompute_qwen3_window(void **state)
 {
     (void)state;
-    const char *names[] = {"tiny-qwen3-f32", "tiny-mistral-sw-f32"};
-    for (int i = 0; i < 2; i++) {
+    const char *names[] = {"tiny-qwen3-f32", "tiny-mistral-sw-f32", "tiny-gemma2-f32"};
+    for (int i = 0; i < 3; i++) {
         kvf_model_t *m = kvf_test_load_golden(KVF_TEST_DATA, names[i]);
         check_cache_vs_recompute_n(m, 16, 37, 10);
         check_cache_vs_recompute_n(m, 1, 21, 6);

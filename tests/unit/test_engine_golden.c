@@ -140,6 +140,19 @@ static void test_golden_sliding_window(void **state)
         check_golden("tiny-mistral-sw-f32", isas[i]);
 }
 
+/* Gemma2: scaled embeddings, four (1 + w) norms per layer, GeGLU, scores
+ * scaled by query_pre_attn_scalar 24 (not head_dim 16) and soft-capped at
+ * 5, the window of 16 on layers 0 and 2 and not on layer 1, final logits
+ * capped at 10: each of them moves the logits far beyond 1e-4. */
+static void test_golden_gemma2(void **state)
+{
+    (void)state;
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
+    int n = kvf_test_cpu_isas(isas);
+    for (int i = 0; i < n; i++)
+        check_golden("tiny-gemma2-f32", isas[i]);
+}
+
 /* ---- the bits themselves -------------------------------------------- */
 
 /* The hash of every logit bit of the golden models' prompts (all
@@ -162,11 +175,12 @@ static void test_recorded_bits(void **state)
     cJSON *rec = cJSON_Parse(text);
     assert_non_null(rec);
     const char *names[] = {"tiny-llama-f32", "tiny-qwen2-bf16", "tiny-qwen3-f32",
-                           "tiny-mistral-sw-f32"};
+                           "tiny-mistral-sw-f32", "tiny-gemma2-f32"};
+    const int n_names = (int)(sizeof(names) / sizeof(names[0]));
     kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
     int n_isa = kvf_test_cpu_isas(isas);
     bool record = getenv("KVF_RECORD_BITS") != NULL;
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < n_names; m++) {
         const cJSON *want = cJSON_GetObjectItem(rec, names[m]);
         assert_true(record || cJSON_IsString(want));
         for (int i = 0; i < n_isa; i++) {
@@ -189,7 +203,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_llama),  cmocka_unit_test(test_golden_qwen2),
         cmocka_unit_test(test_golden_qwen3),  cmocka_unit_test(test_golden_sliding_window),
-        cmocka_unit_test(test_recorded_bits),
+        cmocka_unit_test(test_golden_gemma2), cmocka_unit_test(test_recorded_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -338,15 +338,16 @@ static void test_qwen2_tied_bf16(void **state)
     free(dir);
 }
 
-/* The Qwen3 and sliding-window golden models are `kvf mkmodel` with the
- * arguments expected.json records: the same config and weights, byte for
- * byte (q_norm/k_norm, head_dim 24, the window settings included). */
+/* The Qwen3, sliding-window and Gemma2 golden models are `kvf mkmodel`
+ * with the arguments expected.json records: the same config and weights,
+ * byte for byte (q_norm/k_norm, head_dim 24, the window settings, Gemma2's
+ * four norms, soft-caps and layer_types included). */
 static void test_qwen3_and_window_goldens(void **state)
 {
     (void)state;
-    const char *names[] = {"tiny-qwen3-f32", "tiny-mistral-sw-f32"};
+    const char *names[] = {"tiny-qwen3-f32", "tiny-mistral-sw-f32", "tiny-gemma2-f32"};
     cJSON *exp = load_json(KVF_TEST_DATA "/golden", "expected.json");
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         const cJSON *mj = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "models"), names[i]);
         const char *args = cJSON_GetObjectItem(mj, "mkmodel_args")->valuestring;
         char *dir = make_dir();
@@ -367,6 +368,23 @@ static void test_qwen3_and_window_goldens(void **state)
             assert_shape(h, "model.layers.0.self_attn.q_proj.weight", 96, 64);
             assert_null(cJSON_GetObjectItem(h, "model.layers.0.self_attn.q_proj.bias"));
             cJSON_Delete(h);
+        }
+        if (i == 2) {
+            cJSON *h = check_safetensors(dir, "F32", 4);
+            assert_shape(h, "model.layers.2.pre_feedforward_layernorm.weight", 64, 0);
+            assert_shape(h, "model.layers.2.post_feedforward_layernorm.weight", 64, 0);
+            assert_shape(h, "model.layers.0.post_attention_layernorm.weight", 64, 0);
+            assert_null(cJSON_GetObjectItem(h, "lm_head.weight")); /* tied */
+            cJSON_Delete(h);
+            cJSON *cfg = load_json(dir, "config.json");
+            const cJSON *types = cJSON_GetObjectItem(cfg, "layer_types");
+            assert_string_equal(cJSON_GetArrayItem(types, 0)->valuestring, "sliding_attention");
+            assert_string_equal(cJSON_GetArrayItem(types, 1)->valuestring, "full_attention");
+            assert_true(cJSON_GetObjectItem(cfg, "attn_logit_softcapping")->valuedouble == 5.0);
+            cJSON_Delete(cfg);
+            snprintf(cmd, sizeof(cmd), KVF " mkmodel %s --arch gemma2 --query-scalar 0 2>/dev/null",
+                     dir);
+            assert_int_equal(run(cmd, NULL), 2);
         }
         /* a window on an architecture without one is refused */
         snprintf(cmd, sizeof(cmd), KVF " mkmodel %s --sliding-window 16 2>/dev/null", dir);

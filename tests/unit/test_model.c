@@ -12,6 +12,7 @@
 #include "kvf/model.h"
 #include "kvf/safetensors.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -374,6 +375,75 @@ static void test_qwen3_and_windows(void **state)
                      KVF_ERR_FORMAT);
 }
 
+/* Gemma2: the golden model's config, its four norms per layer loaded with
+ * 1 + w folded in, the tied head; defaults and refusals of the config. */
+static void test_gemma2(void **state)
+{
+    (void)state;
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s/golden/tiny-gemma2-f32", KVF_TEST_DATA);
+    kvf_model_t *m;
+    assert_int_equal(kvf_model_load(dir, &m), KVF_OK);
+    const kvf_model_config_t *c = &m->cfg;
+    assert_int_equal(c->arch, KVF_ARCH_GEMMA2);
+    assert_int_equal(c->act, KVF_ACT_GELU_TANH);
+    assert_true(c->embed_scale && c->norm_plus_one && c->sandwich_norms && c->tie_embeddings);
+    assert_true(c->attn_scalar == 24.0 && c->attn_softcap == 5.0 && c->final_softcap == 10.0);
+    assert_true(kvf_model_attn_scale(c) == (float)(1.0 / sqrt(24.0)));
+    expect_windows(c, 16, 0, 16);
+    assert_true(m->lm_head == m->embed);
+    kvf_safetensors_t *st;
+    char path[600];
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    assert_int_equal(kvf_safetensors_open(path, &st), KVF_OK);
+    const char *names[4] = {"input_layernorm", "post_attention_layernorm",
+                            "pre_feedforward_layernorm", "post_feedforward_layernorm"};
+    for (int i = 0; i < 4; i++) {
+        char name[128];
+        snprintf(name, sizeof(name), "model.layers.2.%s.weight", names[i]);
+        const kvf_st_tensor_t *t = kvf_safetensors_find(st, name);
+        assert_non_null(t);
+        const float *file = t->data;
+        const kvf_layer_weights_t *L = &m->layers[2];
+        const float *loaded[4] = {L->attn_norm, L->post_attn_norm, L->ffn_norm, L->post_ffn_norm};
+        for (int d = 0; d < c->hidden; d++)
+            assert_true(loaded[i][d] == 1.0f + file[d]);
+    }
+    kvf_safetensors_close(st);
+    kvf_model_destroy(m);
+
+    kvf_model_config_t g;
+    write_text("generation_config.json", "{\"eos_token_id\": 2}");
+    /* HF's defaults: scalar 256, caps 50 and 30, window 4096 on even layers, tied */
+    assert_int_equal(window_config("Gemma2ForCausalLM", "", &g), KVF_OK);
+    assert_true(g.attn_scalar == 256.0 && g.attn_softcap == 50.0 && g.final_softcap == 30.0);
+    assert_true(g.tie_embeddings);
+    expect_windows(&g, 4096, 0, 4096);
+    assert_int_equal(window_config("Gemma2ForCausalLM",
+                                   "\"sliding_window\": null, \"attn_logit_softcapping\": 7.5, "
+                                   "\"final_logit_softcapping\": null, "
+                                   "\"tie_word_embeddings\": false,",
+                                   &g),
+                     KVF_OK);
+    expect_windows(&g, 0, 0, 0);
+    assert_true(g.attn_softcap == 7.5 && g.final_softcap == 0 && !g.tie_embeddings);
+    assert_int_equal(window_config("Gemma2ForCausalLM",
+                                   "\"sliding_window\": 8, \"layer_types\": [\"full_attention\", "
+                                   "\"sliding_attention\", \"full_attention\"],",
+                                   &g),
+                     KVF_OK);
+    expect_windows(&g, 0, 8, 0);
+    assert_int_equal(window_config("Gemma2ForCausalLM", "\"hidden_activation\": \"gelu\",", &g),
+                     KVF_ERR_UNSUPPORTED);
+    assert_int_equal(window_config("Gemma2ForCausalLM", "\"query_pre_attn_scalar\": 0,", &g),
+                     KVF_ERR_FORMAT);
+    assert_int_equal(window_config("Gemma2ForCausalLM",
+                                   "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
+                                   "\"sliding_attention\", \"full_attention\"],",
+                                   &g),
+                     KVF_ERR_UNSUPPORTED);
+}
+
 /* generation_config.json eos lists merge with config.json's. */
 static void test_eos_lists(void **state)
 {
@@ -399,6 +469,7 @@ int main(void)
         cmocka_unit_test(test_dtypes_and_shards),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_eos_lists),
+        cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_qwen3_and_windows),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);

@@ -3,8 +3,8 @@
 golden data in tests/data/golden/ (README.md there describes the format).
 
 Written from the published semantics of LlamaForCausalLM,
-MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM, independently of
-the C engine: it recomputes the whole sequence for every greedy step (no KV
+MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and Gemma2ForCausalLM,
+independently of the C engine: it recomputes the whole sequence for every greedy step (no KV
 cache) with dense masks, in numpy float64.
 
   kvf_reference.py check GOLDEN_DIR
@@ -61,7 +61,7 @@ class Config:
     def __init__(self, cfg):
         self.arch = cfg["architectures"][0]
         known = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                 "Qwen3ForCausalLM")
+                 "Qwen3ForCausalLM", "Gemma2ForCausalLM")
         if self.arch not in known:
             raise ValueError(f"architecture {self.arch} not handled")
         self.n_layers = cfg["num_hidden_layers"]
@@ -71,7 +71,9 @@ class Config:
         self.head_dim = cfg.get("head_dim") or self.hidden // self.n_heads
         self.eps = cfg.get("rms_norm_eps", 1e-6)
         self.theta = cfg.get("rope_theta", 10000.0)
-        self.tie = bool(cfg.get("tie_word_embeddings", False))
+        self.gemma2 = self.arch == "Gemma2ForCausalLM"
+        # Gemma2's config class ties the embeddings by default
+        self.tie = bool(cfg.get("tie_word_embeddings", self.gemma2))
         if cfg.get("rope_scaling"):
             raise ValueError("rope_scaling is not handled by the reference")
         qwen = self.arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -88,11 +90,28 @@ class Config:
         if self.arch == "LlamaForCausalLM":
             window = None
         types = cfg.get("layer_types")
+        if self.gemma2:
+            self.gemma2_config(cfg)
+            window = cfg.get("sliding_window", 4096)
+            if types is None:  # local attention on the even layers, global on the odd
+                types = ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                         for i in range(self.n_layers)]
         if types is None:
             first = cfg.get("max_window_layers", 28) if qwen else 0
             types = ["sliding_attention" if window is not None and i >= first
                      else "full_attention" for i in range(self.n_layers)]
         self.windows = [window if t == "sliding_attention" and window else None for t in types]
+
+
+    def gemma2_config(self, cfg):
+        """Gemma2: the attention's scalar, the soft-caps (None: no capping)
+        and the activation, gelu with the tanh approximation."""
+        self.query_scalar = cfg.get("query_pre_attn_scalar", 256)
+        self.attn_softcap = cfg.get("attn_logit_softcapping", 50.0)
+        self.final_softcap = cfg.get("final_logit_softcapping", 30.0)
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+        if act != "gelu_pytorch_tanh":
+            raise ValueError(f"Gemma2 activation {act} not handled")
 
 
 def load_model(model_dir):
@@ -106,6 +125,21 @@ def load_model(model_dir):
 def rmsnorm(x, w, eps):
     """w * x / sqrt(mean(x^2) + eps) over the last axis."""
     return w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+
+
+def norm(cfg, x, w):
+    """The model's RMSNorm: Gemma2 scales by (1 + w)."""
+    return rmsnorm(x, 1.0 + w if cfg.gemma2 else w, cfg.eps)
+
+
+def softcap(s, cap):
+    """cap * tanh(s / cap); no capping when cap is None."""
+    return s if not cap else cap * np.tanh(s / cap)
+
+
+def gelu_tanh(z):
+    """gelu with the tanh approximation: 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))."""
+    return 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z ** 3)))
 
 
 def rope(x, positions, theta):
@@ -140,7 +174,7 @@ def layer_forward(cfg, w, l, x, positions):
     p = f"model.layers.{l}."
     n = x.shape[0]
     hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    h = rmsnorm(x, w[p + "input_layernorm.weight"], cfg.eps)
+    h = norm(cfg, x, w[p + "input_layernorm.weight"])
     q = h @ w[p + "self_attn.q_proj.weight"].T
     k = h @ w[p + "self_attn.k_proj.weight"].T
     v = h @ w[p + "self_attn.v_proj.weight"].T
@@ -159,10 +193,15 @@ def layer_forward(cfg, w, l, x, positions):
     rep = nh // nkv  # query head i uses kv head i // rep
     k = np.repeat(k, rep, axis=0)
     v = np.repeat(v, rep, axis=0)
-    s = q @ k.transpose(0, 2, 1) / math.sqrt(hd)
+    if cfg.gemma2:  # query_pre_attn_scalar^-1/2, then the soft-cap, then the mask
+        s = softcap(q @ k.transpose(0, 2, 1) / math.sqrt(cfg.query_scalar), cfg.attn_softcap)
+    else:
+        s = q @ k.transpose(0, 2, 1) / math.sqrt(hd)
     s = np.where(attention_mask(n, cfg.windows[l]), s, -np.inf)
     o = softmax(s) @ v  # (heads, T, hd)
     o = o.transpose(1, 0, 2).reshape(n, nh * hd)
+    if cfg.gemma2:
+        return gemma2_mlp(cfg, w, p, x, o @ w[p + "self_attn.o_proj.weight"].T)
     x = x + o @ w[p + "self_attn.o_proj.weight"].T
     h2 = rmsnorm(x, w[p + "post_attention_layernorm.weight"], cfg.eps)
     g = h2 @ w[p + "mlp.gate_proj.weight"].T
@@ -170,18 +209,34 @@ def layer_forward(cfg, w, l, x, positions):
     return x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
 
 
+def gemma2_mlp(cfg, w, p, x, attn):
+    """Gemma2's rest of a layer: the attention output normed before its
+    residual add, then the GeGLU MLP between pre- and post-norms."""
+    x = x + norm(cfg, attn, w[p + "post_attention_layernorm.weight"])
+    h = norm(cfg, x, w[p + "pre_feedforward_layernorm.weight"])
+    g = h @ w[p + "mlp.gate_proj.weight"].T
+    u = h @ w[p + "mlp.up_proj.weight"].T
+    y = (gelu_tanh(g) * u) @ w[p + "mlp.down_proj.weight"].T
+    return x + norm(cfg, y, w[p + "post_feedforward_layernorm.weight"])
+
+
 def forward(cfg, w, ids):
     """Logits (T, vocab) at every position, and the residual stream of the
     last position after the embedding and after each layer."""
     x = w["model.embed_tokens.weight"][np.asarray(ids)]
+    if cfg.gemma2:  # the normalizer sqrt(hidden_size)
+        x = x * math.sqrt(cfg.hidden)
     positions = np.arange(len(ids))
     residuals = [x[-1].copy()]
     for l in range(cfg.n_layers):
         x = layer_forward(cfg, w, l, x, positions)
         residuals.append(x[-1].copy())
-    x = rmsnorm(x, w["model.norm.weight"], cfg.eps)
+    x = norm(cfg, x, w["model.norm.weight"])
     head = w["model.embed_tokens.weight"] if cfg.tie else w["lm_head.weight"]
-    return x @ head.T, residuals
+    logits = x @ head.T
+    if cfg.gemma2:
+        logits = softcap(logits, cfg.final_softcap)
+    return logits, residuals
 
 
 def argmax(row):
@@ -295,8 +350,9 @@ def cmd_add(golden, name, prompts_path, mkmodel_args):
     keys = ("architectures", "num_hidden_layers", "hidden_size", "num_attention_heads",
             "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "torch_dtype",
             "tie_word_embeddings", "rope_theta", "rms_norm_eps", "max_position_embeddings",
-            "sliding_window", "use_sliding_window", "max_window_layers", "bos_token_id",
-            "eos_token_id")
+            "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+            "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+            "hidden_activation", "bos_token_id", "eos_token_id")
     entry = {"dims": {k: dims_src[k] for k in keys if k in dims_src}}
     if mkmodel_args:
         entry["mkmodel_args"] = mkmodel_args

@@ -3,12 +3,9 @@
  * is split by output columns (matmul), rows (norms, swiglu) and query
  * tiles (attention), never inside a sum, so the thread count changes no
  * bit of a result. See kvf/backend.h and docs/numerics.md. */
-#include "kvf/backend.h"
 #include "kvf/log.h"
-#include "kvf/model.h"
-#include "kvf/threadpool.h"
 
-#include "cpu_kernels.h"
+#include "cpu_backend_internal.h"
 
 #include <fenv.h>
 #include <math.h>
@@ -20,28 +17,6 @@ _Static_assert(sizeof(float *) <= 2 * sizeof(float), "pointer wider than two flo
 
 /* Query tokens per attention work item. */
 #define ATTN_TILE_TOKENS 16
-
-typedef struct {
-    kvf_threadpool_t *pool;
-    int n_threads;
-    kvf_cpu_config_t cfg;
-    const kvf_cpu_kernels_t *k;
-    float **scratch;       /* (n_threads) per-thread attention scratch */
-    size_t scratch_floats; /* capacity of each */
-    float **gemm_scratch;  /* (n_threads) per-thread matmul scratch */
-    size_t gemm_scratch_floats;
-    /* attention work list, rebuilt per call */
-    int *tiles;            /* (cap_tiles, 2): first token, token count */
-    int cap_tiles;
-    /* the bound model's matrices */
-    const kvf_model_t *model;
-    kvf_cpu_packed_t *packed; /* (n_packed) by KVF_WEIGHT_INDEX */
-    int n_packed;
-    kvf_dtype_t wdtype;
-    size_t weight_bytes;
-    /* a matrix matmul() was given that is not the bound model's: packed per call */
-    kvf_cpu_packed_t adhoc;
-} cpu_ctx_t;
 
 /* ---- matmul --------------------------------------------------------- */
 
@@ -61,7 +36,7 @@ static void matmul_task(void *arg, int task, int thread)
     j->k->gemm(&j->g, p0, p1, j->scratch[thread]);
 }
 
-static kvf_status_t run_matmul(cpu_ctx_t *cx, float *y, const float *x,
+static kvf_status_t run_matmul(kvf_cpu_ctx_t *cx, float *y, const float *x,
                                const kvf_cpu_packed_t *pw, const float *bias, int m,
                                int accumulate)
 {
@@ -96,7 +71,7 @@ static kvf_status_t run_matmul(cpu_ctx_t *cx, float *y, const float *x,
 static kvf_status_t cpu_matmul(void *ctx, float *y, const float *x, const float *w,
                                const float *bias, int m, int n, int k, int accumulate)
 {
-    cpu_ctx_t *cx = ctx;
+    kvf_cpu_ctx_t *cx = ctx;
     if (m <= 0 || n <= 0 || k <= 0)
         return m == 0 ? KVF_OK : KVF_ERR_INVAL;
     /* A matrix given by pointer (a test's or a tool's; the engine projects
@@ -112,7 +87,7 @@ static kvf_status_t cpu_matmul(void *ctx, float *y, const float *x, const float 
 static kvf_status_t cpu_matmul_bound(void *ctx, float *y, const float *x, int weight,
                                      const float *bias, int m, int n, int k, int accumulate)
 {
-    cpu_ctx_t *cx = ctx;
+    kvf_cpu_ctx_t *cx = ctx;
     if (weight < 0 || weight >= cx->n_packed || m < 0 || cx->packed[weight].n != n ||
         cx->packed[weight].k != k)
         return KVF_ERR_INVAL;
@@ -123,7 +98,7 @@ static kvf_status_t cpu_matmul_bound(void *ctx, float *y, const float *x, int we
 
 /* ---- binding a model ------------------------------------------------ */
 
-static void unbind(cpu_ctx_t *cx)
+static void unbind(kvf_cpu_ctx_t *cx)
 {
     for (int i = 0; i < cx->n_packed; i++)
         kvf_cpu_packed_free(&cx->packed[i]);
@@ -136,7 +111,7 @@ static void unbind(cpu_ctx_t *cx)
 }
 
 typedef struct {
-    cpu_ctx_t *cx;
+    kvf_cpu_ctx_t *cx;
     const float *const *w;
     const int *n, *k;
     kvf_dtype_t dtype;
@@ -155,7 +130,7 @@ static void pack_task(void *arg, int task, int thread)
         j->st[task] = kvf_cpu_pack(p, j->w[task], j->n[task], j->k[task], KVF_DTYPE_F32);
 }
 
-static kvf_status_t pack_all(cpu_ctx_t *cx, const float **w, const int *n, const int *k, int count,
+static kvf_status_t pack_all(kvf_cpu_ctx_t *cx, const float **w, const int *n, const int *k, int count,
                              kvf_dtype_t dtype)
 {
     kvf_status_t *st = calloc((size_t)count, sizeof(*st));
@@ -192,7 +167,7 @@ static kvf_status_t pack_all(cpu_ctx_t *cx, const float **w, const int *n, const
 
 static kvf_status_t cpu_bind_model(void *ctx, const kvf_model_t *model)
 {
-    cpu_ctx_t *cx = ctx;
+    kvf_cpu_ctx_t *cx = ctx;
     if (cx->model == model)
         return KVF_OK;
     if (cx->model) {
@@ -245,130 +220,6 @@ fail_lists:
     return st;
 }
 
-/* ---- row-wise ops --------------------------------------------------- */
-
-typedef struct {
-    cpu_ctx_t *cx;
-    float *y;
-    const float *x, *w;
-    const float *cos_sin;
-    int m, dim, ld, n_heads, head_dim, rows_per_task;
-    float eps;
-} rows_job_t;
-
-/* One row: the sum of squares in double, in index order, the same on
- * every instruction set (plain C, no contraction). y may be x. */
-static void rmsnorm_row(float *y, const float *x, const float *w, int dim, float eps)
-{
-    double ss = 0;
-    for (int d = 0; d < dim; d++)
-        ss += (double)x[d] * x[d];
-    float inv = (float)(1.0 / sqrt(ss / dim + eps));
-    for (int d = 0; d < dim; d++)
-        y[d] = w[d] * (x[d] * inv);
-}
-
-static void rmsnorm_task(void *arg, int task, int thread)
-{
-    (void)thread;
-    rows_job_t *j = arg;
-    int i0 = task * j->rows_per_task, i1 = i0 + j->rows_per_task > j->m ? j->m : i0 + j->rows_per_task;
-    for (int i = i0; i < i1; i++)
-        rmsnorm_row(j->y + (size_t)i * (size_t)j->dim, j->x + (size_t)i * (size_t)j->dim, j->w,
-                    j->dim, j->eps);
-}
-
-/* Each head of each row, as a row of rmsnorm. */
-static void head_rmsnorm_task(void *arg, int task, int thread)
-{
-    (void)thread;
-    rows_job_t *j = arg;
-    int i0 = task * j->rows_per_task, i1 = i0 + j->rows_per_task > j->m ? j->m : i0 + j->rows_per_task;
-    for (int i = i0; i < i1; i++)
-        for (int h = 0; h < j->n_heads; h++) {
-            float *v = j->y + (size_t)i * (size_t)j->ld + (size_t)h * (size_t)j->head_dim;
-            rmsnorm_row(v, v, j->w, j->head_dim, j->eps);
-        }
-}
-
-static int rows_per_task(int m, int n_threads)
-{
-    int per = (m + 4 * n_threads - 1) / (4 * n_threads);
-    return per < 1 ? 1 : per;
-}
-
-static kvf_status_t cpu_rmsnorm(void *ctx, float *y, const float *x, const float *w, int m,
-                                int dim, float eps)
-{
-    cpu_ctx_t *cx = ctx;
-    rows_job_t j = {.cx = cx, .y = y, .x = x, .w = w, .m = m, .dim = dim, .eps = eps};
-    j.rows_per_task = rows_per_task(m, cx->n_threads);
-    kvf_threadpool_run(cx->pool, rmsnorm_task, &j, (m + j.rows_per_task - 1) / j.rows_per_task);
-    return KVF_OK;
-}
-
-static kvf_status_t cpu_head_rmsnorm(void *ctx, float *x, int ld, const float *w, int m,
-                                     int n_heads, int head_dim, float eps)
-{
-    cpu_ctx_t *cx = ctx;
-    rows_job_t j = {.cx = cx, .y = x, .w = w, .m = m, .ld = ld, .n_heads = n_heads,
-                    .head_dim = head_dim, .eps = eps};
-    j.rows_per_task = rows_per_task(m, cx->n_threads);
-    kvf_threadpool_run(cx->pool, head_rmsnorm_task, &j, (m + j.rows_per_task - 1) / j.rows_per_task);
-    return KVF_OK;
-}
-
-static void rope_task(void *arg, int task, int thread)
-{
-    (void)thread;
-    rows_job_t *j = arg;
-    int half = j->head_dim / 2;
-    int i0 = task * j->rows_per_task, i1 = i0 + j->rows_per_task > j->m ? j->m : i0 + j->rows_per_task;
-    for (int i = i0; i < i1; i++) {
-        const float *cs = j->cos_sin + (size_t)i * (size_t)j->head_dim;
-        for (int h = 0; h < j->n_heads; h++) {
-            float *v = j->y + (size_t)i * (size_t)j->ld + (size_t)h * (size_t)j->head_dim;
-            for (int d = 0; d < half; d++) {
-                float x0 = v[d], x1 = v[d + half], c = cs[d], s = cs[half + d];
-                v[d] = x0 * c - x1 * s;
-                v[d + half] = x1 * c + x0 * s;
-            }
-        }
-    }
-}
-
-static kvf_status_t cpu_rope(void *ctx, float *x, int ld, const float *cos_sin, int m,
-                             int n_heads, int head_dim)
-{
-    cpu_ctx_t *cx = ctx;
-    rows_job_t j = {.cx = cx, .y = x, .cos_sin = cos_sin, .m = m, .ld = ld,
-                    .n_heads = n_heads, .head_dim = head_dim};
-    j.rows_per_task = rows_per_task(m, cx->n_threads);
-    kvf_threadpool_run(cx->pool, rope_task, &j, (m + j.rows_per_task - 1) / j.rows_per_task);
-    return KVF_OK;
-}
-
-static void swiglu_task(void *arg, int task, int thread)
-{
-    (void)thread;
-    rows_job_t *j = arg;
-    int i0 = task * j->rows_per_task, i1 = i0 + j->rows_per_task > j->m ? j->m : i0 + j->rows_per_task;
-    for (int i = i0; i < i1; i++) {
-        const float *gu = j->x + (size_t)i * 2 * (size_t)j->dim;
-        float *out = j->y + (size_t)i * (size_t)j->dim;
-        j->cx->k->swiglu_row(out, gu, gu + j->dim, j->dim);
-    }
-}
-
-static kvf_status_t cpu_swiglu(void *ctx, float *out, const float *gu, int m, int n)
-{
-    cpu_ctx_t *cx = ctx;
-    rows_job_t j = {.cx = cx, .y = out, .x = gu, .m = m, .dim = n};
-    j.rows_per_task = rows_per_task(m, cx->n_threads);
-    kvf_threadpool_run(cx->pool, swiglu_task, &j, (m + j.rows_per_task - 1) / j.rows_per_task);
-    return KVF_OK;
-}
-
 /* ---- KV write and attention ----------------------------------------- */
 
 static kvf_status_t cpu_kv_write(void *ctx, kvf_kvpool_t *pool, int layer, const float *k,
@@ -392,7 +243,7 @@ static kvf_status_t cpu_kv_write(void *ctx, kvf_kvpool_t *pool, int layer, const
 }
 
 typedef struct {
-    cpu_ctx_t *cx;
+    kvf_cpu_ctx_t *cx;
     float *out;
     const float *q;
     int ld_q;
@@ -435,7 +286,8 @@ static void attention_task(void *arg, int task, int thread)
         .block_size = g->block_size,
         .keys = keys,
         .values = values,
-        .scale = (float)(1.0 / sqrt((double)hd)),
+        .scale = j->b->scale > 0 ? j->b->scale : (float)(1.0 / sqrt((double)hd)),
+        .softcap = j->b->softcap,
         .window = j->b->window,
     };
     j->cx->k->attention(&t, scratch);
@@ -445,7 +297,7 @@ static kvf_status_t cpu_attention(void *ctx, float *out, const float *q, int ld_
                                   const kvf_kvpool_t *pool, int layer, int n_heads,
                                   const kvf_batch_layout_t *b)
 {
-    cpu_ctx_t *cx = ctx;
+    kvf_cpu_ctx_t *cx = ctx;
     const kvf_kv_geometry_t *g = kvf_kvpool_geometry(pool);
     if (n_heads % g->n_kv_heads != 0)
         return KVF_ERR_INVAL;
@@ -501,7 +353,7 @@ static kvf_status_t cpu_attention(void *ctx, float *out, const float *q, int ld_
 
 static void cpu_destroy(void *ctx)
 {
-    cpu_ctx_t *cx = ctx;
+    kvf_cpu_ctx_t *cx = ctx;
     if (!cx)
         return;
     kvf_threadpool_destroy(cx->pool);
@@ -520,12 +372,14 @@ static void cpu_destroy(void *ctx)
 static const kvf_backend_ops_t cpu_ops = {
     .name = "cpu",
     .matmul = cpu_matmul,
-    .rmsnorm = cpu_rmsnorm,
-    .head_rmsnorm = cpu_head_rmsnorm,
-    .rope = cpu_rope,
+    .rmsnorm = kvf_cpu_op_rmsnorm,
+    .head_rmsnorm = kvf_cpu_op_head_rmsnorm,
+    .rope = kvf_cpu_op_rope,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
-    .swiglu = cpu_swiglu,
+    .swiglu = kvf_cpu_op_swiglu,
+    .geglu = kvf_cpu_op_geglu,
+    .rmsnorm_add = kvf_cpu_op_rmsnorm_add,
     .bind_model = cpu_bind_model,
     .matmul_bound = cpu_matmul_bound,
     .synchronize = NULL,
@@ -588,7 +442,7 @@ kvf_status_t kvf_backend_cpu_create_cfg(const kvf_cpu_config_t *cfg, kvf_backend
     st = kvf_cpu_isa_resolve(cfg->isa, &isa);
     if (st != KVF_OK)
         return st;
-    cpu_ctx_t *cx = calloc(1, sizeof(*cx));
+    kvf_cpu_ctx_t *cx = calloc(1, sizeof(*cx));
     if (!cx)
         return KVF_ERR_NOMEM;
     cx->cfg = *cfg;
@@ -623,28 +477,28 @@ int kvf_backend_cpu_threads(const kvf_backend_t *be)
 {
     if (be->ops != &cpu_ops)
         return 0;
-    return ((const cpu_ctx_t *)be->ctx)->n_threads;
+    return ((const kvf_cpu_ctx_t *)be->ctx)->n_threads;
 }
 
 kvf_cpu_isa_t kvf_backend_cpu_isa(const kvf_backend_t *be)
 {
     if (be->ops != &cpu_ops)
         return KVF_CPU_ISA_AUTO;
-    return ((const cpu_ctx_t *)be->ctx)->cfg.isa;
+    return ((const kvf_cpu_ctx_t *)be->ctx)->cfg.isa;
 }
 
 kvf_dtype_t kvf_backend_cpu_weights_dtype(const kvf_backend_t *be)
 {
     if (be->ops != &cpu_ops)
         return KVF_DTYPE_F32;
-    return ((const cpu_ctx_t *)be->ctx)->wdtype;
+    return ((const kvf_cpu_ctx_t *)be->ctx)->wdtype;
 }
 
 size_t kvf_backend_cpu_weight_bytes(const kvf_backend_t *be)
 {
     if (be->ops != &cpu_ops)
         return 0;
-    return ((const cpu_ctx_t *)be->ctx)->weight_bytes;
+    return ((const kvf_cpu_ctx_t *)be->ctx)->weight_bytes;
 }
 
 void kvf_backend_destroy(kvf_backend_t *be)

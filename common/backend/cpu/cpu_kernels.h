@@ -18,6 +18,9 @@
  *   chunk holding the first key in it; keys before that key have p = 0.
  * - exp: one polynomial (kvf_cpu_exp), evaluated with the same operations
  *   in every instruction set.
+ * - tanh (Gemma2's soft-capping of scores, its GeGLU): kvf_det_softcap and
+ *   kvf_det_gelu_tanh of kvf/detmath.h, one scalar function compiled once
+ *   and called by every instruction set's kernels.
  *
  * Weights are repacked once (cpu_pack.c) into panels of 32 output rows:
  * panel p holds rows 32p..32p+31 as k groups of 32 values (k-major), zero
@@ -31,6 +34,7 @@
 #include <stdint.h>
 
 #include "kvf/backend.h"
+#include "kvf/detmath.h"
 #include "kvf/dtype.h"
 
 /* Whether this compiler builds the x86 SIMD kernels: GCC's target
@@ -89,7 +93,8 @@ typedef struct {
     int block_size;
     const float *const *keys;    /* (n_blocks) */
     const float *const *values;  /* (n_blocks) */
-    float scale;                 /* 1 / sqrt(head_dim) */
+    float scale;                 /* 1 / sqrt(head_dim), or the model's (kvf_model_attn_scale) */
+    float softcap;               /* > 0: each scaled score s becomes kvf_det_softcap(s, softcap) */
     int window;                  /* sliding window W (keys > pos - W); 0: none */
 } kvf_cpu_attn_tile_t;
 

@@ -83,6 +83,8 @@ static void attention_scalar(const kvf_cpu_attn_tile_t *t, float *scratch)
                     int key = j0 + j;
                     const float *kj = t->keys[key / bs] + (size_t)(key % bs) * (size_t)hd;
                     s[j] = dot16_scalar(q, kj, hd) * t->scale;
+                    if (t->softcap > 0)
+                        s[j] = kvf_det_softcap(s[j], t->softcap);
                     mc = s[j] > mc ? s[j] : mc;
                 }
                 float mn = mc > m ? mc : m;

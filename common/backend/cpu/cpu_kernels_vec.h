@@ -250,6 +250,9 @@ static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
                     for (int j = 0; j < nj; j++)
                         s[j] = DOT16(q, krows[j], hd) * t->scale;
                 }
+                if (t->softcap > 0)
+                    for (int j = ja; j < nj; j++)
+                        s[j] = kvf_det_softcap(s[j], t->softcap);
                 for (int j = ja; j < nj; j++)
                     mc = s[j] > mc ? s[j] : mc;
                 const float mn = mc > m ? mc : m;

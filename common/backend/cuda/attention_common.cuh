@@ -40,6 +40,13 @@ __device__ __forceinline__ int kvf_attn_first_key(const kvf_cuda_attn_t &a, int 
     return a.window > 0 && pos >= a.window ? pos - a.window + 1 : 0;
 }
 
+// A scaled score, soft-capped when cap > 0 (Gemma2): cap * tanh(s / cap).
+// Masked scores stay -inf: callers cap only the keys a query sees.
+__device__ __forceinline__ float kvf_attn_softcap(float s, float cap)
+{
+    return cap > 0.0f ? tanhf(s / cap) * cap : s;
+}
+
 // The prefill tile of this CTA (blockIdx.x): its first batch row in
 // *first_p and its token count, clamped to the batch and to rows_cap query
 // rows (the host checks tiles; a bad one cannot reach outside). <= 0:

@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
             }
             dot = kvf_warp_sum(dot);
             if (lane == 0)
-                s_s[h * split_keys + j] = dot * a.scale;
+                s_s[h * split_keys + j] = kvf_attn_softcap(dot * a.scale, a.softcap);
         }
     }
     __syncthreads();

@@ -187,7 +187,8 @@ __global__ void __launch_bounds__(PF_THREADS)
                 int r = srg + S_RG * i;
                 // Selected, not multiplied: a masked score is -inf whatever the dot was.
                 const bool seen = p <= row_pos[r] && p >= kvf_attn_first_key(a, row_pos[r]);
-                s_s[r * (KC + 1) + j] = seen ? acc[i] * a.scale : -INFINITY;
+                s_s[r * (KC + 1) + j] =
+                    seen ? kvf_attn_softcap(acc[i] * a.scale, a.softcap) : -INFINITY;
             }
         }
         __syncthreads();

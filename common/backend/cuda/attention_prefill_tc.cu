@@ -180,8 +180,12 @@ __global__ void __launch_bounds__(TC_THREADS)
         for (int i = 0; i < 16; i++) {
             const int r = r0 + i, rp = row_pos[r], lo = kvf_attn_first_key(a, rp);
             const int p0k = k0 + lane, p1k = k0 + lane + 32;
-            float s0 = p0k <= rp && p0k >= lo ? s_s[r * L.lds + lane] * a.scale : -INFINITY;
-            float s1 = p1k <= rp && p1k >= lo ? s_s[r * L.lds + lane + 32] * a.scale : -INFINITY;
+            float s0 = p0k <= rp && p0k >= lo
+                           ? kvf_attn_softcap(s_s[r * L.lds + lane] * a.scale, a.softcap)
+                           : -INFINITY;
+            float s1 = p1k <= rp && p1k >= lo
+                           ? kvf_attn_softcap(s_s[r * L.lds + lane + 32] * a.scale, a.softcap)
+                           : -INFINITY;
             const float m_old = m_s[r], l_old = l_s[r];
             const float m_new = fmaxf(m_old, kvf_warp_max(fmaxf(s0, s1)));
             // No key of this row yet: exponentials against 0 give 0, not NaN.

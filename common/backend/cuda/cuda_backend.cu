@@ -109,6 +109,8 @@ static const kvf_backend_ops_t cuda_ops = {
     NULL, // kv_write
     NULL, // attention
     NULL, // swiglu
+    NULL, // geglu
+    NULL, // rmsnorm_add
     kvf_cuda__forward,
     NULL, // bind_model: the weights were uploaded at creation
     NULL, // matmul_bound: forward owns the whole pass

@@ -47,6 +47,7 @@ typedef struct {
     const void *wqkv;            // (q_dim + 2 kv_dim, hidden) wdt
     const float *bqkv;           // (q_dim + 2 kv_dim) f32, or NULL
     const float *q_norm, *k_norm; // (head_dim) f32 (Qwen3), or NULL
+    const float *post_attn_norm, *post_ffn_norm; // (hidden) f32 (Gemma2), or NULL
     const void *wo;              // (hidden, q_dim)
     const void *wgu;             // (2 inter, hidden)
     const void *wdown;           // (hidden, inter)

@@ -107,7 +107,9 @@ static kvf_status_t enqueue_attention(cuda_ctx_t *c, const batch_plan_t *p,
     a.n_kv_heads = m->n_kv_heads;
     a.head_dim = m->head_dim;
     a.block_size = pv->block_size;
-    a.scale = 1.0f / sqrtf((float)m->head_dim);
+    // Gemma2: query_pre_attn_scalar^-1/2 and its soft-cap; else 1 / sqrt(head_dim)
+    a.scale = m->attn_scalar > 0 ? kvf_model_attn_scale(m) : 1.0f / sqrtf((float)m->head_dim);
+    a.softcap = (float)m->attn_softcap;
     a.q = c->qkv;
     a.ld_q = c->qkv_dim;
     a.out = c->att;
@@ -132,9 +134,21 @@ static kvf_status_t enqueue_attention(cuda_ctx_t *c, const batch_plan_t *p,
     return KVF_OK;
 }
 
+// A block's output in delta, RMS-normed in place with its post-norm
+// (Gemma2; NULL: none) before the next norm adds it in.
+static kvf_status_t post_norm(cuda_ctx_t *c, const float *w, int n)
+{
+    const kvf_model_config_t *m = &c->model->cfg;
+    if (!w)
+        return KVF_OK;
+    return kvf_cuda_add_rmsnorm(c->stream, c->delta, NULL, w, c->delta, m->hidden, KVF_DTYPE_F32,
+                                n, m->hidden, (float)m->rms_eps);
+}
+
 // Layer l for every row: attention block (norm, qkv, rope and K/V write,
 // attention, output projection), then the MLP block (norm, gate/up,
-// SwiGLU, down projection), whose output the next norm adds in.
+// SwiGLU or GeGLU, down projection), whose output the next norm adds in
+// (Gemma2: each block's output RMS-normed first).
 static kvf_status_t enqueue_layer(cuda_ctx_t *c, kvf_kvpool_t *pool, const batch_plan_t *p,
                                   const batch_inputs_t *in, const pool_view_t *pv, int l,
                                   size_t n_touched, bool mark_layers)
@@ -158,12 +172,16 @@ static kvf_status_t enqueue_layer(cuda_ctx_t *c, kvf_kvpool_t *pool, const batch
         TRY(cudaEventRecord(c->layer_done[l], st), "event record");
     CHECK(enqueue_attention(c, p, in, pv, l));
     CHECK(gemm(c, c->delta, c->att, L->wo, n, hidden, c->q_dim));
+    CHECK(post_norm(c, L->post_attn_norm, n));
     CHECK(kvf_cuda_add_rmsnorm(st, c->x, c->delta, L->ffn_norm, c->h, hidden, c->wdt, n, hidden,
                                eps));
     CHECK(gemm(c, c->gu, c->h, L->wgu, n, 2 * m->inter, hidden));
-    CHECK(kvf_cuda_swiglu(st, c->act, c->wdt, c->gu, n, m->inter));
+    if (m->act == KVF_ACT_GELU_TANH)
+        CHECK(kvf_cuda_geglu(st, c->act, c->wdt, c->gu, n, m->inter));
+    else
+        CHECK(kvf_cuda_swiglu(st, c->act, c->wdt, c->gu, n, m->inter));
     CHECK(gemm(c, c->delta, c->act, L->wdown, n, hidden, m->inter));
-    return KVF_OK;
+    return post_norm(c, L->post_ffn_norm, n);
 }
 
 // Logits and greedy ids of the rows that want them. The last MLP's output
@@ -178,6 +196,9 @@ static kvf_status_t enqueue_logits(cuda_ctx_t *c, const batch_plan_t *p, const b
                                (float)m->rms_eps));
     CHECK(kvf_cuda_gather_rows(st, c->hout, c->h, (size_t)hidden * c->wsz, in->out_rows, p->n_out));
     CHECK(gemm(c, c->logits, c->hout, c->lm_head, p->n_out, m->vocab, hidden));
+    if (m->final_softcap > 0)
+        CHECK(kvf_cuda_softcap(st, c->logits, (size_t)p->n_out * m->vocab,
+                               (float)m->final_softcap));
     CHECK(kvf_cuda_argmax(st, c->ids, c->logits, p->n_out, m->vocab));
     return KVF_OK;
 }
@@ -189,6 +210,9 @@ kvf_status_t kvf_cuda__enqueue_forward(cuda_ctx_t *c, kvf_kvpool_t *pool, const 
     const batch_inputs_t in = batch_inputs(c, p);
     const pool_view_t pv = pool_view(pool);
     CHECK(kvf_cuda_embed(c->stream, c->x, c->embed, c->wdt, in.tokens, p->n, m->hidden, m->vocab));
+    if (m->embed_scale) // sqrt(hidden) rounded to float, as the CPU engine's
+        CHECK(kvf_cuda_scale(c->stream, c->x, (size_t)p->n * m->hidden,
+                             (float)sqrt((double)m->hidden)));
     for (int l = 0; l < m->n_layers; l++)
         CHECK(enqueue_layer(c, pool, p, &in, &pv, l, n_touched, mark_layers));
     if (p->n_out == 0)

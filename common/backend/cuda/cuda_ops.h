@@ -42,7 +42,8 @@ typedef struct {
     int64_t block_stride;  /* elements per block (every layer) */
     int n_pool_blocks;     /* blocks in the pool (ids below this) */
     int n_heads, n_kv_heads, head_dim, block_size;
-    float scale;    /* 1 / sqrt(head_dim) */
+    float scale;    /* 1 / sqrt(head_dim), or the model's (kvf_model_attn_scale) */
+    float softcap;  /* > 0: scaled scores become softcap * tanh(s / softcap) (Gemma2); 0: none */
     const float *q; /* (n_tokens, n_heads * head_dim) rows of stride ld_q */
     int ld_q;
     void *out; /* (n_tokens, n_heads * head_dim) in adt, row stride ld_out */
@@ -160,6 +161,18 @@ kvf_status_t kvf_cuda_attention_decode(cudaStream_t st, const kvf_cuda_attn_t *a
 /* out(m, n) = silu(gu[:, :n]) * gu[:, n:] in adt; gu (m, 2n) f32. */
 kvf_status_t kvf_cuda_swiglu(cudaStream_t st, void *out, kvf_dtype_t adt, const float *gu, int m,
                              int n);
+
+/* The same with gelu_tanh(gate) (Gemma2's GeGLU), as x / (1 + e^(-2u)),
+ * u = sqrt(2/pi) (x + 0.044715 x^3). */
+kvf_status_t kvf_cuda_geglu(cudaStream_t st, void *out, kvf_dtype_t adt, const float *gu, int m,
+                            int n);
+
+/* x[i] = x[i] * s for i < n (f32): Gemma2's embedding normalizer. */
+kvf_status_t kvf_cuda_scale(cudaStream_t st, float *x, size_t n, float s);
+
+/* x[i] = cap * tanh(x[i] / cap) for i < n (f32), cap > 0: Gemma2's final
+ * logit soft-capping, before the argmax. */
+kvf_status_t kvf_cuda_softcap(cudaStream_t st, float *x, size_t n, float cap);
 
 /* dst row i = src row rows[i] (n_rows rows of row_bytes, a multiple of 2). */
 kvf_status_t kvf_cuda_gather_rows(cudaStream_t st, void *dst, const void *src, size_t row_bytes,

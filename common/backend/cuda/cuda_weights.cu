@@ -74,6 +74,13 @@ static kvf_status_t upload_model(uploader_t *u)
             CHECK(upload(u, W->bqkv, qkv, KVF_DTYPE_F32, &p));
             L->bqkv = (const float *)p;
         }
+        L->post_attn_norm = L->post_ffn_norm = NULL;
+        if (W->post_attn_norm) {
+            CHECK(upload(u, W->post_attn_norm, h, KVF_DTYPE_F32, &p));
+            L->post_attn_norm = (const float *)p;
+            CHECK(upload(u, W->post_ffn_norm, h, KVF_DTYPE_F32, &p));
+            L->post_ffn_norm = (const float *)p;
+        }
         L->q_norm = L->k_norm = NULL;
         if (W->q_norm) {
             CHECK(upload(u, W->q_norm, (size_t)m->head_dim, KVF_DTYPE_F32, &p));

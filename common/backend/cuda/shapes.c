@@ -89,8 +89,9 @@ kvf_status_t kvf_cuda_check_attention(const kvf_cuda_attn_t *a)
                       (long long)a->block_stride, slice);
         return KVF_ERR_INVAL;
     }
-    if (!(a->scale > 0.0f)) {
-        kvf_log_error("cuda attention: scale %g", (double)a->scale);
+    if (!(a->scale > 0.0f) || !(a->softcap >= 0.0f)) {
+        kvf_log_error("cuda attention: scale %g, soft-cap %g", (double)a->scale,
+                      (double)a->softcap);
         return KVF_ERR_INVAL;
     }
     return KVF_OK;

@@ -39,6 +39,9 @@ typedef struct {
     int n_seqs;
     const uint32_t *const *block_tables; /* (n_seqs) arrays of block ids */
     int window; /* the layer's sliding window (kvf_model_layer_window); 0: none */
+    float scale;   /* scores are q·k times this (kvf_model_attn_scale); 0: 1 / sqrt(head_dim) */
+    float softcap; /* > 0: scores become softcap * tanh(s / softcap) (kvf_det_softcap) before
+                      the softmax (Gemma2's attn_logit_softcapping); 0: none */
 } kvf_batch_layout_t;
 
 /* The projections of a bound model by index: layer l's are
@@ -85,7 +88,8 @@ typedef struct kvf_backend_ops {
 
     /* out(n_tokens, n_heads * head_dim) = causal softmax(q·kᵀ / sqrt(head_dim))·v
      * over each token's sequence in the pool (q row stride ld_q), within
-     * batch->window when it is set. Query head h uses kv head
+     * batch->window when it is set, with batch->scale for 1 / sqrt(head_dim)
+     * when set and the scores soft-capped when batch->softcap is. Query head h uses kv head
      * h / (n_heads / n_kv_heads). */
     kvf_status_t (*attention)(void *ctx, float *out, const float *q, int ld_q,
                               const kvf_kvpool_t *pool, int layer, int n_heads,
@@ -93,6 +97,16 @@ typedef struct kvf_backend_ops {
 
     /* out(m, n) = silu(gu[:, :n]) * gu[:, n:], gu (m, 2n). */
     kvf_status_t (*swiglu)(void *ctx, float *out, const float *gu, int m, int n);
+
+    /* (optional: only models with the gelu_tanh activation need it) out(m, n)
+     * = gelu_tanh(gu[:, :n]) * gu[:, n:] (kvf_det_gelu_tanh), gu (m, 2n). */
+    kvf_status_t (*geglu)(void *ctx, float *out, const float *gu, int m, int n);
+
+    /* (optional: only models with sandwich_norms need it) y(m, dim) +=
+     * rmsnorm(x) as rmsnorm() computes it with weight w: the norm of a
+     * block's output before its residual add (Gemma2). */
+    kvf_status_t (*rmsnorm_add)(void *ctx, float *y, const float *x, const float *w, int m,
+                                int dim, float eps);
 
     /* (optional) The whole forward pass of kvf_engine_forward(), for a
      * backend that keeps the model and activations in its own memory (the

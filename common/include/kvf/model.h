@@ -7,7 +7,12 @@
  * RoPE), with GQA/MQA, an explicit head_dim, tied embeddings, rope_scaling
  * "linear" or "llama3" and sliding-window attention (Mistral's
  * sliding_window; Qwen2/Qwen3 use_sliding_window for the layers from
- * max_window_layers on). Weights (F32, F16, BF16) are converted
+ * max_window_layers on), and Gemma2ForCausalLM (embeddings scaled by
+ * sqrt(hidden_size), RMSNorm weights applied as 1 + w, a norm after the
+ * attention and after the MLP as well as before each, a GeGLU MLP, the
+ * attention scaled by query_pre_attn_scalar^-0.5, soft-capped attention
+ * and final logits, the sliding window on every other layer from layer 0,
+ * tied embeddings). Weights (F32, F16, BF16) are converted
  * to f32 once, into two slab allocations that every tensor points into:
  * the projections in one (which a backend holding its own copy drops), the
  * embedding, norms and biases in the other.
@@ -32,7 +37,14 @@ typedef enum {
     KVF_ARCH_MISTRAL = 1,
     KVF_ARCH_QWEN2 = 2,
     KVF_ARCH_QWEN3 = 3,
+    KVF_ARCH_GEMMA2 = 4,
 } kvf_arch_t;
+
+/* The MLP's activation: silu(gate) * up or gelu_tanh(gate) * up. */
+typedef enum {
+    KVF_ACT_SILU = 0,      /* hidden_act "silu": SwiGLU */
+    KVF_ACT_GELU_TANH = 1, /* "gelu_pytorch_tanh": GeGLU with the tanh gelu (Gemma2) */
+} kvf_act_t;
 
 #define KVF_MODEL_MAX_EOS 8
 
@@ -66,6 +78,16 @@ typedef struct {
     bool qk_norm;            /* Qwen3: q_norm / k_norm (head_dim) on each head before RoPE */
     int sliding_window;      /* 0: none; else a query at p sees keys > p - sliding_window */
     int window_first_layer;  /* the window applies to layers >= this (Qwen max_window_layers) */
+    int window_period;       /* 0 or 1: to every layer from window_first_layer on; 2: to every
+                                other one (Gemma2: layers 0, 2, 4, ...) */
+    kvf_act_t act;           /* hidden_act (Gemma2: hidden_activation) */
+    bool embed_scale;        /* Gemma2: embeddings times sqrt(hidden_size), rounded to float */
+    bool norm_plus_one;      /* Gemma2: RMSNorms multiply by 1 + weight (folded in at load) */
+    bool sandwich_norms;     /* Gemma2: post_attention_layernorm on the attention output and
+                                post_feedforward_layernorm on the MLP's, before each residual add */
+    double attn_scalar;      /* query_pre_attn_scalar: scores scaled by its -1/2; 0: head_dim */
+    double attn_softcap;     /* attn_logit_softcapping: scores cap * tanh(s / cap); 0: none */
+    double final_softcap;    /* final_logit_softcapping: logits alike; 0: none */
     kvf_dtype_t dtype;       /* torch_dtype, informational */
     int64_t bos_id;          /* -1 when none */
     int64_t eos_ids[KVF_MODEL_MAX_EOS]; /* config.json and generation_config.json, merged */
@@ -84,7 +106,9 @@ typedef struct {
     float *q_norm;    /* (head_dim) self_attn.q_norm, NULL without qk_norm */
     float *k_norm;    /* (head_dim) self_attn.k_norm, NULL without qk_norm */
     float *wo;        /* (hidden, q_dim) o_proj */
-    float *ffn_norm;  /* (hidden) post_attention_layernorm */
+    float *post_attn_norm; /* (hidden) Gemma2 post_attention_layernorm, else NULL */
+    float *ffn_norm;  /* (hidden) post_attention_layernorm (Gemma2: pre_feedforward_layernorm) */
+    float *post_ffn_norm; /* (hidden) Gemma2 post_feedforward_layernorm, else NULL */
     float *wgu;       /* (2*inter, hidden): rows of gate_proj, then up_proj */
     float *wdown;     /* (hidden, inter) down_proj */
 } kvf_layer_weights_t;
@@ -144,6 +168,10 @@ const char *kvf_model_fingerprint(const kvf_model_t *model);
 /* The attention window of layer l: 0 for full causal attention, else W
  * (a query at position p attends to keys at positions p - W + 1 .. p). */
 int kvf_model_layer_window(const kvf_model_config_t *cfg, int layer);
+
+/* The factor attention scores are multiplied by: query_pre_attn_scalar^-1/2
+ * when the config has one, else head_dim^-1/2 (in double, then float). */
+float kvf_model_attn_scale(const kvf_model_config_t *cfg);
 
 /* True when id is one of the config's EOS ids. */
 bool kvf_model_is_eos(const kvf_model_config_t *cfg, int64_t id);
