@@ -59,6 +59,7 @@ typedef struct {
 typedef struct {
     bool chat, stream, include_usage;
     char *prompt;  /* owned: the text (chat: rendered), or NULL with ids */
+    size_t prompt_len; /* its bytes: it may hold U+0000 (router/json_nul.h) */
     uint32_t *ids; /* (n_ids) owned: prompt token ids */
     size_t n_ids;
     /* The sampling parameters; sampling.stop points at stop (owned). */
