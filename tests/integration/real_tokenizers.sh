@@ -11,7 +11,8 @@
 #     (`kvf generate --prompt-ids` on the ids `kvf tokenize --jsonl` gives
 #     for the prompt; for chat, for the prompt the family's template
 #     renders, written out below), usage.prompt_tokens equals the number of
-#     those ids;
+#     those ids, and the streamed text equals the generated ids decoded whole
+#     (`kvf tokenize --decode`);
 #   - a stop string: the text cut before it, finish_reason stop, streamed too;
 #   - afterwards, 0 KV blocks in use on both nodes (/metrics).
 #
@@ -41,7 +42,7 @@ for tool in curl python3 xz; do
     command -v "$tool" > /dev/null || fail "$tool is not installed"
 done
 
-MAX_TOKENS=12
+MAX_TOKENS=${KVF_REALTOK_MAX_TOKENS:-12} # tokens generated per request
 
 # The requests of one family, as files under DIR: for each case NAME a line
 # "NAME KIND" in DIR/cases (KIND text or chat), NAME.json (the request
@@ -102,6 +103,12 @@ check_case() {
     "$bin/kvf" generate --model "$model" --prompt-ids "$(cat "$cases/$name.ids")" \
         --max-tokens "$MAX_TOKENS" --ignore-eos --threads 1 > "$cases/$name.ref" ||
         fail "$family $name: kvf generate failed"
+    # the same tokens decoded whole (the decoder tokenizer_ref.sh holds to
+    # Hugging Face's), against which the streaming detokenizer is checked
+    "$bin/kvf" generate --model "$model" --prompt-ids "$(cat "$cases/$name.ids")" \
+        --max-tokens "$MAX_TOKENS" --ignore-eos --threads 1 --ids > "$cases/$name.gen.ids"
+    echo "[$(cat "$cases/$name.gen.ids")]" |
+        "$bin/kvf" tokenize --model "$model" --decode --jsonl > "$cases/$name.decoded"
     local path=/v1/completions
     [[ $kind == chat ]] && path=/v1/chat/completions
     code=$(curl -s -o "$cases/$name.out.json" -w '%{http_code}' --max-time 60 "${auth[@]}" \
@@ -123,6 +130,8 @@ choice = out["choices"][0]
 whole = choice["message"]["content"] if kind == "chat" else choice["text"]
 streamed = read("streamed")
 n_ids = len(json.loads(read("ids.json")))
+decoded = json.loads(read("decoded"))
+assert ref == decoded, "kvf generate: %r\n its ids decoded whole: %r" % (ref, decoded)
 assert whole == ref, "whole: %r\n kvf generate: %r" % (whole, ref)
 assert streamed == ref, "streamed: %r\n kvf generate: %r" % (streamed, ref)
 assert choice["finish_reason"] == "length", choice
