@@ -505,8 +505,9 @@ bool kvf_openai_parse(const kvf_openai_server_t *srv, bool chat, const char *bod
         if (st == KVF_ERR_NOMEM)
             OUT_OF_MEMORY(err);
         else
-            BAD_REQUEST(err, NULL, st == KVF_ERR_INVAL ? "a body holding \\u0000 must be UTF-8"
-                                                       : "the request body is not valid JSON");
+            BAD_REQUEST(err, NULL,
+                        st == KVF_ERR_INVAL ? "a body holding \\u0000 must be UTF-8"
+                                            : "the request body is not valid JSON");
         return false;
     }
     bool ok;

@@ -520,8 +520,8 @@ static void test_published_tokenizer_gpt2_and_errors(void **state)
     assert_shape(h, "lm_head.weight", 50304, 32);
     cJSON_Delete(h);
     char *out;
-    snprintf(cmd, sizeof(cmd), KVF " mkmodel %s %s --vocab 50256 --tokenizer %s 2>&1", m,
-             geometry, tok_dir);
+    snprintf(cmd, sizeof(cmd), KVF " mkmodel %s %s --vocab 50256 --tokenizer %s 2>&1", m, geometry,
+             tok_dir);
     assert_int_equal(run(cmd, &out), 2);
     assert_non_null(strstr(out, "50257"));
     free(out);
