@@ -1,5 +1,6 @@
 /* The OpenAI API's JSON. See openai.h. */
 #include "openai.h"
+#include "json_nul.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -343,8 +344,8 @@ static bool parse_stop(kvf_openai_request_t *req, const cJSON *root, kvf_openai_
     Kvf__Sampling *s = &req->sampling;
     const cJSON *v = one ? one : stop->child;
     for (; v; v = one ? NULL : v->next) {
-        if (!cJSON_IsString(v) || !v->valuestring[0]) {
-            BAD_REQUEST(err, "stop", "stop strings must be non-empty strings");
+        if (!cJSON_IsString(v) || !v->valuestring[0] || strstr(v->valuestring, "\xC0\x80")) {
+            BAD_REQUEST(err, "stop", "stop strings must be non-empty strings without U+0000");
             return false;
         }
         req->stop[s->n_stop] = strdup(v->valuestring);
@@ -497,9 +498,16 @@ bool kvf_openai_parse(const kvf_openai_server_t *srv, bool chat, const char *bod
     kvf__sampling__init(&req->sampling);
     req->sampling.stop = req->stop;
     req->chat = chat;
-    cJSON *root = cJSON_ParseWithLength(body ? body : "", len);
-    if (!root) {
-        BAD_REQUEST(err, NULL, "the request body is not valid JSON");
+    cJSON *root;
+    bool hidden; /* the body held \u0000: kvf_json_nul_parse */
+    kvf_status_t st = kvf_json_nul_parse(body, len, &root, &hidden);
+    if (st != KVF_OK) {
+        if (st == KVF_ERR_NOMEM)
+            OUT_OF_MEMORY(err);
+        else
+            BAD_REQUEST(err, NULL,
+                        st == KVF_ERR_INVAL ? "a body holding \\u0000 must be UTF-8"
+                                            : "the request body is not valid JSON");
         return false;
     }
     bool ok;
@@ -513,6 +521,8 @@ bool kvf_openai_parse(const kvf_openai_server_t *srv, bool chat, const char *bod
              (chat ? parse_messages(srv, req, root, err) : parse_prompt(req, root, err));
     }
     cJSON_Delete(root);
+    if (ok && req->prompt)
+        req->prompt_len = hidden ? kvf_json_nul_restore(req->prompt) : strlen(req->prompt);
     return ok;
 }
 
@@ -529,6 +539,7 @@ void kvf_openai_request_gen(const kvf_openai_request_t *req, kvf_router_gen_t *g
 {
     memset(gen_p, 0, sizeof(*gen_p));
     gen_p->prompt = req->prompt;
+    gen_p->prompt_len = req->prompt_len;
     gen_p->ids = req->ids;
     gen_p->n_ids = req->n_ids;
     gen_p->sampling = &req->sampling;

@@ -58,8 +58,9 @@ typedef struct {
 /* A parsed request. Caller owns the struct: kvf_openai_request_fini. */
 typedef struct {
     bool chat, stream, include_usage;
-    char *prompt;  /* owned: the text (chat: rendered), or NULL with ids */
-    uint32_t *ids; /* (n_ids) owned: prompt token ids */
+    char *prompt;      /* owned: the text (chat: rendered), or NULL with ids */
+    size_t prompt_len; /* its bytes: it may hold U+0000 (router/json_nul.h) */
+    uint32_t *ids;     /* (n_ids) owned: prompt token ids */
     size_t n_ids;
     /* The sampling parameters; sampling.stop points at stop (owned). */
     Kvf__Sampling sampling;

@@ -142,11 +142,12 @@ static kvf_status_t prompt_ids(kvf_router_t *r, const kvf_router_gen_t *g, char 
         }
         memcpy(ids, g->ids, g->n_ids * sizeof(*ids));
         n = g->n_ids;
-    } else if (!g->prompt || !*g->prompt) {
+    } else if (!g->prompt || (!g->prompt_len && !*g->prompt)) {
         snprintf(why, why_len, "empty prompt");
         return KVF_ERR_INVAL;
-    } else if (kvf_tokenizer_encode(r->tok, g->prompt, strlen(g->prompt), true, &ids, &n) !=
-               KVF_OK) {
+    } else if (kvf_tokenizer_encode(r->tok, g->prompt,
+                                    g->prompt_len ? g->prompt_len : strlen(g->prompt), true, &ids,
+                                    &n) != KVF_OK) {
         snprintf(why, why_len, "prompt does not tokenize");
         return KVF_ERR_INVAL;
     }

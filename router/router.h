@@ -94,6 +94,7 @@ typedef struct {
  * the call. */
 typedef struct {
     const char *prompt;  /* text: tokenized with BOS as the model's config says */
+    size_t prompt_len;   /* its bytes (it may hold U+0000); 0: strlen(prompt) */
     const uint32_t *ids; /* or prompt ids, used exactly (wins when n_ids > 0) */
     size_t n_ids;
     /* The sampling parameters (proto/kvferry.proto), NULL: all defaults

@@ -16,13 +16,22 @@
  *                  whose result is kept), BOS = vocab-2, EOS = vocab-1.
  *
  * So BOS and EOS always sit at valid ids below vocab, and every id below
- * vocab decodes to non-empty text. */
+ * vocab decodes to non-empty text.
+ *
+ * With --tokenizer DIR the model gets a published tokenizer instead:
+ * DIR's tokenizer.json and tokenizer_config.json (its chat_template with
+ * it) are copied byte for byte, the vocabulary covers every id the
+ * tokenizer knows (kvf_tokenizer_vocab_size; a larger --vocab pads the
+ * embedding as real checkpoints do), and BOS / EOS are the tokenizer's
+ * (no BOS where it has none, as in Qwen's configs). */
 #include "commands.h"
 #include "kvf/dtype.h"
+#include "kvf/file.h"
 #include "kvf/flags.h"
 #include "kvf/hashmap.h"
 #include "kvf/log.h"
 #include "kvf/model.h"
+#include "kvf/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -286,7 +295,8 @@ static kvf_status_t make_dirs(const char *dir)
 typedef struct {
     const char *dir;
     const char *arch, *dtype_name;
-    bool qwen2, tie, theta_seen, eps_seen;
+    const char *tokenizer_dir; /* --tokenizer: a published tokenizer's directory, or NULL */
+    bool qwen2, tie, theta_seen, eps_seen, vocab_seen;
     int layers, hidden, heads, kv_heads, inter, vocab, max_pos, head_dim;
     int sliding_window, window_layers;
     double rope_theta, rms_eps;
@@ -323,7 +333,12 @@ static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
          NULL},
         {"head-dim", KVF_FLAG_INT, &o->head_dim, "N", "head dimension (0: hidden / heads)", NULL},
         {"inter", KVF_FLAG_INT, &o->inter, "N", "MLP intermediate size", NULL},
-        {"vocab", KVF_FLAG_INT, &o->vocab, "N", "vocabulary size (at least 258)", NULL},
+        {"vocab", KVF_FLAG_INT, &o->vocab, "N",
+         "vocabulary size (at least 258; with --tokenizer: at least the tokenizer's)",
+         &o->vocab_seen},
+        {"tokenizer", KVF_FLAG_STRING, &o->tokenizer_dir, "DIR",
+         "copy DIR's tokenizer.json and tokenizer_config.json; vocab size, BOS and EOS from them",
+         NULL},
         {"max-pos", KVF_FLAG_INT, &o->max_pos, "N", "max_position_embeddings", NULL},
         {"dtype", KVF_FLAG_STRING, &o->dtype_name, "f32|bf16|f16", "weight type", NULL},
         {"tie", KVF_FLAG_BOOL, &o->tie, NULL, "tie lm_head to the embedding", NULL},
@@ -357,7 +372,8 @@ static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
                    "generation_config.json) for tests, demos and benchmarks. The tokenizer is "
                    "the project's byte-level BPE, extended with extra merges or truncated to "
                    "--vocab; BOS and EOS are ids 510 and 511, or vocab-2 and vocab-1 when "
-                   "vocab < 512.",
+                   "vocab < 512. With --tokenizer DIR, DIR's published tokenizer instead, the "
+                   "vocabulary covering all its ids and BOS / EOS its own.",
         .flags = flags,
         .n_flags = KVF_NFLAGS(flags),
         .positional = positional,
@@ -413,7 +429,7 @@ static bool config_from_opts(const char *prog, const mkmodel_opts_t *o, kvf_mode
         fprintf(stderr, "%s: --dtype must be f32, bf16 or f16, not '%s'\n", prog, o->dtype_name);
         return false;
     }
-    if (o->vocab < MIN_VOCAB || o->vocab > MAX_VOCAB) {
+    if (!o->tokenizer_dir && (o->vocab < MIN_VOCAB || o->vocab > MAX_VOCAB)) {
         fprintf(stderr, "%s: --vocab must be between %d (256 bytes + BOS + EOS) and %d, not %d\n",
                 prog, MIN_VOCAB, MAX_VOCAB, o->vocab);
         return false;
@@ -455,30 +471,111 @@ static bool config_from_opts(const char *prog, const mkmodel_opts_t *o, kvf_mode
     return kvf_model_config_validate(cfg, "mkmodel") == KVF_OK;
 }
 
-/* The directory's files: the tokenizer (which fixes BOS and EOS in cfg),
- * then the weights and configs. */
-static kvf_status_t write_model_dir(const char *prog, const char *dir, kvf_model_config_t *cfg,
-                                    uint64_t seed)
+/* ---- --tokenizer DIR ------------------------------------------------------ */
+
+#define PUBLISHED_MAX_BYTES (256u << 20) /* Gemma's tokenizer.json is 17 MB */
+
+/* Copies src_dir/name to dst_dir/name byte for byte. A missing source is
+ * KVF_ERR_NOT_FOUND, not logged; other failures are logged. */
+static kvf_status_t copy_file(const char *src_dir, const char *dst_dir, const char *name)
 {
-    cJSON *tokenizer;
-    int bos, eos;
-    kvf_status_t st = build_tokenizer(cfg->vocab, &tokenizer, &bos, &eos);
-    if (st != KVF_OK) {
-        fprintf(stderr, "%s: cannot build the tokenizer: %s\n", prog, kvf_status_str(st));
-        return st;
-    }
-    cfg->bos_id = bos;
-    cfg->eos_ids[0] = eos;
-    st = make_dirs(dir);
-    if (st == KVF_OK)
-        st = write_json(dir, "tokenizer.json", tokenizer);
-    cJSON_Delete(tokenizer);
-    if (st == KVF_OK)
-        st = write_tokenizer_config(dir, bos, eos, cfg->max_pos);
-    if (st == KVF_OK)
-        st = kvf_model_write_random(dir, cfg, cfg->dtype, seed);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", src_dir, name);
+    char *data;
+    size_t len;
+    kvf_status_t st = kvf_file_read(path, PUBLISHED_MAX_BYTES, &data, &len);
     if (st != KVF_OK)
-        fprintf(stderr, "%s: cannot write %s: %s\n", prog, dir, kvf_status_str(st));
+        return st;
+    snprintf(path, sizeof(path), "%s/%s", dst_dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, len, f) != len) {
+        kvf_log_error("%s: cannot write: %s", path, strerror(errno));
+        st = KVF_ERR_IO;
+    }
+    if (f && fclose(f) != 0 && st == KVF_OK) {
+        kvf_log_error("%s: cannot write: %s", path, strerror(errno));
+        st = KVF_ERR_IO;
+    }
+    free(data);
+    return st;
+}
+
+/* Loads the tokenizer of --tokenizer DIR and sets what it fixes: o->vocab
+ * (its vocabulary size unless --vocab gave at least that) and cfg's BOS
+ * and EOS (none where it has none). False after saying why. */
+static bool published_tokenizer_ids(const char *prog, mkmodel_opts_t *o, kvf_model_config_t *cfg)
+{
+    char path[4096];
+    struct stat sb;
+    snprintf(path, sizeof(path), "%s/tokenizer.json", o->tokenizer_dir);
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fprintf(stderr, "%s: --tokenizer %s: there is no tokenizer.json there\n", prog,
+                o->tokenizer_dir);
+        return false;
+    }
+    kvf_tokenizer_t *tok;
+    kvf_status_t st = kvf_tokenizer_load(o->tokenizer_dir, &tok);
+    if (st != KVF_OK) {
+        fprintf(stderr, "%s: --tokenizer %s: cannot load the tokenizer: %s\n", prog,
+                o->tokenizer_dir, kvf_status_str(st));
+        return false;
+    }
+    size_t n = kvf_tokenizer_vocab_size(tok);
+    int64_t bos = kvf_tokenizer_bos_id(tok), eos = kvf_tokenizer_eos_id(tok);
+    kvf_tokenizer_destroy(tok);
+    if (n == 0 || n > MAX_VOCAB) {
+        fprintf(stderr, "%s: --tokenizer %s: %zu token ids, outside 1..%d\n", prog,
+                o->tokenizer_dir, n, MAX_VOCAB);
+        return false;
+    }
+    if (o->vocab_seen && (o->vocab < (int)n || o->vocab > MAX_VOCAB)) {
+        fprintf(stderr, "%s: --vocab %d must cover the tokenizer's %zu ids (and be at most %d)\n",
+                prog, o->vocab, n, MAX_VOCAB);
+        return false;
+    }
+    if (!o->vocab_seen)
+        o->vocab = (int)n;
+    cfg->bos_id = bos;
+    cfg->n_eos = eos >= 0 ? 1 : 0;
+    cfg->eos_ids[0] = eos;
+    return true;
+}
+
+/* The directory's files: the tokenizer (built in, which fixes BOS and EOS
+ * in cfg; or copied from --tokenizer, whose ids cfg has already), then the
+ * weights and configs. */
+static kvf_status_t write_model_dir(const char *prog, const mkmodel_opts_t *o,
+                                    kvf_model_config_t *cfg)
+{
+    cJSON *tokenizer = NULL;
+    int bos = -1, eos = -1;
+    kvf_status_t st = KVF_OK;
+    if (!o->tokenizer_dir) {
+        st = build_tokenizer(cfg->vocab, &tokenizer, &bos, &eos);
+        if (st != KVF_OK) {
+            fprintf(stderr, "%s: cannot build the tokenizer: %s\n", prog, kvf_status_str(st));
+            return st;
+        }
+        cfg->bos_id = bos;
+        cfg->eos_ids[0] = eos;
+    }
+    st = make_dirs(o->dir);
+    if (st == KVF_OK && tokenizer)
+        st = write_json(o->dir, "tokenizer.json", tokenizer);
+    cJSON_Delete(tokenizer);
+    if (st == KVF_OK && !o->tokenizer_dir)
+        st = write_tokenizer_config(o->dir, bos, eos, cfg->max_pos);
+    if (st == KVF_OK && o->tokenizer_dir) {
+        st = copy_file(o->tokenizer_dir, o->dir, "tokenizer.json");
+        if (st == KVF_OK)
+            st = copy_file(o->tokenizer_dir, o->dir, "tokenizer_config.json");
+        if (st == KVF_ERR_NOT_FOUND) /* a tokenizer without a config: none to copy */
+            st = KVF_OK;
+    }
+    if (st == KVF_OK)
+        st = kvf_model_write_random(o->dir, cfg, cfg->dtype, o->seed);
+    if (st != KVF_OK)
+        fprintf(stderr, "%s: cannot write %s: %s\n", prog, o->dir, kvf_status_str(st));
     return st;
 }
 
@@ -506,10 +603,17 @@ int kvf_cmd_mkmodel(int argc, char **argv)
     int rc = parse_opts(argc, argv, &o);
     if (rc >= 0)
         return rc;
-    kvf_model_config_t cfg;
+    kvf_model_config_t ids = {.bos_id = -1}, cfg;
+    if (o.tokenizer_dir && !published_tokenizer_ids(argv[0], &o, &ids))
+        return 2;
     if (!config_from_opts(argv[0], &o, &cfg))
         return 2;
-    if (write_model_dir(argv[0], o.dir, &cfg, o.seed) != KVF_OK)
+    if (o.tokenizer_dir) {
+        cfg.bos_id = ids.bos_id;
+        cfg.n_eos = ids.n_eos;
+        cfg.eos_ids[0] = ids.eos_ids[0];
+    }
+    if (write_model_dir(argv[0], &o, &cfg) != KVF_OK)
         return 1;
     print_summary(o.dir, &cfg);
     return 0;

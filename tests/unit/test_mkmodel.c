@@ -2,7 +2,8 @@
  * files are checked with an independent reading of the formats: config.json
  * fields, the safetensors header (offsets contiguous, sizes = shapes x
  * dtype, file size exact), tensor shapes for GQA / tied / Qwen2 biases, and
- * the tokenizer fitted to --vocab. */
+ * the tokenizer fitted to --vocab, or copied from a published one with
+ * --tokenizer. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "chat.h"
 #include "kvf/tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -428,6 +430,136 @@ static void test_small_vocab_and_errors(void **state)
     free(dir);
 }
 
+/* Decompresses the committed tokenizer of family into dir/family/ (the
+ * tokenizer_config.json beside it copied); returns that directory. */
+static void unpack_tokenizer(const char *dir, const char *family, char *out, size_t out_size)
+{
+    int n = snprintf(out, out_size, "%s/tok-%s", dir, family);
+    assert_true(n > 0 && (size_t)n < out_size);
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "mkdir -p %s && xz -dc " KVF_TEST_DATA "/tokenizers/%s/tokenizer.json.xz "
+             "> %s/tokenizer.json && cp " KVF_TEST_DATA "/tokenizers/%s/tokenizer_config.json %s/",
+             out, family, out, family, out);
+    assert_int_equal(run(cmd, NULL), 0);
+}
+
+/* dir_a/name and dir_b/name hold the same bytes. */
+static void assert_same_file(const char *dir_a, const char *dir_b, const char *name)
+{
+    char path[600];
+    size_t la, lb;
+    snprintf(path, sizeof(path), "%s/%s", dir_a, name);
+    char *a = slurp(path, &la);
+    snprintf(path, sizeof(path), "%s/%s", dir_b, name);
+    char *b = slurp(path, &lb);
+    assert_int_equal(la, lb);
+    assert_memory_equal(a, b, la);
+    free(a);
+    free(b);
+}
+
+/* --tokenizer: Qwen3's published tokenizer (no BOS, EOS <|im_end|>, 151669
+ * ids with the added tokens, its chat template), copied byte for byte. */
+static void test_published_tokenizer_qwen3(void **state)
+{
+    (void)state;
+    char *dir = make_dir();
+    char tok_dir[512], m[512], cmd[2048];
+    unpack_tokenizer(dir, "qwen3", tok_dir, sizeof(tok_dir));
+    snprintf(m, sizeof(m), "%s/m", dir);
+    snprintf(cmd, sizeof(cmd),
+             KVF " mkmodel %s --arch qwen3 --layers 1 --hidden 32 --heads 2 --kv-heads 1 "
+                 "--inter 64 --tie --tokenizer %s",
+             m, tok_dir);
+    assert_int_equal(run(cmd, NULL), 0);
+    assert_same_file(tok_dir, m, "tokenizer.json");
+    assert_same_file(tok_dir, m, "tokenizer_config.json");
+    cJSON *config = load_json(m, "config.json");
+    assert_int_equal(json_int(config, "vocab_size"), 151669);
+    assert_null(cJSON_GetObjectItem(config, "bos_token_id"));
+    assert_int_equal(json_int(config, "eos_token_id"), 151645);
+    cJSON_Delete(config);
+    cJSON *gen = load_json(m, "generation_config.json");
+    assert_null(cJSON_GetObjectItem(gen, "bos_token_id"));
+    const cJSON *eos = cJSON_GetObjectItem(gen, "eos_token_id");
+    assert_int_equal(cJSON_GetArraySize(eos), 1);
+    assert_int_equal(eos->child->valueint, 151645);
+    cJSON_Delete(gen);
+    cJSON *h = check_safetensors(m, "F32", 4);
+    assert_shape(h, "model.embed_tokens.weight", 151669, 32);
+    cJSON_Delete(h);
+    kvf_tokenizer_t *tok;
+    assert_int_equal(kvf_tokenizer_load(m, &tok), KVF_OK);
+    assert_int_equal(kvf_tokenizer_vocab_size(tok), 151669);
+    assert_int_equal(kvf_tokenizer_bos_id(tok), -1);
+    assert_int_equal(kvf_tokenizer_eos_id(tok), 151645);
+    kvf_tokenizer_destroy(tok);
+    kvf_chat_template_t chat;
+    assert_int_equal(kvf_chat_template_load(m, &chat), KVF_OK);
+    assert_int_equal(chat, KVF_CHAT_QWEN3);
+    remove_dir(m);
+    remove_dir(tok_dir);
+    remove_dir(dir);
+    free(dir);
+}
+
+/* --tokenizer with GPT-2's (BOS = EOS = <|endoftext|> 50256, no chat
+ * template), --vocab padding it, and the errors: a --vocab below the
+ * tokenizer's ids, no tokenizer.json, one that does not load. */
+static void test_published_tokenizer_gpt2_and_errors(void **state)
+{
+    (void)state;
+    char *dir = make_dir();
+    char tok_dir[512], m[512], cmd[2048];
+    unpack_tokenizer(dir, "gpt2", tok_dir, sizeof(tok_dir));
+    snprintf(m, sizeof(m), "%s/m", dir);
+    const char *geometry = "--layers 1 --hidden 32 --heads 2 --kv-heads 1 --inter 64";
+    snprintf(cmd, sizeof(cmd), KVF " mkmodel %s %s --tokenizer %s", m, geometry, tok_dir);
+    assert_int_equal(run(cmd, NULL), 0);
+    cJSON *config = load_json(m, "config.json");
+    assert_int_equal(json_int(config, "vocab_size"), 50257);
+    assert_int_equal(json_int(config, "bos_token_id"), 50256);
+    assert_int_equal(json_int(config, "eos_token_id"), 50256);
+    cJSON_Delete(config);
+    cJSON *gen = load_json(m, "generation_config.json");
+    assert_int_equal(json_int(gen, "bos_token_id"), 50256);
+    cJSON_Delete(gen);
+    assert_same_file(tok_dir, m, "tokenizer.json");
+    kvf_chat_template_t chat;
+    assert_int_equal(kvf_chat_template_load(m, &chat), KVF_OK);
+    assert_int_equal(chat, KVF_CHAT_NONE);
+    /* a padded embedding, as GPT-2 checkpoints trained with 50304 have */
+    snprintf(cmd, sizeof(cmd), KVF " mkmodel %s %s --vocab 50304 --tokenizer %s", m, geometry,
+             tok_dir);
+    assert_int_equal(run(cmd, NULL), 0);
+    cJSON *h = check_safetensors(m, "F32", 4);
+    assert_shape(h, "model.embed_tokens.weight", 50304, 32);
+    assert_shape(h, "lm_head.weight", 50304, 32);
+    cJSON_Delete(h);
+    char *out;
+    snprintf(cmd, sizeof(cmd), KVF " mkmodel %s %s --vocab 50256 --tokenizer %s 2>&1", m, geometry,
+             tok_dir);
+    assert_int_equal(run(cmd, &out), 2);
+    assert_non_null(strstr(out, "50257"));
+    free(out);
+    snprintf(cmd, sizeof(cmd), KVF " mkmodel %s --tokenizer %s/none 2>&1", m, dir);
+    assert_int_equal(run(cmd, &out), 2);
+    assert_non_null(strstr(out, "no tokenizer.json"));
+    free(out);
+    snprintf(cmd, sizeof(cmd), "echo '{\"model\": {\"type\": \"Unigram\"}}' > %s/tokenizer.json",
+             tok_dir);
+    assert_int_equal(run(cmd, NULL), 0);
+    snprintf(cmd, sizeof(cmd), KVF " mkmodel %s --tokenizer %s 2>&1", m, tok_dir);
+    assert_int_equal(run(cmd, &out), 2);
+    assert_non_null(strstr(out, "cannot load the tokenizer"));
+    free(out);
+    remove_dir(m);
+    remove_dir(tok_dir);
+    remove_dir(dir);
+    free(dir);
+}
+
 /* Reads "<key> <number> bytes" from kvcalc's output. */
 static uint64_t kvcalc_value(const char *out, const char *key)
 {
@@ -504,6 +636,8 @@ int main(void)
         cmocka_unit_test(test_qwen2_tied_bf16),
         cmocka_unit_test(test_qwen3_and_window_goldens),
         cmocka_unit_test(test_small_vocab_and_errors),
+        cmocka_unit_test(test_published_tokenizer_qwen3),
+        cmocka_unit_test(test_published_tokenizer_gpt2_and_errors),
         cmocka_unit_test(test_kvcalc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

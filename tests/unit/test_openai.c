@@ -137,6 +137,39 @@ static void test_chat(void **state)
     assert_non_null(strstr(err.message, "chat template"));
 }
 
+/* U+0000 in a prompt or a message (\u0000 in the JSON) is kept with what
+ * follows it (router/json_nul.h; it was cut off there before); "\\u0000"
+ * is a backslash and text; a stop string cannot hold it; a body holding
+ * both \u0000 and a C0 byte of its own is refused. */
+static void test_prompt_with_nul(void **state)
+{
+    (void)state;
+    kvf_openai_request_t req;
+    parse_ok("{\"prompt\": \"a\\u0000b\\u0000\", \"stop\": \"x\"}", false, &req);
+    assert_int_equal(req.prompt_len, 4);
+    assert_memory_equal(req.prompt, "a\0b\0", 5);
+    kvf_router_gen_t gen;
+    kvf_openai_request_gen(&req, &gen);
+    assert_int_equal(gen.prompt_len, 4);
+    kvf_openai_request_fini(&req);
+    parse_ok("{\"prompt\": \"\\u0000\"}", false, &req);
+    assert_int_equal(req.prompt_len, 1);
+    assert_int_equal(req.prompt[0], '\0');
+    kvf_openai_request_fini(&req);
+    parse_ok("{\"prompt\": \"c:\\\\u0000 \\u00e9\"}", false, &req);
+    assert_string_equal(req.prompt, "c:\\u0000 \xc3\xa9");
+    assert_int_equal(req.prompt_len, strlen(req.prompt));
+    kvf_openai_request_fini(&req);
+    parse_ok("{\"messages\": [{\"role\": \"user\", \"content\": \"zero\\u0000byte\"}]}", true,
+             &req);
+    const char want[] = "<|im_start|>user\nzero\0byte<|im_end|>\n<|im_start|>assistant\n";
+    assert_int_equal(req.prompt_len, sizeof(want) - 1);
+    assert_memory_equal(req.prompt, want, sizeof(want));
+    kvf_openai_request_fini(&req);
+    parse_refused("{\"prompt\": \"x\", \"stop\": [\"a\\u0000\"]}", false, 400, "stop");
+    parse_refused("{\"prompt\": \"\\u0000\xc0\x80\"}", false, 400, NULL);
+}
+
 static void test_refused(void **state)
 {
     (void)state;
@@ -410,6 +443,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_sampling_fields),
         cmocka_unit_test(test_chat),
+        cmocka_unit_test(test_prompt_with_nul),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_request_errors),
         cmocka_unit_test(test_completion),
