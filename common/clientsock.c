@@ -291,7 +291,8 @@ kvf_status_t kvf_client_generate(kvf_client_t *client, const char *sender,
 {
     Kvf__GenerateRequest g = KVF__GENERATE_REQUEST__INIT;
     g.client_req_id = req->client_req_id;
-    g.prompt = (char *)(req->prompt ? req->prompt : "");
+    g.prompt.data = (uint8_t *)(req->prompt ? req->prompt : "");
+    g.prompt.len = !req->prompt ? 0 : req->prompt_len ? req->prompt_len : strlen(req->prompt);
     g.prompt_ids = (uint32_t *)req->ids;
     g.n_prompt_ids = req->n_ids;
     g.sampling = (Kvf__Sampling *)req->sampling;

@@ -72,7 +72,9 @@ static void on_generate(kvf_router_t *r, const Kvf__GenerateRequest *g, const kv
     ns->next = r->natives;
     r->natives = ns;
     kvf_router_gen_t gen = {
-        .prompt = g->prompt,
+        /* bytes, not NUL-terminated: an empty one is no prompt */
+        .prompt = g->prompt.len ? (const char *)g->prompt.data : NULL,
+        .prompt_len = g->prompt.len,
         .ids = g->prompt_ids,
         .n_ids = g->n_prompt_ids,
         .sampling = g->sampling,

@@ -11,12 +11,14 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "kvf/clock.h"
+#include "kvf/tokenizer.h"
 #include "kvf/clientsock.h"
 #include "router_internal.h"
 
@@ -456,6 +458,41 @@ static void test_nul_text_to_native_client(void **state)
     kvf_client_destroy(client);
 }
 
+/* A native client's prompt is bytes: text holding U+0000 is tokenized
+ * whole, not cut at the NUL. */
+static void test_nul_prompt_from_native_client(void **state)
+{
+    fixture_t *fx = *state;
+    register_decode(fx, "d1", fx->urls[2]);
+    register_node(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
+    kvf_client_t *client;
+    assert_int_equal(kvf_client_create(fx->urls[1], &client), KVF_OK);
+    static const char text[] = "ab\0cd \xc3\xa9";
+    size_t text_len = sizeof(text) - 1;
+    kvf_client_generate_t g = {.client_req_id = 8, .prompt = text, .prompt_len = text_len};
+    assert_int_equal(kvf_client_generate(client, "test", &g, 5000), KVF_OK);
+    run_until(fx, request_entered, NULL);
+    kvf_envelope_t *pr = node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    assert_non_null(pr);
+    uint32_t *want;
+    size_t n_want;
+    assert_int_equal(kvf_tokenizer_encode(fx->r->tok, text, text_len, true, &want, &n_want),
+                     KVF_OK);
+    const Kvf__PrefillRequest *req = pr->prefill_request;
+    assert_int_equal(req->n_token_ids, n_want);
+    assert_memory_equal(req->token_ids, want, n_want * sizeof(*want));
+    /* the prompt cut at the NUL would be fewer tokens */
+    uint32_t *cut;
+    size_t n_cut;
+    assert_int_equal(kvf_tokenizer_encode(fx->r->tok, text, 2, true, &cut, &n_cut), KVF_OK);
+    assert_true(n_cut < n_want);
+    free(cut);
+    free(want);
+    kvf_envelope_free(pr);
+    kvf_router_cancel(fx->r, fx->r->next_req_id - 1);
+    kvf_client_destroy(client);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -467,6 +504,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_request_timeout, setup_request_timeout, teardown),
         cmocka_unit_test_setup_teardown(test_missed_heartbeats, setup_slow, teardown),
         cmocka_unit_test_setup_teardown(test_nul_text_to_native_client, setup_slow, teardown),
+        cmocka_unit_test_setup_teardown(test_nul_prompt_from_native_client, setup_slow, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

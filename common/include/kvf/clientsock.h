@@ -83,6 +83,7 @@ kvf_status_t kvf_client_stats(kvf_client_t *client, const char *sender, int time
 typedef struct {
     uint64_t client_req_id;         /* the client's own id, unique per connection */
     const char *prompt;             /* text (tokenized by the router), or NULL */
+    size_t prompt_len;              /* its bytes (it may hold U+0000); 0: strlen(prompt) */
     const uint32_t *ids;            /* (n_ids) prompt ids, used as given when n_ids > 0 */
     size_t n_ids;
     const Kvf__Sampling *sampling;  /* NULL: the router's defaults */
