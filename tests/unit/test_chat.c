@@ -285,18 +285,23 @@ static void test_detect_published(void **state)
 /* s with every occurrence of from replaced by to (malloc'd). */
 static char *replace_all(const char *s, const char *from, const char *to)
 {
-    size_t nf = strlen(from), nt = strlen(to), count = 0;
-    for (const char *p = strstr(s, from); p; p = strstr(p + nf, from))
-        count++;
-    char *out = malloc(strlen(s) + count * nt + 1), *o = out;
+    size_t nf = strlen(from), nt = strlen(to), ns = strlen(s), count = 0;
+    assert_true(nf > 0);
+    for (size_t i = 0; i + nf <= ns; i += memcmp(s + i, from, nf) ? 1 : nf)
+        count += !memcmp(s + i, from, nf);
+    char *out = malloc(ns + count * nt + 1);
     assert_non_null(out);
-    for (const char *p; (p = strstr(s, from)); s = p + nf) {
-        memcpy(o, s, (size_t)(p - s));
-        o += p - s;
-        memcpy(o, to, nt);
-        o += nt;
+    size_t o = 0;
+    for (size_t i = 0; i < ns;) {
+        if (i + nf <= ns && !memcmp(s + i, from, nf)) {
+            memcpy(out + o, to, nt);
+            o += nt;
+            i += nf;
+        } else {
+            out[o++] = s[i++];
+        }
     }
-    strcpy(o, s);
+    out[o] = '\0';
     return out;
 }
 
