@@ -396,7 +396,7 @@ static kvf_status_t setup_engine(engine_run_t *e)
 {
     bench_rig_t *r = &e->r;
     const kvf_model_config_t *c = &r->model->cfg;
-    e->g = kvf_engine_kv_geometry(r->model, KVF_KV_BLOCK_SIZE_DEFAULT);
+    e->g = kvf_engine_kv_geometry(r->model, KVF_KV_BLOCK_SIZE_DEFAULT, KVF_KV_F32);
     uint32_t blocks = N_DEC_SEQ * kvf_kv_blocks_for_tokens(&e->g, DEC_CTX + 1) +
                       kvf_kv_blocks_for_tokens(&e->g, MAX_SEQ) + 4;
     if (kvf_kvpool_create(&e->g, blocks, &r->pool) != KVF_OK ||

@@ -546,7 +546,7 @@ static int run_cuda_bench(const char *prog, const cuda_bench_opts_t *o)
     };
     if (sample_ceilings(&e) != KVF_OK)
         goto done;
-    e.g = kvf_engine_kv_geometry(e.r.model, KVF_KV_BLOCK_SIZE_DEFAULT);
+    e.g = kvf_engine_kv_geometry(e.r.model, KVF_KV_BLOCK_SIZE_DEFAULT, KVF_KV_F32);
     e.kv_tok = (double)kvf_kv_bytes_per_token(&e.g);
     e.block_bytes = kvf_kv_block_bytes(&e.g);
     plan_cases(&e);

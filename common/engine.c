@@ -42,14 +42,15 @@ struct kvf_engine {
     float *logits; /* (cap_out, vocab) */
 };
 
-kvf_kv_geometry_t kvf_engine_kv_geometry(const kvf_model_t *model, int block_size)
+kvf_kv_geometry_t kvf_engine_kv_geometry(const kvf_model_t *model, int block_size,
+                                         kvf_kv_dtype_t dtype)
 {
     kvf_kv_geometry_t g = {
         .n_layers = model->cfg.n_layers,
         .n_kv_heads = model->cfg.n_kv_heads,
         .head_dim = model->cfg.head_dim,
         .block_size = block_size,
-        .dtype = KVF_DTYPE_F32,
+        .dtype = dtype,
     };
     return g;
 }
@@ -60,10 +61,10 @@ kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend,
     const kvf_model_config_t *c = &model->cfg;
     const kvf_kv_geometry_t *g = kvf_kvpool_geometry(pool);
     if (g->n_layers != c->n_layers || g->n_kv_heads != c->n_kv_heads ||
-        g->head_dim != c->head_dim || g->dtype != KVF_DTYPE_F32) {
+        g->head_dim != c->head_dim || g->dtype != KVF_KV_F32) {
         kvf_log_error("engine: kv pool geometry (%d layers, %d kv heads, head dim %d, %s) does "
                       "not fit the model (%d, %d, %d, f32)",
-                      g->n_layers, g->n_kv_heads, g->head_dim, kvf_dtype_name(g->dtype),
+                      g->n_layers, g->n_kv_heads, g->head_dim, kvf_kv_dtype_name(g->dtype),
                       c->n_layers, c->n_kv_heads, c->head_dim);
         return KVF_ERR_MISMATCH;
     }

@@ -113,7 +113,7 @@ kvf_status_t kvf_engine_stack_init(kvf_engine_stack_t *s, const char *model_dir,
         kvf_log_error("model %s: %s", model_dir, kvf_status_str(st));
         return st;
     }
-    kvf_kv_geometry_t geo = kvf_engine_kv_geometry(s->model, cfg->block_size);
+    kvf_kv_geometry_t geo = kvf_engine_kv_geometry(s->model, cfg->block_size, cfg->kv_dtype);
     st = kvf_kv_geometry_validate(&geo);
     if (st != KVF_OK)
         goto fail_model;

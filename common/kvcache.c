@@ -3,6 +3,7 @@
 #include "kvf/array.h"
 #include "kvf/log.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,8 +22,8 @@ struct kvf_kvpool {
 
 size_t kvf_kv_slice_bytes(const kvf_kv_geometry_t *g)
 {
-    return 2 * (size_t)g->n_kv_heads * (size_t)g->block_size * (size_t)g->head_dim *
-           kvf_dtype_size(g->dtype);
+    return 2 * (size_t)g->n_kv_heads * (size_t)g->block_size *
+           kvf_kv_row_bytes(g->dtype, g->head_dim);
 }
 
 size_t kvf_kv_block_bytes(const kvf_kv_geometry_t *g)
@@ -32,8 +33,8 @@ size_t kvf_kv_block_bytes(const kvf_kv_geometry_t *g)
 
 size_t kvf_kv_bytes_per_token(const kvf_kv_geometry_t *g)
 {
-    return 2 * (size_t)g->n_layers * (size_t)g->n_kv_heads * (size_t)g->head_dim *
-           kvf_dtype_size(g->dtype);
+    return 2 * (size_t)g->n_layers * (size_t)g->n_kv_heads *
+           kvf_kv_row_bytes(g->dtype, g->head_dim);
 }
 
 uint32_t kvf_kv_blocks_for_tokens(const kvf_kv_geometry_t *g, uint32_t n_tokens)
@@ -52,8 +53,14 @@ kvf_status_t kvf_kv_geometry_validate(const kvf_kv_geometry_t *g)
                       KVF_KV_BLOCK_SIZE_MAX);
         return KVF_ERR_INVAL;
     }
-    if (g->dtype != KVF_DTYPE_F32) {
-        kvf_log_error("kv dtype %s is not supported by this build (f32)", kvf_dtype_name(g->dtype));
+    if ((unsigned)g->dtype >= KVF_KV_N_DTYPES) {
+        kvf_log_error("kv dtype %d is not a KV format", (int)g->dtype);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    /* the scales after the data stay 4-byte aligned */
+    if (kvf_kv_scaled(g->dtype) && g->head_dim % 4) {
+        kvf_log_error("kv dtype %s needs a head dim that is a multiple of 4, not %d",
+                      kvf_kv_dtype_name(g->dtype), g->head_dim);
         return KVF_ERR_UNSUPPORTED;
     }
     return KVF_OK;
@@ -221,10 +228,25 @@ size_t kvf_kvpool_slice_bytes(const kvf_kvpool_t *pool)
 
 float *kvf_kvpool_head(const kvf_kvpool_t *pool, uint32_t block, int layer, int kv, int head)
 {
+    assert(pool->geo.dtype == KVF_KV_F32);
+    return kvf_kvpool_head_data(pool, block, layer, kv, head);
+}
+
+void *kvf_kvpool_head_data(const kvf_kvpool_t *pool, uint32_t block, int layer, int kv, int head)
+{
     const kvf_kv_geometry_t *g = &pool->geo;
-    size_t elems = ((size_t)kv * (size_t)g->n_kv_heads + (size_t)head) * (size_t)g->block_size *
-                   (size_t)g->head_dim;
-    return (float *)(pool->base + kvf_kvpool_slice_offset(pool, block, layer)) + elems;
+    return pool->base + kvf_kvpool_slice_offset(pool, block, layer) +
+           kvf_kv_data_offset(g->dtype, g->n_kv_heads, g->block_size, g->head_dim, kv, head);
+}
+
+float *kvf_kvpool_head_scales(const kvf_kvpool_t *pool, uint32_t block, int layer, int kv, int head)
+{
+    const kvf_kv_geometry_t *g = &pool->geo;
+    if (!kvf_kv_scaled(g->dtype))
+        return NULL;
+    return (float *)(pool->base + kvf_kvpool_slice_offset(pool, block, layer) +
+                     kvf_kv_scale_offset(g->dtype, g->n_kv_heads, g->block_size, g->head_dim, kv,
+                                         head));
 }
 
 uint32_t kvf_kvpool_num_blocks(const kvf_kvpool_t *pool)

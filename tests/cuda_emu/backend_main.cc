@@ -141,7 +141,7 @@ kvf_status_t session(kvf_model_t *model, std::vector<float> *out)
     kvf_engine_t *engine = nullptr;
     kvf_cuda_config_t cc = kvf_cuda_config_default();
     kvf_status_t st = kvf_backend_cuda_create(&cc, model, &be);
-    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, 16);
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, 16, KVF_KV_F32);
     if (st == KVF_OK)
         st = kvf_backend_cuda_kvpool_create(&be, &g, 16, true, &pool);
     if (st == KVF_OK)

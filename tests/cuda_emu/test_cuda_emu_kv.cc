@@ -16,7 +16,7 @@ namespace kvf_emu_test
 
 kv_batch::kv_batch(geometry geom, std::vector<seq_spec> specs) : g(geom), seqs(std::move(specs))
 {
-    geo = kvf_kv_geometry_t{2, g.n_kv_heads, g.head_dim, g.block_size, KVF_DTYPE_F32};
+    geo = kvf_kv_geometry_t{2, g.n_kv_heads, g.head_dim, g.block_size, KVF_KV_F32};
     for (auto &s : seqs) {
         int nb = (s.start_pos + s.n_tokens + g.block_size - 1) / g.block_size;
         n_blocks += (uint32_t)nb;

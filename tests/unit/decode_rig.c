@@ -427,7 +427,7 @@ void drig_check_golden(drig_t *h, uint64_t req_id, const drig_prompt_t *g)
 void drig_prefill_open(drig_t *h, drig_prefill_t *f)
 {
     assert_int_equal(kvf_model_load(DRIG_MODEL_DIR, &f->model), KVF_OK);
-    kvf_kv_geometry_t geo = kvf_engine_kv_geometry(f->model, DRIG_BLOCK_SIZE);
+    kvf_kv_geometry_t geo = kvf_engine_kv_geometry(f->model, DRIG_BLOCK_SIZE, KVF_KV_F32);
     assert_int_equal(kvf_kvpool_create(&geo, 64, &f->pool), KVF_OK);
     assert_int_equal(kvf_backend_cpu_create(1, &f->be), KVF_OK);
     assert_int_equal(kvf_engine_create(f->model, &f->be, f->pool, &f->engine), KVF_OK);

@@ -130,7 +130,7 @@ void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *
     else
         snprintf(dir, sizeof(dir), "%s/golden/tiny-llama-f32", KVF_TEST_DATA);
     assert_int_equal(kvf_model_load(dir, &r->model), KVF_OK);
-    r->geo = kvf_engine_kv_geometry(r->model, 16);
+    r->geo = kvf_engine_kv_geometry(r->model, 16, KVF_KV_F32);
     assert_int_equal(kvf_kvpool_create(&r->geo, 256, &r->dpool), KVF_OK);
     kvf_xfer_config_t xc = {
         .backend = KVF_XFER_UCX,

@@ -183,7 +183,7 @@ static void attn_setup(attn_case_t *a, int block_size, int head_dim, int n_heads
     a->kv_dim = n_kv * head_dim;
     a->q_dim = n_heads * head_dim;
     kvf_kv_geometry_t g = {.n_layers = ATTN_LAYERS, .n_kv_heads = n_kv, .head_dim = head_dim,
-                           .block_size = block_size, .dtype = KVF_DTYPE_F32};
+                           .block_size = block_size, .dtype = KVF_KV_F32};
     assert_int_equal(kvf_kvpool_create(&g, 64, &a->pool), KVF_OK);
     for (int s = 0; s < 2; s++) {
         kvf_block_table_init(&a->bt[s]);
@@ -468,7 +468,7 @@ static void attention_alone(kvf_backend_t *be, int block_size, int head_dim, int
     const int layer = 0, n_seq = 3;
     const int start[3] = {0, 21, 70}, end[3] = {37, 40, 71};
     kvf_kv_geometry_t g = {.n_layers = 1, .n_kv_heads = n_kv, .head_dim = head_dim,
-                           .block_size = block_size, .dtype = KVF_DTYPE_F32};
+                           .block_size = block_size, .dtype = KVF_KV_F32};
     kvf_kvpool_t *pool;
     assert_int_equal(kvf_kvpool_create(&g, 256, &pool), KVF_OK);
     const int kv_dim = n_kv * head_dim, q_dim = n_heads * head_dim;

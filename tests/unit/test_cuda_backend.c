@@ -53,7 +53,7 @@ static void rig_cpu(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_b
     memset(r, 0, sizeof(*r));
     r->model = model;
     assert_int_equal(kvf_backend_cpu_create(2, &r->be), KVF_OK);
-    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size);
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size, KVF_KV_F32);
     assert_int_equal(kvf_kvpool_create(&g, num_blocks, &r->pool), KVF_OK);
     assert_int_equal(kvf_engine_create(model, &r->be, r->pool, &r->engine), KVF_OK);
 }
@@ -68,7 +68,7 @@ static void rig_cuda(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_
     cc.cuda_graphs = graphs;
     assert_int_equal(kvf_backend_cuda_create(&cc, model, &r->be), KVF_OK);
     assert_true(kvf_backend_is_cuda(&r->be));
-    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size);
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size, KVF_KV_F32);
     assert_int_equal(kvf_backend_cuda_kvpool_create(&r->be, &g, num_blocks, mirror, &r->pool),
                      KVF_OK);
     assert_non_null(kvf_kvpool_device_base(r->pool));

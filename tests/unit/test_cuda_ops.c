@@ -201,7 +201,7 @@ static void test_device_pool(void **state)
 {
     (void)state;
     kvf_kv_geometry_t g = {
-        .n_layers = 2, .n_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = KVF_DTYPE_F32};
+        .n_layers = 2, .n_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = KVF_KV_F32};
     size_t bb = kvf_kv_block_bytes(&g);
     fake_mem_t f = {0};
     f.host = calloc(8, bb);

@@ -377,7 +377,7 @@ static void test_hook_and_validation(void **state)
     assert_int_equal(kvf_engine_forward(r.engine, &q, 1, NULL), KVF_ERR_INVAL);
     assert_int_equal(kvf_engine_forward(r.engine, &q, 0, NULL), KVF_ERR_INVAL);
     /* a pool of the wrong geometry is refused */
-    kvf_kv_geometry_t g = kvf_engine_kv_geometry(m, 16);
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(m, 16, KVF_KV_F32);
     g.n_kv_heads = 3;
     kvf_kvpool_t *other;
     assert_int_equal(kvf_kvpool_create(&g, 4, &other), KVF_OK);

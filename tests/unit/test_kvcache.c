@@ -14,8 +14,11 @@
 
 static kvf_kv_geometry_t geo(int block_size)
 {
-    kvf_kv_geometry_t g = {.n_layers = 3, .n_kv_heads = 2, .head_dim = 8,
-                           .block_size = block_size, .dtype = KVF_DTYPE_F32};
+    kvf_kv_geometry_t g = {.n_layers = 3,
+                           .n_kv_heads = 2,
+                           .head_dim = 8,
+                           .block_size = block_size,
+                           .dtype = KVF_KV_F32};
     return g;
 }
 
@@ -66,8 +69,51 @@ static void test_budget_and_validation(void **state)
     g = geo(257);
     assert_int_equal(kvf_kvpool_create(&g, 2, &p), KVF_ERR_INVAL);
     g = geo(16);
-    g.dtype = KVF_DTYPE_BF16;
+    g.dtype = (kvf_kv_dtype_t)KVF_KV_N_DTYPES;
     assert_int_equal(kvf_kvpool_create(&g, 2, &p), KVF_ERR_UNSUPPORTED);
+    g = geo(16);
+    g.dtype = KVF_KV_INT8;
+    g.head_dim = 6; /* the scales after the data would not be 4-byte aligned */
+    assert_int_equal(kvf_kvpool_create(&g, 2, &p), KVF_ERR_UNSUPPORTED);
+}
+
+/* Every format: a block is block_size tokens of kvf_kv_bytes_per_token;
+ * the data and scales of each (kv, head) lie inside its slice, one after
+ * another, without overlap. */
+static void test_formats_layout(void **state)
+{
+    (void)state;
+    for (int dt = 0; dt < KVF_KV_N_DTYPES; dt++) {
+        kvf_kv_geometry_t g = geo(16);
+        g.dtype = (kvf_kv_dtype_t)dt;
+        size_t row =
+            (size_t)g.head_dim * kvf_kv_elem_bytes(g.dtype) + (kvf_kv_scaled(g.dtype) ? 4 : 0);
+        assert_int_equal(kvf_kv_bytes_per_token(&g), 2 * (size_t)g.n_layers * g.n_kv_heads * row);
+        assert_int_equal(kvf_kv_block_bytes(&g), (size_t)g.block_size * kvf_kv_bytes_per_token(&g));
+        kvf_kvpool_t *p;
+        assert_int_equal(kvf_kvpool_create(&g, 3, &p), KVF_OK);
+        assert_int_equal(kvf_kvpool_bytes(p), 3 * kvf_kv_block_bytes(&g));
+        uint8_t *slice = (uint8_t *)kvf_kvpool_base(p) + kvf_kvpool_slice_offset(p, 2, 1);
+        size_t data_bytes = (size_t)g.block_size * g.head_dim * kvf_kv_elem_bytes(g.dtype);
+        size_t expect = 0;
+        for (int kv = 0; kv < 2; kv++) {
+            for (int h = 0; h < g.n_kv_heads; h++, expect += data_bytes)
+                assert_ptr_equal(kvf_kvpool_head_data(p, 2, 1, kv, h), slice + expect);
+        }
+        for (int kv = 0; kv < 2; kv++) {
+            for (int h = 0; h < g.n_kv_heads; h++) {
+                float *sc = kvf_kvpool_head_scales(p, 2, 1, kv, h);
+                if (!kvf_kv_scaled(g.dtype)) {
+                    assert_null(sc);
+                    continue;
+                }
+                assert_ptr_equal(sc, slice + expect);
+                expect += (size_t)g.block_size * sizeof(float);
+            }
+        }
+        assert_int_equal(expect, kvf_kvpool_slice_bytes(p));
+        kvf_kvpool_destroy(p);
+    }
 }
 
 static void test_alloc_refcount(void **state)
@@ -148,9 +194,8 @@ static void test_block_tables(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_layout),
-        cmocka_unit_test(test_budget_and_validation),
-        cmocka_unit_test(test_alloc_refcount),
+        cmocka_unit_test(test_layout),         cmocka_unit_test(test_budget_and_validation),
+        cmocka_unit_test(test_formats_layout), cmocka_unit_test(test_alloc_refcount),
         cmocka_unit_test(test_block_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

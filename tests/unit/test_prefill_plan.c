@@ -156,7 +156,7 @@ static void test_slice_offsets(void **state)
 {
     (void)state;
     kvf_kv_geometry_t g = {
-        .n_layers = 3, .n_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = KVF_DTYPE_F32};
+        .n_layers = 3, .n_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = KVF_KV_F32};
     kvf_kvpool_t *pool = NULL;
     assert_int_equal(kvf_kvpool_create(&g, 10, &pool), KVF_OK);
     /* The remote formula is the pool's own layout. */

@@ -58,8 +58,8 @@ typedef struct kvf_engine_hooks {
  * The pool's geometry must match the model (layers, kv heads, head_dim):
  * KVF_ERR_MISMATCH otherwise. On success *engine_p is owned by the caller:
  * kvf_engine_destroy(). */
-kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend,
-                               kvf_kvpool_t *pool, kvf_engine_t **engine_p);
+kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend, kvf_kvpool_t *pool,
+                               kvf_engine_t **engine_p);
 
 /* Frees the engine's scratch; NULL is a no-op. */
 void kvf_engine_destroy(kvf_engine_t *engine);
@@ -81,17 +81,18 @@ typedef struct {
 
 /* How big a stack to make, on which backend. */
 typedef struct {
-    kvf_backend_kind_t backend;  /* cpu (default) or cuda */
-    kvf_cuda_config_t cuda;      /* with cuda: device, weight dtype, graphs */
-    int threads;                 /* CPU backend threads; <= 0: every core */
+    kvf_backend_kind_t backend;    /* cpu (default) or cuda */
+    kvf_cuda_config_t cuda;        /* with cuda: device, weight dtype, graphs */
+    int threads;                   /* CPU backend threads; <= 0: every core */
     kvf_cpu_weights_t cpu_weights; /* CPU backend: native (default) or f32 matrices */
-    int block_size;              /* tokens per KV block */
-    uint64_t budget_bytes;       /* pool: as many blocks as this holds; 0: no budget */
-    uint64_t max_blocks;         /* ... but at most this many; 0: no cap */
-    uint32_t max_full_sequences; /* ... nor more than this many full-context
-                                    sequences need; 0: no cap */
-    bool kv_host_mirror;         /* cuda: keep a host mirror of the pool (nodes that
-                                    ship K/V over the transport) */
+    int block_size;                /* tokens per KV block */
+    kvf_kv_dtype_t kv_dtype;       /* KV cache format (0: f32) */
+    uint64_t budget_bytes;         /* pool: as many blocks as this holds; 0: no budget */
+    uint64_t max_blocks;           /* ... but at most this many; 0: no cap */
+    uint32_t max_full_sequences;   /* ... nor more than this many full-context
+                                      sequences need; 0: no cap */
+    bool kv_host_mirror;           /* cuda: keep a host mirror of the pool (nodes that
+                                      ship K/V over the transport) */
 } kvf_engine_stack_config_t;
 
 /* Loads model_dir, creates the backend cfg names, a pool sized by cfg (at
@@ -107,8 +108,9 @@ kvf_status_t kvf_engine_stack_init(kvf_engine_stack_t *stack, const char *model_
  * registered the pool's memory (a transfer handle) must be gone first. */
 void kvf_engine_stack_fini(kvf_engine_stack_t *stack);
 
-/* The KV geometry a model needs, with the given block size (f32). */
-kvf_kv_geometry_t kvf_engine_kv_geometry(const kvf_model_t *model, int block_size);
+/* The KV geometry a model needs, with the given block size and format. */
+kvf_kv_geometry_t kvf_engine_kv_geometry(const kvf_model_t *model, int block_size,
+                                         kvf_kv_dtype_t dtype);
 
 /* FLOPs of a forward over n_new tokens starting at start_pos for one
  * sequence (projections, attention over the causal context, and the

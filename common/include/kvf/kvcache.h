@@ -1,10 +1,12 @@
 /* Paged KV cache: one contiguous pool of blocks, an allocator with a free
  * list and reference counts, and per-sequence block tables.
  *
- * Layout (docs/ARCHITECTURE.md, KV layout): [block][layer][K,V][kv_head][slot][head_dim]. One
- * (block, layer) slice is contiguous (2 * kv_heads * block_size * head_dim
- * elements), so shipping layer l of a sequence is a list of contiguous
- * slices, and one head's keys within a block are contiguous.
+ * Layout (docs/ARCHITECTURE.md, KV layout): [block][layer] slices, each
+ * [K,V][kv_head][slot][head_dim] elements of the pool's format, then for
+ * fp8/int8 the [K,V][kv_head][slot] f32 scales (kvf/kv_format.h). One
+ * (block, layer) slice is contiguous, so shipping layer l of a sequence is
+ * a list of contiguous slices, and one head's keys within a block are
+ * contiguous.
  *
  * Thread rules: the allocator (alloc/ref/free, block tables) is not locked;
  * it belongs to one thread, the node's event loop. Compute threads read and
@@ -16,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvf/dtype.h"
+#include "kvf/kv_format.h"
 #include "kvf/status.h"
 
 #ifdef __cplusplus
@@ -24,20 +26,21 @@ extern "C" {
 #endif
 
 #define KVF_KV_BLOCK_SIZE_DEFAULT 16
-#define KVF_KV_BLOCK_SIZE_MAX 256
+#define KVF_KV_BLOCK_SIZE_MAX     256
 
 typedef struct {
     int n_layers;
     int n_kv_heads;
     int head_dim;
-    int block_size; /* tokens per block, 1..256 */
-    kvf_dtype_t dtype; /* element type; this build computes with f32 */
+    int block_size;       /* tokens per block, 1..256 */
+    kvf_kv_dtype_t dtype; /* element format (kvf/kv_format.h) */
 } kvf_kv_geometry_t;
 
-/* Bytes one token occupies: 2 * layers * kv_heads * head_dim * element. */
+/* Bytes one token occupies: 2 * layers * kv_heads * (head_dim * element
+ * + 4 for a scaled format's scale). */
 size_t kvf_kv_bytes_per_token(const kvf_kv_geometry_t *geo);
 
-/* Bytes of one (block, layer) slice: 2 * kv_heads * block_size * head_dim * element. */
+/* Bytes of one (block, layer) slice: block_size tokens of one layer. */
 size_t kvf_kv_slice_bytes(const kvf_kv_geometry_t *geo);
 
 /* Bytes of one block (every layer). */
@@ -105,8 +108,17 @@ size_t kvf_kvpool_slice_offset(const kvf_kvpool_t *pool, uint32_t block, int lay
 size_t kvf_kvpool_slice_bytes(const kvf_kvpool_t *pool);
 
 /* Keys (kv = 0) or values (kv = 1) of one head in one (block, layer):
- * (block_size, head_dim) f32, contiguous. */
+ * (block_size, head_dim) f32, contiguous. An f32 pool only (asserted). */
 float *kvf_kvpool_head(const kvf_kvpool_t *pool, uint32_t block, int layer, int kv, int head);
+
+/* The same in any format: (block_size, head_dim) elements of the pool's
+ * dtype, contiguous. */
+void *kvf_kvpool_head_data(const kvf_kvpool_t *pool, uint32_t block, int layer, int kv, int head);
+
+/* The scales of those rows ((block_size) f32), or NULL for an unscaled
+ * format. */
+float *kvf_kvpool_head_scales(const kvf_kvpool_t *pool, uint32_t block, int layer, int kv,
+                              int head);
 
 /* Accounting. used + free = num_blocks at all times. */
 uint32_t kvf_kvpool_num_blocks(const kvf_kvpool_t *pool);
@@ -151,8 +163,7 @@ kvf_status_t kvf_block_table_append(kvf_block_table_t *bt, const uint32_t *ids, 
 
 /* Allocates from pool whatever blocks are needed so the table covers
  * n_tokens positions. All or nothing: KVF_ERR_NO_SPACE leaves it as it was. */
-kvf_status_t kvf_block_table_reserve(kvf_block_table_t *bt, kvf_kvpool_t *pool,
-                                     uint32_t n_tokens);
+kvf_status_t kvf_block_table_reserve(kvf_block_table_t *bt, kvf_kvpool_t *pool, uint32_t n_tokens);
 
 /* Releases every block of the table to pool and empties it. */
 void kvf_block_table_release(kvf_block_table_t *bt, kvf_kvpool_t *pool);
