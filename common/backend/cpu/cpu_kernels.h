@@ -119,10 +119,11 @@ static inline int kvf_cpu_attn_first_key(int window, int pos)
  * to rows (token, head) rows of head_dim. */
 size_t kvf_cpu_attn_scratch_floats(int head_dim, int rows);
 
-/* Decodes n elements of a row of dt (with its scale) to f32, the values
- * of kvf_kv_decode_row. */
-typedef void (*kvf_cpu_decode_fn)(kvf_kv_dtype_t dt, const void *src, float scale, int n,
-                                  float *out);
+/* Decodes n_rows consecutive rows of n elements of dt (row r's scale
+ * scales[r]; scales NULL for an unscaled format) to f32 rows ld_out
+ * apart: the values of kvf_kv_decode_row. */
+typedef void (*kvf_cpu_decode_fn)(kvf_kv_dtype_t dt, const void *src, const float *scales,
+                                  int n_rows, int n, float *out, int ld_out);
 
 /* The attention scratch: per row its numerator (hdp floats), running max
  * and sum; the decoded keys and values of one chunk (16 rows of hdp). */
@@ -164,31 +165,42 @@ static inline void kvf_cpu_attn_span(const kvf_cpu_attn_tile_t *t, int *j_first_
 
 /* Rows of keys and values j0 .. j0+15 of a chunk whose first n keys exist
  * (rows past n: the chunk's first, readable, result unused). f32 rows are
- * the pool's own; other formats are decoded into sc's buffers. */
+ * the pool's own; other formats are decoded into sc's buffers, one call
+ * per run of keys in one block. */
 static inline void kvf_cpu_attn_chunk_rows(const kvf_cpu_attn_tile_t *t, int j0, int n,
                                            kvf_cpu_decode_fn dec, const kvf_cpu_attn_scratch_t *sc,
                                            const float **krows, const float **vrows)
 {
     const int hd = t->head_dim, bs = t->block_size;
     const kvf_kv_dtype_t dt = t->dtype;
-    const size_t eb = kvf_kv_elem_bytes(dt);
+    const size_t row_bytes = (size_t)hd * kvf_kv_elem_bytes(dt);
     const bool scaled = kvf_kv_scaled(dt);
-    for (int j = 0; j < KVF_CPU_KEY_CHUNK; j++) {
-        const int key = j0 + (j < n ? j : 0), b = key / bs, r = key % bs;
-        const char *kd = (const char *)t->keys[b] + (size_t)r * (size_t)hd * eb;
-        const char *vd = (const char *)t->values[b] + (size_t)r * (size_t)hd * eb;
+    int b = j0 / bs, r = j0 % bs;
+    for (int j = 0; j < n;) {
+        const int run = bs - r < n - j ? bs - r : n - j; /* keys j.. in block b */
+        const char *kd = (const char *)t->keys[b] + (size_t)r * row_bytes;
+        const char *vd = (const char *)t->values[b] + (size_t)r * row_bytes;
         if (dt == KVF_KV_F32) {
-            krows[j] = (const float *)(const void *)kd;
-            vrows[j] = (const float *)(const void *)vd;
-            continue;
+            for (int i = 0; i < run; i++) {
+                krows[j + i] = (const float *)(const void *)(kd + (size_t)i * row_bytes);
+                vrows[j + i] = (const float *)(const void *)(vd + (size_t)i * row_bytes);
+            }
+        } else {
+            float *kb = sc->kbuf + (size_t)j * sc->hdp, *vb = sc->vbuf + (size_t)j * sc->hdp;
+            dec(dt, kd, scaled ? t->kscales[b] + r : NULL, run, hd, kb, sc->hdp);
+            dec(dt, vd, scaled ? t->vscales[b] + r : NULL, run, hd, vb, sc->hdp);
+            for (int i = 0; i < run; i++) {
+                krows[j + i] = kb + (size_t)i * sc->hdp;
+                vrows[j + i] = vb + (size_t)i * sc->hdp;
+            }
         }
-        float *kb = sc->kbuf + (size_t)j * sc->hdp, *vb = sc->vbuf + (size_t)j * sc->hdp;
-        if (j < n) {
-            dec(dt, kd, scaled ? t->kscales[b][r] : 1.0f, hd, kb);
-            dec(dt, vd, scaled ? t->vscales[b][r] : 1.0f, hd, vb);
-        }
-        krows[j] = j < n ? kb : sc->kbuf;
-        vrows[j] = j < n ? vb : sc->vbuf;
+        j += run;
+        b++;
+        r = 0;
+    }
+    for (int j = n; j < KVF_CPU_KEY_CHUNK; j++) {
+        krows[j] = krows[0];
+        vrows[j] = vrows[0];
     }
 }
 

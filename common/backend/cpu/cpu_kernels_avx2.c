@@ -112,7 +112,8 @@ static inline __attribute__((always_inline)) void dot16x8(const float *q, const 
 /* The exact KV decodes of kvf/kv_format.h, 8 elements a step (as the
  * AVX-512 kernels: bf16 a shift, f16 by F16C, int8 a convert and one
  * multiply, fp8 E4M3 bits placed in an f32 times 2^120, NaN set apart). */
-static void decode_row_avx2(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
+static inline __attribute__((always_inline)) void
+decode1_avx2(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
 {
     const __m256 sv = _mm256_set1_ps(scale);
     int i = 0;
@@ -152,6 +153,16 @@ static void decode_row_avx2(kvf_kv_dtype_t dt, const void *src, float scale, int
     }
     for (; i < n; i++)
         out[i] = kvf_kv_decode_one(dt, src, i, scale);
+}
+
+/* Rows of a run, each with its scale. */
+static void decode_row_avx2(kvf_kv_dtype_t dt, const void *src, const float *scales,
+                            int n_rows, int n, float *out, int ld_out)
+{
+    const size_t row_bytes = (size_t)n * kvf_kv_elem_bytes(dt);
+    for (int r = 0; r < n_rows; r++)
+        decode1_avx2(dt, (const char *)src + (size_t)r * row_bytes, scales ? scales[r] : 1.0f, n,
+                   out + (size_t)r * (size_t)ld_out);
 }
 
 /* 16 ymm registers: decode rows x 1-2 panels (4 accumulators a row and

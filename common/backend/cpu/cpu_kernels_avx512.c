@@ -106,7 +106,8 @@ static inline __attribute__((always_inline)) void dot16x16(const float *q,
  * the scale's one multiply, fp8 E4M3 by placing its bits in an f32 and
  * one exact multiply by 2^120 (subnormals land on f32 subnormals), NaN
  * (0x7f) set apart, then the scale. */
-static void decode_row_avx512(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
+static inline __attribute__((always_inline)) void
+decode1_avx512(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
 {
     const __m512 sv = _mm512_set1_ps(scale);
     int i = 0;
@@ -146,6 +147,16 @@ static void decode_row_avx512(kvf_kv_dtype_t dt, const void *src, float scale, i
     }
     for (; i < n; i++)
         out[i] = kvf_kv_decode_one(dt, src, i, scale);
+}
+
+/* Rows of a run, each with its scale. */
+static void decode_row_avx512(kvf_kv_dtype_t dt, const void *src, const float *scales,
+                              int n_rows, int n, float *out, int ld_out)
+{
+    const size_t row_bytes = (size_t)n * kvf_kv_elem_bytes(dt);
+    for (int r = 0; r < n_rows; r++)
+        decode1_avx512(dt, (const char *)src + (size_t)r * row_bytes, scales ? scales[r] : 1.0f, n,
+                   out + (size_t)r * (size_t)ld_out);
 }
 
 /* 32 zmm registers: decode rows x 4 panels (8 accumulators a row), and

@@ -62,9 +62,13 @@ size_t kvf_cpu_attn_scratch_floats(int head_dim, int rows)
     return (2 * KVF_CPU_KEY_CHUNK + (size_t)rows) * hdp + 2 * (((size_t)rows + 15) & ~(size_t)15);
 }
 
-static void decode_row_scalar(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
+static void decode_row_scalar(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows,
+                              int n, float *out, int ld_out)
 {
-    kvf_kv_decode_row(dt, src, scale, n, out);
+    const size_t row_bytes = (size_t)n * kvf_kv_elem_bytes(dt);
+    for (int r = 0; r < n_rows; r++)
+        kvf_kv_decode_row(dt, (const char *)src + (size_t)r * row_bytes, scales ? scales[r] : 1.0f,
+                          n, out + (size_t)r * (size_t)ld_out);
 }
 
 /* One online-softmax step of a query row over keys j0+ja .. j0+nj-1. */
