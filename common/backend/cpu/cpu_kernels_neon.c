@@ -65,6 +65,16 @@ static inline __attribute__((always_inline)) float dot16(const float *q, const f
             (out)[j_] = dot16((q), (k)[j_], (hd));                                                 \
     } while (0)
 
+/* The KV decodes: kvf/kv_format.h's own, element by element. */
+static void decode_row_neon(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows,
+                            int n, float *out, int ld_out)
+{
+    const size_t row_bytes = (size_t)n * kvf_kv_elem_bytes(dt);
+    for (int r = 0; r < n_rows; r++)
+        kvf_kv_decode_row(dt, (const char *)src + (size_t)r * row_bytes, scales ? scales[r] : 1.0f,
+                          n, out + (size_t)r * (size_t)ld_out);
+}
+
 /* 32 q registers: decode rows x 1-2 panels (8 accumulators a row and
  * panel), and 4 rows x half a panel (16) for larger batches. */
 #define SMALL_M 3
