@@ -73,6 +73,7 @@ kvf_cuda_attn_t attn_of(const kv_batch &b, const attention_rows &r, const float 
     kvf_cuda_attn_t a{};
     a.kv_layer = b.emu_base() + b.layer_off();
     a.block_stride = b.block_stride();
+    a.kv_dtype = b.geo.dtype;
     a.n_pool_blocks = (int)b.n_blocks;
     a.n_heads = b.g.n_heads;
     a.n_kv_heads = b.g.n_kv_heads;
@@ -111,7 +112,7 @@ std::vector<unsigned char> run_emulated(check &c, kv_batch &b, const attention_p
         return kvf_cuda_qkv_rope_write(nullptr, qkv_dev.data(), r.ld_qkv, nullptr, nullptr, nullptr,
                                        0.0f, identity.data(),
                                        b.emu_base(), b.block_stride(), b.layer_off(),
-                                       b.tok_block.data(), b.pos.data(), b.n_tokens, g.n_heads,
+                                       b.geo.dtype, b.tok_block.data(), b.pos.data(), b.n_tokens, g.n_heads,
                                        g.n_kv_heads, r.hd, g.block_size, (int)b.n_blocks);
     });
     if (qkv_dev != qkv)
@@ -240,7 +241,7 @@ struct shape_rig {
     shape_rig()
     {
         ok.kv_layer = pool;
-        ok.block_stride = 2 * 16;
+        ok.block_stride = 2 * 16 * 4; // bytes of f32
         ok.n_pool_blocks = 1;
         ok.n_heads = ok.n_kv_heads = 1;
         ok.head_dim = 16;
@@ -284,6 +285,13 @@ void refuse_bad_geometry(check &c, shape_rig &r)
     a.block_stride = 8;
     both("block stride below a slice", KVF_ERR_INVAL, a);
     a = r.ok;
+    a.kv_dtype = KVF_KV_INT8;
+    a.block_stride = 2 * (16 + 4) - 1; // int8 rows and their scales need 40 bytes
+    both("block stride below an int8 slice", KVF_ERR_INVAL, a);
+    a = r.ok;
+    a.kv_dtype = (kvf_kv_dtype_t)KVF_KV_N_DTYPES;
+    both("unknown KV format", KVF_ERR_INVAL, a);
+    a = r.ok;
     a.adt = KVF_DTYPE_UNKNOWN;
     both("unknown dtype", KVF_ERR_INVAL, a);
 }
@@ -296,7 +304,7 @@ void refuse_bad_plans(check &c, shape_rig &r)
             [&] { return kvf_cuda_attention_prefill(nullptr, &r.ok, &far); });
     kvf_cuda_attn_t a2 = r.ok;
     a2.block_size = 2;
-    a2.block_stride = 2 * 2 * 16;
+    a2.block_stride = 2 * 2 * 16 * 4;
     kvf_cuda_decode_plan_t odd = {r.toks, 1, 1, 3, r.ws}; // 3 keys: not a multiple of 2
     refused(c, "split not a multiple of the block", KVF_ERR_INVAL,
             [&] { return kvf_cuda_attention_decode(nullptr, &a2, &odd); });
@@ -316,7 +324,7 @@ void refuse_tensor_core_shapes(check &c, shape_rig &r)
         a.adt = KVF_DTYPE_BF16;
         a.head_dim = hd;
         a.ld_q = a.ld_out = hd;
-        a.block_stride = 2 * hd;
+        a.block_stride = 2 * hd * 4;
         refused(c, "tensor cores, head dim not 16 k up to 128", KVF_ERR_UNSUPPORTED,
                 [&] { return kvf_cuda_attention_prefill_tc(nullptr, &a, &r.pt); });
     }
@@ -349,7 +357,7 @@ void launch_refusal_surfaces(check &c, shape_rig &r)
     kvf_cuda_attn_t a = r.ok;
     a.n_heads = a.n_kv_heads = 70000;
     a.ld_q = a.ld_out = 70000 * 16;
-    a.block_stride = 2LL * 70000 * 16;
+    a.block_stride = 2LL * 70000 * 16 * 4;
     unsigned long long ctas = kvf_emu::get_stats().ctas;
     printf("      (2 refused launches expected below)\n");
     kvf_log_set_level(KVF_LOG_OFF);

@@ -234,6 +234,10 @@ extern "C" kvf_status_t kvf_backend_cuda_create(const kvf_cuda_config_t *cfg,
     log_created(c);
     be_p->ops = &cuda_ops;
     be_p->ctx = c;
+    // Every format: the kernels encode and decode them all (qkv_rope_write.cu,
+    // attention_common.cuh).
+    be_p->kv_dtypes = (1u << KVF_KV_F32) | (1u << KVF_KV_F16) | (1u << KVF_KV_BF16) |
+                      (1u << KVF_KV_FP8) | (1u << KVF_KV_INT8);
     return KVF_OK;
 }
 

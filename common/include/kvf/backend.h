@@ -146,6 +146,9 @@ typedef struct kvf_backend_ops {
 typedef struct {
     const kvf_backend_ops_t *ops;
     void *ctx;
+    /* The KV formats (kvf/kv_format.h) the backend reads and writes in a
+     * pool: bit (1u << dtype) per kvf_kv_dtype_t. */
+    uint32_t kv_dtypes;
 } kvf_backend_t;
 
 /* Instruction sets the CPU backend's kernels are built for. Every one
