@@ -120,9 +120,11 @@ kvf_kvpool_t *random_format_pool(const kv_batch &b, kvf_kv_dtype_t dt)
         unsigned char *d = (unsigned char *)kvf_kvpool_head_data(pool, blk, l, kv, h);
         float *sc = kvf_kvpool_head_scales(pool, blk, l, kv, h);
         for (int slot = 0; slot < geo.block_size; slot++) {
-            // A row's range varies, so scales differ from row to row.
-            std::vector<float> x = random_floats((size_t)hd, -2, 2);
-            float m = 0.25f + 3.0f * urand() * urand();
+            // Within [-1, 1], as the f32 pools (the kernels' tolerances
+            // assume it), with a range of its own so that scales differ
+            // from row to row.
+            std::vector<float> x = random_floats((size_t)hd);
+            float m = urand(0.25f, 1.0f);
             for (float &v : x)
                 v *= m;
             kvf_kv_encode_row(dt, x.data(), hd, d + (size_t)slot * hd * eb, sc ? sc + slot : nullptr);
