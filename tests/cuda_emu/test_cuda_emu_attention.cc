@@ -73,6 +73,7 @@ kvf_cuda_attn_t attn_of(const kv_batch &b, const attention_rows &r, const float 
     kvf_cuda_attn_t a{};
     a.kv_layer = b.emu_base() + b.layer_off();
     a.block_stride = b.block_stride();
+    a.kv_dtype = b.geo.dtype;
     a.n_pool_blocks = (int)b.n_blocks;
     a.n_heads = b.g.n_heads;
     a.n_kv_heads = b.g.n_kv_heads;
@@ -111,7 +112,7 @@ std::vector<unsigned char> run_emulated(check &c, kv_batch &b, const attention_p
         return kvf_cuda_qkv_rope_write(nullptr, qkv_dev.data(), r.ld_qkv, nullptr, nullptr, nullptr,
                                        0.0f, identity.data(),
                                        b.emu_base(), b.block_stride(), b.layer_off(),
-                                       b.tok_block.data(), b.pos.data(), b.n_tokens, g.n_heads,
+                                       b.geo.dtype, b.tok_block.data(), b.pos.data(), b.n_tokens, g.n_heads,
                                        g.n_kv_heads, r.hd, g.block_size, (int)b.n_blocks);
     });
     if (qkv_dev != qkv)
@@ -191,9 +192,34 @@ void compare_with_cpu(check &c, kv_batch &b, const attention_plan &p, const atte
 // A mixed batch as the engine builds one (plan_attention). K/V of the
 // batch is written into both pools first, then both attentions read their
 // pool.
+// A pool of format dt (not f32) for the emulated kernels: K/V written by
+// qkv_rope_write in dt, then the attentions decoding it. The reference is
+// the CPU backend's attention over that pool decoded to f32 (exact), with
+// the kernels' tolerances.
+void compare_format_with_cpu(check &c, kv_batch &b, const attention_plan &p,
+                             const attention_rows &r, const std::vector<float> &qkv,
+                             std::vector<unsigned char> got, kvf_dtype_t adt, bool tc)
+{
+    const size_t out_bytes = (size_t)b.n_tokens * r.ld_out * kvf_dtype_size(adt);
+    b.reset_emu_pool(std::vector<unsigned char>(got.begin() + (long)out_bytes, got.end()));
+    got.resize(out_bytes);
+    decode_pool(b.emu_pool, b.cpu_pool);
+    auto ptrs = b.table_ptrs();
+    kvf_batch_layout_t lay = b.layout(ptrs);
+    std::vector<float> want((size_t)b.n_tokens * r.q_dim);
+    kvf_status_t s = g_cpu.ops->attention(g_cpu.ctx, want.data(), qkv.data(), r.ld_qkv, b.cpu_pool,
+                                          b.layer, b.g.n_heads, &lay);
+    if (s != KVF_OK)
+        c.fail("the CPU backend's attention returned %s", kvf_status_str(s));
+    if (!tc)
+        compare_rows(c, "out", got, adt, b.n_tokens, r.q_dim, r.ld_out, want.data(), r.q_dim, 2e-5);
+    else
+        compare_tc_rows(c, b, p, r, got, want, adt);
+}
+
 void attention_case(geometry g, std::vector<seq_spec> specs, kvf_dtype_t adt, int split_keys,
                     int extra_splits, prefill_kernel pk = prefill_kernel::cores, int window = 0,
-                    float softcap = 0)
+                    float softcap = 0, kvf_kv_dtype_t kv_dt = KVF_KV_F32)
 {
     kv_batch b(g, std::move(specs));
     b.window = window;
@@ -203,10 +229,16 @@ void attention_case(geometry g, std::vector<seq_spec> specs, kvf_dtype_t adt, in
     const attention_rows r = {hd, q_dim, kv_dim, q_dim + 2 * kv_dim + 8, q_dim + 4};
     const attention_plan p = plan_attention(b, split_keys, extra_splits);
     const bool tc = pk == prefill_kernel::tensor_cores;
-    check c(fmt("attention %s %s: %zu tiles%s, %zu decode x %d splits of %d, window %d, cap %g",
-                b.describe().c_str(), kvf_dtype_name(adt), p.tiles.size() / 2,
-                tc ? " on tensor cores" : "", p.dec.size(), p.n_splits, p.split_keys, window,
-                (double)softcap));
+    check c(fmt("attention %s %s, %s KV: %zu tiles%s, %zu decode x %d splits of %d, window %d, "
+                "cap %g",
+                b.describe().c_str(), kvf_dtype_name(adt), kvf_kv_dtype_name(kv_dt),
+                p.tiles.size() / 2, tc ? " on tensor cores" : "", p.dec.size(), p.n_splits,
+                p.split_keys, window, (double)softcap));
+    kvf_kvpool_t *f32_pool = b.emu_pool;
+    if (kv_dt != KVF_KV_F32) {
+        b.emu_pool = random_format_pool(b, kv_dt);
+        b.geo.dtype = kv_dt;
+    }
     std::vector<float> qkv = random_floats((size_t)b.n_tokens * r.ld_qkv);
     for (int t = 0; t < b.n_tokens; t++) // sharper softmax than uniform q
         for (int j = 0; j < q_dim; j++)
@@ -222,7 +254,14 @@ void attention_case(geometry g, std::vector<seq_spec> specs, kvf_dtype_t adt, in
     const auto start = b.emu_pool_bytes();
     auto got =
         both_orders(c, [&] { return run_emulated(c, b, p, r, qkv, identity, adt, tc, start); });
-    compare_with_cpu(c, b, p, r, qkv, std::move(got), adt, tc);
+    if (kv_dt == KVF_KV_F32) {
+        compare_with_cpu(c, b, p, r, qkv, std::move(got), adt, tc);
+        return;
+    }
+    compare_format_with_cpu(c, b, p, r, qkv, std::move(got), adt, tc);
+    kvf_kvpool_destroy(b.emu_pool);
+    b.emu_pool = f32_pool;
+    b.geo.dtype = KVF_KV_F32;
 }
 
 // ---- the launchers' shape checks ---------------------------------------------------
@@ -240,7 +279,7 @@ struct shape_rig {
     shape_rig()
     {
         ok.kv_layer = pool;
-        ok.block_stride = 2 * 16;
+        ok.block_stride = 2 * 16 * 4; // bytes of f32
         ok.n_pool_blocks = 1;
         ok.n_heads = ok.n_kv_heads = 1;
         ok.head_dim = 16;
@@ -284,6 +323,13 @@ void refuse_bad_geometry(check &c, shape_rig &r)
     a.block_stride = 8;
     both("block stride below a slice", KVF_ERR_INVAL, a);
     a = r.ok;
+    a.kv_dtype = KVF_KV_INT8;
+    a.block_stride = 2 * (16 + 4) - 1; // int8 rows and their scales need 40 bytes
+    both("block stride below an int8 slice", KVF_ERR_INVAL, a);
+    a = r.ok;
+    a.kv_dtype = (kvf_kv_dtype_t)KVF_KV_N_DTYPES;
+    both("unknown KV format", KVF_ERR_INVAL, a);
+    a = r.ok;
     a.adt = KVF_DTYPE_UNKNOWN;
     both("unknown dtype", KVF_ERR_INVAL, a);
 }
@@ -296,7 +342,7 @@ void refuse_bad_plans(check &c, shape_rig &r)
             [&] { return kvf_cuda_attention_prefill(nullptr, &r.ok, &far); });
     kvf_cuda_attn_t a2 = r.ok;
     a2.block_size = 2;
-    a2.block_stride = 2 * 2 * 16;
+    a2.block_stride = 2 * 2 * 16 * 4;
     kvf_cuda_decode_plan_t odd = {r.toks, 1, 1, 3, r.ws}; // 3 keys: not a multiple of 2
     refused(c, "split not a multiple of the block", KVF_ERR_INVAL,
             [&] { return kvf_cuda_attention_decode(nullptr, &a2, &odd); });
@@ -316,7 +362,7 @@ void refuse_tensor_core_shapes(check &c, shape_rig &r)
         a.adt = KVF_DTYPE_BF16;
         a.head_dim = hd;
         a.ld_q = a.ld_out = hd;
-        a.block_stride = 2 * hd;
+        a.block_stride = 2 * hd * 4;
         refused(c, "tensor cores, head dim not 16 k up to 128", KVF_ERR_UNSUPPORTED,
                 [&] { return kvf_cuda_attention_prefill_tc(nullptr, &a, &r.pt); });
     }
@@ -349,7 +395,7 @@ void launch_refusal_surfaces(check &c, shape_rig &r)
     kvf_cuda_attn_t a = r.ok;
     a.n_heads = a.n_kv_heads = 70000;
     a.ld_q = a.ld_out = 70000 * 16;
-    a.block_stride = 2LL * 70000 * 16;
+    a.block_stride = 2LL * 70000 * 16 * 4;
     unsigned long long ctas = kvf_emu::get_stats().ctas;
     printf("      (2 refused launches expected below)\n");
     kvf_log_set_level(KVF_LOG_OFF);
@@ -380,6 +426,22 @@ void test_attention_shapes()
 
 void test_attention_vs_cpu()
 {
+    // Every KV format: prefill (CUDA cores, f32 activations, and tensor
+    // cores in bf16 and f16, which copy a pool of their own 16-bit format)
+    // and decode, with several splits, GQA and a head dim the decode CTA's
+    // threads do not divide.
+    const prefill_kernel tcores = prefill_kernel::tensor_cores;
+    for (kvf_kv_dtype_t kdt : k_kv_formats) {
+        attention_case({4, 2, 16, 16}, {{0, 20}, {37, 9}, {5, 1}, {60, 1}}, KVF_DTYPE_F32, 16, 1,
+                       prefill_kernel::cores, 0, 0, kdt);
+        attention_case({8, 2, 64, 16}, {{0, 30}, {100, 17}, {150, 1}}, KVF_DTYPE_BF16, 0, 0,
+                       tcores, 0, 0, kdt);
+        attention_case({4, 2, 16, 16}, {{0, 20}, {37, 9}, {5, 1}}, KVF_DTYPE_F16, 0, 0, tcores,
+                       0, 0, kdt);
+        attention_case({4, 2, 96, 16}, {{0, 5}, {200, 1}, {33, 1}}, KVF_DTYPE_F32, 32, 2,
+                       prefill_kernel::cores, 0, 0, kdt);
+    }
+
     // The golden models' head_dim 16: fresh and chunked prefill, decode.
     for (kvf_dtype_t adt : k_adts)
         attention_case({4, 2, 16, 16}, {{0, 20}, {37, 9}, {5, 1}, {60, 1}}, adt, 0, 0);

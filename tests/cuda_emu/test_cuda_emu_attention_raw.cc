@@ -120,7 +120,7 @@ kvf_cuda_attn_t raw_attn(raw_batch &b, void *out, kvf_dtype_t adt)
     kvf_cuda_attn_t a{};
     a.kv_layer =
         b.pool.data() + (size_t)b.layer * 2 * b.g.n_kv_heads * b.g.block_size * b.g.head_dim;
-    a.block_stride = b.block_stride;
+    a.block_stride = b.block_stride * (long long)sizeof(float); // bytes
     a.n_pool_blocks = b.n_blocks;
     a.n_heads = b.g.n_heads;
     a.n_kv_heads = b.g.n_kv_heads;

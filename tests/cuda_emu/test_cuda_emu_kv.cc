@@ -85,6 +85,94 @@ void compare_pools(check &c, const kv_batch &b, const std::vector<unsigned char>
             c.fail("pool float %zu is %.9g, the CPU backend's %.9g", i, got[i], want[i]);
 }
 
+// ---- pools of the other formats ---------------------------------------------------
+
+const kvf_kv_dtype_t k_kv_formats[4] = {KVF_KV_F16, KVF_KV_BF16, KVF_KV_FP8, KVF_KV_INT8};
+
+namespace
+{
+
+// fn(block, layer, kv, head) for every row set of a pool.
+template <typename F> void each_head(const kvf_kvpool_t *pool, F fn)
+{
+    const kvf_kv_geometry_t *g = kvf_kvpool_geometry(pool);
+    for (uint32_t blk = 0; blk < kvf_kvpool_num_blocks(pool); blk++)
+        for (int l = 0; l < g->n_layers; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int h = 0; h < g->n_kv_heads; h++)
+                    fn(blk, l, kv, h);
+}
+
+} // namespace
+
+kvf_kvpool_t *random_format_pool(const kv_batch &b, kvf_kv_dtype_t dt)
+{
+    kvf_kv_geometry_t geo = b.geo;
+    geo.dtype = dt;
+    kvf_kvpool_t *pool = nullptr;
+    if (kvf_kvpool_create(&geo, b.n_blocks, &pool) != KVF_OK) {
+        fprintf(stderr, "test_cuda_emu: cannot create a %s KV pool\n", kvf_kv_dtype_name(dt));
+        exit(1);
+    }
+    const int hd = geo.head_dim;
+    const size_t eb = kvf_kv_elem_bytes(dt);
+    each_head(pool, [&](uint32_t blk, int l, int kv, int h) {
+        unsigned char *d = (unsigned char *)kvf_kvpool_head_data(pool, blk, l, kv, h);
+        float *sc = kvf_kvpool_head_scales(pool, blk, l, kv, h);
+        for (int slot = 0; slot < geo.block_size; slot++) {
+            // Within [-1, 1], as the f32 pools (the kernels' tolerances
+            // assume it), with a range of its own so that scales differ
+            // from row to row.
+            std::vector<float> x = random_floats((size_t)hd);
+            float m = urand(0.25f, 1.0f);
+            for (float &v : x)
+                v *= m;
+            kvf_kv_encode_row(dt, x.data(), hd, d + (size_t)slot * hd * eb, sc ? sc + slot : nullptr);
+        }
+    });
+    return pool;
+}
+
+void decode_pool(const kvf_kvpool_t *src, kvf_kvpool_t *dst)
+{
+    const kvf_kv_geometry_t *g = kvf_kvpool_geometry(src);
+    const kvf_kv_dtype_t dt = g->dtype;
+    const int hd = g->head_dim;
+    const size_t eb = kvf_kv_elem_bytes(dt);
+    each_head(src, [&](uint32_t blk, int l, int kv, int h) {
+        const unsigned char *d = (const unsigned char *)kvf_kvpool_head_data(src, blk, l, kv, h);
+        const float *sc = kvf_kvpool_head_scales(src, blk, l, kv, h);
+        float *out = (float *)kvf_kvpool_head_data(dst, blk, l, kv, h);
+        for (int slot = 0; slot < g->block_size; slot++)
+            kvf_kv_decode_row(dt, d + (size_t)slot * hd * eb, sc ? sc[slot] : 1.0f, hd,
+                              out + (size_t)slot * hd);
+    });
+}
+
+void encode_batch_rows(const kv_batch &b, const std::vector<unsigned char> &src_f32,
+                       kvf_kvpool_t *dst)
+{
+    const kvf_kv_geometry_t *g = kvf_kvpool_geometry(dst);
+    const kvf_kv_dtype_t dt = g->dtype;
+    const int hd = g->head_dim, bs = g->block_size;
+    const size_t eb = kvf_kv_elem_bytes(dt);
+    const size_t f32_block = kvf_kv_block_bytes(&b.geo), f32_slice = kvf_kv_slice_bytes(&b.geo);
+    for (int t = 0; t < b.n_tokens; t++) {
+        const uint32_t blk = (uint32_t)b.tok_block[(size_t)t];
+        const int slot = b.pos[(size_t)t] % bs;
+        for (int kv = 0; kv < 2; kv++)
+            for (int h = 0; h < g->n_kv_heads; h++) {
+                const float *x =
+                    (const float *)(src_f32.data() + blk * f32_block + (size_t)b.layer * f32_slice +
+                                    kvf_kv_data_offset(KVF_KV_F32, g->n_kv_heads, bs, hd, kv, h)) +
+                    (size_t)slot * hd;
+                unsigned char *d = (unsigned char *)kvf_kvpool_head_data(dst, blk, b.layer, kv, h);
+                float *sc = kvf_kvpool_head_scales(dst, blk, b.layer, kv, h);
+                kvf_kv_encode_row(dt, x, hd, d + (size_t)slot * hd * eb, sc ? sc + slot : nullptr);
+            }
+    }
+}
+
 // ---- qkv_rope_write --------------------------------------------------------------
 
 namespace
@@ -160,7 +248,7 @@ void qkv_rope_write_case(const qkv_case &qc)
                                            qc.norm ? q_norm.data() : nullptr,
                                            qc.norm ? k_norm.data() : nullptr, eps, cs.data(),
                                            b.emu_base(), b.block_stride(), b.layer_off(),
-                                           tok_block.data(), pos.data(), n_rows, b.g.n_heads,
+                                           KVF_KV_F32, tok_block.data(), pos.data(), n_rows, b.g.n_heads,
                                            b.g.n_kv_heads, hd, b.g.block_size, (int)b.n_blocks);
         });
         q_after = qkv;
@@ -193,6 +281,40 @@ void qkv_rope_write_case(const qkv_case &qc)
     const double rel = qc.norm ? 2e-6 : 3e-7;
     compare_pools(c, b, got, rel);
     compare_q(c, b, n_rows, ld, q_after, want, qkv0, rel);
+
+    // Every other format: the same launch into a pool of it writes, bit for
+    // bit, kvf_kv_encode_row of the f32 rows above, and nothing else.
+    for (kvf_kv_dtype_t dt : k_kv_formats) {
+        kvf_kvpool_t *pool = random_format_pool(b, dt), *want_pool = random_format_pool(b, dt);
+        const size_t bytes = kvf_kvpool_bytes(pool);
+        memcpy(kvf_kvpool_base(want_pool), kvf_kvpool_base(pool), bytes);
+        encode_batch_rows(b, got, want_pool);
+        std::vector<float> qkv = qkv0;
+        launch_ok(c, "qkv_rope_write", [&] {
+            return kvf_cuda_qkv_rope_write(
+                nullptr, qkv.data(), ld, qc.bias ? bias.data() : nullptr,
+                qc.norm ? q_norm.data() : nullptr, qc.norm ? k_norm.data() : nullptr, eps,
+                cs.data(), kvf_kvpool_base(pool), (int64_t)kvf_kv_block_bytes(kvf_kvpool_geometry(pool)),
+                (int64_t)b.layer * (int64_t)kvf_kvpool_slice_bytes(pool), dt, tok_block.data(),
+                pos.data(), n_rows, b.g.n_heads, b.g.n_kv_heads, hd, b.g.block_size,
+                (int)b.n_blocks);
+        });
+        const unsigned char *gp = (const unsigned char *)kvf_kvpool_base(pool);
+        const unsigned char *wp = (const unsigned char *)kvf_kvpool_base(want_pool);
+        for (size_t i = 0; i < bytes; i++)
+            if (gp[i] != wp[i]) {
+                c.fail("%s pool byte %zu is 0x%02x, kvf_kv_encode_row's 0x%02x",
+                       kvf_kv_dtype_name(dt), i, gp[i], wp[i]);
+                break;
+            }
+        for (int t = 0; t < n_rows; t++)
+            if (memcmp(&qkv[(size_t)t * ld], &q_after[(size_t)t * ld], (size_t)q_dim * 4) != 0) {
+                c.fail("%s: q row %d differs from the f32 pool's launch", kvf_kv_dtype_name(dt), t);
+                break;
+            }
+        kvf_kvpool_destroy(pool);
+        kvf_kvpool_destroy(want_pool);
+    }
 }
 
 void qkv_rope_write_shapes()
@@ -202,15 +324,20 @@ void qkv_rope_write_shapes()
     int32_t ids[1] = {0}, pos[1] = {0};
     refused(c, "odd head_dim", KVF_ERR_INVAL, [&] {
         return kvf_cuda_qkv_rope_write(nullptr, qkv, 64, nullptr, nullptr, nullptr, 0.0f, cs, pool,
-                                       64, 0, ids, pos, 1, 1, 1, 15, 1, 1);
+                                       256, 0, KVF_KV_F32, ids, pos, 1, 1, 1, 15, 1, 1);
     });
     refused(c, "row shorter than q|k|v", KVF_ERR_INVAL, [&] {
         return kvf_cuda_qkv_rope_write(nullptr, qkv, 40, nullptr, nullptr, nullptr, 0.0f, cs, pool,
-                                       64, 0, ids, pos, 1, 1, 1, 16, 1, 1);
+                                       256, 0, KVF_KV_F32, ids, pos, 1, 1, 1, 16, 1, 1);
     });
     empty_ok(c, "qkv_rope_write", [&] {
         return kvf_cuda_qkv_rope_write(nullptr, qkv, 64, nullptr, nullptr, nullptr, 0.0f, cs, pool,
-                                       64, 0, ids, pos, 0, 1, 1, 16, 1, 1);
+                                       256, 0, KVF_KV_F32, ids, pos, 0, 1, 1, 16, 1, 1);
+    });
+    refused(c, "unknown KV format", KVF_ERR_INVAL, [&] {
+        return kvf_cuda_qkv_rope_write(nullptr, qkv, 64, nullptr, nullptr, nullptr, 0.0f, cs, pool,
+                                       256, 0, (kvf_kv_dtype_t)KVF_KV_N_DTYPES, ids, pos, 1, 1,
+                                       1, 16, 1, 1);
     });
 }
 

@@ -54,17 +54,18 @@ struct kv_batch {
         return kvf_batch_layout_t{n_tokens,    pos.data(), seq.data(), (int)seqs.size(),
                                   ptrs.data(), window,     scale,      softcap};
     }
+    // Bytes from one block to the next, and to the case's layer.
     int64_t block_stride() const
     {
-        return (int64_t)(kvf_kv_block_bytes(&geo) / sizeof(float));
+        return (int64_t)kvf_kv_block_bytes(&geo);
     }
     int64_t layer_off() const
     {
-        return (int64_t)layer * (int64_t)(kvf_kvpool_slice_bytes(emu_pool) / sizeof(float));
+        return (int64_t)layer * (int64_t)kvf_kvpool_slice_bytes(emu_pool);
     }
-    float *emu_base() const
+    unsigned char *emu_base() const
     {
-        return (float *)kvf_kvpool_base(emu_pool);
+        return (unsigned char *)kvf_kvpool_base(emu_pool);
     }
     std::vector<unsigned char> emu_pool_bytes() const
     {
@@ -80,6 +81,22 @@ struct kv_batch {
 
 // Pools compared as floats (rel 0: bit for bit).
 void compare_pools(check &c, const kv_batch &b, const std::vector<unsigned char> &emu, double rel);
+
+// A pool of format dt with b's geometry and block count, every row random
+// values encoded by kvf_kv_encode_row.
+kvf_kvpool_t *random_format_pool(const kv_batch &b, kvf_kv_dtype_t dt);
+
+// The rows of pool src (any format) decoded into dst, an f32 pool of the
+// same shape (kvf_kv_decode_row).
+void decode_pool(const kvf_kvpool_t *src, kvf_kvpool_t *dst);
+
+// Every row of pool src (f32) encoded into dst (format dt, same shape) at
+// the slots tokens of b were written to; the other rows left as they are.
+void encode_batch_rows(const kv_batch &b, const std::vector<unsigned char> &src_f32,
+                       kvf_kvpool_t *dst);
+
+// The KV formats past f32, for the cases that run each.
+extern const kvf_kv_dtype_t k_kv_formats[4];
 
 } // namespace kvf_emu_test
 

@@ -17,19 +17,62 @@ __device__ __forceinline__ const int32_t *kvf_attn_table(const kvf_cuda_attn_t &
                                       : nullptr;
 }
 
-// Offset in the layer (elements) of K at position p of kv head g for the
-// table row bt, or -1 where there is none. V is n_kv_heads * block_size *
-// head_dim further on.
-__device__ __forceinline__ long long kvf_attn_key_off(const kvf_cuda_attn_t &a, const int32_t *bt,
-                                                      int p, int g)
+// Where one key's rows are, as byte offsets in the layer: k, its K data
+// row (head_dim elements of the pool's format; V's is kvf_attn_v_delta()
+// further on), and ks, its K scale (fp8, int8; V's is kvf_attn_vs_delta()
+// further on). k = -1 where there is none.
+struct kvf_attn_key_t {
+    long long k, ks;
+};
+
+// The key at position p of kv head g for the table row bt.
+__device__ __forceinline__ kvf_attn_key_t kvf_attn_key(const kvf_cuda_attn_t &a, const int32_t *bt,
+                                                       int p, int g)
 {
+    kvf_attn_key_t key = {-1, -1};
     const int bs = a.block_size;
     if (!bt || p < 0 || p / bs >= a.bt_stride)
-        return -1;
+        return key;
     const int blk = bt[p / bs];
     if (blk < 0 || blk >= a.n_pool_blocks)
-        return -1;
-    return (long long)blk * a.block_stride + ((long long)g * bs + p % bs) * a.head_dim;
+        return key;
+    const kvf_kv_dtype_t dt = a.kv_dtype;
+    const long long slice = (long long)blk * a.block_stride;
+    const long long slot = p % bs;
+    key.k = slice + (long long)kvf_kv_data_offset(dt, a.n_kv_heads, bs, a.head_dim, 0, g) +
+            slot * a.head_dim * (long long)kvf_kv_elem_bytes(dt);
+    key.ks = slice + (long long)kvf_kv_scale_offset(dt, a.n_kv_heads, bs, a.head_dim, 0, g) +
+             slot * (long long)sizeof(float);
+    return key;
+}
+
+// Bytes from a key's K data row to its V data row.
+__device__ __forceinline__ long long kvf_attn_v_delta(const kvf_cuda_attn_t &a)
+{
+    return (long long)kvf_kv_data_offset(a.kv_dtype, a.n_kv_heads, a.block_size, a.head_dim, 1, 0);
+}
+
+// Bytes from a key's K scale to its V scale.
+__device__ __forceinline__ long long kvf_attn_vs_delta(const kvf_cuda_attn_t &a)
+{
+    return (long long)a.n_kv_heads * a.block_size * (long long)sizeof(float);
+}
+
+// The scale at byte offset off of the layer: 1 for an unscaled format or
+// off < 0 (no key).
+__device__ __forceinline__ float kvf_attn_scale_at(const kvf_cuda_attn_t &a, long long off)
+{
+    if (!kvf_kv_scaled(a.kv_dtype) || off < 0)
+        return 1.0f;
+    return __ldg((const float *)((const unsigned char *)a.kv_layer + off));
+}
+
+// Element d of the row at byte offset off of the layer, decoded to f32
+// (exact; times the row's scale for fp8 / int8).
+__device__ __forceinline__ float kvf_attn_elem(const kvf_cuda_attn_t &a, long long off, int d,
+                                               float scale)
+{
+    return kvf_kv_decode_one(a.kv_dtype, (const unsigned char *)a.kv_layer + off, d, scale);
 }
 
 // The first key position a query at pos attends to: pos - window + 1
@@ -62,27 +105,88 @@ __device__ __forceinline__ int kvf_attn_prefill_tile(const kvf_cuda_attn_t &a, c
     return min(count, min(rows_cap / group, a.n_tokens - first));
 }
 
-// Loads a chunk of n_keys keys of K and V (rows key_off[j], -1: zeros)
-// into shared rows k_s[j * ld_k], v_s[j * ld_v], converted to T; the whole
-// CTA (n_threads) takes part. Consecutive threads read consecutive
-// elements of a key's row (coalesced).
+// True when K/V of format dt are already T's bits (bf16 for
+// __nv_bfloat16, f16 for __half): the load copies them.
+template <typename T> __device__ __forceinline__ bool kvf_attn_kv_is(kvf_kv_dtype_t dt);
+template <> __device__ __forceinline__ bool kvf_attn_kv_is<float>(kvf_kv_dtype_t)
+{
+    return false; // f32 rows are read as any other format (kvf_kv_decode_one's copy)
+}
+template <> __device__ __forceinline__ bool kvf_attn_kv_is<__nv_bfloat16>(kvf_kv_dtype_t dt)
+{
+    return dt == KVF_KV_BF16;
+}
+template <> __device__ __forceinline__ bool kvf_attn_kv_is<__half>(kvf_kv_dtype_t dt)
+{
+    return dt == KVF_KV_F16;
+}
+
+// A 16-bit value of T from its bits (only called for the 16-bit types).
+template <typename T> __device__ __forceinline__ T kvf_bits_as(unsigned short b);
+template <> __device__ __forceinline__ float kvf_bits_as<float>(unsigned short)
+{
+    return 0.0f; // not reached: kvf_attn_kv_is<float> is false
+}
+template <> __device__ __forceinline__ __nv_bfloat16 kvf_bits_as<__nv_bfloat16>(unsigned short b)
+{
+    return __ushort_as_bfloat16(b);
+}
+template <> __device__ __forceinline__ __half kvf_bits_as<__half>(unsigned short b)
+{
+    return __ushort_as_half(b);
+}
+
+// Loads a chunk of n_keys keys of K and V (K data rows key_off[j], -1:
+// zeros; their scales k_sc[j], v_sc[j]) into shared rows k_s[j * ld_k],
+// v_s[j * ld_v], converted to T; the whole CTA (n_threads) takes part.
+// Consecutive threads read consecutive elements of a key's row
+// (coalesced). A 16-bit pool in T's own format is copied as it is: the
+// same bits as decoding it to f32 and rounding back.
 template <typename T>
 __device__ __forceinline__ void kvf_attn_load_kv(const kvf_cuda_attn_t &a, const long long *key_off,
-                                                 int n_keys, long long v_delta, T *k_s, int ld_k,
-                                                 T *v_s, int ld_v, int n_threads)
+                                                 const float *k_sc, const float *v_sc, int n_keys,
+                                                 T *k_s, int ld_k, T *v_s, int ld_v, int n_threads)
 {
     const int hd = a.head_dim;
+    const long long v_delta = kvf_attn_v_delta(a);
+    const bool raw = kvf_attn_kv_is<T>(a.kv_dtype);
     for (int idx = threadIdx.x; idx < n_keys * hd; idx += n_threads) {
         const int j = idx / hd, d = idx - j * hd;
         const long long off = key_off[j];
+        if (raw) {
+            unsigned short kb = 0, vb = 0;
+            if (off >= 0) {
+                const unsigned char *kr = (const unsigned char *)a.kv_layer + off;
+                kb = __ldg((const unsigned short *)kr + d);
+                vb = __ldg((const unsigned short *)(kr + v_delta) + d);
+            }
+            k_s[j * ld_k + d] = kvf_bits_as<T>(kb);
+            v_s[j * ld_v + d] = kvf_bits_as<T>(vb);
+            continue;
+        }
         float kv = 0.0f, vv = 0.0f;
         if (off >= 0) {
-            kv = __ldg(a.kv_layer + off + d);
-            vv = __ldg(a.kv_layer + off + v_delta + d);
+            kv = kvf_attn_elem(a, off, d, k_sc[j]);
+            vv = kvf_attn_elem(a, off + v_delta, d, v_sc[j]);
         }
         k_s[j * ld_k + d] = kvf_from_f32<T>(kv);
         v_s[j * ld_v + d] = kvf_from_f32<T>(vv);
     }
+}
+
+// Key j of a chunk starting at k0 (j < n_keys_chunk, positions below
+// n_keys): its K data row in key_off[j], its scales in k_sc[j], v_sc[j].
+// One thread per key.
+__device__ __forceinline__ void kvf_attn_chunk_key(const kvf_cuda_attn_t &a, const int32_t *bt,
+                                                   int p, int n_keys, int g, long long *key_off,
+                                                   float *k_sc, float *v_sc, int j)
+{
+    kvf_attn_key_t key = {-1, -1};
+    if (p < n_keys)
+        key = kvf_attn_key(a, bt, p, g);
+    key_off[j] = key.k;
+    k_sc[j] = key.k >= 0 ? kvf_attn_scale_at(a, key.ks) : 1.0f;
+    v_sc[j] = key.k >= 0 ? kvf_attn_scale_at(a, key.ks + kvf_attn_vs_delta(a)) : 1.0f;
 }
 
 #endif

@@ -1,5 +1,6 @@
 // Attention of single tokens (decode) over the paged KV pool, split over
-// the context (flash-decoding), f32 math on CUDA cores.
+// the context (flash-decoding), f32 math on CUDA cores; K/V of any pool
+// format are decoded to f32 (exactly) as they are read.
 //
 // Why split: a decode batch has few tokens, so one CTA per (token, kv head)
 // leaves most SMs idle while each CTA walks a long context. Splitting the
@@ -88,7 +89,9 @@ __global__ void __launch_bounds__(DEC_THREADS)
     const int n = k1 - k0; // keys of this split, 1 .. split_keys
     const int seq = a.seq[t];
     const int32_t *bt = kvf_attn_table(a, seq);
-    const long long v_delta = (long long)a.n_kv_heads * bs * hd; // K row -> V row
+    const long long v_delta = kvf_attn_v_delta(a);   // K data row -> V data row (bytes)
+    const long long vs_delta = kvf_attn_vs_delta(a); // K scale -> V scale (bytes)
+    const long long elem = (long long)kvf_kv_elem_bytes(a.kv_dtype);
 
     float *q_s = kvf_decode_smem;                                        // (group, hd)
     float *red = kvf_decode_smem;                                        // step 4, after q
@@ -104,12 +107,13 @@ __global__ void __launch_bounds__(DEC_THREADS)
     //    d = lane + 32 c of the key in registers, reused by every head.
     for (int j = warp; j < n; j += DEC_WARPS) {
         const int p = k0 + j;
-        long long off = kvf_attn_key_off(a, bt, p, g);
+        const kvf_attn_key_t key = kvf_attn_key(a, bt, p, g);
+        const float ksc = kvf_attn_scale_at(a, key.k >= 0 ? key.ks : -1);
         float kr[DEC_D_PER_LANE];
 #pragma unroll
         for (int c = 0; c < DEC_D_PER_LANE; c++) {
             int d = lane + 32 * c;
-            kr[c] = off >= 0 && d < hd ? __ldg(a.kv_layer + off + d) : 0.0f;
+            kr[c] = key.k >= 0 && d < hd ? kvf_attn_elem(a, key.k, d, ksc) : 0.0f;
         }
         for (int h = 0; h < group; h++) {
             const float *qh = q_s + h * hd;
@@ -163,13 +167,15 @@ __global__ void __launch_bounds__(DEC_THREADS)
         if (kg < n_kg) {
             // Block by block, so the table is read once per block.
             for (int bi = k0 / bs; bi <= (k1 - 1) / bs; bi++) {
-                long long off = kvf_attn_key_off(a, bt, bi * bs, g);
-                if (off < 0)
+                const kvf_attn_key_t key = kvf_attn_key(a, bt, bi * bs, g); // slot 0
+                if (key.k < 0)
                     continue; // zero V: adds nothing (its p still counts in l, as in step 2)
-                const float *vb = a.kv_layer + off + v_delta + c0 + cl;
+                const long long vb = key.k + v_delta, vsb = key.ks + vs_delta;
                 const int lo = max(k0, bi * bs), hi = min(k1, bi * bs + bs);
                 for (int p = lo + kg; p < hi; p += n_kg) {
-                    const float vv = __ldg(vb + (long long)(p - bi * bs) * hd);
+                    const long long slot = p - bi * bs;
+                    const float vsc = kvf_attn_scale_at(a, vsb + slot * (long long)sizeof(float));
+                    const float vv = kvf_attn_elem(a, vb + slot * hd * elem, c0 + cl, vsc);
                     const float *pr = s_s + (p - k0);
 #pragma unroll
                     for (int h = 0; h < GCAP; h++)

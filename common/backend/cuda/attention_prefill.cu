@@ -46,7 +46,8 @@ static_assert(PF_PV_RG * PF_PV_CL == PF_THREADS, "P V mapping covers the CTA");
 static_assert(PF_ROWS % PF_PV_RG == 0 && PF_ROWS % PF_WARPS == 0, "rows split evenly");
 
 // Dynamic shared memory of one CTA, in this order (floats unless said):
-//   key_off (kc) int64   pool offset of each chunk key's K row; -1: read zeros
+//   key_off (kc) int64   byte offset of each chunk key's K data row; -1: read zeros
+//   k_sc, v_sc (kc each) its K and V scales (1 for an unscaled format)
 //   row_pos (PF_ROWS) int position of each query row; -1: inactive row
 //   alpha   (PF_ROWS)    this chunk's rescale factor of each row
 //   l       (PF_ROWS)    final softmax denominator of each row
@@ -57,7 +58,7 @@ static_assert(PF_ROWS % PF_PV_RG == 0 && PF_ROWS % PF_WARPS == 0, "rows split ev
 //                        2 rows at one key in the P V phase)
 static __host__ __device__ size_t kvf_attn_prefill_smem_bytes(int hd, int kc)
 {
-    size_t floats = 2 * (size_t)PF_ROWS + (size_t)PF_ROWS * (size_t)(hd + 1) +
+    size_t floats = 2 * (size_t)kc + 2 * (size_t)PF_ROWS + (size_t)PF_ROWS * (size_t)(hd + 1) +
                     (size_t)kc * (size_t)(hd + 1) + (size_t)kc * (size_t)hd +
                     (size_t)PF_ROWS * (size_t)(kc + 1);
     return (size_t)kc * sizeof(long long) + (size_t)PF_ROWS * sizeof(int) + floats * sizeof(float);
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(PF_THREADS)
                   "S mapping covers the rows");
     extern __shared__ __align__(16) unsigned char kvf_prefill_smem[];
 
-    const int hd = a.head_dim, bs = a.block_size, group = a.n_heads / a.n_kv_heads;
+    const int hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
     const int g = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
@@ -90,12 +91,11 @@ __global__ void __launch_bounds__(PF_THREADS)
     const int n_rows = count * group;
     const int seq = a.seq[first];
     const int32_t *bt = kvf_attn_table(a, seq);
-    // K of (block b, head g, slot s) at kv_layer + b * block_stride +
-    // (g * bs + s) * hd; V at that + v_delta.
-    const long long v_delta = (long long)a.n_kv_heads * bs * hd;
-
+    // Keys are found by kvf_attn_key (attention_common.cuh).
     long long *key_off = (long long *)kvf_prefill_smem; // (KC)
-    int *row_pos = (int *)(key_off + KC);               // (PF_ROWS)
+    float *ksc_s = (float *)(key_off + KC);             // (KC)
+    float *vsc_s = ksc_s + KC;                          // (KC)
+    int *row_pos = (int *)(vsc_s + KC);                 // (PF_ROWS)
     float *alpha_s = (float *)(row_pos + PF_ROWS);      // (PF_ROWS)
     float *l_s = alpha_s + PF_ROWS;                     // (PF_ROWS)
     float *q_s = l_s + PF_ROWS;                         // (PF_ROWS, hd + 1)
@@ -151,16 +151,14 @@ __global__ void __launch_bounds__(PF_THREADS)
         // Where each key of the chunk lives. key_off was last read in the
         // previous chunk's load, which every thread finished before that
         // chunk's second barrier.
-        if (tid < KC) {
-            int p = k0 + tid;
-            key_off[tid] = p < n_keys ? kvf_attn_key_off(a, bt, p, g) : -1;
-        }
+        if (tid < KC)
+            kvf_attn_chunk_key(a, bt, k0 + tid, n_keys, g, key_off, ksc_s, vsc_s, tid);
         // Also orders the previous chunk's P V reads of v_s and s_s before
         // this chunk's writes.
         __syncthreads();
 
-        // K, V chunk; missing keys are zeros, so P (0 there) times V stays 0.
-        kvf_attn_load_kv<float>(a, key_off, KC, v_delta, k_s, hd + 1, v_s, hd, PF_THREADS);
+        // K, V chunk decoded to f32; missing keys are zeros, so P (0 there) times V stays 0.
+        kvf_attn_load_kv<float>(a, key_off, ksc_s, vsc_s, KC, k_s, hd + 1, v_s, hd, PF_THREADS);
         __syncthreads();
 
         // S (PF_ROWS, KC): thread = key j, rows srg + S_RG * i. The K read

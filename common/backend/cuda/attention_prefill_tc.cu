@@ -16,7 +16,9 @@
 // of S, P and O alone.
 //
 // Per chunk of 64 keys:
-//   K, V (64, hd) f32 from the pool -> T in shared memory (missing keys 0);
+//   K, V (64, hd) from the pool -> T in shared memory (missing keys 0):
+//     decoded to f32 and rounded to T, or copied when the pool holds T's
+//     own 16-bit format (bf16 K/V for bf16 activations, f16 for f16);
 //   S = Q K^T (16 x 64 per warp: 4 x hd/16 products) -> shared, f32;
 //   per row: scale, causal mask, m' = max(m, max S), P = exp(S - m') -> T,
 //     alpha = exp(m - m'), l' = l alpha + sum P (the f32 values);
@@ -45,7 +47,7 @@ static_assert(TC_ROWS == 16 * TC_WARPS, "each warp owns 16 rows");
 // and every 16-row tile inside it starts 32-byte aligned.
 typedef struct {
     int ldq, lds, ldp, ldo;
-    size_t q, k, v, p, s, o, key_off, row_pos, m, l, alpha, total; // byte offsets
+    size_t q, k, v, p, s, o, key_off, sc, row_pos, m, l, alpha, total; // byte offsets
 } tc_layout_t;
 
 static __host__ __device__ size_t tc_round(size_t x)
@@ -75,6 +77,8 @@ static __host__ __device__ tc_layout_t tc_layout(int hd)
     off += tc_round((size_t)TC_ROWS * L.ldo * 4);
     L.key_off = off;
     off += tc_round((size_t)TC_KEYS * 8);
+    L.sc = off;
+    off += tc_round((size_t)TC_KEYS * 2 * 4);
     L.row_pos = off;
     off += tc_round((size_t)TC_ROWS * 4);
     L.m = off;
@@ -96,7 +100,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char kvf_tc_smem[];
 
-    const int hd = a.head_dim, bs = a.block_size, group = a.n_heads / a.n_kv_heads;
+    const int hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
     const int g = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const tc_layout_t L = tc_layout(hd);
@@ -107,6 +111,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     float *s_s = (float *)(kvf_tc_smem + L.s);                   // (TC_ROWS, lds)
     float *o_s = (float *)(kvf_tc_smem + L.o);                   // (TC_ROWS, ldo)
     long long *key_off = (long long *)(kvf_tc_smem + L.key_off); // (TC_KEYS)
+    float *ksc_s = (float *)(kvf_tc_smem + L.sc);                // (TC_KEYS) K scales
+    float *vsc_s = ksc_s + TC_KEYS;                              // (TC_KEYS) V scales
     int *row_pos = (int *)(kvf_tc_smem + L.row_pos);             // (TC_ROWS) -1: inactive
     float *m_s = (float *)(kvf_tc_smem + L.m);                   // (TC_ROWS) running max
     float *l_s = (float *)(kvf_tc_smem + L.l);                   // (TC_ROWS) running sum
@@ -120,7 +126,6 @@ __global__ void __launch_bounds__(TC_THREADS)
     const int n_rows = count * group;
     const int seq = a.seq[first];
     const int32_t *bt = kvf_attn_table(a, seq);
-    const long long v_delta = (long long)a.n_kv_heads * bs * hd;
 
     // Q rows (inactive ones zero), O = 0, softmax state.
     for (int idx = tid; idx < TC_ROWS * hd; idx += TC_THREADS) {
@@ -150,13 +155,11 @@ __global__ void __launch_bounds__(TC_THREADS)
     const int r0 = 16 * warp; // this warp's first row
 
     for (int k0 = k_begin; k0 < n_keys; k0 += TC_KEYS) {
-        if (tid < TC_KEYS) {
-            int p = k0 + tid;
-            key_off[tid] = p < n_keys ? kvf_attn_key_off(a, bt, p, g) : -1;
-        }
+        if (tid < TC_KEYS)
+            kvf_attn_chunk_key(a, bt, k0 + tid, n_keys, g, key_off, ksc_s, vsc_s, tid);
         // Also: every warp is done with the previous chunk's k_s / v_s.
         __syncthreads();
-        kvf_attn_load_kv<T>(a, key_off, TC_KEYS, v_delta, k_s, L.ldq, v_s, L.ldq, TC_THREADS);
+        kvf_attn_load_kv<T>(a, key_off, ksc_s, vsc_s, TC_KEYS, k_s, L.ldq, v_s, L.ldq, TC_THREADS);
         __syncthreads();
 
         // S (this warp's 16 rows x 64 keys) = Q K^T.

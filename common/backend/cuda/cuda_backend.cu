@@ -234,7 +234,9 @@ extern "C" kvf_status_t kvf_backend_cuda_create(const kvf_cuda_config_t *cfg,
     log_created(c);
     be_p->ops = &cuda_ops;
     be_p->ctx = c;
-    be_p->kv_dtypes = KVF_KV_DTYPE_BIT(KVF_KV_F32);
+    // Every format: the kernels encode and decode them all (qkv_rope_write.cu,
+    // attention_common.cuh).
+    be_p->kv_dtypes = KVF_KV_DTYPES_ALL;
     return KVF_OK;
 }
 

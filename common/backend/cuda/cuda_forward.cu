@@ -15,9 +15,10 @@ typedef struct {
 
 // How the kernels address a pool in device memory.
 typedef struct {
-    float *base;
-    int64_t block_stride; // elements per block
-    int64_t slice_elems;  // elements of one layer's slice of a block
+    unsigned char *base;
+    int64_t block_stride; // bytes per block
+    int64_t slice_bytes;  // bytes of one layer's slice of a block (kvf_kv_slice_bytes)
+    kvf_kv_dtype_t dtype; // the pool's KV format
     int n_blocks;
     int block_size;
 } pool_view_t;
@@ -41,9 +42,10 @@ static batch_inputs_t batch_inputs(const cuda_ctx_t *c, const batch_plan_t *p)
 static pool_view_t pool_view(kvf_kvpool_t *pool)
 {
     pool_view_t v;
-    v.base = (float *)kvf_kvpool_device_base(pool);
-    v.block_stride = (int64_t)(kvf_kv_block_bytes(kvf_kvpool_geometry(pool)) / sizeof(float));
-    v.slice_elems = (int64_t)(kvf_kvpool_slice_bytes(pool) / sizeof(float));
+    v.base = (unsigned char *)kvf_kvpool_device_base(pool);
+    v.block_stride = (int64_t)kvf_kv_block_bytes(kvf_kvpool_geometry(pool));
+    v.slice_bytes = (int64_t)kvf_kvpool_slice_bytes(pool);
+    v.dtype = kvf_kvpool_geometry(pool)->dtype;
     v.n_blocks = (int)kvf_kvpool_num_blocks(pool);
     v.block_size = kvf_kvpool_geometry(pool)->block_size;
     return v;
@@ -100,8 +102,9 @@ static kvf_status_t enqueue_attention(cuda_ctx_t *c, const batch_plan_t *p,
     cudaStream_t st = c->stream;
     kvf_cuda_attn_t a;
     memset(&a, 0, sizeof(a));
-    a.kv_layer = pv->base + (int64_t)l * pv->slice_elems;
+    a.kv_layer = pv->base + (int64_t)l * pv->slice_bytes;
     a.block_stride = pv->block_stride;
+    a.kv_dtype = pv->dtype;
     a.n_pool_blocks = pv->n_blocks;
     a.n_heads = m->n_heads;
     a.n_kv_heads = m->n_kv_heads;
@@ -162,9 +165,8 @@ static kvf_status_t enqueue_layer(cuda_ctx_t *c, kvf_kvpool_t *pool, const batch
                                c->wdt, n, hidden, eps));
     CHECK(gemm(c, c->qkv, c->h, L->wqkv, n, c->qkv_dim, hidden));
     CHECK(kvf_cuda_qkv_rope_write(st, c->qkv, c->qkv_dim, L->bqkv, L->q_norm, L->k_norm, eps,
-                                  in->cos_sin, pv->base,
-                                  pv->block_stride, (int64_t)l * pv->slice_elems, in->tok_block,
-                                  in->pos, n, m->n_heads, m->n_kv_heads, m->head_dim,
+                                  in->cos_sin, pv->base, pv->block_stride,
+                                  (int64_t)l * pv->slice_bytes, pv->dtype, in->tok_block, in->pos, n, m->n_heads, m->n_kv_heads, m->head_dim,
                                   pv->block_size, pv->n_blocks));
     if (n_touched > 0)
         CHECK(copy_layer_to_host(c, pool, l, n_touched));

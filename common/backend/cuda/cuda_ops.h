@@ -4,15 +4,18 @@
  * and checks the launch error.
  *
  * Conventions (all pointers are device memory unless said otherwise):
- *  - the residual stream x, q/k/v, GEMM outputs and the KV pool are f32;
+ *  - the residual stream x, q/k/v and GEMM outputs are f32;
+ *  - the KV pool holds any format of kvf/kv_format.h (kv_dtype): kernels
+ *    encode K/V rows when they write them and decode them to f32 (exactly)
+ *    when they read them;
  *  - "act" buffers (GEMM inputs: normed rows, attention output, SwiGLU
  *    output) are in the weight dtype adt: bf16, f16 or f32;
  *  - row strides ("ld") are in elements;
- *  - a KV layer is addressed by kv_layer = pool + layer * 2 * kv_heads *
- *    block_size * head_dim (elements) and block_stride = elements from one
- *    block to the next, so K of (block b, kv head h, slot s) starts at
- *    kv_layer + b * block_stride + (h * block_size + s) * head_dim and V at
- *    that plus kv_heads * block_size * head_dim (docs/ARCHITECTURE.md, KV layout). */
+ *  - a KV layer is addressed in bytes: kv_layer = pool + layer *
+ *    kvf_kv_slice_bytes (one layer's slice of block 0) and block_stride =
+ *    bytes from one block to the next; inside a slice K/V data and scales
+ *    lie as kv_format.h lays them out (kvf_kv_data_offset,
+ *    kvf_kv_scale_offset; docs/ARCHITECTURE.md, KV layout). */
 #ifndef KVF_CUDA_OPS_H
 #define KVF_CUDA_OPS_H
 
@@ -20,7 +23,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __CUDACC__
+/* First: kv_format.h's device-code qualifiers (KVF_KV_HD) come from it. */
+#include <cuda_runtime.h>
+#endif
+
 #include "kvf/dtype.h"
+#include "kvf/kv_format.h"
 #include "kvf/status.h"
 
 #ifdef __cplusplus
@@ -38,8 +47,9 @@ extern "C" {
 
 /* Attention over a paged pool for a batch's tokens (both kernels). */
 typedef struct {
-    const float *kv_layer; /* one layer of the pool, see above */
-    int64_t block_stride;  /* elements per block (every layer) */
+    const void *kv_layer;    /* one layer of the pool, see above */
+    int64_t block_stride;    /* bytes per block (every layer) */
+    kvf_kv_dtype_t kv_dtype; /* the pool's format */
     int n_pool_blocks;     /* blocks in the pool (ids below this) */
     int n_heads, n_kv_heads, head_dim, block_size;
     float scale;    /* 1 / sqrt(head_dim), or the model's (kvf_model_attn_scale) */
@@ -99,7 +109,8 @@ size_t kvf_cuda_decode_ws_floats(int n_dec, int n_heads, int n_splits, int head_
 kvf_status_t kvf_cuda_check_embed(int n_tokens, int hidden, int vocab);
 kvf_status_t kvf_cuda_check_rmsnorm(int m, int dim, int ld_out, kvf_dtype_t adt, float eps);
 kvf_status_t kvf_cuda_check_qkv_rope_write(int n_tokens, int ld, int n_heads, int n_kv_heads,
-                                           int head_dim, int block_size, int n_pool_blocks);
+                                           int head_dim, int block_size, int n_pool_blocks,
+                                           kvf_kv_dtype_t kv_dtype);
 kvf_status_t kvf_cuda_check_attention(const kvf_cuda_attn_t *a);
 kvf_status_t kvf_cuda_check_prefill_tiles(const kvf_cuda_attn_t *a,
                                           const kvf_cuda_prefill_tiles_t *t);
@@ -137,13 +148,17 @@ kvf_status_t kvf_cuda_add_rmsnorm(cudaStream_t st, float *x, const float *delta,
  * k_norm (head_dim weights, eps; NULL: no norm, Qwen3 has them), rotates q
  * in place and k (cos_sin as for rope), and writes k and v to the token's
  * block tok_block[t], slot pos[t] % block_size, of the pool layer at
- * layer_off. Bias, norms, rope and kv_write in one launch. */
+ * layer_off, encoded in kv_dtype as kvf_kv_encode_row does (block_stride
+ * and layer_off in bytes). k and v are staged in their columns of the row,
+ * which hold them rotated (k) and biased afterwards. Bias, norms, rope and
+ * kv_write in one launch. */
 kvf_status_t kvf_cuda_qkv_rope_write(cudaStream_t st, float *qkv, int ld, const float *bias,
                                      const float *q_norm, const float *k_norm, float eps,
-                                     const float *cos_sin, float *pool, int64_t block_stride,
-                                     int64_t layer_off, const int32_t *tok_block,
-                                     const int32_t *pos, int n_tokens, int n_heads, int n_kv_heads,
-                                     int head_dim, int block_size, int n_pool_blocks);
+                                     const float *cos_sin, void *pool, int64_t block_stride,
+                                     int64_t layer_off, kvf_kv_dtype_t kv_dtype,
+                                     const int32_t *tok_block, const int32_t *pos, int n_tokens,
+                                     int n_heads, int n_kv_heads, int head_dim, int block_size,
+                                     int n_pool_blocks);
 
 /* Causal attention for prefill tiles (tiled, online softmax). */
 kvf_status_t kvf_cuda_attention_prefill(cudaStream_t st, const kvf_cuda_attn_t *a,

@@ -33,9 +33,19 @@ kvf_status_t kvf_cuda_check_rmsnorm(int m, int dim, int ld_out, kvf_dtype_t adt,
     return KVF_OK;
 }
 
-kvf_status_t kvf_cuda_check_qkv_rope_write(int n_tokens, int ld, int n_heads, int n_kv_heads,
-                                           int head_dim, int block_size, int n_pool_blocks)
+static bool kv_dtype_ok(kvf_kv_dtype_t dt)
 {
+    return (unsigned)dt < KVF_KV_N_DTYPES;
+}
+
+kvf_status_t kvf_cuda_check_qkv_rope_write(int n_tokens, int ld, int n_heads, int n_kv_heads,
+                                           int head_dim, int block_size, int n_pool_blocks,
+                                           kvf_kv_dtype_t kv_dtype)
+{
+    if (!kv_dtype_ok(kv_dtype)) {
+        kvf_log_error("cuda qkv rope write: KV format %d unknown", (int)kv_dtype);
+        return KVF_ERR_INVAL;
+    }
     if (n_tokens < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
         block_size <= 0 || n_pool_blocks <= 0 ||
         (long long)(n_heads + 2 * n_kv_heads) * head_dim > ld) {
@@ -83,9 +93,15 @@ kvf_status_t kvf_cuda_check_attention(const kvf_cuda_attn_t *a)
                       kvf_dtype_name(a->adt));
         return KVF_ERR_INVAL;
     }
-    long long slice = 2LL * a->n_kv_heads * a->block_size * a->head_dim;
+    if (!kv_dtype_ok(a->kv_dtype)) {
+        kvf_log_error("cuda attention: KV format %d unknown", (int)a->kv_dtype);
+        return KVF_ERR_INVAL;
+    }
+    /* One layer's slice: K and V rows of data and scales (kvf/kv_format.h). */
+    long long slice = 2LL * a->n_kv_heads * a->block_size *
+                      (long long)kvf_kv_row_bytes(a->kv_dtype, a->head_dim);
     if (a->block_stride < slice) {
-        kvf_log_error("cuda attention: block stride %lld below one layer's slice %lld",
+        kvf_log_error("cuda attention: block stride %lld bytes below one layer's slice %lld",
                       (long long)a->block_stride, slice);
         return KVF_ERR_INVAL;
     }

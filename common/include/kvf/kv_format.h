@@ -220,6 +220,15 @@ static inline KVF_KV_HD int8_t kvf_kv_int8_encode(float x, float scale)
 
 /* ---- rows ------------------------------------------------------------------- */
 
+/* The scale of a scaled format for a row whose largest |x| is amax (NaN
+ * skipped): 1 when amax is 0 or not finite. */
+static inline KVF_KV_HD float kvf_kv_scale_of_amax(kvf_kv_dtype_t dt, float amax)
+{
+    if (!(amax > 0.0f) || amax > 3.402823466e38f)
+        return 1.0f;
+    return amax / (dt == KVF_KV_FP8 ? KVF_KV_FP8_MAX : KVF_KV_INT8_MAX);
+}
+
 /* The scale of a row of n values for a scaled format. */
 static inline KVF_KV_HD float kvf_kv_row_scale(kvf_kv_dtype_t dt, const float *x, int n)
 {
@@ -228,9 +237,7 @@ static inline KVF_KV_HD float kvf_kv_row_scale(kvf_kv_dtype_t dt, const float *x
         float a = x[i] < 0 ? -x[i] : x[i];
         amax = a > amax ? a : amax;
     }
-    if (!(amax > 0.0f) || amax > 3.402823466e38f)
-        return 1.0f;
-    return amax / (dt == KVF_KV_FP8 ? KVF_KV_FP8_MAX : KVF_KV_INT8_MAX);
+    return kvf_kv_scale_of_amax(dt, amax);
 }
 
 /* Encodes a row of n values into dst (n elements of dt); for a scaled

@@ -45,4 +45,12 @@ inline float __bfloat162float(__nv_bfloat16 h)
     return f;
 }
 
+// The value with these bits, as CUDA's __ushort_as_bfloat16.
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short x)
+{
+    __nv_bfloat16 r;
+    r.__x = x;
+    return r;
+}
+
 #endif

@@ -78,4 +78,12 @@ inline float __half2float(__half h)
     return f;
 }
 
+// The value with these bits, as CUDA's __ushort_as_half.
+inline __half __ushort_as_half(unsigned short x)
+{
+    __half r;
+    r.__x = x;
+    return r;
+}
+
 #endif
