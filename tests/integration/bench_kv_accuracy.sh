@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kvf bench kv-accuracy: on a golden model, the f32 cache measured against
+# kvf bench kv-accuracy: on golden models and a --trained-like one, the f32 cache measured against
 # itself is exact (zero logit error, every greedy step agrees, no perplexity
 # change); every format is reported, either measured over the same steps
 # with finite numbers and a small perplexity change, or as not accepted by
@@ -12,8 +12,13 @@ data=${KVF_TEST_DATA:-$here/../data}
 dir=$(mktemp -d /tmp/kvf-test-bench-kvacc-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 
-for model in tiny-llama-f32 tiny-qwen2-bf16; do
-    "$bin/kvf" bench kv-accuracy --model "$data/golden/$model" --prompts 3 --steps 5 \
+# a --trained-like model beside two golden ones (the flag through the CLI)
+"$bin/kvf" mkmodel "$dir/trained-like" --trained-like --layers 1 --hidden 64 --heads 2 \
+    --kv-heads 1 --head-dim 32 --inter 96 --vocab 512 --max-pos 128 --seed 4 > /dev/null
+ln -s "$data/golden/tiny-llama-f32" "$dir/tiny-llama-f32"
+ln -s "$data/golden/tiny-qwen2-bf16" "$dir/tiny-qwen2-bf16"
+for model in tiny-llama-f32 tiny-qwen2-bf16 trained-like; do
+    "$bin/kvf" bench kv-accuracy --model "$dir/$model" --prompts 3 --steps 5 \
         --threads 1 --json "$dir/$model.json" > "$dir/$model.txt" 2> "$dir/$model.err"
     grep -q "^kv-accuracy .*$model: .* 3 prompts of 5 greedy steps" "$dir/$model.txt" ||
         { echo "FAIL: printed $(cat "$dir/$model.txt")" >&2; exit 1; }
