@@ -18,9 +18,11 @@
  *    the whole sequence every step. Step times are measured at 8 context
  *    lengths spread over 1..n and integrated (trapezoid); the measured ratio
  *    is printed beside 2n/3, the ratio of the attention term alone.
+ *  - Decode at contexts 4k and 16k for every KV format (bench_engine_kv.c).
  * Times are the best of their repetitions: on a shared machine, other
  * tenants only ever add time. */
 #include "bench_engine.h"
+#include "bench_engine_kv.h"
 #include "bench_util.h"
 
 #include "kvf/backend.h"
@@ -338,7 +340,8 @@ static int parse_engine_opts(int argc, char **argv, engine_opts_t *o)
         .usage = "--model DIR [--threads N] [--cpu-dtype native|f32] [--json FILE] [--quick]",
         .summary = "Measures memory read bandwidth and the OpenBLAS sgemm rate, then decode "
                    "latency (batch 1, 8, 32) against the memory roofline, prefill throughput "
-                   "against the sgemm rate, and generation with vs without the KV cache. "
+                   "against the sgemm rate, generation with vs without the KV cache, and decode "
+                   "at contexts 4k and 16k for each KV cache format (batch 1, 16). "
                    "With --backend cuda: the CUDA engine against the GPU's ceilings (see "
                    "--backend cuda --help).",
         .flags = flags,
@@ -678,6 +681,13 @@ int kvf_bench_engine(int argc, char **argv)
     report_decode(&e);
     report_prefill(&e);
     if (measure_cache_speedup(&e) != KVF_OK)
+        goto fail_run;
+    /* Long contexts read far more K/V than a cache holds: the 1 GiB
+     * buffer's bandwidth, not the best of a weights-sized one. */
+    kvf_bench_kv_decode_t kv = {.model = e.r.model, .backend = &e.r.be,
+                                .weight_bytes = e.weight_bytes, .bandwidth = e.bwm.best[1],
+                                .quick = o.quick};
+    if (kvf_bench_engine_kv_decode(&kv, e.out) != 0)
         goto fail_run;
     rc = o.json ? kvf_bench_write_json(e.out, o.json, argv[0]) : 0;
     goto done;

@@ -135,12 +135,27 @@ typedef struct {
     int n, cap;
     kvf_dtype_t dtype;
     uint64_t rng;
+    kvf_model_random_opts_t opts;
 } random_tensors_t;
 
+/* One draw of a matrix element: uniform in [-1, 1), or with heavy tails a
+ * Laplace draw of the same variance (1/3), from the same single draw. */
+static float draw(random_tensors_t *r, random_kind_t kind)
+{
+    float u = rand_sym(&r->rng);
+    if (kind != RANDOM_MATRIX || !r->opts.heavy_tails)
+        return u;
+    float m = fabsf(u) < 0.999999f ? fabsf(u) : 0.999999f;
+    return copysignf(-logf(1.0f - m) / sqrtf(6.0f), u);
+}
+
 /* Appends tensor name_fmt (formatted with layer), rows x cols (cols 0: a
- * vector) of the given kind, drawing from the generator in element order. */
-static kvf_status_t add_random_tensor(random_tensors_t *r, const char *name_fmt, int layer,
-                                      int64_t rows, int64_t cols, random_kind_t kind)
+ * vector) of the given kind, drawing from the generator in element order;
+ * row r (element r of a vector) multiplied by row_scale[r] unless that is
+ * NULL. */
+static kvf_status_t add_random_tensor_scaled(random_tensors_t *r, const char *name_fmt, int layer,
+                                             int64_t rows, int64_t cols, random_kind_t kind,
+                                             const float *row_scale)
 {
     KVF_ASSERT(r->n < r->cap);
     int n = r->n;
@@ -154,7 +169,9 @@ static kvf_status_t add_random_tensor(random_tensors_t *r, const char *name_fmt,
                   : kind == RANDOM_BIAS ? 0.1f
                                         : 1.0f;
     for (size_t i = 0; i < cnt; i++) {
-        float v = rand_sym(&r->rng) * scale + (kind == RANDOM_NORM ? 1.0f : 0.0f);
+        float v = draw(r, kind) * scale + (kind == RANDOM_NORM ? 1.0f : 0.0f);
+        if (row_scale)
+            v *= row_scale[i / (size_t)(cols ? cols : 1)];
         if (r->dtype == KVF_DTYPE_F32)
             ((float *)r->bufs[n])[i] = v;
         else if (r->dtype == KVF_DTYPE_BF16)
@@ -168,6 +185,49 @@ static kvf_status_t add_random_tensor(random_tensors_t *r, const char *name_fmt,
                                .shape = {rows, cols},
                                .data = r->bufs[n]};
     r->n++;
+    return KVF_OK;
+}
+
+static kvf_status_t add_random_tensor(random_tensors_t *r, const char *name_fmt, int layer,
+                                      int64_t rows, int64_t cols, random_kind_t kind)
+{
+    return add_random_tensor_scaled(r, name_fmt, layer, rows, cols, kind, NULL);
+}
+
+/* The row scales of K and V under opts (NULL: none). K: in every kv head,
+ * the last two channels of each rotary half (the slowest-turning pairs)
+ * times kv_outlier_scale and half of it; on the k_norm weight with
+ * qk_norm (which would undo row scales of k_proj), else on k_proj's rows
+ * (and its bias). V: every row times exp(v_channel_spread * u), u uniform
+ * in [-1, 1), from a generator of its own. */
+static kvf_status_t kv_row_scales(random_tensors_t *r, const kvf_model_config_t *c, int layer,
+                                  float **k_p, float **v_p)
+{
+    const int hd = c->head_dim, kv_dim = c->n_kv_heads * hd;
+    const kvf_model_random_opts_t *o = &r->opts;
+    *k_p = *v_p = NULL;
+    if (o->kv_outlier_scale > 0 && hd >= 8) {
+        int n = c->qk_norm ? hd : kv_dim;
+        float *k = malloc((size_t)n * sizeof(float));
+        if (!k)
+            return KVF_ERR_NOMEM;
+        for (int i = 0; i < n; i++) {
+            int ch = i % hd, in_half = ch % (hd / 2);
+            k[i] = in_half == hd / 2 - 1   ? o->kv_outlier_scale
+                   : in_half == hd / 2 - 2 ? 0.5f * o->kv_outlier_scale
+                                           : 1.0f;
+        }
+        *k_p = k;
+    }
+    if (o->v_channel_spread > 0) {
+        float *v = malloc((size_t)kv_dim * sizeof(float));
+        if (!v)
+            return KVF_ERR_NOMEM;
+        uint64_t rng = 0x76726f7773ull + (uint64_t)layer; /* "vrows" */
+        for (int i = 0; i < kv_dim; i++)
+            v[i] = expf(o->v_channel_spread * rand_sym(&rng));
+        *v_p = v;
+    }
     return KVF_OK;
 }
 
@@ -201,16 +261,21 @@ static kvf_status_t add_random_layer(random_tensors_t *r, const kvf_model_config
         {"model.layers.%d.mlp.up_proj.weight", c->inter, c->hidden, RANDOM_MATRIX, 0},
         {"model.layers.%d.mlp.down_proj.weight", c->hidden, c->inter, RANDOM_MATRIX, 0},
     };
-    for (size_t i = 0; i < sizeof(layer) / sizeof(layer[0]); i++) {
+    float *k_scale, *v_scale;
+    kvf_status_t st = kv_row_scales(r, c, l, &k_scale, &v_scale);
+    for (size_t i = 0; i < sizeof(layer) / sizeof(layer[0]) && st == KVF_OK; i++) {
         if ((layer[i].only == 'b' && !c->qkv_bias) || (layer[i].only == 'n' && !c->qk_norm) ||
             (layer[i].only == 's' && !c->sandwich_norms))
             continue;
-        kvf_status_t st =
-            add_random_tensor(r, layer[i].fmt, l, layer[i].rows, layer[i].cols, layer[i].kind);
-        if (st != KVF_OK)
-            return st;
+        const char *f = layer[i].fmt;
+        bool is_k = strstr(f, c->qk_norm ? ".k_norm." : ".k_proj.") != NULL;
+        bool is_v = strstr(f, ".v_proj.") != NULL;
+        st = add_random_tensor_scaled(r, f, l, layer[i].rows, layer[i].cols, layer[i].kind,
+                                      is_k ? k_scale : is_v ? v_scale : NULL);
     }
-    return KVF_OK;
+    free(k_scale);
+    free(v_scale);
+    return st;
 }
 
 /* Every tensor of the model, in checkpoint order. */
@@ -231,6 +296,13 @@ static kvf_status_t add_random_model(random_tensors_t *r, const kvf_model_config
 kvf_status_t kvf_model_write_random(const char *dir, const kvf_model_config_t *cfg,
                                     kvf_dtype_t dtype, uint64_t seed)
 {
+    return kvf_model_write_random_opts(dir, cfg, dtype, seed, NULL);
+}
+
+kvf_status_t kvf_model_write_random_opts(const char *dir, const kvf_model_config_t *cfg,
+                                         kvf_dtype_t dtype, uint64_t seed,
+                                         const kvf_model_random_opts_t *opts)
+{
     kvf_status_t st = kvf_model_config_validate(cfg, dir);
     if (st != KVF_OK)
         return st;
@@ -240,6 +312,8 @@ kvf_status_t kvf_model_write_random(const char *dir, const kvf_model_config_t *c
     if (st != KVF_OK)
         return st;
     random_tensors_t r = {.cap = 3 + 14 * cfg->n_layers, .dtype = dtype, .rng = seed};
+    if (opts)
+        r.opts = *opts;
     r.t = calloc((size_t)r.cap, sizeof(*r.t));
     r.names = calloc((size_t)r.cap, sizeof(*r.names));
     r.bufs = calloc((size_t)r.cap, sizeof(*r.bufs));

@@ -2,6 +2,7 @@
  * (docs/DESIGN.md, "Measuring performance"). The code of each lives in bench/;
  * this file only dispatches `kvf bench NAME` to it. */
 #include "bench_engine.h"
+#include "bench_kv_accuracy.h"
 #include "bench_serve.h"
 #include "bench_tokenizer.h"
 #include "bench_transfer.h"
@@ -13,6 +14,8 @@
 static const kvf_command_t bench_commands[] = {
     {"engine", "decode vs memory roofline, prefill vs sgemm, KV cache vs recompute",
      kvf_bench_engine},
+    {"kv-accuracy", "each KV cache format's logit error, greedy agreement, perplexity vs f32",
+     kvf_bench_kv_accuracy},
     {"transfer", "KV block transfer vs ucx_perftest (shm, tcp)", kvf_bench_transfer},
     {"serve", "serving load: latency, throughput, goodput (split vs colocated)", kvf_bench_serve},
     {"tokenizer-load", "tokenizer.json load time (median of N loads)", kvf_bench_tokenizer_load},

@@ -296,7 +296,7 @@ typedef struct {
     const char *dir;
     const char *arch, *dtype_name;
     const char *tokenizer_dir; /* --tokenizer: a published tokenizer's directory, or NULL */
-    bool qwen2, tie, theta_seen, eps_seen, vocab_seen;
+    bool qwen2, tie, theta_seen, eps_seen, vocab_seen, trained_like;
     int layers, hidden, heads, kv_heads, inter, vocab, max_pos, head_dim;
     int sliding_window, window_layers;
     double rope_theta, rms_eps;
@@ -362,6 +362,11 @@ static int parse_opts(int argc, char **argv, mkmodel_opts_t *o)
          "near 40, which a cap of 3 would flatten into ties; 0: none)",
          NULL},
         {"seed", KVF_FLAG_UINT64, &o->seed, "S", "random seed (same seed, same weights)", NULL},
+        {"trained-like", KVF_FLAG_BOOL, &o->trained_like, NULL,
+         "weight statistics closer to a trained model's: heavy-tailed matrices, a few large K "
+         "channels per kv head (x8, x4), V channels of unequal scale (for KV cache accuracy "
+         "measurements)",
+         NULL},
     };
     const char *positional[1] = {NULL};
     kvf_flagset_t set = {
@@ -547,6 +552,8 @@ static bool published_tokenizer_ids(const char *prog, mkmodel_opts_t *o, kvf_mod
 static kvf_status_t write_model_dir(const char *prog, const mkmodel_opts_t *o,
                                     kvf_model_config_t *cfg)
 {
+    static const kvf_model_random_opts_t trained_like = {
+        .heavy_tails = true, .kv_outlier_scale = 8.0f, .v_channel_spread = 0.7f};
     cJSON *tokenizer = NULL;
     int bos = -1, eos = -1;
     kvf_status_t st = KVF_OK;
@@ -573,7 +580,8 @@ static kvf_status_t write_model_dir(const char *prog, const mkmodel_opts_t *o,
             st = KVF_OK;
     }
     if (st == KVF_OK)
-        st = kvf_model_write_random(o->dir, cfg, cfg->dtype, o->seed);
+        st = kvf_model_write_random_opts(o->dir, cfg, cfg->dtype, o->seed,
+                                         o->trained_like ? &trained_like : NULL);
     if (st != KVF_OK)
         fprintf(stderr, "%s: cannot write %s: %s\n", prog, o->dir, kvf_status_str(st));
     return st;

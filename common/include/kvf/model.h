@@ -186,6 +186,24 @@ size_t kvf_model_weight_bytes(const kvf_model_t *model);
 kvf_status_t kvf_model_write_random(const char *dir, const kvf_model_config_t *cfg,
                                     kvf_dtype_t dtype, uint64_t seed);
 
+/* Weight statistics closer to a trained model's, for measurements that
+ * depend on them (KV cache quantization); all zero: the plain random
+ * weights above. */
+typedef struct {
+    bool heavy_tails;       /* matrices: Laplace draws (kurtosis 6) of the same
+                               variance instead of uniform ones */
+    float kv_outlier_scale; /* > 0: in every kv head, K's two slowest rotary
+                               pairs' channels scaled by this and by half of it
+                               (trained models' K holds a few large channels) */
+    float v_channel_spread; /* > 0: every V channel scaled by exp(spread * u),
+                               u uniform in [-1, 1) */
+} kvf_model_random_opts_t;
+
+/* kvf_model_write_random with opts (NULL: none). */
+kvf_status_t kvf_model_write_random_opts(const char *dir, const kvf_model_config_t *cfg,
+                                         kvf_dtype_t dtype, uint64_t seed,
+                                         const kvf_model_random_opts_t *opts);
+
 #ifdef __cplusplus
 }
 #endif
