@@ -61,12 +61,18 @@ kvf_status_t kvf_engine_create(const kvf_model_t *model, kvf_backend_t *backend,
     const kvf_model_config_t *c = &model->cfg;
     const kvf_kv_geometry_t *g = kvf_kvpool_geometry(pool);
     if (g->n_layers != c->n_layers || g->n_kv_heads != c->n_kv_heads ||
-        g->head_dim != c->head_dim || g->dtype != KVF_KV_F32) {
-        kvf_log_error("engine: kv pool geometry (%d layers, %d kv heads, head dim %d, %s) does "
-                      "not fit the model (%d, %d, %d, f32)",
-                      g->n_layers, g->n_kv_heads, g->head_dim, kvf_kv_dtype_name(g->dtype),
-                      c->n_layers, c->n_kv_heads, c->head_dim);
+        g->head_dim != c->head_dim) {
+        kvf_log_error("engine: kv pool geometry (%d layers, %d kv heads, head dim %d) does "
+                      "not fit the model (%d, %d, %d)",
+                      g->n_layers, g->n_kv_heads, g->head_dim, c->n_layers, c->n_kv_heads,
+                      c->head_dim);
         return KVF_ERR_MISMATCH;
+    }
+    if ((unsigned)g->dtype >= KVF_KV_N_DTYPES ||
+        !(backend->kv_dtypes & KVF_KV_DTYPE_BIT(g->dtype))) {
+        kvf_log_error("engine: the %s backend does not compute with a %s kv pool",
+                      backend->ops->name, kvf_kv_dtype_name(g->dtype));
+        return KVF_ERR_UNSUPPORTED;
     }
     if (!backend->ops->forward && kvf_kvpool_device_base(pool)) {
         kvf_log_error("engine: the %s backend cannot compute on a pool in device memory",

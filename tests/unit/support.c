@@ -177,10 +177,17 @@ void kvf_test_rig_open_isa(kvf_test_rig_t *r, kvf_model_t *model, int block_size
                            uint32_t num_blocks, kvf_cpu_isa_t isa, int threads,
                            kvf_cpu_weights_t weights)
 {
+    kvf_test_rig_open_kv(r, model, block_size, num_blocks, isa, threads, weights, KVF_KV_F32);
+}
+
+void kvf_test_rig_open_kv(kvf_test_rig_t *r, kvf_model_t *model, int block_size,
+                          uint32_t num_blocks, kvf_cpu_isa_t isa, int threads,
+                          kvf_cpu_weights_t weights, kvf_kv_dtype_t dtype)
+{
     memset(r, 0, sizeof(*r));
     r->model = model;
     kvf_test_cpu_backend(&r->be, threads, isa, weights);
-    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size, KVF_KV_F32);
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size, dtype);
     assert_int_equal(kvf_kvpool_create(&g, num_blocks, &r->pool), KVF_OK);
     assert_int_equal(kvf_engine_create(model, &r->be, r->pool, &r->engine), KVF_OK);
 }

@@ -77,6 +77,10 @@ typedef struct {
 void kvf_test_rig_open_isa(kvf_test_rig_t *r, kvf_model_t *model, int block_size,
                            uint32_t num_blocks, kvf_cpu_isa_t isa, int threads,
                            kvf_cpu_weights_t weights);
+/* The same with a pool of KV format dtype. */
+void kvf_test_rig_open_kv(kvf_test_rig_t *r, kvf_model_t *model, int block_size,
+                          uint32_t num_blocks, kvf_cpu_isa_t isa, int threads,
+                          kvf_cpu_weights_t weights, kvf_kv_dtype_t dtype);
 /* Two threads on the best instruction set here. */
 void kvf_test_rig_open(kvf_test_rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks);
 void kvf_test_rig_close(kvf_test_rig_t *r);

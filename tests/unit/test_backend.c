@@ -174,7 +174,8 @@ enum { ATTN_LAYERS = 2, ATTN_LAYER = 1, ATTN_EARLIER = 13 };
 static const int attn_n_ctx[2] = {23, 40}, attn_start[2] = {0, ATTN_EARLIER};
 
 /* The pool, both sequences' block tables and their random K/V rows. */
-static void attn_setup(attn_case_t *a, int block_size, int head_dim, int n_heads, int n_kv)
+static void attn_setup(attn_case_t *a, int block_size, int head_dim, int n_heads, int n_kv,
+                       kvf_kv_dtype_t dt)
 {
     memset(a, 0, sizeof(*a));
     a->head_dim = head_dim;
@@ -183,7 +184,7 @@ static void attn_setup(attn_case_t *a, int block_size, int head_dim, int n_heads
     a->kv_dim = n_kv * head_dim;
     a->q_dim = n_heads * head_dim;
     kvf_kv_geometry_t g = {.n_layers = ATTN_LAYERS, .n_kv_heads = n_kv, .head_dim = head_dim,
-                           .block_size = block_size, .dtype = KVF_KV_F32};
+                           .block_size = block_size, .dtype = dt};
     assert_int_equal(kvf_kvpool_create(&g, 64, &a->pool), KVF_OK);
     for (int s = 0; s < 2; s++) {
         kvf_block_table_init(&a->bt[s]);
@@ -297,21 +298,40 @@ static void attn_teardown(attn_case_t *a)
     free(a->seq);
 }
 
+/* Every (position, kv head) row of rows through dt's encoder and decoder:
+ * the values a pool of dt holds. */
+static void kv_round_trip(float *rows, int n_rows, int head_dim, kvf_kv_dtype_t dt)
+{
+    void *enc = malloc((size_t)head_dim * 4);
+    for (int r = 0; r < n_rows; r++) {
+        float scale = 1;
+        kvf_kv_encode_row(dt, rows + (size_t)r * head_dim, head_dim, enc, &scale);
+        kvf_kv_decode_row(dt, enc, scale, head_dim, rows + (size_t)r * head_dim);
+    }
+    free(enc);
+}
+
+/* Against the double reference over the values the pool holds: the
+ * kernels read every format back exactly. */
 static void attention_case(kvf_backend_t *be, int block_size, int head_dim, int n_heads,
-                           int n_kv)
+                           int n_kv, kvf_kv_dtype_t dt)
 {
     attn_case_t a;
-    attn_setup(&a, block_size, head_dim, n_heads, n_kv);
+    attn_setup(&a, block_size, head_dim, n_heads, n_kv, dt);
     attn_write_earlier(be, &a);
     attn_write_batch(be, &a);
+    for (int s = 0; s < 2; s++) {
+        kv_round_trip(a.k_all[s], attn_n_ctx[s] * n_kv, head_dim, dt);
+        kv_round_trip(a.v_all[s], attn_n_ctx[s] * n_kv, head_dim, dt);
+    }
     float *q = rand_floats((size_t)a.n_tok * a.q_dim);
     float *out = malloc((size_t)a.n_tok * a.q_dim * sizeof(float));
     double *want = attn_reference(&a, q);
     assert_int_equal(
         be->ops->attention(be->ctx, out, q, a.q_dim, a.pool, ATTN_LAYER, n_heads, &a.b), KVF_OK);
     char what[96];
-    snprintf(what, sizeof(what), "attention (block %d, head dim %d, %d/%d heads)", block_size,
-             head_dim, n_heads, n_kv);
+    snprintf(what, sizeof(what), "attention (kv %s, block %d, head dim %d, %d/%d heads)",
+             kvf_kv_dtype_name(dt), block_size, head_dim, n_heads, n_kv);
     assert_close(out, want, (size_t)a.n_tok * a.q_dim, 2e-5, what);
     attn_teardown(&a);
     free(q);
@@ -322,12 +342,14 @@ static void attention_case(kvf_backend_t *be, int block_size, int head_dim, int 
 static void attention_cases(kvf_backend_t *be)
 {
     const int blocks[] = {1, 4, 16, 32};
-    for (int i = 0; i < 4; i++) {
-        attention_case(be, blocks[i], 20, 4, 2); /* masked tails, generic p·v */
-        attention_case(be, blocks[i], 64, 6, 2); /* register p·v, 3:1 */
+    for (int dt = 0; dt < KVF_KV_N_DTYPES; dt++) {
+        for (int i = 0; i < 4; i++) {
+            attention_case(be, blocks[i], 20, 4, 2, (kvf_kv_dtype_t)dt); /* masked tails, generic p·v */
+            attention_case(be, blocks[i], 64, 6, 2, (kvf_kv_dtype_t)dt); /* register p·v, 3:1 */
+        }
+        attention_case(be, 16, 16, 4, 4, (kvf_kv_dtype_t)dt);  /* MHA */
+        attention_case(be, 16, 128, 4, 1, (kvf_kv_dtype_t)dt); /* MQA, head_dim 128 */
     }
-    attention_case(be, 16, 16, 4, 4);  /* MHA */
-    attention_case(be, 16, 128, 4, 1); /* MQA, head_dim 128 */
 }
 
 static void test_attention(void **state)
@@ -462,13 +484,14 @@ static void test_rowwise_invariance(void **state)
  * size gives each token the bits the scalar kernels give it when it is
  * queried alone. */
 static void attention_alone(kvf_backend_t *be, int block_size, int head_dim, int n_heads,
-                            int n_kv, float *out, bool one_by_one, float softcap)
+                            int n_kv, float *out, bool one_by_one, float softcap,
+                            kvf_kv_dtype_t dt)
 {
     const float scale = softcap > 0 ? 0.3f : 0; /* Gemma2's scale of its own with its cap */
     const int layer = 0, n_seq = 3;
     const int start[3] = {0, 21, 70}, end[3] = {37, 40, 71};
     kvf_kv_geometry_t g = {.n_layers = 1, .n_kv_heads = n_kv, .head_dim = head_dim,
-                           .block_size = block_size, .dtype = KVF_KV_F32};
+                           .block_size = block_size, .dtype = dt};
     kvf_kvpool_t *pool;
     assert_int_equal(kvf_kvpool_create(&g, 256, &pool), KVF_OK);
     const int kv_dim = n_kv * head_dim, q_dim = n_heads * head_dim;
@@ -529,40 +552,46 @@ static void attention_alone(kvf_backend_t *be, int block_size, int head_dim, int
     free(q);
 }
 
+/* One shape in one KV format: every instruction set, thread count, block
+ * size and batching gives the scalar kernels' bits of a token alone. */
+static void attention_invariance(int hd, int nh, int nkv, kvf_kv_dtype_t dt)
+{
+    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
+    int n_isa = kvf_test_cpu_isas(isas);
+    const int n_tok = 37 + 19 + 1;
+    size_t n_out = (size_t)n_tok * nh * hd;
+    float *ref = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
+    kvf_backend_t be;
+    kvf_test_cpu_backend(&be, 1, KVF_CPU_ISA_SCALAR, KVF_CPU_WEIGHTS_NATIVE);
+    attention_alone(&be, 16, hd, nh, nkv, ref, true, 0, dt);
+    kvf_backend_destroy(&be);
+    for (int i = 0; i < n_isa; i++)
+        for (int threads = 1; threads <= 2; threads++) {
+            kvf_test_cpu_backend(&be, threads, isas[i], KVF_CPU_WEIGHTS_NATIVE);
+            const int blocks[] = {1, 16, 48};
+            for (int bi = 0; bi < 3; bi++)
+                for (int alone = 0; alone < 2; alone++) {
+                    attention_alone(&be, blocks[bi], hd, nh, nkv, got, alone, 0, dt);
+                    char what[128];
+                    snprintf(what, sizeof(what),
+                             "attention kv %s, %s, %d threads, block %d, head dim %d, %s",
+                             kvf_kv_dtype_name(dt), kvf_cpu_isa_name(isas[i]), threads,
+                             blocks[bi], hd, alone ? "token by token" : "one batch");
+                    kvf_test_assert_bits(got, ref, n_out, what);
+                }
+            kvf_backend_destroy(&be);
+        }
+    free(ref);
+    free(got);
+}
+
 static void test_attention_invariance(void **state)
 {
     (void)state;
-    kvf_cpu_isa_t isas[KVF_CPU_ISA_COUNT];
-    int n_isa = kvf_test_cpu_isas(isas);
     const int shapes[][3] = {{64, 8, 2}, {20, 3, 3}, {128, 4, 1}, {80, 2, 1}};
-    const int n_tok = 37 + 19 + 1;
-    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
-        const int hd = shapes[si][0], nh = shapes[si][1], nkv = shapes[si][2];
-        size_t n_out = (size_t)n_tok * nh * hd;
-        float *ref = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
-        kvf_backend_t be;
-        kvf_test_cpu_backend(&be, 1, KVF_CPU_ISA_SCALAR, KVF_CPU_WEIGHTS_NATIVE);
-        attention_alone(&be, 16, hd, nh, nkv, ref, true, 0);
-        kvf_backend_destroy(&be);
-        for (int i = 0; i < n_isa; i++)
-            for (int threads = 1; threads <= 2; threads++) {
-                kvf_test_cpu_backend(&be, threads, isas[i], KVF_CPU_WEIGHTS_NATIVE);
-                const int blocks[] = {1, 16, 48};
-                for (int bi = 0; bi < 3; bi++)
-                    for (int alone = 0; alone < 2; alone++) {
-                        attention_alone(&be, blocks[bi], hd, nh, nkv, got, alone, 0);
-                        char what[128];
-                        snprintf(what, sizeof(what),
-                                 "attention %s, %d threads, block %d, head dim %d, %s",
-                                 kvf_cpu_isa_name(isas[i]), threads, blocks[bi], hd,
-                                 alone ? "token by token" : "one batch");
-                        kvf_test_assert_bits(got, ref, n_out, what);
-                    }
-                kvf_backend_destroy(&be);
-            }
-        free(ref);
-        free(got);
-    }
+    for (int dt = 0; dt < KVF_KV_N_DTYPES; dt++)
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+            attention_invariance(shapes[si][0], shapes[si][1], shapes[si][2], (kvf_kv_dtype_t)dt);
 }
 
 /* Gemma2's scale and soft-capped scores: the same bits on every
@@ -578,15 +607,15 @@ static void test_attention_softcap_invariance(void **state)
     float *ref = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
     kvf_backend_t be;
     kvf_test_cpu_backend(&be, 1, KVF_CPU_ISA_SCALAR, KVF_CPU_WEIGHTS_NATIVE);
-    attention_alone(&be, 16, hd, nh, nkv, ref, true, 1.5f);
-    attention_alone(&be, 16, hd, nh, nkv, got, true, 0);
+    attention_alone(&be, 16, hd, nh, nkv, ref, true, 1.5f, KVF_KV_F32);
+    attention_alone(&be, 16, hd, nh, nkv, got, true, 0, KVF_KV_F32);
     assert_true(kvf_test_max_abs_diff(got, ref, n_out) > 1e-3f);
     kvf_backend_destroy(&be);
     for (int i = 0; i < n_isa; i++)
         for (int threads = 1; threads <= 2; threads++) {
             kvf_test_cpu_backend(&be, threads, isas[i], KVF_CPU_WEIGHTS_NATIVE);
             for (int alone = 0; alone < 2; alone++) {
-                attention_alone(&be, alone ? 16 : 1, hd, nh, nkv, got, alone, 1.5f);
+                attention_alone(&be, alone ? 16 : 1, hd, nh, nkv, got, alone, 1.5f, KVF_KV_F32);
                 kvf_test_assert_bits(got, ref, n_out, kvf_cpu_isa_name(isas[i]));
             }
             kvf_backend_destroy(&be);

@@ -76,11 +76,14 @@ static kvf_model_t *random_model(int n_heads, int n_kv_heads, bool qwen2, uint64
 }
 
 /* Decode with the cache equals recomputing the whole sequence: n_prompt
- * prompt ids, then n_steps greedy steps (n_prompt + n_steps <= 64). */
-static void check_cache_vs_recompute_n(kvf_model_t *m, int block_size, int n_prompt, int n_steps)
+ * prompt ids, then n_steps greedy steps (n_prompt + n_steps <= 64), with
+ * a pool of KV format dt (both read the same quantized rows back). */
+static void check_cache_vs_recompute_dt(kvf_model_t *m, int block_size, int n_prompt, int n_steps,
+                                        kvf_kv_dtype_t dt)
 {
     kvf_test_rig_t r;
-    kvf_test_rig_open(&r, m, block_size, 256);
+    kvf_test_rig_open_kv(&r, m, block_size, 256, kvf_cpu_isa_best(), 2, KVF_CPU_WEIGHTS_NATIVE,
+                         dt);
     const int V = m->cfg.vocab;
     uint32_t ids[64];
     assert_true(n_prompt + n_steps <= 64);
@@ -98,8 +101,9 @@ static void check_cache_vs_recompute_n(kvf_model_t *m, int block_size, int n_pro
         kvf_test_run_chunked(&r, &bt2, ids, n, n, NULL, full);
         kvf_block_table_release(&bt2, r.pool);
         kvf_block_table_fini(&bt2);
-        char what[64];
-        snprintf(what, sizeof(what), "block size %d, step %d: cached vs recompute", block_size, s);
+        char what[80];
+        snprintf(what, sizeof(what), "kv %s, block size %d, step %d: cached vs recompute",
+                 kvf_kv_dtype_name(dt), block_size, s);
         kvf_test_assert_bits(cached, full, (size_t)V, what);
         ids[n] = kvf_sample_argmax(cached, V);
         assert_int_equal(kvf_block_table_reserve(&bt, r.pool, (uint32_t)n + 1), KVF_OK);
@@ -117,6 +121,13 @@ static void check_cache_vs_recompute_n(kvf_model_t *m, int block_size, int n_pro
     free(cached);
     free(full);
     kvf_test_rig_close(&r);
+}
+
+/* The same in every KV format. */
+static void check_cache_vs_recompute_n(kvf_model_t *m, int block_size, int n_prompt, int n_steps)
+{
+    for (int dt = 0; dt < KVF_KV_N_DTYPES; dt++)
+        check_cache_vs_recompute_dt(m, block_size, n_prompt, n_steps, (kvf_kv_dtype_t)dt);
 }
 
 static void check_cache_vs_recompute(kvf_model_t *m, int block_size)
@@ -199,13 +210,11 @@ static void test_chunked_prefill_and_block_sizes(void **state)
 
 /* A batch mixing a fresh prefill, a decode and a mid-sequence chunk gives
  * each sequence what it gets alone. */
-static void test_mixed_batch(void **state)
+static void mixed_batch(kvf_model_t *m, kvf_kv_dtype_t dt)
 {
-    (void)state;
-    kvf_model_t *m = random_model(4, 2, false, 9);
     const int V = m->cfg.vocab;
     kvf_test_rig_t r;
-    kvf_test_rig_open(&r, m, 16, 128);
+    kvf_test_rig_open_kv(&r, m, 16, 128, kvf_cpu_isa_best(), 2, KVF_CPU_WEIGHTS_NATIVE, dt);
     uint32_t a[10], b[20], c[25];
     kvf_test_random_ids(a, 10, V, 1);
     kvf_test_random_ids(b, 20, V, 2);
@@ -284,16 +293,22 @@ static void test_mixed_batch(void **state)
     free(mb);
     free(mc);
     kvf_test_rig_close(&r);
+}
+
+static void test_mixed_batch(void **state)
+{
+    (void)state;
+    kvf_model_t *m = random_model(4, 2, false, 9);
+    for (int dt = 0; dt < KVF_KV_N_DTYPES; dt++)
+        mixed_batch(m, (kvf_kv_dtype_t)dt);
     kvf_model_destroy(m);
 }
 
 /* Every instruction set, 1 to 3 threads, whole prefill or 3-token chunks:
  * every position's logits are the bits of the scalar kernels on one
- * thread. */
-static void test_isas_threads_chunks(void **state)
+ * thread, in every KV format (and each format's bits its own). */
+static void isas_threads_chunks(kvf_model_t *m, kvf_kv_dtype_t dt, float *ref_f32)
 {
-    (void)state;
-    kvf_model_t *m = random_model(8, 2, true, 13);
     const int V = m->cfg.vocab, n = 40;
     uint32_t ids[40];
     kvf_test_random_ids(ids, n, V, 9);
@@ -304,20 +319,24 @@ static void test_isas_threads_chunks(void **state)
     kvf_test_rig_t r;
     kvf_block_table_t bt;
     kvf_block_table_init(&bt);
-    kvf_test_rig_open_isa(&r, m, 16, 64, KVF_CPU_ISA_SCALAR, 1, KVF_CPU_WEIGHTS_NATIVE);
+    kvf_test_rig_open_kv(&r, m, 16, 64, KVF_CPU_ISA_SCALAR, 1, KVF_CPU_WEIGHTS_NATIVE, dt);
     kvf_test_run_chunked(&r, &bt, ids, n, n, ref, NULL);
+    if (dt == KVF_KV_F32)
+        memcpy(ref_f32, ref, (size_t)n * V * sizeof(float));
+    else
+        assert_true(memcmp(ref, ref_f32, (size_t)n * V * sizeof(float)) != 0);
     kvf_block_table_release(&bt, r.pool);
     kvf_test_rig_close(&r);
     for (int i = 0; i < n_isa; i++)
         for (int threads = 1; threads <= 3; threads++) {
-            kvf_test_rig_open_isa(&r, m, 16, 64, isas[i], threads, KVF_CPU_WEIGHTS_NATIVE);
+            kvf_test_rig_open_kv(&r, m, 16, 64, isas[i], threads, KVF_CPU_WEIGHTS_NATIVE, dt);
             const int chunks[] = {n, 3, 17};
             for (int c = 0; c < 3; c++) {
                 kvf_test_run_chunked(&r, &bt, ids, n, chunks[c], got, NULL);
                 kvf_block_table_release(&bt, r.pool);
                 char what[96];
-                snprintf(what, sizeof(what), "%s, %d threads, chunks of %d",
-                         kvf_cpu_isa_name(isas[i]), threads, chunks[c]);
+                snprintf(what, sizeof(what), "kv %s, %s, %d threads, chunks of %d",
+                         kvf_kv_dtype_name(dt), kvf_cpu_isa_name(isas[i]), threads, chunks[c]);
                 kvf_test_assert_bits(got, ref, (size_t)n * V, what);
             }
             kvf_test_rig_close(&r);
@@ -325,6 +344,16 @@ static void test_isas_threads_chunks(void **state)
     kvf_block_table_fini(&bt);
     free(ref);
     free(got);
+}
+
+static void test_isas_threads_chunks(void **state)
+{
+    (void)state;
+    kvf_model_t *m = random_model(8, 2, true, 13);
+    float *ref_f32 = malloc((size_t)40 * m->cfg.vocab * sizeof(float));
+    for (int dt = 0; dt < KVF_KV_N_DTYPES; dt++)
+        isas_threads_chunks(m, (kvf_kv_dtype_t)dt, ref_f32);
+    free(ref_f32);
     kvf_model_destroy(m);
 }
 
@@ -383,6 +412,15 @@ static void test_hook_and_validation(void **state)
     assert_int_equal(kvf_kvpool_create(&g, 4, &other), KVF_OK);
     kvf_engine_t *e2;
     assert_int_equal(kvf_engine_create(m, &r.be, other, &e2), KVF_ERR_MISMATCH);
+    kvf_kvpool_destroy(other);
+    /* a pool in a format the backend does not compute with is refused */
+    g = kvf_engine_kv_geometry(m, 16, KVF_KV_FP8);
+    assert_int_equal(kvf_kvpool_create(&g, 4, &other), KVF_OK);
+    kvf_backend_t lacking = r.be;
+    lacking.kv_dtypes &= ~KVF_KV_DTYPE_BIT(KVF_KV_FP8);
+    assert_int_equal(kvf_engine_create(m, &lacking, other, &e2), KVF_ERR_UNSUPPORTED);
+    assert_int_equal(kvf_engine_create(m, &r.be, other, &e2), KVF_OK);
+    kvf_engine_destroy(e2);
     kvf_kvpool_destroy(other);
     kvf_block_table_release(&bt, r.pool);
     kvf_block_table_fini(&bt);

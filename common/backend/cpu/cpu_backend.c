@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Attention keeps two block-pointer lists in float scratch, 2 floats each. */
+/* Attention keeps four block-pointer lists in float scratch, 2 floats each. */
 _Static_assert(sizeof(float *) <= 2 * sizeof(float), "pointer wider than two floats");
 
 /* Query tokens per attention work item. */
@@ -222,21 +222,29 @@ fail_lists:
 
 /* ---- KV write and attention ----------------------------------------- */
 
+/* Each (token, kv head) row is encoded once, in the pool's format
+ * (kvf/kv_format.h), with its scale for fp8/int8. */
 static kvf_status_t cpu_kv_write(void *ctx, kvf_kvpool_t *pool, int layer, const float *k,
                                  const float *v, int ld, const kvf_batch_layout_t *b)
 {
     (void)ctx;
     const kvf_kv_geometry_t *g = kvf_kvpool_geometry(pool);
-    size_t row_bytes = (size_t)g->head_dim * sizeof(float);
+    const kvf_kv_dtype_t dt = g->dtype;
+    const size_t row_bytes = (size_t)g->head_dim * kvf_kv_elem_bytes(dt);
+    const bool scaled = kvf_kv_scaled(dt);
     for (int t = 0; t < b->n_tokens; t++) {
         int pos = b->pos[t];
         uint32_t block = b->block_tables[b->seq[t]][pos / g->block_size];
         int slot = pos % g->block_size;
         for (int h = 0; h < g->n_kv_heads; h++) {
-            float *kd = kvf_kvpool_head(pool, block, layer, 0, h) + (size_t)slot * g->head_dim;
-            float *vd = kvf_kvpool_head(pool, block, layer, 1, h) + (size_t)slot * g->head_dim;
-            memcpy(kd, k + (size_t)t * (size_t)ld + (size_t)h * g->head_dim, row_bytes);
-            memcpy(vd, v + (size_t)t * (size_t)ld + (size_t)h * g->head_dim, row_bytes);
+            for (int kv = 0; kv < 2; kv++) {
+                const float *src = (kv ? v : k) + (size_t)t * (size_t)ld + (size_t)h * g->head_dim;
+                char *dst = (char *)kvf_kvpool_head_data(pool, block, layer, kv, h) +
+                            (size_t)slot * row_bytes;
+                float *sc = scaled ? kvf_kvpool_head_scales(pool, block, layer, kv, h) + slot
+                                   : NULL;
+                kvf_kv_encode_row(dt, src, g->head_dim, dst, sc);
+            }
         }
     }
     return KVF_OK;
@@ -263,15 +271,21 @@ static void attention_task(void *arg, int task, int thread)
     for (int i = 0; i < nt; i++)
         max_pos = j->b->pos[t0 + i] > max_pos ? j->b->pos[t0 + i] : max_pos;
     int n_blocks = max_pos / g->block_size + 1;
-    /* Block pointer lists live at the end of the thread's scratch. */
+    /* Block pointer lists (data, then scales) live at the end of the
+     * thread's scratch. */
     float *scratch = j->cx->scratch[thread];
-    size_t kfloats = (kvf_cpu_attn_scratch_floats(g->head_dim) + 15) & ~(size_t)15;
-    const float **keys = (const float **)(void *)(scratch + kfloats);
-    const float **values = keys + n_blocks;
+    size_t kfloats =
+        (kvf_cpu_attn_scratch_floats(g->head_dim, ATTN_TILE_TOKENS * j->group) + 15) & ~(size_t)15;
+    const void **keys = (const void **)(void *)(scratch + kfloats);
+    const void **values = keys + n_blocks;
+    const float **kscales = (const float **)(values + n_blocks);
+    const float **vscales = kscales + n_blocks;
     const uint32_t *bt = j->b->block_tables[seq];
     for (int b = 0; b < n_blocks; b++) {
-        keys[b] = kvf_kvpool_head(j->pool, bt[b], j->layer, 0, kvh);
-        values[b] = kvf_kvpool_head(j->pool, bt[b], j->layer, 1, kvh);
+        keys[b] = kvf_kvpool_head_data(j->pool, bt[b], j->layer, 0, kvh);
+        values[b] = kvf_kvpool_head_data(j->pool, bt[b], j->layer, 1, kvh);
+        kscales[b] = kvf_kvpool_head_scales(j->pool, bt[b], j->layer, 0, kvh);
+        vscales[b] = kvf_kvpool_head_scales(j->pool, bt[b], j->layer, 1, kvh);
     }
     int hd = g->head_dim;
     kvf_cpu_attn_tile_t t = {
@@ -284,8 +298,11 @@ static void attention_task(void *arg, int task, int thread)
         .group = j->group,
         .head_dim = hd,
         .block_size = g->block_size,
+        .dtype = g->dtype,
         .keys = keys,
         .values = values,
+        .kscales = kscales,
+        .vscales = vscales,
         .scale = j->b->scale > 0 ? j->b->scale : (float)(1.0 / sqrt((double)hd)),
         .softcap = j->b->softcap,
         .window = j->b->window,
@@ -322,9 +339,9 @@ static kvf_status_t cpu_attention(void *ctx, float *out, const float *q, int ld_
     }
     for (int t = 0; t < b->n_tokens; t++)
         max_pos = b->pos[t] > max_pos ? b->pos[t] : max_pos;
-    /* Scratch: the tile kernel's floats plus two block pointer lists. */
-    size_t need = kvf_cpu_attn_scratch_floats(g->head_dim) +
-                  16 + 4 * ((size_t)max_pos / g->block_size + 1); /* 2 pointers of 2 floats */
+    /* Scratch: the tile kernel's floats plus four block pointer lists. */
+    size_t need = kvf_cpu_attn_scratch_floats(g->head_dim, ATTN_TILE_TOKENS * group) + 16 +
+                  8 * ((size_t)max_pos / g->block_size + 1); /* 4 pointers of 2 floats */
     if (need > cx->scratch_floats) {
         for (int i = 0; i < cx->n_threads; i++) {
             free(cx->scratch[i]);
@@ -463,6 +480,7 @@ kvf_status_t kvf_backend_cpu_create_cfg(const kvf_cpu_config_t *cfg, kvf_backend
     }
     be_p->ops = &cpu_ops;
     be_p->ctx = cx;
+    be_p->kv_dtypes = KVF_KV_DTYPES_ALL;
     return KVF_OK;
 }
 

@@ -36,6 +36,7 @@
 #include "kvf/backend.h"
 #include "kvf/detmath.h"
 #include "kvf/dtype.h"
+#include "kvf/kv_format.h"
 
 /* Whether this compiler builds the x86 SIMD kernels: GCC's target
  * pragmas compile them for AVX2/AVX-512 whatever the build's -march
@@ -80,7 +81,12 @@ typedef struct {
  * share one kv head. Token i has position pos[i] and query rows
  * q + i*ld_q + h*head_dim for h < group; the output row goes to the same
  * place in out (row stride ld_out). Key j of the sequence is row j %
- * block_size of keys[j / block_size] (values alike), head_dim floats. */
+ * block_size of keys[j / block_size] (values alike), head_dim elements of
+ * dtype; a scaled format's row scale is kscales[j / block_size][j %
+ * block_size] (vscales alike). The kernel reads keys in chunks of 16
+ * (chunk-outer, every row of the tile inner, so a chunk is read once per
+ * tile): f32 rows in place, other formats decoded exactly into the
+ * scratch first (kvf_kv_format.h's values), then the same f32 math. */
 typedef struct {
     int n_tok;
     const int32_t *pos;          /* (n_tok) */
@@ -91,8 +97,11 @@ typedef struct {
     int group;                   /* query heads per kv head */
     int head_dim;
     int block_size;
-    const float *const *keys;    /* (n_blocks) */
-    const float *const *values;  /* (n_blocks) */
+    kvf_kv_dtype_t dtype;
+    const void *const *keys;     /* (n_blocks) */
+    const void *const *values;   /* (n_blocks) */
+    const float *const *kscales; /* (n_blocks), scaled formats only */
+    const float *const *vscales;
     float scale;                 /* 1 / sqrt(head_dim), or the model's (kvf_model_attn_scale) */
     float softcap;               /* > 0: each scaled score s becomes kvf_det_softcap(s, softcap) */
     int window;                  /* sliding window W (keys > pos - W); 0: none */
@@ -106,8 +115,82 @@ static inline int kvf_cpu_attn_first_key(int window, int pos)
     return window > 0 && pos >= window ? pos - window + 1 : 0;
 }
 
-/* Floats of scratch one attention call needs per thread for head_dim. */
-size_t kvf_cpu_attn_scratch_floats(int head_dim);
+/* Floats of scratch one attention call needs per thread for tiles of up
+ * to rows (token, head) rows of head_dim. */
+size_t kvf_cpu_attn_scratch_floats(int head_dim, int rows);
+
+/* Decodes n elements of a row of dt (with its scale) to f32, the values
+ * of kvf_kv_decode_row. */
+typedef void (*kvf_cpu_decode_fn)(kvf_kv_dtype_t dt, const void *src, float scale, int n,
+                                  float *out);
+
+/* The attention scratch: per row its numerator (hdp floats), running max
+ * and sum; the decoded keys and values of one chunk (16 rows of hdp). */
+typedef struct {
+    float *acc, *m, *l, *kbuf, *vbuf;
+    int hdp;
+} kvf_cpu_attn_scratch_t;
+
+static inline int kvf_cpu_attn_hdp(int head_dim)
+{
+    return (head_dim + 15) & ~15;
+}
+
+static inline kvf_cpu_attn_scratch_t kvf_cpu_attn_scratch(float *s, int head_dim, int rows)
+{
+    kvf_cpu_attn_scratch_t sc;
+    const int hdp = kvf_cpu_attn_hdp(head_dim), rp = (rows + 15) & ~15;
+    sc.hdp = hdp;
+    sc.kbuf = s;
+    sc.vbuf = s + (size_t)KVF_CPU_KEY_CHUNK * hdp;
+    sc.acc = s + (size_t)2 * KVF_CPU_KEY_CHUNK * hdp;
+    sc.m = sc.acc + (size_t)rows * hdp;
+    sc.l = sc.m + rp;
+    return sc;
+}
+
+/* The first chunk's first key and the last key any row of t reads. */
+static inline void kvf_cpu_attn_span(const kvf_cpu_attn_tile_t *t, int *j_first_p, int *j_last_p)
+{
+    int first = t->pos[0], last = 0;
+    for (int i = 0; i < t->n_tok; i++) {
+        const int lo = kvf_cpu_attn_first_key(t->window, t->pos[i]);
+        first = lo < first ? lo : first;
+        last = t->pos[i] > last ? t->pos[i] : last;
+    }
+    *j_first_p = first / KVF_CPU_KEY_CHUNK * KVF_CPU_KEY_CHUNK;
+    *j_last_p = last;
+}
+
+/* Rows of keys and values j0 .. j0+15 of a chunk whose first n keys exist
+ * (rows past n: the chunk's first, readable, result unused). f32 rows are
+ * the pool's own; other formats are decoded into sc's buffers. */
+static inline void kvf_cpu_attn_chunk_rows(const kvf_cpu_attn_tile_t *t, int j0, int n,
+                                           kvf_cpu_decode_fn dec, const kvf_cpu_attn_scratch_t *sc,
+                                           const float **krows, const float **vrows)
+{
+    const int hd = t->head_dim, bs = t->block_size;
+    const kvf_kv_dtype_t dt = t->dtype;
+    const size_t eb = kvf_kv_elem_bytes(dt);
+    const bool scaled = kvf_kv_scaled(dt);
+    for (int j = 0; j < KVF_CPU_KEY_CHUNK; j++) {
+        const int key = j0 + (j < n ? j : 0), b = key / bs, r = key % bs;
+        const char *kd = (const char *)t->keys[b] + (size_t)r * (size_t)hd * eb;
+        const char *vd = (const char *)t->values[b] + (size_t)r * (size_t)hd * eb;
+        if (dt == KVF_KV_F32) {
+            krows[j] = (const float *)(const void *)kd;
+            vrows[j] = (const float *)(const void *)vd;
+            continue;
+        }
+        float *kb = sc->kbuf + (size_t)j * sc->hdp, *vb = sc->vbuf + (size_t)j * sc->hdp;
+        if (j < n) {
+            dec(dt, kd, scaled ? t->kscales[b][r] : 1.0f, hd, kb);
+            dec(dt, vd, scaled ? t->vscales[b][r] : 1.0f, hd, vb);
+        }
+        krows[j] = j < n ? kb : sc->kbuf;
+        vrows[j] = j < n ? vb : sc->vbuf;
+    }
+}
 
 /* Scratch a gemm call needs: two panels widened to f32. */
 #define KVF_CPU_GEMM_SCRATCH_FLOATS(k) ((size_t)2 * (size_t)(k) * KVF_CPU_PANEL)
@@ -124,7 +207,10 @@ typedef struct {
     void (*gemm)(const kvf_cpu_gemm_t *g, int p0, int p1, float *scratch);
     /* out[i] = silu(gate[i]) * up[i] for i < n. */
     void (*swiglu_row)(float *out, const float *gate, const float *up, int n);
+    /* scratch: kvf_cpu_attn_scratch_floats(head_dim, n_tok * group). */
     void (*attention)(const kvf_cpu_attn_tile_t *t, float *scratch);
+    /* The exact decode of a row of KV elements (kvf/kv_format.h). */
+    kvf_cpu_decode_fn decode_row;
 } kvf_cpu_kernels_t;
 
 extern const kvf_cpu_kernels_t kvf_cpu_kernels_scalar;

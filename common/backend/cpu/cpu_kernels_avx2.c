@@ -109,6 +109,51 @@ static inline __attribute__((always_inline)) void dot16x8(const float *q, const 
         dot16x8((q), (k) + 8, (hd), (out) + 8);                                                    \
     } while (0)
 
+/* The exact KV decodes of kvf/kv_format.h, 8 elements a step (as the
+ * AVX-512 kernels: bf16 a shift, f16 by F16C, int8 a convert and one
+ * multiply, fp8 E4M3 bits placed in an f32 times 2^120, NaN set apart). */
+static void decode_row_avx2(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
+{
+    const __m256 sv = _mm256_set1_ps(scale);
+    int i = 0;
+    switch (dt) {
+    case KVF_KV_F32:
+        memcpy(out, src, (size_t)n * sizeof(float));
+        return;
+    case KVF_KV_BF16:
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(out + i, V_LOAD_BF16((const uint16_t *)src + i));
+        break;
+    case KVF_KV_F16:
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(out + i, V_LOAD_F16((const uint16_t *)src + i));
+        break;
+    case KVF_KV_INT8:
+        for (; i + 8 <= n; i += 8) {
+            __m256i v = _mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)src + i)));
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(v), sv));
+        }
+        break;
+    case KVF_KV_FP8:
+        for (; i + 8 <= n; i += 8) {
+            __m256i v = _mm256_cvtepu8_epi32(
+                _mm_loadl_epi64((const __m128i *)(const void *)((const uint8_t *)src + i)));
+            __m256i a = _mm256_and_si256(v, _mm256_set1_epi32(0x7f));
+            __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
+            __m256 mag = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 20)),
+                                       _mm256_set1_ps(0x1p120f));
+            __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, _mm256_set1_epi32(0x7f)));
+            mag = _mm256_blendv_ps(mag, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan);
+            __m256 x = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(mag), sign));
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(x, sv));
+        }
+        break;
+    }
+    for (; i < n; i++)
+        out[i] = kvf_kv_decode_one(dt, src, i, scale);
+}
+
 /* 16 ymm registers: decode rows x 1-2 panels (4 accumulators a row and
  * panel), and 6 rows x half a panel (12) for larger batches. */
 #define SMALL_M 3

@@ -101,6 +101,53 @@ static inline __attribute__((always_inline)) void dot16x16(const float *q,
 }
 #define DOT16X16(q, k, hd, out) dot16x16((q), (k), (hd), (out))
 
+/* The exact KV decodes of kvf/kv_format.h, 16 elements a step: bf16 a
+ * shift, f16 by F16C (exact, subnormals included), int8 a convert and
+ * the scale's one multiply, fp8 E4M3 by placing its bits in an f32 and
+ * one exact multiply by 2^120 (subnormals land on f32 subnormals), NaN
+ * (0x7f) set apart, then the scale. */
+static void decode_row_avx512(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
+{
+    const __m512 sv = _mm512_set1_ps(scale);
+    int i = 0;
+    switch (dt) {
+    case KVF_KV_F32:
+        memcpy(out, src, (size_t)n * sizeof(float));
+        return;
+    case KVF_KV_BF16:
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(out + i, V_LOAD_BF16((const uint16_t *)src + i));
+        break;
+    case KVF_KV_F16:
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(out + i, V_LOAD_F16((const uint16_t *)src + i));
+        break;
+    case KVF_KV_INT8:
+        for (; i + 16 <= n; i += 16) {
+            __m512i v = _mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(const void *)((const int8_t *)src + i)));
+            _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_cvtepi32_ps(v), sv));
+        }
+        break;
+    case KVF_KV_FP8:
+        for (; i + 16 <= n; i += 16) {
+            __m512i v = _mm512_cvtepu8_epi32(
+                _mm_loadu_si128((const __m128i *)(const void *)((const uint8_t *)src + i)));
+            __m512i a = _mm512_and_si512(v, _mm512_set1_epi32(0x7f));
+            __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
+            __m512 mag = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 20)),
+                                       _mm512_set1_ps(0x1p120f));
+            mag = _mm512_mask_mov_ps(mag, _mm512_cmpeq_epi32_mask(a, _mm512_set1_epi32(0x7f)),
+                                     _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+            __m512 x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
+            _mm512_storeu_ps(out + i, _mm512_mul_ps(x, sv));
+        }
+        break;
+    }
+    for (; i < n; i++)
+        out[i] = kvf_kv_decode_one(dt, src, i, scale);
+}
+
 /* 32 zmm registers: decode rows x 4 panels (8 accumulators a row), and
  * 6 rows x 2 panels (24) for larger batches. */
 #define SMALL_M 8

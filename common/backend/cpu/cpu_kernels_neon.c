@@ -65,6 +65,12 @@ static inline __attribute__((always_inline)) float dot16(const float *q, const f
             (out)[j_] = dot16((q), (k)[j_], (hd));                                                 \
     } while (0)
 
+/* The KV decodes: kvf/kv_format.h's own, element by element. */
+static void decode_row_neon(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
+{
+    kvf_kv_decode_row(dt, src, scale, n, out);
+}
+
 /* 32 q registers: decode rows x 1-2 panels (8 accumulators a row and
  * panel), and 4 rows x half a panel (16) for larger batches. */
 #define SMALL_M 3

@@ -56,58 +56,82 @@ static float dot16_scalar(const float *q, const float *k, int hd)
     return kvf_cpu_tree16(lanes);
 }
 
-size_t kvf_cpu_attn_scratch_floats(int head_dim)
+size_t kvf_cpu_attn_scratch_floats(int head_dim, int rows)
 {
-    return ((size_t)head_dim + 15) & ~(size_t)15;
+    const size_t hdp = (size_t)kvf_cpu_attn_hdp(head_dim);
+    return (2 * KVF_CPU_KEY_CHUNK + (size_t)rows) * hdp + 2 * (((size_t)rows + 15) & ~(size_t)15);
+}
+
+static void decode_row_scalar(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
+{
+    kvf_kv_decode_row(dt, src, scale, n, out);
+}
+
+/* One online-softmax step of a query row over keys j0+ja .. j0+nj-1. */
+static void chunk_step_scalar(const kvf_cpu_attn_tile_t *t, const float *q, float *acc, float *m_p,
+                              float *l_p, const float *const *krows, const float *const *vrows,
+                              int ja, int nj)
+{
+    const int hd = t->head_dim;
+    float s[KVF_CPU_KEY_CHUNK], p[KVF_CPU_KEY_CHUNK] = {0};
+    float mc = -INFINITY;
+    for (int j = ja; j < nj; j++) {
+        s[j] = dot16_scalar(q, krows[j], hd) * t->scale;
+        if (t->softcap > 0)
+            s[j] = kvf_det_softcap(s[j], t->softcap);
+        mc = s[j] > mc ? s[j] : mc;
+    }
+    float mn = mc > *m_p ? mc : *m_p;
+    float alpha = kvf_cpu_rescale(*m_p, mn);
+    for (int j = ja; j < nj; j++)
+        p[j] = kvf_cpu_exp(s[j] - mn);
+    *l_p = *l_p * alpha + kvf_cpu_tree16(p);
+    for (int c = 0; c < hd; c++)
+        acc[c] = acc[c] * alpha;
+    for (int j = 0; j < nj; j++)
+        for (int c = 0; c < hd; c++)
+            acc[c] = fmaf(p[j], vrows[j][c], acc[c]);
+    *m_p = mn;
 }
 
 static void attention_scalar(const kvf_cpu_attn_tile_t *t, float *scratch)
 {
-    const int hd = t->head_dim, bs = t->block_size;
-    float *acc = scratch; /* (hd) numerator of the row */
-    for (int i = 0; i < t->n_tok; i++) {
-        const int pos = t->pos[i];
-        for (int h = 0; h < t->group; h++) {
-            const float *q = t->q + (size_t)i * (size_t)t->ld_q + (size_t)h * (size_t)hd;
-            float m = -INFINITY, l = 0;
-            for (int c = 0; c < hd; c++)
-                acc[c] = 0;
-            const int lo = kvf_cpu_attn_first_key(t->window, pos);
-            for (int j0 = lo / KVF_CPU_KEY_CHUNK * KVF_CPU_KEY_CHUNK; j0 <= pos;
-                 j0 += KVF_CPU_KEY_CHUNK) {
-                const int nj = pos - j0 + 1 < KVF_CPU_KEY_CHUNK ? pos - j0 + 1 : KVF_CPU_KEY_CHUNK;
-                const int ja = lo > j0 ? lo - j0 : 0; /* keys before the window's first: p = 0 */
-                float s[KVF_CPU_KEY_CHUNK], p[KVF_CPU_KEY_CHUNK] = {0};
-                float mc = -INFINITY;
-                for (int j = ja; j < nj; j++) {
-                    int key = j0 + j;
-                    const float *kj = t->keys[key / bs] + (size_t)(key % bs) * (size_t)hd;
-                    s[j] = dot16_scalar(q, kj, hd) * t->scale;
-                    if (t->softcap > 0)
-                        s[j] = kvf_det_softcap(s[j], t->softcap);
-                    mc = s[j] > mc ? s[j] : mc;
-                }
-                float mn = mc > m ? mc : m;
-                float alpha = kvf_cpu_rescale(m, mn);
-                for (int j = ja; j < nj; j++)
-                    p[j] = kvf_cpu_exp(s[j] - mn);
-                l = l * alpha + kvf_cpu_tree16(p);
-                for (int c = 0; c < hd; c++)
-                    acc[c] = acc[c] * alpha;
-                for (int j = 0; j < nj; j++) {
-                    int key = j0 + j;
-                    const float *vj = t->values[key / bs] + (size_t)(key % bs) * (size_t)hd;
-                    for (int c = 0; c < hd; c++)
-                        acc[c] = fmaf(p[j], vj[c], acc[c]);
-                }
-                m = mn;
+    const int hd = t->head_dim, rows = t->n_tok * t->group;
+    const kvf_cpu_attn_scratch_t sc = kvf_cpu_attn_scratch(scratch, hd, rows);
+    for (int r = 0; r < rows; r++) {
+        sc.m[r] = -INFINITY;
+        sc.l[r] = 0;
+        for (int c = 0; c < hd; c++)
+            sc.acc[(size_t)r * sc.hdp + c] = 0;
+    }
+    int first, last;
+    kvf_cpu_attn_span(t, &first, &last);
+    for (int j0 = first; j0 <= last; j0 += KVF_CPU_KEY_CHUNK) {
+        const float *krows[KVF_CPU_KEY_CHUNK], *vrows[KVF_CPU_KEY_CHUNK];
+        const int n = last - j0 + 1 < KVF_CPU_KEY_CHUNK ? last - j0 + 1 : KVF_CPU_KEY_CHUNK;
+        kvf_cpu_attn_chunk_rows(t, j0, n, decode_row_scalar, &sc, krows, vrows);
+        for (int i = 0; i < t->n_tok; i++) {
+            const int pos = t->pos[i], lo = kvf_cpu_attn_first_key(t->window, pos);
+            if (j0 > pos || j0 + KVF_CPU_KEY_CHUNK <= lo)
+                continue;
+            const int nj = pos - j0 + 1 < KVF_CPU_KEY_CHUNK ? pos - j0 + 1 : KVF_CPU_KEY_CHUNK;
+            const int ja = lo > j0 ? lo - j0 : 0; /* keys before the window's first: p = 0 */
+            for (int h = 0; h < t->group; h++) {
+                const int r = i * t->group + h;
+                const float *q = t->q + (size_t)i * (size_t)t->ld_q + (size_t)h * (size_t)hd;
+                chunk_step_scalar(t, q, sc.acc + (size_t)r * sc.hdp, &sc.m[r], &sc.l[r], krows,
+                                  vrows, ja, nj);
             }
-            float inv = 1.0f / l;
-            float *o = t->out + (size_t)i * (size_t)t->ld_out + (size_t)h * (size_t)hd;
-            for (int c = 0; c < hd; c++)
-                o[c] = acc[c] * inv;
         }
     }
+    for (int i = 0; i < t->n_tok; i++)
+        for (int h = 0; h < t->group; h++) {
+            const int r = i * t->group + h;
+            float inv = 1.0f / sc.l[r];
+            float *o = t->out + (size_t)i * (size_t)t->ld_out + (size_t)h * (size_t)hd;
+            for (int c = 0; c < hd; c++)
+                o[c] = sc.acc[(size_t)r * sc.hdp + c] * inv;
+        }
 }
 
 const kvf_cpu_kernels_t kvf_cpu_kernels_scalar = {
@@ -117,4 +141,5 @@ const kvf_cpu_kernels_t kvf_cpu_kernels_scalar = {
     .gemm = gemm_scalar,
     .swiglu_row = swiglu_scalar,
     .attention = attention_scalar,
+    .decode_row = decode_row_scalar,
 };

@@ -15,6 +15,7 @@
  *   BIG_MR BIG_P BIG_NV  larger batches: tiles of BIG_MR rows x BIG_P
  *                        panels x BIG_NV vectors of each panel
  *   KFN(name)            the instruction set's name for a kernel
+ *   KFN(decode_row)      its kvf_cpu_decode_fn (defined before this header)
  *   ISA_ID SMALL_PANELS_PER_TASK   for its kvf_cpu_kernels_t, which this
  *                        defines as KFN(kvf_cpu_kernels)
  *
@@ -217,62 +218,78 @@ INLINE void pv_step(float *acc, const float *const *vrows, const float *p, int n
     }
 }
 
+/* One online-softmax step of a query row over keys j0+ja .. j0+nj-1. */
+INLINE void chunk_step(const kvf_cpu_attn_tile_t *t, const float *q, float *acc, float *m_p,
+                       float *l_p, const float *const *krows, const float *const *vrows, int ja,
+                       int nj)
+{
+    const int hd = t->head_dim;
+    float s[KVF_CPU_KEY_CHUNK], p[KVF_CPU_KEY_CHUNK];
+    float mc = -INFINITY;
+    if (nj == KVF_CPU_KEY_CHUNK || nj > 4) {
+        DOT16X16(q, krows, hd, s);
+        for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
+            V_STORE(s + j, V_MUL(V_LOAD(s + j), V_SET1(t->scale)));
+    } else {
+        for (int j = 0; j < nj; j++)
+            s[j] = DOT16(q, krows[j], hd) * t->scale;
+    }
+    if (t->softcap > 0)
+        for (int j = ja; j < nj; j++)
+            s[j] = kvf_det_softcap(s[j], t->softcap);
+    for (int j = ja; j < nj; j++)
+        mc = s[j] > mc ? s[j] : mc;
+    const float mn = mc > *m_p ? mc : *m_p;
+    const float alpha = kvf_cpu_rescale(*m_p, mn);
+    for (int j = 0; j < ja; j++)
+        s[j] = mn;
+    for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
+        s[j] = mn;
+    const vf vm = V_SET1(mn);
+    for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
+        V_STORE(p + j, v_exp(V_SUB(V_LOAD(s + j), vm)));
+    for (int j = 0; j < ja; j++)
+        p[j] = 0;
+    for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
+        p[j] = 0;
+    *l_p = *l_p * alpha + kvf_cpu_tree16(p);
+    pv_step(acc, vrows, p, nj, hd, alpha);
+    *m_p = mn;
+}
+
 static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
 {
-    const int hd = t->head_dim, bs = t->block_size;
-    float *acc = scratch; /* (hd) numerator of the row */
-    for (int i = 0; i < t->n_tok; i++) {
-        const int pos = t->pos[i];
-        for (int h = 0; h < t->group; h++) {
-            const float *q = t->q + (size_t)i * (size_t)t->ld_q + (size_t)h * (size_t)hd;
-            float m = -INFINITY, l = 0;
-            memset(acc, 0, (size_t)hd * sizeof(float));
-            const int lo = kvf_cpu_attn_first_key(t->window, pos);
-            for (int j0 = lo / KVF_CPU_KEY_CHUNK * KVF_CPU_KEY_CHUNK; j0 <= pos;
-                 j0 += KVF_CPU_KEY_CHUNK) {
-                const int nj = pos - j0 + 1 < KVF_CPU_KEY_CHUNK ? pos - j0 + 1 : KVF_CPU_KEY_CHUNK;
-                const int ja = lo > j0 ? lo - j0 : 0; /* keys before the window's first */
-                float s[KVF_CPU_KEY_CHUNK], p[KVF_CPU_KEY_CHUNK];
-                const float *vrows[KVF_CPU_KEY_CHUNK], *krows[KVF_CPU_KEY_CHUNK];
-                float mc = -INFINITY;
-                for (int j = 0; j < KVF_CPU_KEY_CHUNK; j++) {
-                    /* keys past the row's position: any readable row, result unused */
-                    const int key = j0 + (j < nj ? j : 0);
-                    const size_t off = (size_t)(key % bs) * (size_t)hd;
-                    krows[j] = t->keys[key / bs] + off;
-                    vrows[j] = t->values[key / bs] + off;
-                }
-                if (nj == KVF_CPU_KEY_CHUNK || nj > 4) {
-                    DOT16X16(q, krows, hd, s);
-                    for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
-                        V_STORE(s + j, V_MUL(V_LOAD(s + j), V_SET1(t->scale)));
-                } else {
-                    for (int j = 0; j < nj; j++)
-                        s[j] = DOT16(q, krows[j], hd) * t->scale;
-                }
-                if (t->softcap > 0)
-                    for (int j = ja; j < nj; j++)
-                        s[j] = kvf_det_softcap(s[j], t->softcap);
-                for (int j = ja; j < nj; j++)
-                    mc = s[j] > mc ? s[j] : mc;
-                const float mn = mc > m ? mc : m;
-                const float alpha = kvf_cpu_rescale(m, mn);
-                for (int j = 0; j < ja; j++)
-                    s[j] = mn;
-                for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
-                    s[j] = mn;
-                const vf vm = V_SET1(mn);
-                for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
-                    V_STORE(p + j, v_exp(V_SUB(V_LOAD(s + j), vm)));
-                for (int j = 0; j < ja; j++)
-                    p[j] = 0;
-                for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
-                    p[j] = 0;
-                l = l * alpha + kvf_cpu_tree16(p);
-                pv_step(acc, vrows, p, nj, hd, alpha);
-                m = mn;
+    const int hd = t->head_dim, rows = t->n_tok * t->group;
+    const kvf_cpu_attn_scratch_t sc = kvf_cpu_attn_scratch(scratch, hd, rows);
+    for (int r = 0; r < rows; r++) {
+        sc.m[r] = -INFINITY;
+        sc.l[r] = 0;
+    }
+    memset(sc.acc, 0, (size_t)rows * (size_t)sc.hdp * sizeof(float));
+    int first, last;
+    kvf_cpu_attn_span(t, &first, &last);
+    for (int j0 = first; j0 <= last; j0 += KVF_CPU_KEY_CHUNK) {
+        const float *krows[KVF_CPU_KEY_CHUNK], *vrows[KVF_CPU_KEY_CHUNK];
+        const int n = last - j0 + 1 < KVF_CPU_KEY_CHUNK ? last - j0 + 1 : KVF_CPU_KEY_CHUNK;
+        kvf_cpu_attn_chunk_rows(t, j0, n, KFN(decode_row), &sc, krows, vrows);
+        for (int i = 0; i < t->n_tok; i++) {
+            const int pos = t->pos[i], lo = kvf_cpu_attn_first_key(t->window, pos);
+            if (j0 > pos || j0 + KVF_CPU_KEY_CHUNK <= lo)
+                continue;
+            const int nj = pos - j0 + 1 < KVF_CPU_KEY_CHUNK ? pos - j0 + 1 : KVF_CPU_KEY_CHUNK;
+            const int ja = lo > j0 ? lo - j0 : 0; /* keys before the window's first */
+            for (int h = 0; h < t->group; h++) {
+                const int r = i * t->group + h;
+                const float *q = t->q + (size_t)i * (size_t)t->ld_q + (size_t)h * (size_t)hd;
+                chunk_step(t, q, sc.acc + (size_t)r * sc.hdp, &sc.m[r], &sc.l[r], krows, vrows,
+                           ja, nj);
             }
-            const float inv = 1.0f / l;
+        }
+    }
+    for (int i = 0; i < t->n_tok; i++)
+        for (int h = 0; h < t->group; h++) {
+            const int r = i * t->group + h;
+            const float inv = 1.0f / sc.l[r], *acc = sc.acc + (size_t)r * sc.hdp;
             float *o = t->out + (size_t)i * (size_t)t->ld_out + (size_t)h * (size_t)hd;
             int c = 0;
             for (; c + VL <= hd; c += VL)
@@ -280,7 +297,6 @@ static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
             for (; c < hd; c++)
                 o[c] = acc[c] * inv;
         }
-    }
 }
 
 const kvf_cpu_kernels_t KFN(kvf_cpu_kernels) = {
@@ -290,4 +306,5 @@ const kvf_cpu_kernels_t KFN(kvf_cpu_kernels) = {
     .gemm = KFN(gemm),
     .swiglu_row = KFN(swiglu_row),
     .attention = KFN(attention),
+    .decode_row = KFN(decode_row),
 };

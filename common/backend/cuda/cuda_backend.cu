@@ -234,6 +234,7 @@ extern "C" kvf_status_t kvf_backend_cuda_create(const kvf_cuda_config_t *cfg,
     log_created(c);
     be_p->ops = &cuda_ops;
     be_p->ctx = c;
+    be_p->kv_dtypes = KVF_KV_DTYPE_BIT(KVF_KV_F32);
     return KVF_OK;
 }
 

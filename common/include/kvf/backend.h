@@ -146,7 +146,15 @@ typedef struct kvf_backend_ops {
 typedef struct {
     const kvf_backend_ops_t *ops;
     void *ctx;
+    /* The KV pool formats the backend computes with: bit 1u << d for each
+     * kvf_kv_dtype_t d (kvf/kv_format.h); kvf_engine_create refuses a
+     * pool in another. */
+    uint32_t kv_dtypes;
 } kvf_backend_t;
+
+/* The kv_dtypes bit of one format, and the mask of all of them. */
+#define KVF_KV_DTYPE_BIT(d) (1u << (unsigned)(d))
+#define KVF_KV_DTYPES_ALL ((1u << KVF_KV_N_DTYPES) - 1u)
 
 /* Instruction sets the CPU backend's kernels are built for. Every one
  * gives the same bits (docs/numerics.md); they differ in speed only. */
