@@ -178,6 +178,21 @@ static void test_split_gemma2(void **state)
     split_golden("tiny-gemma2-f32", 2);
 }
 
+/* Whether process i's log holds text (its startup line names its KV
+ * format). */
+static bool log_holds(const h_cluster_t *c, int i, const char *text)
+{
+    FILE *f = fopen(c->procs[i].log, "r");
+    if (!f)
+        return false;
+    char line[2048];
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f))
+        found = strstr(line, text) != NULL;
+    fclose(f);
+    return found;
+}
+
 /* Split equals colocated in every KV format, both sides on the same one
  * (KVF_KV_DTYPE reaches the nodes and the colocated `kvf generate
  * --kv-dtype`): a third of the requests, prompts of 1..600 tokens, on one
@@ -207,9 +222,16 @@ static void test_split_every_kv_dtype(void **state)
         h_cluster_t c;
         h_cluster_init(&c, model_dir, "sm,self");
         h_start_router(&c, NULL);
-        h_start_node(&c, "decode", "decode-0", NULL);
-        h_start_node(&c, "prefill", "prefill-0", NULL);
+        int nodes[2] = {h_start_node(&c, "decode", "decode-0", NULL),
+                        h_start_node(&c, "prefill", "prefill-0", NULL)};
         h_wait_nodes(&c, 2, 120000);
+        char want[32];
+        snprintf(want, sizeof(want), " kv %s (", dt);
+        for (int k = 0; k < 2; k++) /* the nodes' pools are in that format */
+            if (!log_holds(&c, nodes[k], want)) {
+                h_cluster_stop(&c, true);
+                fail_msg("node %d does not say '%s'", k, want);
+            }
         h_generate_many(&c, g, N, NULL, 240000);
         h_check_outputs(&c, g, ref, n_ref, N, H_FINISH_STOP | H_FINISH_LENGTH);
         h_wait_no_blocks_used(&c, 30000);
