@@ -122,17 +122,6 @@ int rig_kill_child(void **state)
     return 0;
 }
 
-/* The KV format of the node and of the test's pools: $KVF_KV_DTYPE (which
- * kvf-prefill reads too), f32 when unset. */
-static kvf_kv_dtype_t rig_kv_dtype(void)
-{
-    const char *name = getenv("KVF_KV_DTYPE");
-    kvf_kv_dtype_t dt = KVF_KV_F32;
-    if (name && *name)
-        assert_int_equal(kvf_kv_dtype_parse(name, &dt), KVF_OK);
-    return dt;
-}
-
 void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *max_batch_tokens)
 {
     memset(r, 0, sizeof(*r));
@@ -142,7 +131,7 @@ void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *
     else
         snprintf(dir, sizeof(dir), "%s/golden/tiny-llama-f32", KVF_TEST_DATA);
     assert_int_equal(kvf_model_load(dir, &r->model), KVF_OK);
-    r->geo = kvf_engine_kv_geometry(r->model, 16, rig_kv_dtype());
+    r->geo = kvf_engine_kv_geometry(r->model, 16, kvf_test_env_kv_dtype());
     assert_int_equal(kvf_kvpool_create(&r->geo, 256, &r->dpool), KVF_OK);
     kvf_xfer_config_t xc = {
         .backend = KVF_XFER_UCX,
