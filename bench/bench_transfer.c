@@ -28,6 +28,9 @@
 #include "kvf/clock.h"
 #include "kvf/crc32c.h"
 #include "kvf/flags.h"
+#include "kvf/kv_format.h"
+#include "kvf/kvcache.h"
+#include "kvf/model.h"
 #include "kvf/xfer.h"
 
 #include <cjson/cJSON.h>
@@ -354,6 +357,7 @@ static int run_tls(const char *tls_name, const char *mode, bool quick, row_t *ro
 
 typedef struct {
     const char *tls, *json, *mode;
+    const char *kv_dtype, *model_dir; /* what a token of KV weighs, for the summary */
     bool quick;
     bool serve_role, checksum, two_sided; /* the receiver's */
     int spin_us;
@@ -362,7 +366,7 @@ typedef struct {
 /* Returns -1 to run, else the exit code (help printed, or a bad flag). */
 static int parse_transfer_opts(int argc, char **argv, transfer_opts_t *o)
 {
-    *o = (transfer_opts_t){.mode = "auto", .spin_us = 5000};
+    *o = (transfer_opts_t){.mode = "auto", .spin_us = 5000, .kv_dtype = "f32"};
     const kvf_flag_t flags[] = {
         {"tls", KVF_FLAG_STRING, &o->tls, "shm|tcp", "transport (default: both)", NULL},
         {"json", KVF_FLAG_STRING, &o->json, "FILE", "also write the results as JSON", NULL},
@@ -370,6 +374,13 @@ static int parse_transfer_opts(int argc, char **argv, transfer_opts_t *o)
          NULL},
         {"mode", KVF_FLAG_STRING, &o->mode, "auto|rma|am",
          "one-sided puts (rma) or two-sided messages (am); auto: rma over shm, am over tcp", NULL},
+        {"kv-dtype", KVF_FLAG_STRING, &o->kv_dtype, "f32|bf16|f16|fp8|int8",
+         "KV format whose bytes per token the summary reports (tokens/s at the fitted rate)",
+         NULL},
+        {"model", KVF_FLAG_STRING, &o->model_dir, "DIR",
+         "the model whose KV bytes per token the summary reports (default: one layer, one kv "
+         "head of head dim 64)",
+         NULL},
         {"serve", KVF_FLAG_BOOL, &o->serve_role, NULL, "(internal) run as the receiving process",
          NULL},
         {"two-sided", KVF_FLAG_BOOL, &o->two_sided, NULL, "(with --serve) two-sided receiver",
@@ -396,14 +407,43 @@ static int parse_transfer_opts(int argc, char **argv, transfer_opts_t *o)
     return -1;
 }
 
-static void print_summary(const char *const *list, int nt, const tls_result_t *res)
+/* The KV geometry whose bytes per token the summary reports: --model's,
+ * or one layer and one kv head of the bench's head dim; in --kv-dtype.
+ * Returns 0, or 2 after a line on stderr. */
+static int kv_token_geometry(const char *prog, const transfer_opts_t *o, kvf_kv_geometry_t *geo)
 {
-    printf("\nsummary:\n");
+    *geo = (kvf_kv_geometry_t){.n_layers = 1, .n_kv_heads = 1,
+                               .head_dim = (int)kvf_bench_xfer_geom.head_dim, .block_size = 1};
+    if (kvf_kv_dtype_parse(o->kv_dtype, &geo->dtype) != KVF_OK) {
+        fprintf(stderr, "%s: --kv-dtype must be f32, bf16, f16, fp8 or int8, not '%s'\n", prog,
+                o->kv_dtype);
+        return 2;
+    }
+    if (!o->model_dir)
+        return 0;
+    kvf_model_config_t cfg;
+    if (kvf_model_config_load(o->model_dir, &cfg) != KVF_OK) {
+        fprintf(stderr, "%s: cannot read %s/config.json\n", prog, o->model_dir);
+        return 2;
+    }
+    geo->n_layers = cfg.n_layers;
+    geo->n_kv_heads = cfg.n_kv_heads;
+    geo->head_dim = cfg.head_dim;
+    return 0;
+}
+
+static void print_summary(const char *const *list, int nt, const tls_result_t *res,
+                          const kvf_kv_geometry_t *kv)
+{
+    size_t per_token = kvf_kv_bytes_per_token(kv);
+    printf("\nsummary (KV %s: %zu bytes per token of %d layers x %d kv heads x head dim %d):\n",
+           kvf_kv_dtype_name(kv->dtype), per_token, kv->n_layers, kv->n_kv_heads, kv->head_dim);
     for (int t = 0; t < nt; t++)
         if (res[t].ok)
-            printf("  %s: fixed cost %.2f us/batch, fitted %.2f GB/s, lowest ratio for slices >= "
-                   "64 KiB %.0f%%\n",
-                   list[t], res[t].fixed_us, res[t].fit_gbps, res[t].min_ratio_64k * 100);
+            printf("  %s: fixed cost %.2f us/batch, fitted %.2f GB/s (%.0f KV tokens/s), lowest "
+                   "ratio for slices >= 64 KiB %.0f%%\n",
+                   list[t], res[t].fixed_us, res[t].fit_gbps,
+                   res[t].fit_gbps * 1e9 / (double)per_token, res[t].min_ratio_64k * 100);
 }
 
 static cJSON *row_json(const row_t *row)
@@ -429,9 +469,12 @@ static cJSON *row_json(const row_t *row)
 
 /* The rows and each transport's fit and checksum rates, as --json FILE. */
 static int write_results_json(const char *path, const char *prog, const row_t *rows, int n_rows,
-                              const char *const *list, int nt, const tls_result_t *res)
+                              const char *const *list, int nt, const tls_result_t *res,
+                              const kvf_kv_geometry_t *kv)
 {
     cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "kv_dtype", kvf_kv_dtype_name(kv->dtype));
+    cJSON_AddNumberToObject(root, "kv_bytes_per_token", (double)kvf_kv_bytes_per_token(kv));
     cJSON *arr = cJSON_AddArrayToObject(root, "rows");
     for (int i = 0; i < n_rows; i++)
         cJSON_AddItemToArray(arr, row_json(&rows[i]));
@@ -465,6 +508,9 @@ int kvf_bench_transfer(int argc, char **argv)
         fprintf(stderr, "%s: --mode must be auto, rma or am, not '%s'\n", argv[0], o.mode);
         return 2;
     }
+    kvf_kv_geometry_t kv;
+    if (kv_token_geometry(argv[0], &o, &kv) != 0)
+        return 2;
     const char *list[2];
     int nt = 0;
     if (!o.tls || !strcmp(o.tls, "shm"))
@@ -485,9 +531,9 @@ int kvf_bench_transfer(int argc, char **argv)
     for (int t = 0; t < nt; t++)
         if (run_tls(list[t], o.mode, o.quick, rows, &n_rows, &res[t]) != 0)
             fails++;
-    print_summary(list, nt, res);
+    print_summary(list, nt, res, &kv);
     if (o.json)
-        fails += write_results_json(o.json, argv[0], rows, n_rows, list, nt, res);
+        fails += write_results_json(o.json, argv[0], rows, n_rows, list, nt, res, &kv);
     free(rows);
     return fails ? 1 : 0;
 }

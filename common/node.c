@@ -269,7 +269,14 @@ Kvf__KvGeometry kvf_node_wire_geometry(const kvf_kv_geometry_t *geo)
 {
     Kvf__KvGeometry w = KVF__KV_GEOMETRY__INIT;
     w.block_size = (uint32_t)geo->block_size;
-    w.dtype = KVF__KV_DTYPE__KV_DTYPE_F32;
+    /* kvf_kv_dtype_t is numbered as the wire's KvDtype (kvf/kv_format.h). */
+    _Static_assert((int)KVF_KV_F32 == (int)KVF__KV_DTYPE__KV_DTYPE_F32 &&
+                       (int)KVF_KV_F16 == (int)KVF__KV_DTYPE__KV_DTYPE_F16 &&
+                       (int)KVF_KV_BF16 == (int)KVF__KV_DTYPE__KV_DTYPE_BF16 &&
+                       (int)KVF_KV_FP8 == (int)KVF__KV_DTYPE__KV_DTYPE_FP8 &&
+                       (int)KVF_KV_INT8 == (int)KVF__KV_DTYPE__KV_DTYPE_INT8,
+                   "KV dtype numbering");
+    w.dtype = (Kvf__KvDtype)geo->dtype;
     w.layout = 1;
     w.n_layers = (uint32_t)geo->n_layers;
     w.n_kv_heads = (uint32_t)geo->n_kv_heads;

@@ -175,10 +175,13 @@ static void log_started(const kvf_decode_t *d)
     char be_desc[128];
     kvf_backend_describe(&d->rt.backend, be_desc, sizeof(be_desc));
     uint32_t blocks = kvf_kvpool_num_blocks(d->rt.pool);
+    const kvf_kv_geometry_t *geo = kvf_kvpool_geometry(d->rt.pool);
     kvf_log_info("model %s (%s, %d layers, vocab %d, context %u), kv pool %u blocks of %u "
-                 "tokens (%.1f MiB), max running %d, backend %s, %s transfers%s",
+                 "tokens (%.1f MiB), kv %s (%zu bytes per token), max running %d, backend %s, "
+                 "%s transfers%s",
                  d->model_dir, mc->arch_name, mc->n_layers, mc->vocab, d->max_context, blocks,
                  d->block_size, (double)blocks * (double)d->block_bytes / (1024.0 * 1024.0),
+                 kvf_kv_dtype_name(geo->dtype), kvf_kv_bytes_per_token(geo),
                  d->cfg.max_running, be_desc, d->two_sided ? "two-sided" : "one-sided",
                  d->cfg.prefill_local ? ", prefills locally" : "");
 }

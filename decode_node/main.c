@@ -48,6 +48,7 @@ static int parse_decode_flags(int argc, char **argv, decode_opts_t *o)
          "most requests held at once, reserved or decoding", NULL},
         {"threads", KVF_FLAG_INT, &o->threads, "N", "compute threads, 0: one per CPU", NULL},
         KVF_BACKEND_FLAG_ENTRIES(&o->bf),
+        KVF_KV_DTYPE_FLAG_ENTRY(&o->bf),
         {"prefill-local", KVF_FLAG_BOOL, &o->prefill_local, NULL,
          "also serve prefill requests naming this node (the colocated baseline)", NULL},
         {"block-size", KVF_FLAG_INT, &o->block_size, "N",

@@ -40,6 +40,7 @@ static int parse_prefill_flags(int argc, char **argv, prefill_opts_t *o)
          "Hugging Face model directory (required)", NULL},
         {"threads", KVF_FLAG_INT, &o->threads, "N", "compute threads; 0: one per CPU", NULL},
         KVF_BACKEND_FLAG_ENTRIES(&o->bf),
+        KVF_KV_DTYPE_FLAG_ENTRY(&o->bf),
         {"kv-mem", KVF_FLAG_SIZE, &o->kv_mem, "BYTES", "local KV pool size", NULL},
         {"max-batch-tokens", KVF_FLAG_INT, &o->max_batch_tokens, "N",
          "prompt tokens per forward; longer prompts are chunked", NULL},

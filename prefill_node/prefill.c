@@ -241,10 +241,11 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
 {
     char be_desc[128];
     kvf_backend_describe(&p->rt.backend, be_desc, sizeof(be_desc));
-    kvf_log_info("serving on %s (router %s): %u kv blocks of %d tokens, %d tokens per forward, "
-                 "backend %s",
+    kvf_log_info("serving on %s (router %s): %u kv blocks of %d tokens, kv %s (%zu bytes per "
+                 "token), %d tokens per forward, backend %s",
                  p->cfg.listen_url, p->cfg.router_url, kvf_kvpool_num_blocks(p->rt.pool),
-                 p->geo.block_size, p->cfg.max_batch_tokens, be_desc);
+                 p->geo.block_size, kvf_kv_dtype_name(p->geo.dtype),
+                 kvf_kv_bytes_per_token(&p->geo), p->cfg.max_batch_tokens, be_desc);
     (void)kvf_timer_arm_in_ms(kvf_evloop_timers(p->loop), &p->stats_timer,
                               p->cfg.stats_interval_ms);
     /* A stop signal wakes the loop after writing the flag (kvf/signals.h). */

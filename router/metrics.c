@@ -215,6 +215,13 @@ kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapsho
                   "KV handoff time of a prefill (transfer completion to the decode node).",
                   &m->handoff);
     put_auth(&sb);
+    put_header(&sb, "kvf_register_refused_total", "counter",
+               "Node registrations the router refused, by reason (invalid, model_shape, "
+               "block_size, kv_dtype, layout, fingerprint).");
+    for (int r = 0; r < KVF_ROUTER_N_REFUSALS; r++)
+        kvf_strbuf_printf(&sb, "kvf_register_refused_total{reason=\"%s\"} %llu\n",
+                          kvf_router_refusal_name((kvf_router_refusal_t)r),
+                          (unsigned long long)snap->register_refused[r]);
 
     put_header(&sb, "kvf_num_requests_waiting", "gauge",
                "Requests queued for a decode node with room.");

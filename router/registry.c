@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kvf/clock.h"
+#include "kvf/kv_format.h"
 #include "kvf/log.h"
 #include "router_internal.h"
 
@@ -106,20 +107,66 @@ static void reply_register(kvf_router_t *r, const char *url, const char *node_id
         kvf_log_warn("register reply to %s: %s", url, kvf_status_str(st));
 }
 
-/* Why reg cannot join this cluster (in msg when formatted), or NULL. */
+const char *kvf_router_refusal_name(kvf_router_refusal_t why)
+{
+    static const char *const names[KVF_ROUTER_N_REFUSALS] = {
+        [KVF_ROUTER_REFUSED_INVALID] = "invalid",
+        [KVF_ROUTER_REFUSED_MODEL_SHAPE] = "model_shape",
+        [KVF_ROUTER_REFUSED_BLOCK_SIZE] = "block_size",
+        [KVF_ROUTER_REFUSED_KV_DTYPE] = "kv_dtype",
+        [KVF_ROUTER_REFUSED_LAYOUT] = "layout",
+        [KVF_ROUTER_REFUSED_FINGERPRINT] = "fingerprint",
+    };
+    return (unsigned)why < KVF_ROUTER_N_REFUSALS ? names[why] : "?";
+}
+
+/* Why geometry g cannot join a cluster whose nodes use cg (in msg), or
+ * NULL; *reason_p says which part differs. */
+static const char *geometry_refusal(const Kvf__KvGeometry *g, const Kvf__KvGeometry *cg,
+                                    char *msg, size_t msg_len, kvf_router_refusal_t *reason_p)
+{
+    if (g->block_size != cg->block_size) {
+        *reason_p = KVF_ROUTER_REFUSED_BLOCK_SIZE;
+        snprintf(msg, msg_len, "KV block size %u differs from the cluster's %u", g->block_size,
+                 cg->block_size);
+        return msg;
+    }
+    if (g->dtype != cg->dtype) {
+        *reason_p = KVF_ROUTER_REFUSED_KV_DTYPE;
+        snprintf(msg, msg_len, "KV dtype %s differs from the cluster's %s (--kv-dtype)",
+                 kvf_kv_dtype_name((kvf_kv_dtype_t)g->dtype),
+                 kvf_kv_dtype_name((kvf_kv_dtype_t)cg->dtype));
+        return msg;
+    }
+    if (g->layout != cg->layout) {
+        *reason_p = KVF_ROUTER_REFUSED_LAYOUT;
+        snprintf(msg, msg_len, "KV layout %u differs from the cluster's %u", g->layout,
+                 cg->layout);
+        return msg;
+    }
+    return NULL;
+}
+
+/* Why reg cannot join this cluster (in msg when formatted), or NULL;
+ * *reason_p says what kind of refusal it is. */
 static const char *register_refusal(const kvf_router_t *r, const Kvf__Register *reg, char *msg,
-                                    size_t msg_len)
+                                    size_t msg_len, kvf_router_refusal_t *reason_p)
 {
     const Kvf__KvGeometry *g = reg->geometry;
-    const Kvf__KvGeometry *cg = &r->nodes.geometry;
+    *reason_p = KVF_ROUTER_REFUSED_INVALID;
     if (!*reg->node_id || strlen(reg->node_id) >= ROUTER_ID_LEN)
         return "node id missing or too long";
     if (reg->role != KVF__ROLE__ROLE_PREFILL && reg->role != KVF__ROLE__ROLE_DECODE)
         return "role must be prefill or decode";
     if (!g || g->block_size == 0 || g->block_size > 256)
         return "KV geometry missing or block size outside 1..256";
+    if (kvf_kv_dtype_name((kvf_kv_dtype_t)g->dtype)[0] == '?')
+        return "KV dtype unknown";
+    if (reg->role == KVF__ROLE__ROLE_DECODE && reg->xfer_desc.len == 0)
+        return "decode node without a transfer descriptor";
     if ((int)g->n_layers != r->model.n_layers || (int)g->n_kv_heads != r->model.n_kv_heads ||
         (int)g->head_dim != r->model.head_dim) {
+        *reason_p = KVF_ROUTER_REFUSED_MODEL_SHAPE;
         snprintf(msg, msg_len,
                  "KV geometry %u layers x %u kv heads x %u head dim does not match the model "
                  "(%d x %d x %d)",
@@ -127,22 +174,17 @@ static const char *register_refusal(const kvf_router_t *r, const Kvf__Register *
                  r->model.head_dim);
         return msg;
     }
-    if (r->nodes.have_geometry &&
-        (g->block_size != cg->block_size || g->dtype != cg->dtype || g->layout != cg->layout)) {
-        snprintf(msg, msg_len,
-                 "KV block size %u / dtype %d / layout %u differ from the cluster's (%u / %d / "
-                 "%u)",
-                 g->block_size, (int)g->dtype, g->layout, cg->block_size, (int)cg->dtype,
-                 cg->layout);
-        return msg;
+    if (r->nodes.have_geometry) {
+        const char *why = geometry_refusal(g, &r->nodes.geometry, msg, msg_len, reason_p);
+        if (why)
+            return why;
     }
     if (r->nodes.fingerprint[0] && strcmp(r->nodes.fingerprint, reg->model_fingerprint) != 0) {
+        *reason_p = KVF_ROUTER_REFUSED_FINGERPRINT;
         snprintf(msg, msg_len, "model fingerprint %.32s differs from the cluster's %s",
                  reg->model_fingerprint, r->nodes.fingerprint);
         return msg;
     }
-    if (reg->role == KVF__ROLE__ROLE_DECODE && reg->xfer_desc.len == 0)
-        return "decode node without a transfer descriptor";
     return NULL;
 }
 
@@ -193,8 +235,10 @@ void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg)
         return;
     }
     char msg[256];
-    const char *why = register_refusal(r, reg, msg, sizeof(msg));
+    kvf_router_refusal_t reason;
+    const char *why = register_refusal(r, reg, msg, sizeof(msg), &reason);
     if (why) {
+        r->count.register_refused[reason]++;
         kvf_log_warn("refused node %s at %s: %s", reg->node_id, reg->inbox_url, why);
         reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_MISMATCH, why);
         return;
@@ -350,6 +394,7 @@ kvf_status_t kvf_router_snapshot(kvf_router_t *r, kvf_router_snapshot_t *snap)
     snap->requests_running = (uint32_t)(r->count.running - r->queue_len);
     snap->n_nodes = n;
     snap->nodes = nodes;
+    memcpy(snap->register_refused, r->count.register_refused, sizeof(snap->register_refused));
     return KVF_OK;
 }
 

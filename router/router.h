@@ -139,11 +139,27 @@ typedef struct {
     uint64_t queued_tokens, dispatched;
 } kvf_router_node_info_t;
 
+/* Why the router refused a node's Register. */
+typedef enum {
+    KVF_ROUTER_REFUSED_INVALID,     /* no id, no role, no geometry, no transfer descriptor */
+    KVF_ROUTER_REFUSED_MODEL_SHAPE, /* layers / kv heads / head dim not the model's */
+    KVF_ROUTER_REFUSED_BLOCK_SIZE,  /* differs from the cluster's nodes */
+    KVF_ROUTER_REFUSED_KV_DTYPE,    /* differs from the cluster's nodes */
+    KVF_ROUTER_REFUSED_LAYOUT,      /* differs from the cluster's nodes */
+    KVF_ROUTER_REFUSED_FINGERPRINT, /* another model's weights */
+    KVF_ROUTER_N_REFUSALS
+} kvf_router_refusal_t;
+
+/* "invalid", "model_shape", "block_size", "kv_dtype", "layout",
+ * "fingerprint" (the reason label of kvf_register_refused_total). */
+const char *kvf_router_refusal_name(kvf_router_refusal_t why);
+
 typedef struct {
     uint32_t requests_queued;  /* waiting for a decode node */
     uint32_t requests_running; /* dispatched, not finished */
     size_t n_nodes;
     kvf_router_node_info_t *nodes; /* (n_nodes) */
+    uint64_t register_refused[KVF_ROUTER_N_REFUSALS]; /* Registers refused, by reason */
 } kvf_router_snapshot_t;
 
 /* KVF_OK when the cluster can serve: at least one live prefill and one

@@ -175,6 +175,7 @@ struct kvf_router {
     uint64_t seed_state; /* draws the seeds of requests that bring none */
     struct {
         uint64_t requests, running, failed, cancelled, completed, stale, malformed, redispatched;
+        uint64_t register_refused[KVF_ROUTER_N_REFUSALS]; /* by kvf_router_refusal_t */
     } count;
     kvf_metrics_t *metrics; /* owned */
 };

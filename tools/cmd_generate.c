@@ -49,12 +49,14 @@ static int parse_gen_opts(int argc, char **argv, gen_opts_t *o)
          "print only the generated ids, comma-separated, on one line", NULL},
         {"threads", KVF_FLAG_INT, &o->threads, "N", "compute threads (default: all cores)", NULL},
         KVF_BACKEND_FLAG_ENTRIES(&o->bf),
+        KVF_KV_DTYPE_FLAG_ENTRY(&o->bf),
         {"router", KVF_FLAG_STRING, &o->router, "URL",
          "generate through a running cluster's router (client URL) instead of locally", NULL},
         {"timeout-ms", KVF_FLAG_INT, &o->timeout_ms, "MS", "with --router: give up after MS of "
          "silence", NULL},
         KVF_AUTH_FLAG_ENTRY(&o->cluster_key_file),
-        {"verbose", KVF_FLAG_BOOL, &o->verbose, NULL, "timings on stderr", NULL},
+        {"verbose", KVF_FLAG_BOOL, &o->verbose, NULL,
+         "timings on stderr (here: the KV cache's format and bytes per token)", NULL},
     };
     kvf_flagset_t set = {
         .prog = argv[0],
@@ -247,6 +249,11 @@ static int generate_local(const char *prog, const gen_opts_t *o, const kvf_token
         return 1;
     int rc = 1;
     const kvf_model_config_t *cfg = &le.rt.model->cfg;
+    if (o->verbose) {
+        const kvf_kv_geometry_t *geo = kvf_kvpool_geometry(le.rt.pool);
+        fprintf(stderr, "%s: kv cache %s, %zu bytes per token\n", prog,
+                kvf_kv_dtype_name(geo->dtype), kvf_kv_bytes_per_token(geo));
+    }
     for (size_t i = 0; i < n_ids; i++) {
         if (ids[i] >= (uint32_t)cfg->vocab) {
             fprintf(stderr, "%s: prompt id %u is not below the vocabulary size %d\n", prog,

@@ -1,12 +1,15 @@
 /* kvf kvcalc: KV cache size per token, per request and per batch.
  *
- * bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per
- * element, as docs/ARCHITECTURE.md's KV layout section defines it. With --model the
+ * bytes per token = 2 (K and V) x layers x kv_heads x (head_dim x bytes per
+ * element + 4 for fp8's and int8's per-row scale): kvf_kv_bytes_per_token,
+ * the pool's own count (kvf/kvcache.h, kvf/kv_format.h). With --model the
  * geometry comes from config.json (the engine's loader) and the weights'
  * bytes from the safetensors headers, for comparison. */
 #include "commands.h"
 #include "kvf/file.h"
 #include "kvf/flags.h"
+#include "kvf/kv_format.h"
+#include "kvf/kvcache.h"
 #include "kvf/model.h"
 #include "kvf/safetensors.h"
 
@@ -18,18 +21,6 @@
 #include <unistd.h>
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
-
-static int kv_dtype_bytes(const char *name)
-{
-    static const struct {
-        const char *name;
-        int bytes;
-    } table[] = {{"f32", 4}, {"f16", 2}, {"bf16", 2}, {"fp8", 1}, {"int8", 1}};
-    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
-        if (!strcmp(name, table[i].name))
-            return table[i].bytes;
-    return 0;
-}
 
 /* Bytes of the weights on disk: the sum over model.safetensors's tensors,
  * or the total_size a sharded checkpoint's index states. */
@@ -76,7 +67,7 @@ static void print_bytes(const char *what, uint64_t bytes)
 typedef struct {
     const char *model_dir, *kv_dtype;
     int layers, kv_heads, head_dim, context, batch;
-    int elem; /* bytes per KV element, from kv_dtype */
+    kvf_kv_dtype_t dtype;   /* from kv_dtype */
     kvf_model_config_t cfg; /* with --model */
 } kvcalc_opts_t;
 
@@ -92,16 +83,17 @@ static int parse_kvcalc_opts(int argc, char **argv, kvcalc_opts_t *o)
         {"head-dim", KVF_FLAG_INT, &o->head_dim, "D", "head dimension (without --model)", NULL},
         {"context", KVF_FLAG_INT, &o->context, "N", "tokens per request (prompt + output)", NULL},
         {"batch", KVF_FLAG_INT, &o->batch, "B", "concurrent requests", NULL},
-        {"kv-dtype", KVF_FLAG_STRING, &o->kv_dtype, "f32|f16|bf16|fp8|int8", "KV element type",
-         NULL},
+        {"kv-dtype", KVF_FLAG_STRING, &o->kv_dtype, "f32|f16|bf16|fp8|int8",
+         "KV cache format (fp8 and int8 count their per-row f32 scales)", NULL},
     };
     kvf_flagset_t set = {
         .prog = argv[0],
         .usage = "(--model DIR | --layers L --kv-heads H --head-dim D) --context N [--batch B] "
                  "[--kv-dtype T]",
         .summary = "Prints the KV cache bytes per token, per request and for the batch: "
-                   "2 x layers x kv_heads x head_dim x bytes x tokens. With --model, also the "
-                   "weight bytes for comparison.",
+                   "2 x layers x kv_heads x (head_dim x bytes + 4 for an fp8/int8 scale) x "
+                   "tokens, as the nodes' pools hold it. With --model, also the weight bytes "
+                   "for comparison.",
         .flags = flags,
         .n_flags = KVF_NFLAGS(flags),
     };
@@ -110,8 +102,7 @@ static int parse_kvcalc_opts(int argc, char **argv, kvcalc_opts_t *o)
         return 0;
     if (rc < 0)
         return 2;
-    o->elem = kv_dtype_bytes(o->kv_dtype);
-    if (!o->elem) {
+    if (kvf_kv_dtype_parse(o->kv_dtype, &o->dtype) != KVF_OK) {
         fprintf(stderr, "%s: --kv-dtype must be f32, f16, bf16, fp8 or int8, not '%s'\n", argv[0],
                 o->kv_dtype);
         return 2;
@@ -160,14 +151,16 @@ int kvf_cmd_kvcalc(int argc, char **argv)
         rc = resolve_geometry(argv[0], &o);
     if (rc >= 0)
         return rc;
-    uint64_t per_token = 2ull * (uint64_t)o.layers * (uint64_t)o.kv_heads *
-                         (uint64_t)o.head_dim * (uint64_t)o.elem;
+    kvf_kv_geometry_t geo = {.n_layers = o.layers, .n_kv_heads = o.kv_heads,
+                             .head_dim = o.head_dim, .block_size = 1, .dtype = o.dtype};
+    uint64_t per_token = kvf_kv_bytes_per_token(&geo);
     uint64_t per_request = per_token * (uint64_t)o.context;
     uint64_t per_batch = per_request * (uint64_t)o.batch;
     if (o.model_dir)
         printf("%-22s %s (%s)\n", "model", o.model_dir, o.cfg.arch_name);
-    printf("%-22s layers %d, kv_heads %d, head_dim %d, kv dtype %s (%d bytes)\n", "geometry",
-           o.layers, o.kv_heads, o.head_dim, o.kv_dtype, o.elem);
+    printf("%-22s layers %d, kv_heads %d, head_dim %d, kv dtype %s (%zu bytes%s)\n", "geometry",
+           o.layers, o.kv_heads, o.head_dim, kvf_kv_dtype_name(o.dtype),
+           kvf_kv_elem_bytes(o.dtype), kvf_kv_scaled(o.dtype) ? " + a 4-byte scale per row" : "");
     printf("%-22s context %d tokens, batch %d\n", "load", o.context, o.batch);
     print_bytes("kv_bytes_per_token", per_token);
     print_bytes("kv_bytes_per_request", per_request);

@@ -17,6 +17,7 @@ int kvf_cmd_logits(int argc, char **argv)
         {"prompt-ids", KVF_FLAG_STRING, &prompt_ids, "IDS", "comma-separated token ids", NULL},
         {"threads", KVF_FLAG_INT, &threads, "N", "compute threads (default: all cores)", NULL},
         KVF_BACKEND_FLAG_ENTRIES(&bf),
+        KVF_KV_DTYPE_FLAG_ENTRY(&bf),
     };
     kvf_flagset_t set = {
         .prog = argv[0],

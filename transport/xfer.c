@@ -9,37 +9,33 @@
 #include "xfer_internal.h"
 
 #include "kvf/clock.h"
+#include "kvf/kv_format.h"
 #include "kvf/log.h"
 
 #include <stdlib.h>
 
 /* ---- geometry ------------------------------------------------------------ */
 
-static uint64_t dtype_bytes(uint32_t dtype)
-{
-    switch (dtype) {
-    case KVF_XFER_DTYPE_F32:
-        return 4;
-    case KVF_XFER_DTYPE_F16:
-    case KVF_XFER_DTYPE_BF16:
-        return 2;
-    case KVF_XFER_DTYPE_FP8:
-    case KVF_XFER_DTYPE_INT8:
-        return 1;
-    default:
-        return 0;
-    }
-}
+_Static_assert((int)KVF_XFER_DTYPE_F32 == (int)KVF_KV_F32 &&
+                   (int)KVF_XFER_DTYPE_F16 == (int)KVF_KV_F16 &&
+                   (int)KVF_XFER_DTYPE_BF16 == (int)KVF_KV_BF16 &&
+                   (int)KVF_XFER_DTYPE_FP8 == (int)KVF_KV_FP8 &&
+                   (int)KVF_XFER_DTYPE_INT8 == (int)KVF_KV_INT8,
+               "transfer dtypes are numbered as the pool's (kvf/kv_format.h)");
 
+/* A block: for each layer, K and V of block_size rows per kv head, each
+ * row its data and, for fp8/int8, its scale (kvf_kv_row_bytes; the pool
+ * puts the scales after the data, the block's size is the same). */
 uint64_t kvf_xfer_block_bytes(const kvf_xfer_geometry_t *g)
 {
-    uint64_t eb = dtype_bytes(g->dtype);
-    if (!eb || !g->block_size || !g->n_layers || !g->n_kv_heads || !g->head_dim || g->layout != 1)
+    if (g->dtype >= KVF_KV_N_DTYPES || !g->block_size || !g->n_layers || !g->n_kv_heads ||
+        !g->head_dim || g->head_dim > INT32_MAX || g->layout != 1)
         return 0;
+    uint64_t row = kvf_kv_row_bytes((kvf_kv_dtype_t)g->dtype, (int)g->head_dim);
     /* Each factor is below 2^32 and real pools are far below 2^64 bytes per
      * block; the product is checked against overflow anyway. */
-    uint64_t b = 2 * eb;
-    const uint32_t f[] = {g->block_size, g->n_layers, g->n_kv_heads, g->head_dim};
+    uint64_t b = 2;
+    const uint64_t f[] = {g->block_size, g->n_layers, g->n_kv_heads, row};
     for (int i = 0; i < 4; i++) {
         if (b > UINT64_MAX / f[i])
             return 0;
@@ -55,7 +51,7 @@ kvf_xfer_geometry_t kvf_xfer_geometry_of_pool(const kvf_kv_geometry_t *geo)
         .n_layers = (uint32_t)geo->n_layers,
         .n_kv_heads = (uint32_t)geo->n_kv_heads,
         .head_dim = (uint32_t)geo->head_dim,
-        .dtype = KVF_XFER_DTYPE_F32,
+        .dtype = (uint32_t)geo->dtype,
         .layout = 1,
     };
 }

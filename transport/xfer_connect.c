@@ -6,6 +6,7 @@
 
 #include "kvf/clock.h"
 #include "kvf/crc32c.h"
+#include "kvf/kv_format.h"
 #include "kvf/log.h"
 
 #include <stdlib.h>
@@ -156,6 +157,12 @@ static kvf_status_t desc_parse(const kvf_xfer_t *x, const uint8_t *d, size_t len
     };
     uint32_t mine, theirs;
     const char *field = geometry_diff(&x->cfg.geometry, &g, &mine, &theirs);
+    if (field && !strcmp(field, "dtype")) {
+        kvf_log_error("xfer: kv format mismatch: peer %s, local %s",
+                      kvf_kv_dtype_name((kvf_kv_dtype_t)theirs),
+                      kvf_kv_dtype_name((kvf_kv_dtype_t)mine));
+        return KVF_ERR_MISMATCH;
+    }
     if (field) {
         kvf_log_error("xfer: kv geometry mismatch: peer %s %u, local %u", field, theirs, mine);
         return KVF_ERR_MISMATCH;

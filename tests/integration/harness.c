@@ -568,11 +568,14 @@ static char *colocated_cmd(const char *model, const h_gen_t *g, bool ids)
     assert_non_null(cmd);
     int off = snprintf(cmd, cap, "%s/kvf generate --model %s --threads 1%s --max-tokens %u",
                        bin_dir(), model, ids ? " --ids" : "", g->max_tokens);
-    /* The nodes read KVF_BACKEND / KVF_GPU_DTYPE / KVF_DEVICE from the
-     * environment (a cluster test on a GPU): the reference runs on the same
-     * backend. */
-    const char *env_flags[][2] = {
-        {"KVF_BACKEND", "backend"}, {"KVF_GPU_DTYPE", "gpu-dtype"}, {"KVF_DEVICE", "device"}};
+    /* The nodes read KVF_BACKEND / KVF_GPU_DTYPE / KVF_DEVICE /
+     * KVF_KV_DTYPE from the environment (a cluster test on a GPU, or in
+     * another KV format): the reference runs on the same backend with the
+     * same KV cache. */
+    const char *env_flags[][2] = {{"KVF_BACKEND", "backend"},
+                                  {"KVF_GPU_DTYPE", "gpu-dtype"},
+                                  {"KVF_DEVICE", "device"},
+                                  {"KVF_KV_DTYPE", "kv-dtype"}};
     for (size_t i = 0; i < sizeof(env_flags) / sizeof(env_flags[0]); i++) {
         const char *v = getenv(env_flags[i][0]);
         if (v && *v)

@@ -2,7 +2,7 @@
  * processes on 127.0.0.1. Every greedy output must equal the colocated
  * `kvf generate` token for token and byte for byte of its text (some of
  * which holds U+0000), and every node must hold 0 KV blocks once the
- * requests are done. Also: cancel, KvAlloc refusal (queue and retry), a
+ * requests are done, in every KV format. Also: cancel, KvAlloc refusal (queue and retry), a
  * decode node joining while serving, and invalid requests. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -176,6 +176,80 @@ static void test_split_gemma2(void **state)
 {
     (void)state;
     split_golden("tiny-gemma2-f32", 2);
+}
+
+/* Whether process i's log holds text (its startup line names its KV
+ * format). */
+static bool log_holds(const h_cluster_t *c, int i, const char *text)
+{
+    FILE *f = fopen(c->procs[i].log, "r");
+    if (!f)
+        return false;
+    char line[2048];
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f))
+        found = strstr(line, text) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* Split equals colocated in every KV format, both sides on the same one
+ * (KVF_KV_DTYPE reaches the nodes and the colocated `kvf generate
+ * --kv-dtype`): a third of the requests, prompts of 1..600 tokens, on one
+ * prefill and one decode node; every block comes back. The formats are
+ * KVF_TEST_KV_DTYPES (comma-separated) when set, else all five. */
+static void test_split_every_kv_dtype(void **state)
+{
+    (void)state;
+    const char *list = getenv("KVF_TEST_KV_DTYPES");
+    char names[64];
+    snprintf(names, sizeof(names), "%s", list && *list ? list : "f32,bf16,f16,fp8,int8");
+    enum { N = N_REQ / 3 };
+    char *save = NULL;
+    for (char *dt = strtok_r(names, ",", &save); dt; dt = strtok_r(NULL, ",", &save)) {
+        fprintf(stderr, "split = colocated with --kv-dtype %s\n", dt);
+        assert_int_equal(setenv("KVF_KV_DTYPE", dt, 1), 0);
+        h_gen_t g[N];
+        uint32_t *ref[N];
+        size_t n_ref[N];
+        for (int i = 0; i < N; i++) {
+            g[i] = reqs[3 * i];
+            g[i].out = NULL;
+            g[i].out_text = NULL;
+            g[i].n_out = g[i].cap_out = g[i].n_text = 0;
+            ref[i] = h_colocated(model_dir, &g[i], &n_ref[i]);
+        }
+        h_cluster_t c;
+        h_cluster_init(&c, model_dir, "sm,self");
+        h_start_router(&c, NULL);
+        int nodes[2] = {h_start_node(&c, "decode", "decode-0", NULL),
+                        h_start_node(&c, "prefill", "prefill-0", NULL)};
+        h_wait_nodes(&c, 2, 120000);
+        char want[32];
+        snprintf(want, sizeof(want), " kv %s (", dt);
+        for (int k = 0; k < 2; k++) /* the nodes' pools are in that format */
+            if (!log_holds(&c, nodes[k], want)) {
+                h_cluster_stop(&c, true);
+                fail_msg("node %d does not say '%s'", k, want);
+            }
+        h_generate_many(&c, g, N, NULL, 240000);
+        h_check_outputs(&c, g, ref, n_ref, N, H_FINISH_STOP | H_FINISH_LENGTH);
+        h_wait_no_blocks_used(&c, 30000);
+        h_cluster_stop(&c, false);
+        for (int i = 0; i < N; i++) {
+            free(ref[i]);
+            h_gen_free(&g[i]);
+        }
+    }
+    unsetenv("KVF_KV_DTYPE");
+}
+
+/* h_teardown, and the next tests back on the default KV format even when
+ * this one failed with KVF_KV_DTYPE set. */
+static int kv_dtype_teardown(void **state)
+{
+    unsetenv("KVF_KV_DTYPE");
+    return h_teardown(state);
 }
 
 /* Two requests that cannot both fit the decode node's pool: the second is
@@ -370,6 +444,7 @@ int main(void)
         cmocka_unit_test_teardown(test_2_prefill_3_decode_tcp, h_teardown),
         cmocka_unit_test_teardown(test_split_qwen3_sliding_window, h_teardown),
         cmocka_unit_test_teardown(test_split_gemma2, h_teardown),
+        cmocka_unit_test_teardown(test_split_every_kv_dtype, kv_dtype_teardown),
         cmocka_unit_test_teardown(test_refusal, h_teardown),
         cmocka_unit_test_teardown(test_cancel, h_teardown),
         cmocka_unit_test_teardown(test_decode_node_joins, h_teardown),

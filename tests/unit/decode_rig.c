@@ -20,8 +20,37 @@
 #include "kvf/file.h"
 #include "kvf/sampling.h"
 #include "kvf/tokenizer.h"
+#include "support.h"
 
 /* ---- golden data ---------------------------------------------------------- */
+
+/* Prompt p's greedy continuation with a KV cache in format dt (recomputed
+ * from scratch each token: cache = no-cache, bit for bit), for a node
+ * whose pool is not f32: the golden ids are f32's. */
+static void greedy_in_format(drig_prompt_t *p, kvf_kv_dtype_t dt)
+{
+    kvf_model_t *model = NULL;
+    assert_int_equal(kvf_model_load(DRIG_MODEL_DIR, &model), KVF_OK);
+    kvf_test_rig_t tr;
+    kvf_test_rig_open_kv(&tr, model, DRIG_BLOCK_SIZE, 64, kvf_cpu_isa_best(), 1,
+                         KVF_CPU_WEIGHTS_NATIVE, dt);
+    uint32_t ids[64 + DRIG_N_GREEDY];
+    int n = p->n_ids;
+    memcpy(ids, p->ids, (size_t)n * sizeof(*ids));
+    float *logits = malloc((size_t)model->cfg.vocab * sizeof(float));
+    assert_non_null(logits);
+    for (int i = 0; i < DRIG_N_GREEDY; i++) {
+        kvf_block_table_t bt;
+        kvf_block_table_init(&bt);
+        kvf_test_run_chunked(&tr, &bt, ids, n, n, NULL, logits);
+        kvf_block_table_release(&bt, tr.pool);
+        kvf_block_table_fini(&bt);
+        p->greedy[i] = ids[n++] = kvf_sample_argmax(logits, model->cfg.vocab);
+    }
+    free(logits);
+    kvf_test_rig_close(&tr);
+    kvf_model_destroy(model);
+}
 
 static void load_golden(drig_t *h)
 {
@@ -45,6 +74,8 @@ static void load_golden(drig_t *h)
         assert_int_equal(cJSON_GetArraySize(greedy), DRIG_N_GREEDY);
         for (int i = 0; i < DRIG_N_GREEDY; i++)
             h->prompts[p].greedy[i] = (uint32_t)cJSON_GetArrayItem(greedy, i)->valuedouble;
+        if (kvf_test_env_kv_dtype() != KVF_KV_F32)
+            greedy_in_format(&h->prompts[p], kvf_test_env_kv_dtype());
     }
     cJSON_Delete(root);
     free(text);
@@ -120,6 +151,7 @@ static void on_register(drig_t *h, const Kvf__Register *r)
     assert_int_equal(r->role, KVF__ROLE__ROLE_DECODE);
     assert_string_equal(r->node_id, "dec-test");
     assert_int_equal(r->geometry->block_size, DRIG_BLOCK_SIZE);
+    assert_int_equal(r->geometry->dtype, kvf_test_env_kv_dtype()); /* the pool's format */
     assert_int_equal(r->geometry->n_layers, 2);
     assert_int_equal(r->geometry->n_kv_heads, 2);
     assert_int_equal(r->geometry->head_dim, 16);
@@ -427,7 +459,8 @@ void drig_check_golden(drig_t *h, uint64_t req_id, const drig_prompt_t *g)
 void drig_prefill_open(drig_t *h, drig_prefill_t *f)
 {
     assert_int_equal(kvf_model_load(DRIG_MODEL_DIR, &f->model), KVF_OK);
-    kvf_kv_geometry_t geo = kvf_engine_kv_geometry(f->model, DRIG_BLOCK_SIZE, KVF_KV_F32);
+    kvf_kv_geometry_t geo =
+        kvf_engine_kv_geometry(f->model, DRIG_BLOCK_SIZE, kvf_test_env_kv_dtype());
     assert_int_equal(kvf_kvpool_create(&geo, 64, &f->pool), KVF_OK);
     assert_int_equal(kvf_backend_cpu_create(1, &f->be), KVF_OK);
     assert_int_equal(kvf_engine_create(f->model, &f->be, f->pool, &f->engine), KVF_OK);
@@ -436,12 +469,7 @@ void drig_prefill_open(drig_t *h, drig_prefill_t *f)
         .mem_type = KVF_XFER_MEM_HOST,
         .pool = kvf_kvpool_base(f->pool),
         .pool_bytes = kvf_kvpool_bytes(f->pool),
-        .geometry = {.block_size = DRIG_BLOCK_SIZE,
-                     .n_layers = 2,
-                     .n_kv_heads = 2,
-                     .head_dim = 16,
-                     .dtype = KVF_XFER_DTYPE_F32,
-                     .layout = 1},
+        .geometry = kvf_xfer_geometry_of_pool(&geo),
     };
     assert_int_equal(kvf_xfer_create(&xc, &f->xfer), KVF_OK);
     assert_int_equal(kvf_xfer_connect(f->xfer, h->desc, h->desc_len, &f->peer), KVF_OK);

@@ -10,6 +10,7 @@
 #include "kvf/backend.h"
 #include "kvf/clock.h"
 #include "kvf/engine.h"
+#include "kvf/kv_format.h"
 #include "kvf/sampling.h"
 #include "kvf/sampling_msg.h"
 #include "support.h"
@@ -130,18 +131,13 @@ void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *
     else
         snprintf(dir, sizeof(dir), "%s/golden/tiny-llama-f32", KVF_TEST_DATA);
     assert_int_equal(kvf_model_load(dir, &r->model), KVF_OK);
-    r->geo = kvf_engine_kv_geometry(r->model, 16, KVF_KV_F32);
+    r->geo = kvf_engine_kv_geometry(r->model, 16, kvf_test_env_kv_dtype());
     assert_int_equal(kvf_kvpool_create(&r->geo, 256, &r->dpool), KVF_OK);
     kvf_xfer_config_t xc = {
         .backend = KVF_XFER_UCX,
         .pool = kvf_kvpool_base(r->dpool),
         .pool_bytes = kvf_kvpool_bytes(r->dpool),
-        .geometry = {.block_size = 16,
-                     .n_layers = (uint32_t)r->geo.n_layers,
-                     .n_kv_heads = (uint32_t)r->geo.n_kv_heads,
-                     .head_dim = (uint32_t)r->geo.head_dim,
-                     .dtype = KVF_XFER_DTYPE_F32,
-                     .layout = 1},
+        .geometry = kvf_xfer_geometry_of_pool(&r->geo),
     };
     assert_int_equal(kvf_xfer_create(&xc, &r->dxfer), KVF_OK);
     assert_int_equal(kvf_xfer_export(r->dxfer, &r->desc, &r->desc_len), KVF_OK);
@@ -181,6 +177,7 @@ void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *
     assert_string_equal(reg->model_fingerprint, kvf_model_fingerprint(r->model));
     assert_non_null(reg->geometry);
     assert_int_equal(reg->geometry->block_size, 16);
+    assert_int_equal(reg->geometry->dtype, r->geo.dtype); /* the node's pool format */
     assert_int_equal(reg->geometry->n_layers, (uint32_t)r->geo.n_layers);
     assert_true(reg->capacity_blocks > 0);
     snprintf(r->prefill_id, sizeof(r->prefill_id), "%s", reg->node_id);
@@ -374,19 +371,33 @@ void rig_reference(rig_t *r, const uint32_t *ids, uint32_t n, const Kvf__Samplin
     kvf_backend_destroy(&be);
 }
 
+#define RIG_HEAD_DIM_MAX 512
+
+/* Row slot of (block, layer, kv, head) of pool, read back in f32 in any
+ * format. */
+static void read_row(const kvf_kvpool_t *pool, uint32_t block, int layer, int kv, int head,
+                     uint32_t slot, float *out)
+{
+    const kvf_kv_geometry_t *g = kvf_kvpool_geometry(pool);
+    const uint8_t *data = kvf_kvpool_head_data(pool, block, layer, kv, head);
+    const float *scales = kvf_kvpool_head_scales(pool, block, layer, kv, head);
+    kvf_kv_decode_row(g->dtype, data + (size_t)slot * g->head_dim * kvf_kv_elem_bytes(g->dtype),
+                      scales ? scales[slot] : 1.0f, g->head_dim, out);
+}
+
 double rig_compare_kv(rig_t *r, const uint32_t *dblocks, const rig_ref_t *ref, uint32_t n)
 {
     double worst = 0;
     const kvf_kv_geometry_t *g = &r->geo;
+    assert_true(g->head_dim <= RIG_HEAD_DIM_MAX);
     for (uint32_t t = 0; t < n; t++) {
         uint32_t b = t / 16, slot = t % 16;
         for (int l = 0; l < g->n_layers; l++)
             for (int kv = 0; kv < 2; kv++)
                 for (int h = 0; h < g->n_kv_heads; h++) {
-                    const float *x =
-                        kvf_kvpool_head(r->dpool, dblocks[b], l, kv, h) + slot * g->head_dim;
-                    const float *y =
-                        kvf_kvpool_head(ref->pool, ref->blocks[b], l, kv, h) + slot * g->head_dim;
+                    float x[RIG_HEAD_DIM_MAX], y[RIG_HEAD_DIM_MAX];
+                    read_row(r->dpool, dblocks[b], l, kv, h, slot, x);
+                    read_row(ref->pool, ref->blocks[b], l, kv, h, slot, y);
                     for (int d = 0; d < g->head_dim; d++) {
                         double diff = fabs((double)x[d] - (double)y[d]);
                         if (!(diff <= worst))

@@ -192,6 +192,15 @@ void kvf_test_rig_open_kv(kvf_test_rig_t *r, kvf_model_t *model, int block_size,
     assert_int_equal(kvf_engine_create(model, &r->be, r->pool, &r->engine), KVF_OK);
 }
 
+kvf_kv_dtype_t kvf_test_env_kv_dtype(void)
+{
+    const char *name = getenv("KVF_KV_DTYPE");
+    kvf_kv_dtype_t dt = KVF_KV_F32;
+    if (name && *name)
+        assert_int_equal(kvf_kv_dtype_parse(name, &dt), KVF_OK);
+    return dt;
+}
+
 /* Two threads on the best instruction set here. */
 void kvf_test_rig_open(kvf_test_rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks)
 {

@@ -81,6 +81,10 @@ void kvf_test_rig_open_isa(kvf_test_rig_t *r, kvf_model_t *model, int block_size
 void kvf_test_rig_open_kv(kvf_test_rig_t *r, kvf_model_t *model, int block_size,
                           uint32_t num_blocks, kvf_cpu_isa_t isa, int threads,
                           kvf_cpu_weights_t weights, kvf_kv_dtype_t dtype);
+/* The KV format the node tests run in: $KVF_KV_DTYPE (which the nodes
+ * they start read too), f32 when unset. */
+kvf_kv_dtype_t kvf_test_env_kv_dtype(void);
+
 /* Two threads on the best instruction set here. */
 void kvf_test_rig_open(kvf_test_rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks);
 void kvf_test_rig_close(kvf_test_rig_t *r);

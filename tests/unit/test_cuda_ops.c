@@ -369,6 +369,7 @@ static void test_backend_flags(void **state)
     kvf_backend_flags_t f = {0};
     assert_int_equal(kvf_backend_flags_apply(&f, &sc), KVF_OK);
     assert_int_equal(sc.backend, KVF_BACKEND_CPU);
+    assert_int_equal(sc.kv_dtype, KVF_KV_F32); /* the CPU's default KV format */
     f = (kvf_backend_flags_t){
         .backend = "cuda", .device = 1, .gpu_dtype = "f16", .no_graphs = true};
     assert_int_equal(kvf_backend_flags_apply(&f, &sc), KVF_OK);
@@ -380,6 +381,16 @@ static void test_backend_flags(void **state)
     assert_int_equal(kvf_backend_flags_apply(&f, &sc), KVF_OK);
     assert_int_equal(sc.cuda.wdtype, KVF_DTYPE_BF16);
     assert_true(sc.cuda.cuda_graphs);
+    assert_int_equal(sc.kv_dtype, KVF_KV_BF16); /* the GPU's default KV format */
+    f = (kvf_backend_flags_t){.backend = "cuda", .kv_dtype = "f32"};
+    assert_int_equal(kvf_backend_flags_apply(&f, &sc), KVF_OK);
+    assert_int_equal(sc.kv_dtype, KVF_KV_F32);
+    f = (kvf_backend_flags_t){.kv_dtype = "int8"};
+    assert_int_equal(kvf_backend_flags_apply(&f, &sc), KVF_OK);
+    assert_int_equal(sc.kv_dtype, KVF_KV_INT8);
+    f = (kvf_backend_flags_t){.kv_dtype = "fp4"};
+    assert_int_equal(kvf_backend_flags_apply(&f, &sc), KVF_ERR_INVAL);
+    assert_int_equal(sc.kv_dtype, KVF_KV_INT8); /* left as it was */
     f = (kvf_backend_flags_t){.backend = "tpu"};
     assert_int_equal(kvf_backend_flags_apply(&f, &sc), KVF_ERR_INVAL);
     f = (kvf_backend_flags_t){.backend = "cuda", .gpu_dtype = "int4"};

@@ -588,8 +588,9 @@ static void test_kvcalc(void **state)
                              "--kv-dtype int8",
                          &out),
                      0);
-    assert_int_equal(kvcalc_value(out, "kv_bytes_per_token"), 32);
-    assert_int_equal(kvcalc_value(out, "kv_bytes_batch"), 320);
+    /* 2 x 2 layers x 1 head x (8 bytes + a 4-byte scale) */
+    assert_int_equal(kvcalc_value(out, "kv_bytes_per_token"), 48);
+    assert_int_equal(kvcalc_value(out, "kv_bytes_batch"), 480);
     free(out);
     /* --model: geometry from config.json, weights from the safetensors */
     assert_int_equal(run(KVF " kvcalc --model " KVF_TEST_DATA "/golden/tiny-qwen2-bf16 "

@@ -3,8 +3,9 @@
  * restarted node took, resolves to nothing), the deadlines are timers
  * on the router's loop (the queue timeout, the request timeout, a node's
  * missed heartbeats) that fire without any other event, and text holding
- * U+0000 reaches a native client whole. The router's internals are driven
- * directly on this thread, as its loop would. */
+ * U+0000 reaches a native client whole, and a node whose KV format or
+ * block size differs from the cluster's is refused. The router's
+ * internals are driven directly on this thread, as its loop would. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -20,6 +21,7 @@
 #include "kvf/clock.h"
 #include "kvf/tokenizer.h"
 #include "kvf/clientsock.h"
+#include "metrics.h"
 #include "router_internal.h"
 
 #define MODEL KVF_TEST_DATA "/golden/tiny-llama-f32"
@@ -74,12 +76,16 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Registers a node of role at inbox url (one of the fixture's). */
-static void register_node(fixture_t *fx, Kvf__Role role, const char *id, const char *url)
+/* Registers a node of role at inbox url (one of the fixture's) whose pool
+ * has the given block size and KV format. */
+static void register_node_pool(fixture_t *fx, Kvf__Role role, const char *id, const char *url,
+                               uint32_t block_size, Kvf__KvDtype dtype)
 {
     const kvf_model_config_t *m = kvf_router_model(fx->r);
     Kvf__KvGeometry g = KVF__KV_GEOMETRY__INIT;
-    g.block_size = 16;
+    g.block_size = block_size;
+    g.dtype = dtype;
+    g.layout = 1;
     g.n_layers = (uint32_t)m->n_layers;
     g.n_kv_heads = (uint32_t)m->n_kv_heads;
     g.head_dim = (uint32_t)m->head_dim;
@@ -94,6 +100,12 @@ static void register_node(fixture_t *fx, Kvf__Role role, const char *id, const c
     reg.xfer_desc.data = desc;
     reg.xfer_desc.len = sizeof(desc);
     kvf_router__on_register(fx->r, &reg);
+}
+
+/* Registers a node of role at inbox url: 16-token f32 blocks. */
+static void register_node(fixture_t *fx, Kvf__Role role, const char *id, const char *url)
+{
+    register_node_pool(fx, role, id, url, 16, KVF__KV_DTYPE__KV_DTYPE_F32);
 }
 
 static void register_decode(fixture_t *fx, const char *id, const char *url)
@@ -458,6 +470,75 @@ static void test_nul_text_to_native_client(void **state)
     kvf_client_destroy(client);
 }
 
+/* The RegisterReply fixture node `node` got: its status, and its error
+ * (copied into err). */
+static kvf_status_t register_reply(fixture_t *fx, int node, char *err, size_t err_len)
+{
+    kvf_envelope_t *env = node_recv(fx, node, KVF__ENVELOPE__BODY_REGISTER_REPLY, 5000);
+    assert_non_null(env);
+    kvf_status_t st = env->register_reply->status;
+    snprintf(err, err_len, "%s", env->register_reply->error ? env->register_reply->error : "");
+    kvf_envelope_free(env);
+    return st;
+}
+
+/* The value of the metrics line that starts with `line` in the router's
+ * /metrics text. */
+static unsigned long long metric(fixture_t *fx, const char *line)
+{
+    kvf_router_snapshot_t snap;
+    assert_int_equal(kvf_router_snapshot(fx->r, &snap), KVF_OK);
+    char *text;
+    size_t len;
+    assert_int_equal(kvf_metrics_render(kvf_router_metrics(fx->r), &snap, &text, &len), KVF_OK);
+    kvf_router_snapshot_fini(&snap);
+    const char *p = strstr(text, line);
+    if (!p)
+        fail_msg("no %s in:\n%s", line, text);
+    unsigned long long v = strtoull(p + strlen(line), NULL, 10);
+    free(text);
+    return v;
+}
+
+/* The first node fixes the cluster's KV block size and format: a node
+ * with another format or block size is refused with both named, the
+ * refusal is counted by reason in /metrics, and a node matching the
+ * cluster still joins. */
+static void test_register_refuses_other_kv_format(void **state)
+{
+    fixture_t *fx = *state;
+    char err[256];
+    register_decode(fx, "d1", fx->urls[2]);
+    assert_int_equal(register_reply(fx, 0, err, sizeof(err)), KVF_OK);
+    assert_int_equal(metric(fx, "kvf_register_refused_total{reason=\"kv_dtype\"} "), 0);
+
+    register_node_pool(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3], 16,
+                       KVF__KV_DTYPE__KV_DTYPE_BF16);
+    assert_int_equal(register_reply(fx, 1, err, sizeof(err)), KVF_ERR_MISMATCH);
+    assert_non_null(strstr(err, "KV dtype bf16 differs from the cluster's f32"));
+    assert_null(node_named(fx, "p1"));
+    register_node_pool(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3], 16,
+                       KVF__KV_DTYPE__KV_DTYPE_INT8);
+    assert_int_equal(register_reply(fx, 1, err, sizeof(err)), KVF_ERR_MISMATCH);
+    assert_non_null(strstr(err, "KV dtype int8 differs from the cluster's f32"));
+    register_node_pool(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3], 32,
+                       KVF__KV_DTYPE__KV_DTYPE_F32);
+    assert_int_equal(register_reply(fx, 1, err, sizeof(err)), KVF_ERR_MISMATCH);
+    assert_non_null(strstr(err, "KV block size 32 differs from the cluster's 16"));
+    register_node_pool(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3], 16, (Kvf__KvDtype)9);
+    assert_int_equal(register_reply(fx, 1, err, sizeof(err)), KVF_ERR_MISMATCH);
+    assert_null(node_named(fx, "p1"));
+
+    assert_int_equal(metric(fx, "kvf_register_refused_total{reason=\"kv_dtype\"} "), 2);
+    assert_int_equal(metric(fx, "kvf_register_refused_total{reason=\"block_size\"} "), 1);
+    assert_int_equal(metric(fx, "kvf_register_refused_total{reason=\"invalid\"} "), 1);
+    assert_int_equal(metric(fx, "kvf_register_refused_total{reason=\"fingerprint\"} "), 0);
+
+    register_node(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
+    assert_int_equal(register_reply(fx, 1, err, sizeof(err)), KVF_OK);
+    assert_non_null(node_named(fx, "p1"));
+}
+
 /* A native client's prompt is bytes: text holding U+0000 is tokenized
  * whole, not cut at the NUL. */
 static void test_nul_prompt_from_native_client(void **state)
@@ -505,6 +586,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_missed_heartbeats, setup_slow, teardown),
         cmocka_unit_test_setup_teardown(test_nul_text_to_native_client, setup_slow, teardown),
         cmocka_unit_test_setup_teardown(test_nul_prompt_from_native_client, setup_slow, teardown),
+        cmocka_unit_test_setup_teardown(test_register_refuses_other_kv_format, setup_slow,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,6 @@
 /* Transfers when things go wrong, in the rig of xfer_rig.h: damaged
- * descriptors and slices outside a pool (refused), fencing
+ * descriptors, slices outside a pool and a peer with another KV format
+ * (refused), fencing
  * (completions without a live (req_id, epoch), cancelled reservations and
  * when their blocks come back), a receiver SIGKILLed while batches flow
  * (the sender sees an error, never hangs) and a sender SIGKILLed
@@ -16,6 +17,7 @@
 #include "kvf/clock.h"
 #include "kvf/crc32c.h"
 #include "kvf/hex.h"
+#include "kvf/kv_format.h"
 #include "kvf/log.h"
 
 #include <inttypes.h>
@@ -94,6 +96,64 @@ static void test_descriptor_checks(void **state)
     kvf_xfer_destroy(x);
     xrig_quit(p);
     free(d);
+    free(pool);
+    free(p);
+}
+
+/* A block's bytes are the pool's for every KV format (fp8/int8 scales
+ * counted), and a receiver whose pool has another format never pairs:
+ * an int8 receiver refuses an f32 sender, and takes an int8 sender's
+ * block whole, scales included. */
+static void test_kv_format_pairing(void **state)
+{
+    (void)state;
+    for (int dt = 0; dt < KVF_KV_N_DTYPES; dt++) {
+        kvf_kv_geometry_t pg = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 64,
+                                .block_size = 16, .dtype = (kvf_kv_dtype_t)dt};
+        kvf_xfer_geometry_t xg = kvf_xfer_geometry_of_pool(&pg);
+        assert_int_equal(xg.dtype, dt);
+        assert_int_equal(kvf_xfer_block_bytes(&xg), kvf_kv_block_bytes(&pg));
+    }
+    kvf_xfer_geometry_t g8 = xrig_geom;
+    g8.dtype = KVF_XFER_DTYPE_INT8;
+    const uint64_t bb = kvf_xfer_block_bytes(&g8), pool_bytes = 64 * bb;
+    assert_int_equal(bb, 2ull * 2 * 2 * 16 * (64 + 4));
+    g8.dtype = 99;
+    assert_int_equal(kvf_xfer_block_bytes(&g8), 0);
+    g8.dtype = KVF_XFER_DTYPE_INT8;
+
+    xrig_use_tls("sm,self");
+    char pool_arg[32];
+    snprintf(pool_arg, sizeof(pool_arg), "%" PRIu64, pool_bytes);
+    const char *args[] = {"--kv-dtype", "int8", "--pool-bytes", pool_arg, NULL};
+    xrig_peer_t *p = malloc(sizeof(*p));
+    xrig_spawn(p, args);
+    uint8_t *f32_pool = malloc(XRIG_POOL);
+    kvf_xfer_t *x = xrig_sender_create(f32_pool, 5000, false);
+    kvf_xfer_peer_t *peer = NULL;
+    assert_int_equal(kvf_xfer_connect(x, p->desc, p->desc_len, &peer), KVF_ERR_MISMATCH);
+    assert_null(peer);
+    kvf_xfer_destroy(x);
+    free(f32_pool);
+
+    uint8_t *pool = malloc(pool_bytes), *got = malloc(bb);
+    xrig_fill_pattern(pool, pool_bytes, 5);
+    kvf_xfer_config_t cfg = {.backend = KVF_XFER_UCX, .pool = pool, .pool_bytes = pool_bytes,
+                             .geometry = g8, .timeout_ms = 5000};
+    assert_int_equal(kvf_xfer_create(&cfg, &x), KVF_OK);
+    assert_int_equal(kvf_xfer_connect(x, p->desc, p->desc_len, &peer), KVF_OK);
+    char cmd[128], reply[64];
+    snprintf(cmd, sizeof(cmd), "reserve 3 1 60000 %" PRIu64 ":%" PRIu64, 7 * bb, bb);
+    xrig_ok(p, cmd);
+    kvf_xfer_slice_t s = {2 * bb, 7 * bb, bb}; /* block 2 here into block 7 there */
+    assert_int_equal(xrig_post_wait(peer, 3, 1, &s, 1, KVF_XFER_LAST), KVF_OK);
+    xrig_wait_landed(p, 1, 10000);
+    xrig_cmd(p, reply, sizeof(reply), "dump %" PRIu64 " %" PRIu64, 7 * bb, bb);
+    assert_int_equal(xrig_read(p, got, bb), 0);
+    assert_memory_equal(got, pool + 2 * bb, bb);
+    kvf_xfer_destroy(x);
+    xrig_quit(p);
+    free(got);
     free(pool);
     free(p);
 }
@@ -396,6 +456,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         /* what the transport refuses */
         cmocka_unit_test(test_descriptor_checks),
+        cmocka_unit_test(test_kv_format_pairing),
         cmocka_unit_test(test_fencing),
         /* a process dies mid-transfer */
         cmocka_unit_test(test_shm_peer_killed),

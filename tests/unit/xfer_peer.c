@@ -11,13 +11,14 @@
  *   fill SEED          fills the pool with a pattern  -> "ok"
  *   dump OFF LEN       -> "dump LEN" then LEN raw bytes
  *   quit               -> exits 0 after closing the transport
- * Options: --pool-bytes N --head-dim N --checksum --grace-ms N --alloc
- *          --two-sided
+ * Options: --pool-bytes N --head-dim N --kv-dtype NAME --checksum --grace-ms N
+ *          --alloc --two-sided
  *
  * With --send HEXDESC it is a sender instead: it connects to that
  * descriptor, prints "sending" after its first batch, and posts batches of
  * request 77 epoch 1 (8 slices of 64 KiB) until it fails or is killed. */
 #include "kvf/clock.h"
+#include "kvf/kv_format.h"
 #include "kvf/hex.h"
 #include "kvf/log.h"
 #include "kvf/xfer.h"
@@ -295,7 +296,12 @@ static int parse_args(int argc, char **argv, peer_opts_t *o)
             o->cfg.pool_bytes = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc)
             o->cfg.geometry.head_dim = (uint32_t)strtoul(argv[++i], NULL, 0);
-        else if (!strcmp(argv[i], "--n-layers") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--kv-dtype") && i + 1 < argc) {
+            kvf_kv_dtype_t dt;
+            if (kvf_kv_dtype_parse(argv[++i], &dt) != KVF_OK)
+                return 2;
+            o->cfg.geometry.dtype = (uint32_t)dt;
+        } else if (!strcmp(argv[i], "--n-layers") && i + 1 < argc)
             o->cfg.geometry.n_layers = (uint32_t)strtoul(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--grace-ms") && i + 1 < argc)
             o->cfg.grace_ms = (uint32_t)strtoul(argv[++i], NULL, 0);

@@ -3,7 +3,9 @@
  * command that runs an engine: kvf generate, kvf logits, kvf bench engine,
  * kvf-prefill, kvf-decode. A command puts KVF_BACKEND_FLAG_ENTRIES in its
  * flag table (kvf/flags.h) and turns the parsed strings into an engine
- * stack's configuration (kvf/engine.h) with kvf_backend_flags_apply(). */
+ * stack's configuration (kvf/engine.h) with kvf_backend_flags_apply().
+ * The commands that let the KV cache's format be chosen (the nodes, kvf
+ * generate, kvf logits) add KVF_KV_DTYPE_FLAG_ENTRY (--kv-dtype). */
 #ifndef KVF_BACKEND_FLAGS_H
 #define KVF_BACKEND_FLAGS_H
 
@@ -24,7 +26,15 @@ typedef struct {
     const char *gpu_dtype; /* weights on the GPU: "bf16" (default), "f16", "f32" */
     bool no_graphs;        /* do not replay CUDA graphs */
     const char *cpu_dtype; /* CPU weight matrices: "native" (default) or "f32" */
+    const char *kv_dtype;  /* KV cache format (kvf/kv_format.h); NULL: the backend's default */
 } kvf_backend_flags_t;
+
+/* The KV cache format when --kv-dtype is not given: f32 on the CPU (its
+ * kernels are exact in f32 and memory is plentiful), bf16 on the GPU
+ * (half the HBM and half the bytes shipped per token; the reasoning is in
+ * docs/numerics.md). */
+#define KVF_KV_DTYPE_DEFAULT_CPU KVF_KV_F32
+#define KVF_KV_DTYPE_DEFAULT_CUDA KVF_KV_BF16
 
 /* kvf_flag_t entries for a kvf_backend_flags_t *f (one a line: clang-format
  * would join them into one). */
@@ -40,11 +50,17 @@ typedef struct {
     {"cpu-dtype", KVF_FLAG_STRING, &(f)->cpu_dtype, "native|f32",                                  \
      "CPU weights: as the checkpoint stores them (bf16/f16 stay 2 bytes) or widened to f32; "      \
      "same results", NULL}
+
+#define KVF_KV_DTYPE_FLAG_ENTRY(f)                                                                 \
+    {"kv-dtype", KVF_FLAG_STRING, &(f)->kv_dtype, "f32|bf16|f16|fp8|int8",                         \
+     "KV cache format (default f32 on the CPU, bf16 with --backend cuda); must match the "        \
+     "cluster's nodes", NULL}
 /* clang-format on */
 
-/* Parses f into cfg->backend, cfg->cuda and cfg->cpu_weights. KVF_ERR_INVAL
- * (logged) for an unknown backend or dtype, or a negative device; cfg is
- * left as it was then. */
+/* Parses f into cfg->backend, cfg->cuda, cfg->cpu_weights and
+ * cfg->kv_dtype (the backend's default when f->kv_dtype is NULL).
+ * KVF_ERR_INVAL (logged) for an unknown backend or dtype, or a negative
+ * device; cfg is left as it was then. */
 kvf_status_t kvf_backend_flags_apply(const kvf_backend_flags_t *f, kvf_engine_stack_config_t *cfg);
 
 #ifdef __cplusplus

@@ -101,7 +101,8 @@ typedef struct {
     uint32_t n_kv_heads;
     uint32_t head_dim;
     uint32_t dtype;  /* kvf_xfer_dtype_t */
-    uint32_t layout; /* 1 = [block][layer][K,V][kv_head][slot][head_dim] */
+    uint32_t layout; /* 1 = [block][layer][K,V][kv_head][slot][head_dim], then for
+                        fp8/int8 the K and V scales (kvf/kv_format.h) */
 } kvf_xfer_geometry_t;
 
 typedef struct {
@@ -366,10 +367,11 @@ int kvf_xfer_timeout_ms(const kvf_xfer_t *xfer);
 
 void kvf_xfer_stats(const kvf_xfer_t *xfer, kvf_xfer_stats_t *stats_p);
 
-/* Bytes of one block of geometry g (0 if g is invalid). */
+/* Bytes of one block of geometry g, fp8/int8 scales included: the pool's
+ * kvf_kv_block_bytes (0 if g is invalid). */
 uint64_t kvf_xfer_block_bytes(const kvf_xfer_geometry_t *g);
 
-/* The transfer geometry of a KV pool (kvf/kvcache.h: f32, layout 1). */
+/* The transfer geometry of a KV pool (kvf/kvcache.h: its format, layout 1). */
 kvf_xfer_geometry_t kvf_xfer_geometry_of_pool(const kvf_kv_geometry_t *geo);
 
 #endif
