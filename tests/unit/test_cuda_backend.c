@@ -48,18 +48,24 @@ typedef struct {
     kvf_engine_t *engine;
 } rig_t;
 
-static void rig_cpu(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks)
+static void rig_cpu_kv(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks,
+                       kvf_kv_dtype_t kv)
 {
     memset(r, 0, sizeof(*r));
     r->model = model;
     assert_int_equal(kvf_backend_cpu_create(2, &r->be), KVF_OK);
-    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size, KVF_KV_F32);
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size, kv);
     assert_int_equal(kvf_kvpool_create(&g, num_blocks, &r->pool), KVF_OK);
     assert_int_equal(kvf_engine_create(model, &r->be, r->pool, &r->engine), KVF_OK);
 }
 
-static void rig_cuda(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks,
-                     kvf_dtype_t wdt, bool graphs, bool mirror)
+static void rig_cpu(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks)
+{
+    rig_cpu_kv(r, model, block_size, num_blocks, KVF_KV_F32);
+}
+
+static void rig_cuda_kv(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks,
+                        kvf_dtype_t wdt, bool graphs, bool mirror, kvf_kv_dtype_t kv)
 {
     memset(r, 0, sizeof(*r));
     r->model = model;
@@ -68,11 +74,17 @@ static void rig_cuda(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_
     cc.cuda_graphs = graphs;
     assert_int_equal(kvf_backend_cuda_create(&cc, model, &r->be), KVF_OK);
     assert_true(kvf_backend_is_cuda(&r->be));
-    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size, KVF_KV_F32);
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, block_size, kv);
     assert_int_equal(kvf_backend_cuda_kvpool_create(&r->be, &g, num_blocks, mirror, &r->pool),
                      KVF_OK);
     assert_non_null(kvf_kvpool_device_base(r->pool));
     assert_int_equal(kvf_engine_create(model, &r->be, r->pool, &r->engine), KVF_OK);
+}
+
+static void rig_cuda(rig_t *r, kvf_model_t *model, int block_size, uint32_t num_blocks,
+                     kvf_dtype_t wdt, bool graphs, bool mirror)
+{
+    rig_cuda_kv(r, model, block_size, num_blocks, wdt, graphs, mirror, KVF_KV_F32);
 }
 
 static void rig_close(rig_t *r)
@@ -372,6 +384,49 @@ static void test_long_context_vs_cpu(void **state)
     kvf_model_destroy(m);
 }
 
+/* Every KV format through the whole engine: the GPU (f32 weights) and the
+ * CPU backend on pools of the same format agree on the logits of a
+ * chunked prefill and decode steps as closely as on f32 pools: both write
+ * the same encoding of nearly equal K/V and decode it exactly. */
+static void test_kv_formats_vs_cpu(void **state)
+{
+    (void)state;
+    kvf_model_t *m = random_model(2, 256, 8, 2, 32, 512, 500, false);
+    const int V = m->cfg.vocab, n = 90;
+    uint32_t ids[96];
+    kvf_test_random_ids(ids, n + 3, V, 5);
+    float *lg = malloc((size_t)V * sizeof(float)), *lc = malloc((size_t)V * sizeof(float));
+    for (int kv = KVF_KV_F16; kv < KVF_KV_N_DTYPES; kv++) {
+        /* same-format runs differ by about 1e-5; a different format on one
+         * side (the f32 cache against f16 already) by 1.5e-4 or more */
+        const float tol = 5e-5f;
+        rig_t gpu, cpu;
+        rig_cuda_kv(&gpu, m, 16, 16, KVF_DTYPE_F32, true, false, (kvf_kv_dtype_t)kv);
+        rig_cpu_kv(&cpu, m, 16, 16, (kvf_kv_dtype_t)kv);
+        kvf_block_table_t a, b;
+        kvf_block_table_init(&a);
+        kvf_block_table_init(&b);
+        for (int s = 0; s < n + 3; s += s < n ? 45 : 1) {
+            int k = s < n ? 45 : 1;
+            forward(&gpu, &a, ids, s, k, lg, false);
+            forward(&cpu, &b, ids, s, k, lc, false);
+            float r = kvf_test_rel_diff(lg, lc, (size_t)V);
+            if (!(r <= tol))
+                fail_msg("kv %s, position %d: off by %g (relative)",
+                         kvf_kv_dtype_name((kvf_kv_dtype_t)kv), s + k - 1, (double)r);
+        }
+        kvf_block_table_release(&a, gpu.pool);
+        kvf_block_table_release(&b, cpu.pool);
+        kvf_block_table_fini(&a);
+        kvf_block_table_fini(&b);
+        rig_close(&gpu);
+        rig_close(&cpu);
+    }
+    free(lg);
+    free(lc);
+    kvf_model_destroy(m);
+}
+
 /* ---- invariances on the GPU ------------------------------------------- */
 
 static void test_cache_chunks_blocks(void **state)
@@ -661,8 +716,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_llama),           cmocka_unit_test(test_golden_qwen2),
         cmocka_unit_test(test_golden_qwen3),           cmocka_unit_test(test_golden_sliding_window),
-        cmocka_unit_test(test_golden_gemma2),
-        cmocka_unit_test(test_long_context_vs_cpu),    cmocka_unit_test(test_cache_chunks_blocks),
+        cmocka_unit_test(test_golden_gemma2),          cmocka_unit_test(test_long_context_vs_cpu),
+        cmocka_unit_test(test_kv_formats_vs_cpu),      cmocka_unit_test(test_cache_chunks_blocks),
         cmocka_unit_test(test_mixed_batch_and_graphs), cmocka_unit_test(test_mirror_and_upload),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
