@@ -3,7 +3,6 @@
 #include "kvf/array.h"
 #include "kvf/log.h"
 
-#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -224,12 +223,6 @@ size_t kvf_kvpool_slice_offset(const kvf_kvpool_t *pool, uint32_t block, int lay
 size_t kvf_kvpool_slice_bytes(const kvf_kvpool_t *pool)
 {
     return pool->slice_bytes;
-}
-
-float *kvf_kvpool_head(const kvf_kvpool_t *pool, uint32_t block, int layer, int kv, int head)
-{
-    assert(pool->geo.dtype == KVF_KV_F32);
-    return kvf_kvpool_head_data(pool, block, layer, kv, head);
 }
 
 void *kvf_kvpool_head_data(const kvf_kvpool_t *pool, uint32_t block, int layer, int kv, int head)

@@ -20,12 +20,6 @@
 
 #define NO_CP UINT32_MAX /* a Strip character that matches nothing */
 
-static const char *json_type(const cJSON *obj)
-{
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(obj, "type");
-    return cJSON_IsString(t) ? t->valuestring : "";
-}
-
 kvf_status_t kvf_tokenizer__text_append(kvf_tok_text_t *text, const void *s, size_t n)
 {
     kvf_status_t st = kvf_array_reserve(&text->data, &text->cap, text->len + n + 1, 64, 1);
@@ -63,8 +57,8 @@ static kvf_status_t replace_string(const char *in, size_t len, const char *from,
 static kvf_status_t replace_regex(const char *in, size_t len, const pcre2_code *re, const char *to,
                                   size_t to_len, kvf_tok_text_t *out)
 {
-    uint32_t opts = PCRE2_SUBSTITUTE_GLOBAL | PCRE2_SUBSTITUTE_LITERAL |
-                    PCRE2_SUBSTITUTE_OVERFLOW_LENGTH;
+    uint32_t opts =
+        PCRE2_SUBSTITUTE_GLOBAL | PCRE2_SUBSTITUTE_LITERAL | PCRE2_SUBSTITUTE_OVERFLOW_LENGTH;
     PCRE2_SIZE need = len + 1;
     for (int attempt = 0; attempt < 2; attempt++) {
         out->len = 0;
@@ -146,8 +140,8 @@ kvf_status_t kvf_tokenizer__apply_steps(const kvf_tok_step_t *steps, size_t n, b
     kvf_tok_text_t next = {0};
     for (size_t i = 0; i < n; i++) {
         next.len = 0;
-        kvf_status_t st = apply_step(&steps[i], first, text->data ? text->data : "", text->len,
-                                     &next);
+        kvf_status_t st =
+            apply_step(&steps[i], first, text->data ? text->data : "", text->len, &next);
         if (st != KVF_OK) {
             free(next.data);
             return st;
@@ -179,24 +173,15 @@ static kvf_status_t read_replace(const char *path, const cJSON *j, kvf_tok_step_
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(j, "content");
     if (!cJSON_IsString(content) || !(cJSON_IsString(string) || cJSON_IsString(regex)) ||
         (cJSON_IsString(string) && !string->valuestring[0])) {
-        kvf_log_error("%s: Replace decoder needs a non-empty String or a Regex, and content",
-                      path);
+        kvf_log_error("%s: Replace decoder needs a non-empty String or a Regex, and content", path);
         return KVF_ERR_FORMAT;
     }
     step->kind = KVF_TOK_STEP_REPLACE;
     kvf_status_t st = copy_string(content->valuestring, &step->to, &step->to_len);
     if (st != KVF_OK || cJSON_IsString(string))
         return st == KVF_OK ? copy_string(string->valuestring, &step->from, &step->from_len) : st;
-    int err;
-    PCRE2_SIZE err_off;
-    step->re = pcre2_compile((PCRE2_SPTR)regex->valuestring, PCRE2_ZERO_TERMINATED,
-                             PCRE2_UTF | PCRE2_UCP, &err, &err_off, NULL);
-    if (!step->re) {
-        kvf_log_error("%s: Replace decoder regex does not compile at offset %zu", path,
-                      (size_t)err_off);
-        return KVF_ERR_FORMAT;
-    }
-    return KVF_OK;
+    return kvf_tokenizer__compile(path, "Replace decoder", regex->valuestring,
+                                  PCRE2_ZERO_TERMINATED, false, &step->re);
 }
 
 static kvf_status_t read_metaspace(const char *path, const cJSON *j, kvf_tok_step_t *step)
@@ -206,8 +191,7 @@ static kvf_status_t read_metaspace(const char *path, const cJSON *j, kvf_tok_ste
     const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space");
     if ((repl && (!cJSON_IsString(repl) || !repl->valuestring[0])) ||
         (scheme && !cJSON_IsString(scheme))) {
-        kvf_log_error("%s: Metaspace decoder with a malformed replacement or prepend_scheme",
-                      path);
+        kvf_log_error("%s: Metaspace decoder with a malformed replacement or prepend_scheme", path);
         return KVF_ERR_FORMAT;
     }
     step->kind = KVF_TOK_STEP_METASPACE;
@@ -253,7 +237,9 @@ static kvf_status_t add_step(kvf_tokenizer_t *tok, phase_t phase, kvf_tok_step_t
     kvf_tok_step_t **list = phase == PHASE_BEFORE  ? &d->before
                             : phase == PHASE_AFTER ? &d->after
                                                    : &d->whole;
-    size_t *n = phase == PHASE_BEFORE ? &d->n_before : phase == PHASE_AFTER ? &d->n_after : &d->n_whole;
+    size_t *n = phase == PHASE_BEFORE  ? &d->n_before
+                : phase == PHASE_AFTER ? &d->n_after
+                                       : &d->n_whole;
     kvf_tok_step_t *grown = realloc(*list, (*n + 1) * sizeof(*grown));
     if (!grown)
         return KVF_ERR_NOMEM;
@@ -295,7 +281,7 @@ static kvf_status_t read_join(kvf_tokenizer_t *tok, const char *path, const char
 static kvf_status_t read_chain(kvf_tokenizer_t *tok, const char *path, const cJSON *j,
                                phase_t *phase)
 {
-    const char *type = json_type(j);
+    const char *type = kvf_tokenizer__json_type(j);
     if (!strcmp(type, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "decoders");
         if (list && !cJSON_IsArray(list)) {
@@ -313,8 +299,9 @@ static kvf_status_t read_chain(kvf_tokenizer_t *tok, const char *path, const cJS
         return read_join(tok, path, type, phase);
     bool known = !strcmp(type, "Replace") || !strcmp(type, "Metaspace") || !strcmp(type, "Strip");
     if (!known)
-        return refuse(path, type, "is not supported (ByteLevel, Metaspace, Replace, "
-                                  "ByteFallback, Fuse, Strip, Sequence)");
+        return refuse(path, type,
+                      "is not supported (ByteLevel, Metaspace, Replace, "
+                      "ByteFallback, Fuse, Strip, Sequence)");
     if (*phase == PHASE_WHOLE && (strcmp(type, "Strip") || tok->dec.byte_level))
         return refuse(path, type, "after Fuse or ByteLevel is not supported");
     kvf_tok_step_t *step;
@@ -365,7 +352,7 @@ static int fallback_byte(const char *s, size_t len)
     int v = 0;
     for (int i = 3; i < 5; i++) {
         char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0'
+        int d = c >= '0' && c <= '9'   ? c - '0'
                 : c >= 'a' && c <= 'f' ? c - 'a' + 10
                 : c >= 'A' && c <= 'F' ? c - 'A' + 10
                                        : -1;

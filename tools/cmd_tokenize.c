@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "kvf/flags.h"
 #include "kvf/tokenizer.h"
+#include "kvf/utf8.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,31 +28,6 @@ static kvf_status_t encode_text(const kvf_tokenizer_t *tok, const char *text, bo
 }
 
 /* ---- --jsonl ---------------------------------------------------------------- */
-
-/* Appends code point cp as UTF-8 to out (room for 4 bytes). */
-static size_t put_utf8(char *out, uint32_t cp)
-{
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xc0 | cp >> 6);
-        out[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xe0 | cp >> 12);
-        out[1] = (char)(0x80 | (cp >> 6 & 0x3f));
-        out[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    out[0] = (char)(0xf0 | cp >> 18);
-    out[1] = (char)(0x80 | (cp >> 12 & 0x3f));
-    out[2] = (char)(0x80 | (cp >> 6 & 0x3f));
-    out[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
 
 /* Four hex digits at s; -1 when they are not. */
 static long hex4(const char *s)
@@ -91,7 +67,7 @@ static size_t json_escape(const char *s, char *out, size_t *used_p)
     } else if (cp >= 0xdc00 && cp <= 0xdfff) {
         return 0;
     }
-    return cp < 0 ? 0 : put_utf8(out, (uint32_t)cp);
+    return cp < 0 ? 0 : kvf_utf8_encode((uint32_t)cp, (uint8_t *)out);
 }
 
 /* Decodes the JSON string literal that is line (white space around it

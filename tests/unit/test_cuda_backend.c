@@ -661,10 +661,12 @@ static void test_mirror_and_upload(void **state)
         for (int l = 0; l < g->n_layers; l++)
             for (int kv = 0; kv < 2; kv++)
                 for (int h = 0; h < g->n_kv_heads; h++) {
-                    const float *a = kvf_kvpool_head(src.pool, bs.blocks[p / 16], l, kv, h) +
-                                     (size_t)(p % 16) * g->head_dim;
-                    const float *b = kvf_kvpool_head(cpu.pool, bc.blocks[p / 16], l, kv, h) +
-                                     (size_t)(p % 16) * g->head_dim;
+                    const float *a =
+                        (float *)kvf_kvpool_head_data(src.pool, bs.blocks[p / 16], l, kv, h) +
+                        (size_t)(p % 16) * g->head_dim;
+                    const float *b =
+                        (float *)kvf_kvpool_head_data(cpu.pool, bc.blocks[p / 16], l, kv, h) +
+                        (size_t)(p % 16) * g->head_dim;
                     float d = kvf_test_rel_diff(a, b, (size_t)g->head_dim);
                     worst = d > worst || isnan(d) ? d : worst;
                 }

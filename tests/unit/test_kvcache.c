@@ -38,10 +38,10 @@ static void test_layout(void **state)
     /* [K,V][kv_head][slot][head_dim] inside a slice */
     char *base = kvf_kvpool_base(p);
     char *slice = base + kvf_kvpool_slice_offset(p, 4, 2);
-    assert_ptr_equal((char *)kvf_kvpool_head(p, 4, 2, 0, 0), slice);
-    assert_ptr_equal((char *)kvf_kvpool_head(p, 4, 2, 0, 1), slice + 16 * 8 * 4);
-    assert_ptr_equal((char *)kvf_kvpool_head(p, 4, 2, 1, 0), slice + 2 * 16 * 8 * 4);
-    assert_ptr_equal((char *)kvf_kvpool_head(p, 4, 2, 1, 1) + 16 * 8 * 4,
+    assert_ptr_equal((char *)(float *)kvf_kvpool_head_data(p, 4, 2, 0, 0), slice);
+    assert_ptr_equal((char *)(float *)kvf_kvpool_head_data(p, 4, 2, 0, 1), slice + 16 * 8 * 4);
+    assert_ptr_equal((char *)(float *)kvf_kvpool_head_data(p, 4, 2, 1, 0), slice + 2 * 16 * 8 * 4);
+    assert_ptr_equal((char *)(float *)kvf_kvpool_head_data(p, 4, 2, 1, 1) + 16 * 8 * 4,
                      slice + kvf_kv_slice_bytes(&g));
     assert_int_equal((uintptr_t)base % 64, 0);
     kvf_kvpool_destroy(p);

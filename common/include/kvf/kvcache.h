@@ -108,11 +108,7 @@ size_t kvf_kvpool_slice_offset(const kvf_kvpool_t *pool, uint32_t block, int lay
 size_t kvf_kvpool_slice_bytes(const kvf_kvpool_t *pool);
 
 /* Keys (kv = 0) or values (kv = 1) of one head in one (block, layer):
- * (block_size, head_dim) f32, contiguous. An f32 pool only (asserted). */
-float *kvf_kvpool_head(const kvf_kvpool_t *pool, uint32_t block, int layer, int kv, int head);
-
-/* The same in any format: (block_size, head_dim) elements of the pool's
- * dtype, contiguous. */
+ * (block_size, head_dim) elements of the pool's dtype, contiguous. */
 void *kvf_kvpool_head_data(const kvf_kvpool_t *pool, uint32_t block, int layer, int kv, int head);
 
 /* The scales of those rows ((block_size) f32), or NULL for an unscaled
