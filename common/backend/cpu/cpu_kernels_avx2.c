@@ -111,7 +111,8 @@ static inline __attribute__((always_inline)) void dot16x8(const float *q, const 
 
 /* The exact KV decodes of kvf/kv_format.h, 8 elements a step (as the
  * AVX-512 kernels: bf16 a shift, f16 by F16C, int8 a convert and one
- * multiply, fp8 E4M3 bits placed in an f32 times 2^120, NaN set apart). */
+ * multiply, fp8 E4M3 bits placed in an f32 with the exponent rebased, subnormals
+ * as mantissa x 2^-9, NaN set apart). */
 static inline __attribute__((always_inline)) void
 decode1_avx2(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
 {
@@ -142,8 +143,11 @@ decode1_avx2(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
                 _mm_loadl_epi64((const __m128i *)(const void *)((const uint8_t *)src + i)));
             __m256i a = _mm256_and_si256(v, _mm256_set1_epi32(0x7f));
             __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
-            __m256 mag = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 20)),
-                                       _mm256_set1_ps(0x1p120f));
+            __m256 mag = _mm256_castsi256_ps(
+                _mm256_add_epi32(_mm256_slli_epi32(a, 20), _mm256_set1_epi32(120 << 23)));
+            __m256 sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), a));
+            __m256 small = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(0x1p-9f));
+            mag = _mm256_blendv_ps(mag, small, sub);
             __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, _mm256_set1_epi32(0x7f)));
             mag = _mm256_blendv_ps(mag, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan);
             __m256 x = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(mag), sign));

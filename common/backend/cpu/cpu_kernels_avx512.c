@@ -103,9 +103,9 @@ static inline __attribute__((always_inline)) void dot16x16(const float *q,
 
 /* The exact KV decodes of kvf/kv_format.h, 16 elements a step: bf16 a
  * shift, f16 by F16C (exact, subnormals included), int8 a convert and
- * the scale's one multiply, fp8 E4M3 by placing its bits in an f32 and
- * one exact multiply by 2^120 (subnormals land on f32 subnormals), NaN
- * (0x7f) set apart, then the scale. */
+ * the scale's one multiply, fp8 E4M3 by placing its bits in an f32 with
+ * the exponent rebased (subnormals: the mantissa times 2^-9), NaN (0x7f)
+ * set apart, then the scale. */
 static inline __attribute__((always_inline)) void
 decode1_avx512(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
 {
@@ -136,8 +136,13 @@ decode1_avx512(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *ou
                 _mm_loadu_si128((const __m128i *)(const void *)((const uint8_t *)src + i)));
             __m512i a = _mm512_and_si512(v, _mm512_set1_epi32(0x7f));
             __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
-            __m512 mag = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 20)),
-                                       _mm512_set1_ps(0x1p120f));
+            /* normal: the bits rebased by 120 in the exponent; subnormal
+             * (exponent 0): mantissa x 2^-9; both exact, no f32
+             * subnormal on the way (they are slow on some CPUs) */
+            __m512 mag = _mm512_castsi512_ps(
+                _mm512_add_epi32(_mm512_slli_epi32(a, 20), _mm512_set1_epi32(120 << 23)));
+            mag = _mm512_mask_mov_ps(mag, _mm512_cmplt_epi32_mask(a, _mm512_set1_epi32(8)),
+                                     _mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(0x1p-9f)));
             mag = _mm512_mask_mov_ps(mag, _mm512_cmpeq_epi32_mask(a, _mm512_set1_epi32(0x7f)),
                                      _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
             __m512 x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));

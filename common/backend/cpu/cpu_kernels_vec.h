@@ -182,49 +182,61 @@ static void KFN(gemm)(const kvf_cpu_gemm_t *g, int p0, int p1, float *scratch)
 
 /* ---- attention ------------------------------------------------------- */
 
-/* acc(hd) = acc * alpha, then acc = fma(p[j], v_j, acc) for j < nj. */
-INLINE void pv_step(float *acc, const float *const *vrows, const float *p, int nj, int hd,
-                    float alpha)
+/* acc(hd) = acc * alpha, then acc = fma(p[j], v_j, acc) for j < nj, for
+ * NR (1 or 2) rows at once: each value vector is loaded once for both
+ * rows, and the rows' FMA chains (each in its canonical key order)
+ * interleave, so their latencies overlap. */
+INLINE void pv_rows(float *const *acc, const float *const *vrows, const float *const *p, int nj,
+                    int hd, const float *alpha, const int NR)
 {
-    const vf al = V_SET1(alpha);
     int c = 0;
     for (; c + 4 * VL <= hd; c += 4 * VL) {
-        vf a0 = V_MUL(V_LOAD(acc + c), al), a1 = V_MUL(V_LOAD(acc + c + VL), al);
-        vf a2 = V_MUL(V_LOAD(acc + c + 2 * VL), al), a3 = V_MUL(V_LOAD(acc + c + 3 * VL), al);
-        for (int j = 0; j < nj; j++) {
-            const vf pj = V_SET1(p[j]);
-            const float *v = vrows[j] + c;
-            a0 = V_FMA(pj, V_LOAD(v), a0);
-            a1 = V_FMA(pj, V_LOAD(v + VL), a1);
-            a2 = V_FMA(pj, V_LOAD(v + 2 * VL), a2);
-            a3 = V_FMA(pj, V_LOAD(v + 3 * VL), a3);
+        vf a[2][4];
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+            const vf al = V_SET1(alpha[r]);
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+                a[r][u] = V_MUL(V_LOAD(acc[r] + c + u * VL), al);
         }
-        V_STORE(acc + c, a0);
-        V_STORE(acc + c + VL, a1);
-        V_STORE(acc + c + 2 * VL, a2);
-        V_STORE(acc + c + 3 * VL, a3);
+        for (int j = 0; j < nj; j++) {
+            const float *v = vrows[j] + c;
+            const vf v0 = V_LOAD(v), v1 = V_LOAD(v + VL), v2 = V_LOAD(v + 2 * VL),
+                     v3 = V_LOAD(v + 3 * VL);
+            _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+                const vf pj = V_SET1(p[r][j]);
+                a[r][0] = V_FMA(pj, v0, a[r][0]);
+                a[r][1] = V_FMA(pj, v1, a[r][1]);
+                a[r][2] = V_FMA(pj, v2, a[r][2]);
+                a[r][3] = V_FMA(pj, v3, a[r][3]);
+            }
+        }
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+                V_STORE(acc[r] + c + u * VL, a[r][u]);
     }
-    for (; c + VL <= hd; c += VL) {
-        vf a0 = V_MUL(V_LOAD(acc + c), al);
-        for (int j = 0; j < nj; j++)
-            a0 = V_FMA(V_SET1(p[j]), V_LOAD(vrows[j] + c), a0);
-        V_STORE(acc + c, a0);
-    }
-    for (; c < hd; c++) {
-        float a = acc[c] * alpha;
-        for (int j = 0; j < nj; j++)
-            a = fmaf(p[j], vrows[j][c], a);
-        acc[c] = a;
-    }
+    for (; c + VL <= hd; c += VL)
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
+            vf a0 = V_MUL(V_LOAD(acc[r] + c), V_SET1(alpha[r]));
+            for (int j = 0; j < nj; j++)
+                a0 = V_FMA(V_SET1(p[r][j]), V_LOAD(vrows[j] + c), a0);
+            V_STORE(acc[r] + c, a0);
+        }
+    for (; c < hd; c++)
+        for (int r = 0; r < NR; r++) {
+            float a = acc[r][c] * alpha[r];
+            for (int j = 0; j < nj; j++)
+                a = fmaf(p[r][j], vrows[j][c], a);
+            acc[r][c] = a;
+        }
 }
 
-/* One online-softmax step of a query row over keys j0+ja .. j0+nj-1. */
-INLINE void chunk_step(const kvf_cpu_attn_tile_t *t, const float *q, float *acc, float *m_p,
-                       float *l_p, const float *const *krows, const float *const *vrows, int ja,
-                       int nj)
+/* The scores of a query row over keys j0+ja .. j0+nj-1 and the online-
+ * softmax step on its running max and sum: p (16, zero outside ja..nj)
+ * and the factor alpha its numerator must be scaled by. */
+INLINE void softmax_step(const kvf_cpu_attn_tile_t *t, const float *q, float *m_p, float *l_p,
+                         const float *const *krows, int hd, int ja, int nj, float *p,
+                         float *alpha_p)
 {
-    const int hd = t->head_dim;
-    float s[KVF_CPU_KEY_CHUNK], p[KVF_CPU_KEY_CHUNK];
+    float s[KVF_CPU_KEY_CHUNK];
     float mc = -INFINITY;
     if (nj == KVF_CPU_KEY_CHUNK || nj > 4) {
         DOT16X16(q, krows, hd, s);
@@ -253,8 +265,8 @@ INLINE void chunk_step(const kvf_cpu_attn_tile_t *t, const float *q, float *acc,
     for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
         p[j] = 0;
     *l_p = *l_p * alpha + kvf_cpu_tree16(p);
-    pv_step(acc, vrows, p, nj, hd, alpha);
     *m_p = mn;
+    *alpha_p = alpha;
 }
 
 static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
@@ -268,9 +280,12 @@ static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
     memset(sc.acc, 0, (size_t)rows * (size_t)sc.hdp * sizeof(float));
     int first, last;
     kvf_cpu_attn_span(t, &first, &last);
+    kvf_cpu_attn_prefetch(t, first, last);
     for (int j0 = first; j0 <= last; j0 += KVF_CPU_KEY_CHUNK) {
         const float *krows[KVF_CPU_KEY_CHUNK], *vrows[KVF_CPU_KEY_CHUNK];
         const int n = last - j0 + 1 < KVF_CPU_KEY_CHUNK ? last - j0 + 1 : KVF_CPU_KEY_CHUNK;
+        /* the next chunk's rows arrive while this one computes */
+        kvf_cpu_attn_prefetch(t, j0 + KVF_CPU_KEY_CHUNK, last);
         kvf_cpu_attn_chunk_rows(t, j0, n, KFN(decode_row), &sc, krows, vrows);
         for (int i = 0; i < t->n_tok; i++) {
             const int pos = t->pos[i], lo = kvf_cpu_attn_first_key(t->window, pos);
@@ -278,11 +293,23 @@ static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
                 continue;
             const int nj = pos - j0 + 1 < KVF_CPU_KEY_CHUNK ? pos - j0 + 1 : KVF_CPU_KEY_CHUNK;
             const int ja = lo > j0 ? lo - j0 : 0; /* keys before the window's first */
-            for (int h = 0; h < t->group; h++) {
-                const int r = i * t->group + h;
-                const float *q = t->q + (size_t)i * (size_t)t->ld_q + (size_t)h * (size_t)hd;
-                chunk_step(t, q, sc.acc + (size_t)r * sc.hdp, &sc.m[r], &sc.l[r], krows, vrows,
-                           ja, nj);
+            /* the token's query heads two at a time */
+            for (int h = 0; h < t->group; h += 2) {
+                const int nr = t->group - h < 2 ? 1 : 2;
+                float pbuf[2][KVF_CPU_KEY_CHUNK], alpha[2];
+                float *acc[2];
+                const float *pr[2] = {pbuf[0], pbuf[1]};
+                for (int u = 0; u < nr; u++) {
+                    const int r = i * t->group + h + u;
+                    const float *q =
+                        t->q + (size_t)i * (size_t)t->ld_q + (size_t)(h + u) * (size_t)hd;
+                    softmax_step(t, q, &sc.m[r], &sc.l[r], krows, hd, ja, nj, pbuf[u], &alpha[u]);
+                    acc[u] = sc.acc + (size_t)r * sc.hdp;
+                }
+                if (nr == 2)
+                    pv_rows(acc, vrows, pr, nj, hd, alpha, 2);
+                else
+                    pv_rows(acc, vrows, pr, nj, hd, alpha, 1);
             }
         }
     }
