@@ -148,6 +148,17 @@ void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *
     assert_int_equal(kvf_inbox_create(r->decode_url, 0, &r->decode_in), KVF_OK);
     assert_int_equal(kvf_outbox_create(r->prefill_url, &r->to_prefill), KVF_OK);
 
+    /* "N blocks": a pool of N blocks of this run's KV format, whatever
+     * bytes a block of it takes. */
+    char kv_mem_buf[32];
+    unsigned n_pool_blocks = 0;
+    char unit[8] = "";
+    if (sscanf(kv_mem, "%u %7s", &n_pool_blocks, unit) == 2 && strcmp(unit, "blocks") == 0) {
+        snprintf(kv_mem_buf, sizeof(kv_mem_buf), "%zu",
+                 (size_t)n_pool_blocks * kvf_kv_block_bytes(&r->geo));
+        kv_mem = kv_mem_buf;
+    }
+
     r->pid = fork();
     assert_true(r->pid >= 0);
     if (r->pid == 0) {

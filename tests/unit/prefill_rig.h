@@ -75,6 +75,8 @@ int rig_kill_child(void **state);
  * decode side (pool, transport, inbox) and the router's inbox, starts
  * kvf-prefill with --kv-mem kv_mem and --max-batch-tokens max_batch_tokens
  * and answers its Register (heartbeats every 100 ms). */
+/* kv_mem: the prefill node's --kv-mem, or "N blocks" for a pool of N
+ * blocks of the run's KV format ($KVF_KV_DTYPE). */
 void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *max_batch_tokens);
 
 /* SIGTERM: the node deregisters and exits 0; frees the rig. */

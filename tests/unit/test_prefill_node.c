@@ -197,7 +197,7 @@ static void test_prefill_pool_full(void **state)
 {
     (void)state;
     rig_t r;
-    rig_start(&r, NULL, "64K", "2048");
+    rig_start(&r, NULL, "8 blocks", "2048");
     enum { N = 3 };
     static uint32_t ids[N][200];
     rig_ref_t ref[N];
