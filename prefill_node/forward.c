@@ -72,14 +72,61 @@ static bool peer_ready(const pf_req_t *r)
     return r->peer && r->peer->xp && kvf_xfer_peer_ready(r->peer->xp);
 }
 
+uint32_t pf_blocks_available(const kvf_prefill_t *p)
+{
+    return p->cache ? kvf_prefix_cache_available(p->cache) : kvf_kvpool_free_blocks(p->rt.pool);
+}
+
 bool pf_forward_possible(const kvf_prefill_t *p)
 {
     for (const pf_req_t *r = p->head; r; r = r->next)
         if (r->state == REQ_READY && peer_ready(r) &&
             (r->done > 0 || r->local.n_blocks ||
-             kvf_kv_blocks_for_tokens(&p->geo, r->n_prompt) <= kvf_kvpool_free_blocks(p->rt.pool)))
+             kvf_kv_blocks_for_tokens(&p->geo, r->n_prompt) <= pf_blocks_available(p)))
             return true;
     return false;
+}
+
+/* r's local blocks from the prefix cache: the longest cached run of its
+ * prompt's leading full blocks that leaves at least PF_CHUNK_MIN_TAIL
+ * tokens to compute, then fresh blocks, evicting cached ones nobody uses
+ * where the pool is short. A hit ends on a block boundary (a multiple of
+ * PF_CHUNK_ALIGN) and leaves a tail chunked prefill accepts, so the suffix
+ * is computed with the bits a one-forward cold prefill gives it: it is a
+ * chunked prefill whose first chunks ran earlier (docs/prefix-cache.md). */
+static bool take_local_cached(kvf_prefill_t *p, pf_req_t *r)
+{
+    const uint32_t bs = (uint32_t)p->geo.block_size;
+    const uint32_t need = kvf_kv_blocks_for_tokens(&p->geo, r->n_prompt);
+    uint32_t *ids = malloc((size_t)need * sizeof(uint32_t));
+    if (!ids)
+        return false;
+    _Static_assert(KVF_KV_BLOCK_SIZE_DEFAULT % PF_CHUNK_ALIGN == 0, "hits end on chunk edges");
+    uint32_t most = 0;
+    if (bs % PF_CHUNK_ALIGN == 0 && r->n_prompt > PF_CHUNK_MIN_TAIL)
+        most = (r->n_prompt - PF_CHUNK_MIN_TAIL) / bs;
+    most = most < r->n_full ? most : r->n_full;
+    uint32_t hit = kvf_prefix_cache_match(p->cache, r->hashes, r->pr->token_ids, most, ids);
+    bool ok = kvf_prefix_cache_alloc(p->cache, need - hit, ids + hit) == KVF_OK;
+    if (ok && kvf_block_table_append(&r->local, ids, need) != KVF_OK) {
+        (void)kvf_kvpool_release(p->rt.pool, ids + hit, need - hit);
+        ok = false;
+    }
+    if (!ok)
+        (void)kvf_kvpool_release(p->rt.pool, ids, hit);
+    free(ids);
+    if (!ok)
+        return false;
+    r->cached_blocks = hit;
+    r->done = hit * bs;
+    r->ship_from = 0; /* the decode node holds none of them */
+    p->count.prefix_hit_tokens += r->done;
+    p->count.prompt_tokens += r->n_prompt;
+    if (hit)
+        kvf_log_debug("request %llu epoch %llu: %u of %u prompt tokens from the prefix cache",
+                      (unsigned long long)r->req_id, (unsigned long long)r->epoch, r->done,
+                      r->n_prompt);
+    return true;
 }
 
 /* Gives a waiting request its local blocks; false when the pool is short. */
@@ -87,6 +134,9 @@ static bool req_take_local(kvf_prefill_t *p, pf_req_t *r)
 {
     if (r->local.n_blocks)
         return true;
+    if (p->cache && r->hashes)
+        return take_local_cached(p, r);
+    p->count.prompt_tokens += r->n_prompt;
     return kvf_block_table_reserve(&r->local, p->rt.pool, r->n_prompt) == KVF_OK;
 }
 
@@ -154,6 +204,10 @@ static uint32_t chunk_prepare(kvf_prefill_t *p, pf_req_t *r, uint32_t take, uint
     r->hook_status = KVF_OK;
     kvf_prefill_plan_blocks((uint32_t)p->geo.block_size, r->chunk_start, r->chunk_len, r->n_prompt,
                             &r->ship_first, &r->ship_end);
+    /* The first chunk after a cache hit also ships the cached blocks the
+     * decode node lacks (complete: every layer is there already). */
+    if (r->cached_blocks && r->chunk_start == r->cached_blocks * (uint32_t)p->geo.block_size)
+        r->ship_first = r->ship_from;
     bool final = r->chunk_start + r->chunk_len == r->n_prompt;
     if (final && !r->logits) {
         r->logits = malloc((size_t)p->rt.model->cfg.vocab * sizeof(float));

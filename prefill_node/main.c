@@ -21,7 +21,7 @@ typedef struct {
     int block_size, alloc_timeout_ms, stats_interval_ms;
     const char *cluster_key_file;
     uint64_t kv_mem;
-    bool checksum;
+    bool checksum, no_prefix_cache;
 } prefill_opts_t;
 
 /* Returns -1 to run, else the exit code (help printed, or a bad flag). */
@@ -50,6 +50,10 @@ static int parse_prefill_flags(int argc, char **argv, prefill_opts_t *o)
          "node id (default: prefill-<pid>-<random>)", NULL},
         {"checksum", KVF_FLAG_BOOL, &o->checksum, NULL,
          "send a CRC32C with every shipped range (the decode node verifies it)", NULL},
+        {"no-prefix-cache", KVF_FLAG_BOOL, &o->no_prefix_cache, NULL,
+         "compute every prompt from its first token (default: a prompt whose leading "
+         "blocks an earlier one computed reuses their K/V)",
+         NULL},
         {"alloc-timeout-ms", KVF_FLAG_INT, &o->alloc_timeout_ms, "MS",
          "how long to wait for a decode node's KvAllocReply", NULL},
         {"stats-interval-ms", KVF_FLAG_INT, &o->stats_interval_ms, "MS",
@@ -118,6 +122,7 @@ int main(int argc, char **argv)
         .max_batch_tokens = o.max_batch_tokens,
         .block_size = o.block_size,
         .checksum = o.checksum,
+        .no_prefix_cache = o.no_prefix_cache,
         .alloc_timeout_ms = o.alloc_timeout_ms,
         .stats_interval_ms = (uint32_t)o.stats_interval_ms,
     };

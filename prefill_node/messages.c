@@ -240,6 +240,7 @@ static void send_prefill_done(kvf_prefill_t *p, const pf_req_t *r, uint64_t comp
     d.prefill_compute_us = compute_us;
     d.handoff_us = handoff_us;
     d.kv_bytes = r->kv_bytes;
+    d.cached_tokens = r->cached_blocks * (uint32_t)p->geo.block_size;
     kvf_envelope_t env;
     kvf_envelope_init(&env, kvf_node_id(p->node));
     env.body_case = KVF__ENVELOPE__BODY_PREFILL_DONE;
@@ -296,5 +297,15 @@ void pf_req_complete(kvf_prefill_t *p, pf_req_t *r)
                   (unsigned long long)r->kv_bytes, (unsigned long long)compute_us,
                   (unsigned long long)handoff_us);
     p->count.completed++;
+    /* Every block is computed and shipped: the full ones stay for later
+     * prompts with the same prefix (the cache takes its own references;
+     * destroying r drops the request's). */
+    if (p->cache && r->hashes && r->done == r->n_prompt) {
+        kvf_status_t cst = kvf_prefix_cache_insert(p->cache, r->hashes, r->pr->token_ids,
+                                                   r->local.blocks, r->n_full);
+        if (cst != KVF_OK)
+            kvf_log_debug("request %llu: prefix cache keeps only part of it: %s",
+                          (unsigned long long)r->req_id, kvf_status_str(cst));
+    }
     pf_req_destroy(p, r);
 }

@@ -12,15 +12,19 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 /* ---- the load report ------------------------------------------------- */
 
 static void fill_load(void *arg, Kvf__Load *load)
 {
     kvf_prefill_t *p = arg;
-    load->blocks_free = kvf_kvpool_free_blocks(p->rt.pool);
-    load->blocks_used = kvf_kvpool_used_blocks(p->rt.pool);
-    load->blocks_total = kvf_kvpool_num_blocks(p->rt.pool);
+    /* Cached blocks nobody uses count as free: any request may have them. */
+    const uint32_t total = kvf_kvpool_num_blocks(p->rt.pool), avail = pf_blocks_available(p);
+    load->blocks_free = avail;
+    load->blocks_used = total - avail;
+    load->blocks_total = total;
+    load->blocks_cached = avail - kvf_kvpool_free_blocks(p->rt.pool);
     uint32_t queued = 0, running = 0;
     uint64_t tokens = 0;
     for (const pf_req_t *r = p->head; r; r = r->next) {
@@ -108,13 +112,19 @@ static void log_stats(kvf_prefill_t *p, const char *what, bool force)
     p->logged_auth = auth;
     char auth_text[160];
     kvf_auth_counters_format(auth_text, sizeof(auth_text));
+    kvf_prefix_cache_stats_t pc = {0};
+    if (p->cache)
+        kvf_prefix_cache_stats(p->cache, &pc);
     kvf_log_info("%s: %llu requests, %llu completed, %llu failed, %llu cancelled, %llu "
-                 "refused; dropped %llu stale, %llu malformed, %llu unexpected | %s",
+                 "refused; dropped %llu stale, %llu malformed, %llu unexpected | prefix cache "
+                 "%s: %llu of %llu prompt tokens hit, %u blocks cached | %s",
                  what, (unsigned long long)c->requests, (unsigned long long)c->completed,
                  (unsigned long long)c->failed, (unsigned long long)c->cancelled,
                  (unsigned long long)c->refused, (unsigned long long)c->stale_dropped,
                  (unsigned long long)c->malformed_dropped,
-                 (unsigned long long)c->unexpected_dropped, auth_text);
+                 (unsigned long long)c->unexpected_dropped, p->cache ? "on" : "off",
+                 (unsigned long long)c->prefix_hit_tokens, (unsigned long long)c->prompt_tokens,
+                 pc.cached, auth_text);
 }
 
 static void on_stats_timer(kvf_timer_t *timer, void *arg)
@@ -284,6 +294,24 @@ static bool config_valid(const kvf_prefill_config_t *cfg)
            cfg->alloc_timeout_ms >= 1;
 }
 
+/* The prefix cache over the local pool. Its hashes never leave this node
+ * yet, so the key is this process's own, from the kernel's random source:
+ * nothing outside can predict or probe them. */
+static kvf_status_t create_prefix_cache(kvf_prefill_t *p)
+{
+    if (getrandom(&p->hash_key, sizeof(p->hash_key), 0) != (ssize_t)sizeof(p->hash_key)) {
+        kvf_log_error("prefix cache: no random key");
+        return KVF_ERR_IO;
+    }
+    uint64_t fp = strtoull(kvf_model_fingerprint(p->rt.model), NULL, 16);
+    p->hash_root = kvf_block_hash_root(&p->hash_key, fp, (int)p->geo.dtype,
+                                       (uint32_t)p->geo.block_size, NULL, 0);
+    kvf_status_t st = kvf_prefix_cache_create(p->rt.pool, 0, &p->cache);
+    if (st != KVF_OK)
+        kvf_log_error("prefix cache: %s", kvf_status_str(st));
+    return st;
+}
+
 /* Loads the model into backend, pool and engine (K/V mirrored in host
  * memory: the transport ships from there). */
 static kvf_status_t create_engine(kvf_prefill_t *p, const kvf_prefill_config_t *cfg)
@@ -301,7 +329,9 @@ static kvf_status_t create_engine(kvf_prefill_t *p, const kvf_prefill_config_t *
     if (st != KVF_OK)
         return st;
     p->geo = *kvf_kvpool_geometry(p->rt.pool);
-    return KVF_OK;
+    if (!cfg->no_prefix_cache && (st = create_prefix_cache(p)) != KVF_OK)
+        kvf_engine_stack_fini(&p->rt);
+    return st;
 }
 
 /* The transfer handle over the local pool. */
@@ -417,6 +447,7 @@ fail_loop:
 fail_node:
     kvf_xfer_destroy(p->xfer);
 fail_xfer:
+    kvf_prefix_cache_destroy(p->cache);
     kvf_engine_stack_fini(&p->rt);
 fail_model:
     free(p->listen_url);
@@ -444,6 +475,7 @@ void kvf_prefill_destroy(kvf_prefill_t *p)
     pf_stash_free(p);
     kvf_evloop_destroy(p->loop); /* no timer of a request is left armed */
     kvf_node_destroy(p->node);
+    kvf_prefix_cache_destroy(p->cache); /* every request's references are gone */
     kvf_engine_stack_fini(&p->rt);
     pf_forward_fini(&p->fwd);
     free(p->listen_url);

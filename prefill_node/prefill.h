@@ -44,6 +44,7 @@ typedef struct {
     bool checksum;               /* CRC32C per shipped range */
     int alloc_timeout_ms;        /* how long to wait for a KvAllocReply */
     uint32_t stats_interval_ms;  /* log the counters this often when they changed; 0: 30 s */
+    bool no_prefix_cache;        /* recompute every prompt from token 0 */
 } kvf_prefill_config_t;
 
 typedef struct kvf_prefill kvf_prefill_t;

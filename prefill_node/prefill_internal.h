@@ -25,6 +25,7 @@
 #include "kvf/kvcache.h"
 #include "kvf/msg.h"
 #include "kvf/node.h"
+#include "kvf/prefix_cache.h"
 #include "kvf/sampling.h"
 #include "kvf/timer.h"
 #include "kvf/xfer.h"
@@ -103,11 +104,17 @@ typedef struct pf_req {
     uint64_t rng_after;
     uint64_t kv_bytes;
     uint64_t compute_start_ns, compute_end_ns;
+    /* the prefix cache: the prompt's full blocks' hashes (n_full), how
+     * many leading blocks came from the cache, and the first block to
+     * ship (the decode node has none yet: 0) */
+    uint64_t *hashes;
+    uint32_t n_full, cached_blocks, ship_from;
 } pf_req_t;
 
 typedef struct {
     uint64_t requests, completed, failed, cancelled, refused;
     uint64_t stale_dropped, malformed_dropped, unexpected_dropped;
+    uint64_t prefix_hit_tokens, prompt_tokens;
 } pf_counters_t;
 
 /* Scratch of one forward, kept between forwards (forward.c). */
@@ -124,6 +131,9 @@ struct kvf_prefill {
     kvf_prefill_config_t cfg; /* strings: NULL, or the copies below */
     char *router_url, *listen_url;
     kvf_engine_stack_t rt; /* model, backend, pool, engine */
+    kvf_prefix_cache_t *cache; /* NULL: --no-prefix-cache */
+    kvf_block_hash_key_t hash_key;
+    uint64_t hash_root; /* the chain's root: model, KV format, block size */
     kvf_xfer_t *xfer;
     kvf_node_t *node;
     kvf_kv_geometry_t geo;
@@ -203,8 +213,9 @@ void pf_inbox_during_forward(kvf_prefill_t *p);
 void pf_stash_handle(kvf_prefill_t *p);
 /* Frees what is kept (the node stops). */
 void pf_stash_free(kvf_prefill_t *p);
-/* Every batch of r completed: PrefillDone to the router, KvReady to D, r
- * freed (or failed when D cannot be told). */
+/* Every batch of r completed: PrefillDone to the router, KvReady to D, its
+ * full blocks listed in the prefix cache, r freed (or failed when D cannot
+ * be told). */
 void pf_req_complete(kvf_prefill_t *p, pf_req_t *r);
 
 /* ---- peers.c ---- */
@@ -236,6 +247,8 @@ void pf_on_lease_reply(kvf_prefill_t *p, const Kvf__KvLeaseReply *a, const char 
 
 /* ---- forward.c ---- */
 
+/* Blocks a new prompt can have: free, or cached and used by nobody. */
+uint32_t pf_blocks_available(const kvf_prefill_t *p);
 /* Whether a READY request could run now (it holds local blocks or the pool
  * has room for its prompt). */
 bool pf_forward_possible(const kvf_prefill_t *p);

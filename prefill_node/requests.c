@@ -46,6 +46,15 @@ pf_req_t *pf_req_add(kvf_prefill_t *p, kvf_envelope_t *env, pf_peer_t *peer,
     r->hook_status = KVF_OK;
     kvf_timer_init(&r->alloc_timer, pf_on_alloc_timer, p);
     kvf_block_table_init(&r->local);
+    /* The prompt's full blocks' hashes, for the prefix cache (without
+     * memory for them the request just runs cold). */
+    const uint32_t bs = (uint32_t)p->geo.block_size;
+    if (p->cache && r->n_prompt >= bs) {
+        r->hashes = malloc((size_t)(r->n_prompt / bs) * sizeof(uint64_t));
+        if (r->hashes)
+            r->n_full = kvf_block_hash_chain(&p->hash_key, p->hash_root, pr->token_ids,
+                                             r->n_prompt, bs, r->hashes);
+    }
     r->prev = p->tail;
     if (p->tail)
         p->tail->next = r;
@@ -80,6 +89,7 @@ void pf_req_destroy(kvf_prefill_t *p, pf_req_t *r)
     kvf_block_table_fini(&r->local);
     free(r->remote_blocks);
     free(r->logits);
+    free(r->hashes);
     pf_peer_t *peer = r->peer;
     kvf_envelope_free(r->env);
     free(r);

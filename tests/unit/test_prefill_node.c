@@ -190,6 +190,70 @@ static void test_prefill_handoff(void **state)
     rig_stop(&r);
 }
 
+/* One prompt through the node alone: its KV in the decode pool equals the
+ * colocated cold run's bit for bit, so does the first token, and
+ * PrefillDone says how many prompt tokens came from the prefix cache. */
+static void prefix_round(rig_t *r, uint64_t req_id, const uint32_t *ids, uint32_t n,
+                         uint32_t want_cached)
+{
+    rig_ref_t ref;
+    rig_reference(r, ids, n, NULL, &ref);
+    rig_send_prefill(r, req_id, 1, ids, n);
+    uint32_t *dblocks = NULL, dn = 0;
+    bool ready = false, done = false;
+    while (!ready || !done) {
+        bool from_router = false;
+        kvf_envelope_t *env = rig_next_msg(r, 20000, &from_router);
+        assert_non_null(env);
+        if (env->body_case == KVF__ENVELOPE__BODY_KV_ALLOC) {
+            assert_int_equal(env->kv_alloc->req_id, req_id);
+            rig_answer_alloc(r, env->kv_alloc, KVF_OK, 1, &dblocks, &dn);
+        } else if (env->body_case == KVF__ENVELOPE__BODY_KV_READY) {
+            assert_int_equal(env->kv_ready->req_id, req_id);
+            assert_int_equal(env->kv_ready->first_token, ref.first_token);
+            assert_true(rig_compare_kv(r, dblocks, &ref, n) == 0.0);
+            ready = true;
+        } else if (env->body_case == KVF__ENVELOPE__BODY_PREFILL_DONE) {
+            assert_int_equal(env->prefill_done->req_id, req_id);
+            assert_int_equal(env->prefill_done->cached_tokens, want_cached);
+            done = true;
+        } else {
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        }
+        kvf_envelope_free(env);
+    }
+    free(dblocks);
+}
+
+/* The prefix cache: a 100-token prompt, then prompts sharing its first k
+ * blocks (16 k tokens) for every k, then the same prompt again. Each reuses
+ * the cached blocks it can (at most (100 - 32) / 16 = 4: a hit leaves a
+ * tail chunked prefill accepts) and still lands the cold run's K/V and
+ * first token bit for bit; afterwards no block is in use (cached ones are
+ * free for any prompt). */
+static void test_prefill_prefix_cache(void **state)
+{
+    (void)state;
+    rig_t r;
+    rig_start(&r, NULL, "64M", "2048");
+    static uint32_t base[100], other[100], ids[100];
+    rig_make_prompt(base, 100, 77);
+    rig_make_prompt(other, 100, 78);
+    prefix_round(&r, 500, base, 100, 0);
+    for (uint32_t k = 0; k <= 6; k++) {
+        memcpy(ids, base, 16 * k * sizeof(uint32_t));
+        memcpy(ids + 16 * k, other + 16 * k, (100 - 16 * k) * sizeof(uint32_t));
+        if (k < 6)
+            ids[16 * k] = base[16 * k] == 1 ? 2 : 1; /* the (k+1)th block differs */
+        prefix_round(&r, 501 + k, ids, 100, 16 * (k < 4 ? k : 4));
+    }
+    prefix_round(&r, 520, base, 100, 64);
+    /* a prompt too short to leave a tail after any hit computes it all */
+    prefix_round(&r, 521, base, 40, 0);
+    rig_expect_no_blocks(&r);
+    rig_stop(&r);
+}
+
 /* A local pool of 8 blocks (128 tokens): prompts of 7 blocks wait for each
  * other's blocks instead of failing, and one that can never fit is refused
  * with NO_SPACE at once. */
@@ -406,6 +470,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefill_redispatch, rig_kill_child),
         cmocka_unit_test_teardown(test_prefill_bit_exact, rig_kill_child),
         cmocka_unit_test_teardown(test_prefill_pool_full, rig_kill_child),
+        cmocka_unit_test_teardown(test_prefill_prefix_cache, rig_kill_child),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
