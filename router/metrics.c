@@ -39,6 +39,7 @@ struct kvf_metrics {
     uint64_t requests[N_FINISH]; /* finished, by finish reason */
     uint64_t prompt_tokens, generation_tokens;
     uint64_t kv_bytes;
+    uint64_t prefix_queries, prefix_hits, prefix_query_tokens, prefix_hit_tokens;
     histogram_t ttft, itl, e2e, handoff;
 };
 
@@ -120,6 +121,16 @@ void kvf_metrics_observe_handoff(kvf_metrics_t *m, uint64_t handoff_us, uint64_t
         return;
     histogram_observe(&m->handoff, (double)handoff_us * 1e-6, 1);
     m->kv_bytes += kv_bytes;
+}
+
+void kvf_metrics_observe_prefix(kvf_metrics_t *m, uint64_t prompt_tokens, uint64_t cached_tokens)
+{
+    if (!m)
+        return;
+    m->prefix_queries++;
+    m->prefix_hits += cached_tokens > 0;
+    m->prefix_query_tokens += prompt_tokens;
+    m->prefix_hit_tokens += cached_tokens;
 }
 
 /* A label value with \, " and newline escaped, as the text format asks. */
@@ -205,6 +216,16 @@ kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapsho
                 m->generation_tokens);
     put_counter(&sb, "kvf_kv_transfer_bytes_total",
                 "KV cache bytes shipped from prefill to decode nodes.", m->kv_bytes);
+    put_counter(&sb, "kvf_prefix_cache_queries_total",
+                "Prefills that looked up their prompt in the prefix cache.", m->prefix_queries);
+    put_counter(&sb, "kvf_prefix_cache_hits_total",
+                "Prefills that reused cached prompt blocks.", m->prefix_hits);
+    put_counter(&sb, "kvf_prefix_cache_query_tokens_total",
+                "Prompt tokens of the prefills that looked up the prefix cache.",
+                m->prefix_query_tokens);
+    put_counter(&sb, "kvf_prefix_cache_hit_tokens_total",
+                "Prompt tokens reused from the prefix cache instead of computed.",
+                m->prefix_hit_tokens);
     put_histogram(&sb, "kvf_time_to_first_token_seconds",
                   "Time from a request's arrival to its first token.", &m->ttft);
     put_histogram(&sb, "kvf_inter_token_latency_seconds",
@@ -245,6 +266,11 @@ kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapsho
     put_header(&sb, "kvf_kv_blocks_used", "gauge", "KV cache blocks in use on a node.");
     for (size_t i = 0; i < snap->n_nodes; i++)
         put_node_gauge(&sb, "kvf_kv_blocks_used", &snap->nodes[i], snap->nodes[i].blocks_used);
+    put_header(&sb, "kvf_prefix_cache_blocks", "gauge",
+               "Prefix-cache blocks on a node that no request uses (evictable, counted free).");
+    for (size_t i = 0; i < snap->n_nodes; i++)
+        put_node_gauge(&sb, "kvf_prefix_cache_blocks", &snap->nodes[i],
+                       snap->nodes[i].blocks_cached);
     put_header(&sb, "kvf_kv_blocks_total", "gauge", "KV cache blocks of a node's pool.");
     for (size_t i = 0; i < snap->n_nodes; i++)
         put_node_gauge(&sb, "kvf_kv_blocks_total", &snap->nodes[i], snap->nodes[i].blocks_total);

@@ -41,6 +41,9 @@ void kvf_metrics_observe_rejected(kvf_metrics_t *m);
 /* A prefill finished: the KV handoff to the decode node took handoff_us
  * and shipped kv_bytes. */
 void kvf_metrics_observe_handoff(kvf_metrics_t *m, uint64_t handoff_us, uint64_t kv_bytes);
+/* A prefill of prompt_tokens of which cached_tokens came from the prefill
+ * node's prefix cache. */
+void kvf_metrics_observe_prefix(kvf_metrics_t *m, uint64_t prompt_tokens, uint64_t cached_tokens);
 
 /* Renders every metric, with the gauges of snap (queue, running requests,
  * nodes). On success *text_p is malloc'd, NUL-terminated, owned by the

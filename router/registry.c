@@ -302,6 +302,7 @@ void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
         n->blocks_free = hb->load->blocks_free;
         n->blocks_used = hb->load->blocks_used;
         n->blocks_total = hb->load->blocks_total;
+        n->blocks_cached = hb->load->blocks_cached;
         n->running = hb->load->running;
         n->queued_requests = hb->load->queued_requests;
         n->queued_tokens = hb->load->queued_tokens;
@@ -385,6 +386,7 @@ kvf_status_t kvf_router_snapshot(kvf_router_t *r, kvf_router_snapshot_t *snap)
         info->prefill_local = node->prefill_local;
         info->blocks_used = node->blocks_used;
         info->blocks_total = node->blocks_total;
+        info->blocks_cached = node->blocks_cached;
         info->running = node->running;
         info->queued_requests = node->queued_requests;
         info->queued_tokens = node->queued_tokens;

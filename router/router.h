@@ -135,7 +135,7 @@ typedef struct {
     const char *role;  /* "prefill" or "decode" (static) */
     const char *state; /* "live", "draining" or "dead" (static) */
     bool prefill_local;
-    uint32_t blocks_used, blocks_total, running, queued_requests;
+    uint32_t blocks_used, blocks_total, blocks_cached, running, queued_requests;
     uint64_t queued_tokens, dispatched;
 } kvf_router_node_info_t;
 

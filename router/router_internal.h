@@ -68,7 +68,7 @@ typedef struct {
     bool prefill_local;
     kvf_node_state_t state;
     /* From the last heartbeat. */
-    uint32_t blocks_free, blocks_used, blocks_total, running, queued_requests;
+    uint32_t blocks_free, blocks_used, blocks_total, blocks_cached, running, queued_requests;
     uint64_t queued_tokens;
     /* Work handed out since that heartbeat (not in its numbers yet). */
     uint32_t pending_blocks, pending_running;

@@ -193,6 +193,42 @@ static bool log_holds(const h_cluster_t *c, int i, const char *text)
     return found;
 }
 
+/* The prefill node's prefix cache through the whole cluster: a 120-token
+ * prompt, the same prompt again (5 blocks reused: a hit leaves a 32-token
+ * tail), and one sharing its first 4 blocks; each output equals the
+ * colocated cold run, no block stays in use, and the node's final stats
+ * line counts 80 + 64 of 360 prompt tokens hit. */
+static void test_prefix_cache_split(void **state)
+{
+    (void)state;
+    h_gen_t g[3];
+    h_gen_random(&g[0], 120, VOCAB, 901, 12, true);
+    h_gen_random(&g[1], 120, VOCAB, 901, 12, true);
+    h_gen_random(&g[2], 120, VOCAB, 902, 12, true);
+    memcpy(g[2].prompt, g[0].prompt, 64 * sizeof(uint32_t));
+    g[2].prompt[64] = g[0].prompt[64] == 1 ? 2 : 1; /* the fifth block differs */
+    uint32_t *ref[3];
+    size_t n_ref[3];
+    h_references(model_dir, g, 3, ref, n_ref);
+    h_cluster_t c;
+    h_cluster_init(&c, model_dir, "sm,self");
+    h_start_router(&c, NULL);
+    h_start_node(&c, "decode", "decode-0", NULL);
+    int pf = h_start_node(&c, "prefill", "prefill-0", NULL);
+    h_wait_nodes(&c, 2, 120000);
+    for (int i = 0; i < 3; i++) /* one at a time: each finds the last one's blocks */
+        h_generate_many(&c, &g[i], 1, NULL, 240000);
+    h_check_outputs(&c, g, ref, n_ref, 3, H_FINISH_LENGTH);
+    h_wait_no_blocks_used(&c, 30000);
+    assert_int_equal(h_terminate(&c, pf, 60000), 0);
+    if (!log_holds(&c, pf, "prefix cache on: 144 of 360 prompt tokens hit")) {
+        h_cluster_stop(&c, true);
+        fail_msg("the prefill node's stats do not count 144 of 360 tokens hit");
+    }
+    h_cluster_stop(&c, false);
+    h_gens_free(g, ref, 3);
+}
+
 /* Split equals colocated in every KV format, both sides on the same one
  * (KVF_KV_DTYPE reaches the nodes and the colocated `kvf generate
  * --kv-dtype`): a third of the requests, prompts of 1..600 tokens, on one
@@ -444,6 +480,7 @@ int main(void)
         cmocka_unit_test_teardown(test_2_prefill_3_decode_tcp, h_teardown),
         cmocka_unit_test_teardown(test_split_qwen3_sliding_window, h_teardown),
         cmocka_unit_test_teardown(test_split_gemma2, h_teardown),
+        cmocka_unit_test_teardown(test_prefix_cache_split, h_teardown),
         cmocka_unit_test_teardown(test_split_every_kv_dtype, kv_dtype_teardown),
         cmocka_unit_test_teardown(test_refusal, h_teardown),
         cmocka_unit_test_teardown(test_cancel, h_teardown),

@@ -69,10 +69,13 @@ static void test_observe_and_render(void **state)
     kvf_metrics_observe_rejected(m);
     kvf_metrics_observe_handoff(m, 1500, 4096);
     kvf_metrics_observe_handoff(m, 500, 1024);
+    kvf_metrics_observe_prefix(m, 100, 0);
+    kvf_metrics_observe_prefix(m, 100, 64);
+    kvf_metrics_observe_prefix(m, 40, 16);
 
     kvf_router_node_info_t nodes[2] = {
         {.id = "dec\"0", .role = "decode", .state = "live", .blocks_used = 5, .blocks_total = 20},
-        {.id = "pre-0", .role = "prefill", .state = "dead"},
+        {.id = "pre-0", .role = "prefill", .state = "dead", .blocks_cached = 9},
     };
     kvf_router_snapshot_t snap = {
         .requests_queued = 2, .requests_running = 3, .n_nodes = 2, .nodes = nodes};
@@ -88,6 +91,11 @@ static void test_observe_and_render(void **state)
     assert_true(sample(text, "kvf_prompt_tokens_total") == 14);
     assert_true(sample(text, "kvf_generation_tokens_total") == 7);
     assert_true(sample(text, "kvf_kv_transfer_bytes_total") == 5120);
+    assert_true(sample(text, "kvf_prefix_cache_queries_total") == 3);
+    assert_true(sample(text, "kvf_prefix_cache_hits_total") == 2);
+    assert_true(sample(text, "kvf_prefix_cache_query_tokens_total") == 240);
+    assert_true(sample(text, "kvf_prefix_cache_hit_tokens_total") == 80);
+    assert_true(sample(text, "kvf_prefix_cache_blocks{node=\"pre-0\",role=\"prefill\"}") == 9);
     check_histogram(text, "kvf_time_to_first_token_seconds", 2);
     /* Every token after a request's first: 3 + 1, and 1. */
     check_histogram(text, "kvf_inter_token_latency_seconds", 5);
