@@ -5,8 +5,8 @@
  * Memory: one slab of entries and one of their token ids, both sized at
  * create for the most blocks the cache can list (max_blocks, or the
  * pool's block count), so listing a block allocates nothing but hash
- * buckets. The delta sets draw their nodes from a slab of the same size
- * per set.
+ * buckets. Each delta set draws its nodes from a slab of the same size
+ * (delta_record says why that is enough).
  *
  * Eviction keeps one LRU list of every listed block, in use or not. The
  * cache cannot keep evictable and in-use blocks on separate lists: a
@@ -173,9 +173,10 @@ static kvf_status_t delta_set_put(pc_delta_set_t *s, uint64_t hash)
 
 /* Records that hash became listed (added) or unlisted (!added). A change
  * that undoes a pending one cancels it: between two reports the receiver
- * needs only the net change. When a set is full (more changes pending
- * than the cache can list: a full list is no longer) or its table cannot
- * grow, both sets are dropped and only a full list resyncs. */
+ * needs only the net change. So added is a subset of what is listed now
+ * and removed of what was listed at the last report, neither more than
+ * cap: the node slabs cannot run out. Should a set's table fail to grow
+ * (no memory), both sets are dropped and only a full list resyncs. */
 static void delta_record(kvf_prefix_cache_t *c, uint64_t hash, bool added)
 {
     if (c->deltas_overflowed)
