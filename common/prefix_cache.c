@@ -5,8 +5,8 @@
  * Memory: one slab of entries and one of their token ids, both sized at
  * create for the most blocks the cache can list (max_blocks, or the
  * pool's block count), so listing a block allocates nothing but hash
- * buckets. The delta sets draw their nodes from a slab of the same size
- * per set.
+ * buckets. Each delta set draws its nodes from a slab of the same size
+ * (delta_record says why that is enough).
  *
  * Eviction keeps one LRU list of every listed block, in use or not. The
  * cache cannot keep evictable and in-use blocks on separate lists: a
@@ -30,9 +30,9 @@
 #include <string.h>
 
 typedef struct pc_entry {
-    uint64_t hash;  /* masked; the table's key */
-    uint32_t block; /* pool block id; UINT32_MAX while the slot is free */
-    uint32_t slot;  /* index in the slabs: tokens at tokens + slot * block_size */
+    uint64_t hash;                /* masked; the table's key */
+    uint32_t block;               /* pool block id; UINT32_MAX while the slot is free */
+    uint32_t slot;                /* index in the slabs: tokens at tokens + slot * block_size */
     struct pc_entry *prev, *next; /* LRU list (prev: more recent); next also links free slots */
     UT_hash_handle hh;
 } pc_entry_t;
@@ -173,9 +173,10 @@ static kvf_status_t delta_set_put(pc_delta_set_t *s, uint64_t hash)
 
 /* Records that hash became listed (added) or unlisted (!added). A change
  * that undoes a pending one cancels it: between two reports the receiver
- * needs only the net change. When a set is full (more changes pending
- * than the cache can list: a full list is no longer) or its table cannot
- * grow, both sets are dropped and only a full list resyncs. */
+ * needs only the net change. So added is a subset of what is listed now
+ * and removed of what was listed at the last report, neither more than
+ * cap: the node slabs cannot run out. Should a set's table fail to grow
+ * (no memory), both sets are dropped and only a full list resyncs. */
 static void delta_record(kvf_prefix_cache_t *c, uint64_t hash, bool added)
 {
     if (c->deltas_overflowed)
@@ -353,8 +354,8 @@ uint32_t kvf_prefix_cache_match(kvf_prefix_cache_t *cache, const uint64_t *hashe
         pc_entry_t *e = entry_find(cache, hashes[n] & cache->mask);
         if (!e)
             break;
-        if (memcmp(entry_tokens(cache, e), tokens + (size_t)n * cache->block_size,
-                   block_bytes) != 0) {
+        if (memcmp(entry_tokens(cache, e), tokens + (size_t)n * cache->block_size, block_bytes) !=
+            0) {
             cache->stats.collisions++;
             break;
         }
@@ -382,8 +383,8 @@ kvf_status_t kvf_prefix_cache_insert(kvf_prefix_cache_t *cache, const uint64_t *
         if (e) {
             lru_place(cache, anchor, e);
         } else {
-            kvf_status_t st = entry_add(cache, hash, tokens + (size_t)i * cache->block_size,
-                                        ids[i], anchor, &e);
+            kvf_status_t st =
+                entry_add(cache, hash, tokens + (size_t)i * cache->block_size, ids[i], anchor, &e);
             if (st != KVF_OK)
                 return st;
         }
@@ -431,9 +432,8 @@ static void delta_set_copy(const pc_delta_set_t *s, uint64_t *out_p, uint32_t *n
     *n_p = n;
 }
 
-bool kvf_prefix_cache_take_deltas(kvf_prefix_cache_t *cache, uint64_t *added_p,
-                                  uint32_t *n_added_p, uint64_t *removed_p, uint32_t *n_removed_p,
-                                  uint32_t cap)
+bool kvf_prefix_cache_take_deltas(kvf_prefix_cache_t *cache, uint64_t *added_p, uint32_t *n_added_p,
+                                  uint64_t *removed_p, uint32_t *n_removed_p, uint32_t cap)
 {
     delta_set_copy(&cache->added, added_p, n_added_p, cap);
     delta_set_copy(&cache->removed, removed_p, n_removed_p, cap);

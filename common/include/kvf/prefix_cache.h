@@ -93,7 +93,9 @@ void kvf_prefix_cache_destroy(kvf_prefix_cache_t *cache);
  * takes a pool reference on that block for the caller and writes its id
  * to ids_p[i]. At most n_hashes blocks. Returns the count matched (the
  * caller releases those references with kvf_kvpool_release). Marks the
- * matched blocks most recently used. */
+ * matched blocks most recently used, the first block the most recent (so
+ * eviction trims a cached prefix from its end; insert places a
+ * sequence's blocks the same way). */
 uint32_t kvf_prefix_cache_match(kvf_prefix_cache_t *cache, const uint64_t *hashes,
                                 const uint32_t *tokens, uint32_t n_hashes, uint32_t *ids_p);
 
@@ -127,7 +129,10 @@ bool kvf_prefix_cache_contains(const kvf_prefix_cache_t *cache, uint64_t hash);
  * call, up to cap each; *n_added_p / *n_removed_p their counts; returns
  * true when some did not fit (the caller then sends a full resync with
  * kvf_prefix_cache_list). A hash added then removed between two calls
- * appears in neither. */
+ * appears in neither (so does one removed then added again). A false
+ * return consumes what it wrote; after a true one what it wrote is partial
+ * and nothing is consumed: the deltas stay pending until
+ * kvf_prefix_cache_list clears them. */
 bool kvf_prefix_cache_take_deltas(kvf_prefix_cache_t *cache, uint64_t *added_p,
                                   uint32_t *n_added_p, uint64_t *removed_p, uint32_t *n_removed_p,
                                   uint32_t cap);
