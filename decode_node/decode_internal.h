@@ -38,7 +38,10 @@
 #define DECODE_SEAL_MARGIN_MS 2000
 
 /* Attempts remembered as cancelled before any message of theirs came
- * (requests.c); past it the oldest is forgotten. */
+ * (requests.c); past it the oldest is forgotten. Each is remembered for
+ * as long as a reservation may wait to seal (lease plus the margin): a
+ * KvAlloc later than that finds it gone (a restarted router numbers its
+ * requests from 1 again). */
 #define DECODE_CANCELLED_MAX 4096
 
 /* One request this node holds, for one epoch. */
@@ -76,6 +79,7 @@ typedef struct {
  * epoch of the request). */
 typedef struct {
     uint64_t req_id, epoch;
+    uint64_t at_ns; /* when the Cancel came */
 } dec_cancelled_t;
 
 /* A TokenChunk waiting for the next TokenBatch: at most one token, and
@@ -179,7 +183,8 @@ bool dec_req_releasing_reserved(const kvf_decode_t *d, uint64_t req_id);
  * connection than the Cancel), and must not then take blocks. */
 void dec_req_note_cancelled(kvf_decode_t *d, uint64_t req_id, uint64_t epoch);
 
-/* Whether a Cancel noted by dec_req_note_cancelled covers (req_id, epoch). */
+/* Whether a Cancel noted by dec_req_note_cancelled, no older than a lease
+ * plus DECODE_SEAL_MARGIN_MS, covers (req_id, epoch). */
 bool dec_req_was_cancelled(const kvf_decode_t *d, uint64_t req_id, uint64_t epoch);
 
 /* Frees what dec_req_note_cancelled remembered. */

@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "decode_internal.h" /* DECODE_SEAL_MARGIN_MS */
 #include "decode_rig.h"
 
 #include <signal.h>
@@ -97,7 +98,8 @@ static int alloc_status(drig_t *h, uint64_t id, uint64_t epoch, uint32_t n_token
  * connections: the Cancel may come first. The KvAlloc is then refused
  * (CANCELLED) instead of reserving blocks that nobody would seal or cancel
  * (they would stay held until the seal deadline, past a lease). Here both
- * come from the rig's one connection, so the Cancel is taken first. */
+ * come from the rig's one connection, so the Cancel is taken first. The
+ * node remembers such a Cancel for a lease plus the seal margin. */
 static void test_cancel_before_kv_alloc(void **state)
 {
     drig_t *h = *state;
@@ -122,6 +124,20 @@ static void test_cancel_before_kv_alloc(void **state)
     drig_send_cancel(h, 802, 1, NULL);
     drig_send_cancel(h, 803, 1, NULL);
     drig_send_cancel(h, 800, 2, NULL);
+    drig_expect_no_blocks_used(h);
+    /* Remembered for a lease plus the seal margin only: a KvAlloc taken
+     * later reserves (a restarted router numbers requests from 1 again).
+     * The reply to a KvAlloc sent after the Cancel shows the Cancel was
+     * taken by then. */
+    drig_send_cancel(h, 804, 1, NULL);
+    assert_int_equal(alloc_status(h, 805, 1, n), 0);
+    uint64_t until =
+        kvf_clock_ns() + (uint64_t)(DRIG_LEASE_MS + DECODE_SEAL_MARGIN_MS + 100) * 1000000ull;
+    while (kvf_clock_ns() < until)
+        drig_pump(h, 50, NULL, NULL);
+    assert_int_equal(alloc_status(h, 804, 1, n), 0);
+    drig_send_cancel(h, 804, 1, NULL);
+    drig_send_cancel(h, 805, 1, NULL);
     drig_expect_no_blocks_used(h);
     assert_int_equal(drig_stop(h), 0);
 }
