@@ -156,6 +156,13 @@ kvf_status_t dec_admit(kvf_decode_t *d, const dec_admit_spec_t *spec, char *why,
 {
     unsigned long long id = (unsigned long long)spec->req_id,
                        epoch = (unsigned long long)spec->epoch;
+    if (dec_req_was_cancelled(d, spec->req_id, spec->epoch)) {
+        d->stats.stale_dropped++;
+        kvf_log_info("request %llu epoch %llu: %s for an attempt cancelled before it came", id,
+                     epoch, spec->what);
+        snprintf(why, why_len, "the request was cancelled");
+        return KVF_ERR_CANCELLED;
+    }
     kvf_status_t st = order_epochs(d, spec, r_p);
     if (st != KVF_OK)
         return st;

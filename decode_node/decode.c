@@ -247,6 +247,7 @@ void kvf_decode_destroy(kvf_decode_t *d)
     while (d->n_reqs)
         dec_req_release_blocks(d, d->reqs[d->n_reqs - 1]);
     free(d->reqs);
+    dec_req_cancelled_free(d);
     dec_senders_free(d);
     dec_stash_free(d);
     free(d->chunks);

@@ -37,6 +37,13 @@
  * that has not sealed (KvReady and the last batch both seen). */
 #define DECODE_SEAL_MARGIN_MS 2000
 
+/* Attempts remembered as cancelled before any message of theirs came
+ * (requests.c); past it the oldest is forgotten. Each is remembered for
+ * as long as a reservation may wait to seal (lease plus the margin): a
+ * KvAlloc later than that finds it gone (a restarted router numbers its
+ * requests from 1 again). */
+#define DECODE_CANCELLED_MAX 4096
+
 /* One request this node holds, for one epoch. */
 typedef struct {
     uint64_t req_id;
@@ -67,6 +74,13 @@ typedef struct {
     kvf_timer_t seal_timer; /* transferred: the handoff must seal before it fires */
     bool kv_on_device;      /* transferred K/V copied from the host mirror (device pools) */
 } dec_req_t;
+
+/* An attempt the router cancelled before its KvAlloc came (epoch 0: every
+ * epoch of the request). */
+typedef struct {
+    uint64_t req_id, epoch;
+    uint64_t at_ns; /* when the Cancel came */
+} dec_cancelled_t;
 
 /* A TokenChunk waiting for the next TokenBatch: at most one token, and
  * its text, text_len bytes at text_off in the batch's text buffer (it may
@@ -109,6 +123,11 @@ struct kvf_decode {
 
     dec_req_t **reqs; /* (n_reqs) in admission order: local prefills are served FIFO */
     size_t n_reqs, cap_reqs;
+
+    /* Cancels that came before the attempt they end (requests.c): a ring
+     * of (n_cancelled) entries from cancelled_head, allocated on first use. */
+    dec_cancelled_t *cancelled;
+    size_t n_cancelled, cancelled_head;
 
     /* Messages read during a step for the loop, in order (loop.c). */
     kvf_kept_t stash;
@@ -158,6 +177,19 @@ bool dec_req_seen_epoch(const kvf_decode_t *d, uint64_t req_id, uint64_t epoch);
  * (the transport keys reservations by req_id alone). */
 bool dec_req_releasing_reserved(const kvf_decode_t *d, uint64_t req_id);
 
+/* Remembers that the router cancelled (req_id, epoch) (epoch 0: every
+ * epoch) while this node held no live entry of it: the attempt's KvAlloc
+ * may still be on its way (it comes from the prefill node, on another
+ * connection than the Cancel), and must not then take blocks. */
+void dec_req_note_cancelled(kvf_decode_t *d, uint64_t req_id, uint64_t epoch);
+
+/* Whether a Cancel noted by dec_req_note_cancelled, no older than a lease
+ * plus DECODE_SEAL_MARGIN_MS, covers (req_id, epoch). */
+bool dec_req_was_cancelled(const kvf_decode_t *d, uint64_t req_id, uint64_t epoch);
+
+/* Frees what dec_req_note_cancelled remembered. */
+void dec_req_cancelled_free(kvf_decode_t *d);
+
 /* Requests admitted and not yet ended. */
 uint32_t dec_req_live_count(const kvf_decode_t *d);
 
@@ -197,8 +229,11 @@ typedef struct {
  * KVF_ERR_STALE: the message is for an epoch older than (or equal to, for
  * a local request) one this node has seen; dropped and counted, no answer.
  * KVF_ERR_AGAIN: the same epoch is live already (a duplicate); *r_p is it;
- * counted as malformed. Any other status: refused (counted) and why holds
- * the reason to answer with. A live older epoch is ended first. */
+ * counted as malformed. KVF_ERR_CANCELLED: the router cancelled the
+ * attempt before this message came (dec_req_note_cancelled); counted as
+ * stale, why says so (answered: the sender stops waiting). Any other
+ * status: refused (counted) and why holds the reason to answer with. A
+ * live older epoch is ended first. */
 kvf_status_t dec_admit(kvf_decode_t *d, const dec_admit_spec_t *spec, char *why, size_t why_len,
                        dec_req_t **r_p);
 

@@ -185,8 +185,14 @@ static void on_kv_ready(kvf_decode_t *d, const Kvf__KvReady *m)
 static void on_cancel(kvf_decode_t *d, const Kvf__Cancel *m)
 {
     dec_req_t *r = dec_req_find_live(d, m->req_id);
-    if (!r) {
-        kvf_log_debug("cancel of request %llu: not here", (unsigned long long)m->req_id);
+    /* The attempt's KvAlloc comes from its prefill node, on another
+     * connection: it may still be on its way. Remembered, it is refused
+     * when it comes instead of holding blocks nobody will seal. */
+    if (!r || (m->epoch && m->epoch > r->epoch)) {
+        if (m->req_id && !dec_req_seen_epoch(d, m->req_id, m->epoch ? m->epoch : UINT64_MAX))
+            dec_req_note_cancelled(d, m->req_id, m->epoch);
+        kvf_log_debug("cancel of request %llu epoch %llu: not here yet",
+                      (unsigned long long)m->req_id, (unsigned long long)m->epoch);
         return;
     }
     if (m->epoch && m->epoch != r->epoch) {

@@ -4,6 +4,7 @@
 #include "decode_internal.h"
 
 #include "kvf/array.h"
+#include "kvf/clock.h"
 #include "kvf/kvcache.h"
 #include "kvf/log.h"
 
@@ -143,4 +144,43 @@ void dec_req_fail(kvf_decode_t *d, dec_req_t *r, kvf_status_t status, const char
     dec_send_error(d, r->req_id, r->epoch, status, "%s", text);
     d->stats.requests_failed++;
     dec_req_end(d, r);
+}
+
+/* ---- cancels that came first ------------------------------------------------ */
+
+void dec_req_note_cancelled(kvf_decode_t *d, uint64_t req_id, uint64_t epoch)
+{
+    if (dec_req_was_cancelled(d, req_id, epoch))
+        return;
+    if (!d->cancelled) {
+        d->cancelled = calloc(DECODE_CANCELLED_MAX, sizeof(*d->cancelled));
+        if (!d->cancelled)
+            return; /* the attempt's lease and seal deadline still end it */
+    }
+    size_t at = (d->cancelled_head + d->n_cancelled) % DECODE_CANCELLED_MAX;
+    if (d->n_cancelled == DECODE_CANCELLED_MAX)
+        d->cancelled_head = (d->cancelled_head + 1) % DECODE_CANCELLED_MAX; /* oldest forgotten */
+    else
+        d->n_cancelled++;
+    d->cancelled[at] = (dec_cancelled_t){.req_id = req_id, .epoch = epoch, .at_ns = kvf_clock_ns()};
+}
+
+bool dec_req_was_cancelled(const kvf_decode_t *d, uint64_t req_id, uint64_t epoch)
+{
+    uint64_t keep_ns = ((uint64_t)d->cfg.lease_ms + DECODE_SEAL_MARGIN_MS) * 1000000ull;
+    uint64_t now = kvf_clock_ns();
+    for (size_t i = 0; i < d->n_cancelled; i++) {
+        const dec_cancelled_t *c = &d->cancelled[(d->cancelled_head + i) % DECODE_CANCELLED_MAX];
+        if (c->req_id == req_id && (c->epoch == 0 || c->epoch == epoch) &&
+            now - c->at_ns <= keep_ns)
+            return true;
+    }
+    return false;
+}
+
+void dec_req_cancelled_free(kvf_decode_t *d)
+{
+    free(d->cancelled);
+    d->cancelled = NULL;
+    d->n_cancelled = d->cancelled_head = 0;
 }

@@ -1,7 +1,8 @@
 /* kvf-decode when things go wrong, in the rig of decode_rig.h: a lease
  * that ends with nobody writing, stale epochs, refusals (beyond the
  * context, max_running, bad prefill requests), garbage frames and
- * unexpected messages, a cancel mid-decode, and SIGTERM (drain) and
+ * unexpected messages, a cancel mid-decode, a cancel that comes before
+ * the KvAlloc of its attempt, and SIGTERM (drain) and
  * SIGINT (stop) while a request decodes. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "decode_internal.h" /* DECODE_SEAL_MARGIN_MS */
 #include "decode_rig.h"
 
 #include <signal.h>
@@ -80,6 +82,62 @@ static void test_refusals(void **state)
         assert_int_equal(drig_seen(h, id)->error, KVF_ERR_INVAL);
     }
     drig_send_cancel(h, 404, 0, NULL);
+    drig_expect_no_blocks_used(h);
+    assert_int_equal(drig_stop(h), 0);
+}
+
+/* Sends a KvAlloc of (id, epoch) and returns the status of its reply. */
+static int alloc_status(drig_t *h, uint64_t id, uint64_t epoch, uint32_t n_tokens)
+{
+    drig_send_kv_alloc(h, id, epoch, n_tokens, 8);
+    assert_true(drig_pump(h, 5000, drig_alloc_replied, &id));
+    return h->alloc_status;
+}
+
+/* The router's Cancel and the prefill node's KvAlloc travel on different
+ * connections: the Cancel may come first. The KvAlloc is then refused
+ * (CANCELLED) instead of reserving blocks that nobody would seal or cancel
+ * (they would stay held until the seal deadline, past a lease). Here both
+ * come from the rig's one connection, so the Cancel is taken first. The
+ * node remembers such a Cancel for a lease plus the seal margin. */
+static void test_cancel_before_kv_alloc(void **state)
+{
+    drig_t *h = *state;
+    drig_start(h, NULL);
+    uint32_t n = (uint32_t)h->prompts[0].n_ids;
+    /* the attempt cancelled, then its KvAlloc */
+    drig_send_cancel(h, 800, 1, "cancelled by the client");
+    assert_int_equal(alloc_status(h, 800, 1, n), KVF_ERR_CANCELLED);
+    assert_int_equal(h->n_alloc_blocks, 0);
+    /* a Cancel of every epoch covers any later epoch */
+    drig_send_cancel(h, 801, 0, NULL);
+    assert_int_equal(alloc_status(h, 801, 3, n), KVF_ERR_CANCELLED);
+    /* a Cancel of a newer epoch than the live one: that epoch's KvAlloc
+     * is refused, the live epoch goes on until cancelled itself */
+    assert_int_equal(alloc_status(h, 802, 1, n), 0);
+    drig_send_cancel(h, 802, 2, NULL);
+    assert_int_equal(alloc_status(h, 802, 2, n), KVF_ERR_CANCELLED);
+    /* another request, and a later epoch of an epoch-1 cancel, still
+     * reserve */
+    assert_int_equal(alloc_status(h, 803, 1, n), 0);
+    assert_int_equal(alloc_status(h, 800, 2, n), 0);
+    drig_send_cancel(h, 802, 1, NULL);
+    drig_send_cancel(h, 803, 1, NULL);
+    drig_send_cancel(h, 800, 2, NULL);
+    drig_expect_no_blocks_used(h);
+    /* Remembered for a lease plus the seal margin only: a KvAlloc taken
+     * later reserves (a restarted router numbers requests from 1 again).
+     * The reply to a KvAlloc sent after the Cancel shows the Cancel was
+     * taken by then. */
+    drig_send_cancel(h, 804, 1, NULL);
+    assert_int_equal(alloc_status(h, 805, 1, n), 0);
+    uint64_t until =
+        kvf_clock_ns() + (uint64_t)(DRIG_LEASE_MS + DECODE_SEAL_MARGIN_MS + 100) * 1000000ull;
+    while (kvf_clock_ns() < until)
+        drig_pump(h, 50, NULL, NULL);
+    assert_int_equal(alloc_status(h, 804, 1, n), 0);
+    drig_send_cancel(h, 804, 1, NULL);
+    drig_send_cancel(h, 805, 1, NULL);
     drig_expect_no_blocks_used(h);
     assert_int_equal(drig_stop(h), 0);
 }
@@ -235,6 +293,7 @@ int main(void)
                                         drig_teardown),
         cmocka_unit_test_setup_teardown(test_refusals, drig_setup, drig_teardown),
         cmocka_unit_test_setup_teardown(test_malformed_and_cancel, drig_setup, drig_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_before_kv_alloc, drig_setup, drig_teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_drains, drig_setup, drig_teardown),
         cmocka_unit_test_setup_teardown(test_sigint_stops, drig_setup, drig_teardown),
     };
