@@ -199,6 +199,13 @@ int kvf_node_timeout_ms(const kvf_node_t *node)
                             : kvf_clock_ms_until(node->next_register_ns);
 }
 
+uint32_t kvf_node_prefix_key(const kvf_node_t *node, uint64_t key_p[2])
+{
+    if (node->prefix_key_gen)
+        memcpy(key_p, node->prefix_key, sizeof(node->prefix_key));
+    return node->prefix_key_gen;
+}
+
 bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env)
 {
     if (env->body_case == KVF__ENVELOPE__BODY_REGISTER_REPLY) {
@@ -218,6 +225,14 @@ bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env)
         if (!node->registered)
             kvf_log_info("registered with router %s", node->router_url);
         node->registered = true;
+        if (r->prefix_key.len == sizeof(node->prefix_key)) {
+            uint64_t k[2];
+            memcpy(k, r->prefix_key.data, sizeof(k));
+            if (node->prefix_key_gen == 0 || memcmp(k, node->prefix_key, sizeof(k)) != 0) {
+                memcpy(node->prefix_key, k, sizeof(k));
+                node->prefix_key_gen++;
+            }
+        }
         if (r->heartbeat_ms >= 50 && r->heartbeat_ms <= 60000)
             node->cfg.heartbeat_ms = r->heartbeat_ms;
         kvf_node__beat_set_registered(node, true, node->cfg.heartbeat_ms);

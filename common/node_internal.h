@@ -65,6 +65,8 @@ struct kvf_node {
     kvf_outbox_t *router;
     kvf_outboxes_t *peers;
     bool registered;
+    uint64_t prefix_key[2];  /* the router's block-hash key (RegisterReply) */
+    uint32_t prefix_key_gen; /* 0: none yet; +1 each time it changes */
     kvf_status_t refused; /* KVF_OK unless the router refused us */
     uint64_t next_register_ns;
     unsigned register_retry_ms; /* the next retry's delay (node.c) */

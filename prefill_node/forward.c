@@ -134,7 +134,7 @@ static bool req_take_local(kvf_prefill_t *p, pf_req_t *r)
 {
     if (r->local.n_blocks)
         return true;
-    if (p->cache && r->hashes)
+    if (p->cache && r->hashes && r->key_gen == p->key_gen)
         return take_local_cached(p, r);
     p->count.prompt_tokens += r->n_prompt;
     return kvf_block_table_reserve(&r->local, p->rt.pool, r->n_prompt) == KVF_OK;

@@ -300,7 +300,7 @@ void pf_req_complete(kvf_prefill_t *p, pf_req_t *r)
     /* Every block is computed and shipped: the full ones stay for later
      * prompts with the same prefix (the cache takes its own references;
      * destroying r drops the request's). */
-    if (p->cache && r->hashes && r->done == r->n_prompt) {
+    if (p->cache && r->hashes && r->done == r->n_prompt && r->key_gen == p->key_gen) {
         kvf_status_t cst = kvf_prefix_cache_insert(p->cache, r->hashes, r->pr->token_ids,
                                                    r->local.blocks, r->n_full);
         if (cst != KVF_OK)

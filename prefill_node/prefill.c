@@ -12,7 +12,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 /* ---- the load report ------------------------------------------------- */
 
@@ -294,22 +293,40 @@ static bool config_valid(const kvf_prefill_config_t *cfg)
            cfg->alloc_timeout_ms >= 1;
 }
 
-/* The prefix cache over the local pool. Its hashes never leave this node
- * yet, so the key is this process's own, from the kernel's random source:
- * nothing outside can predict or probe them. */
+/* The prefix cache over the local pool; its hash key comes from the
+ * router (pf_prefix_key_sync). */
 static kvf_status_t create_prefix_cache(kvf_prefill_t *p)
 {
-    if (getrandom(&p->hash_key, sizeof(p->hash_key), 0) != (ssize_t)sizeof(p->hash_key)) {
-        kvf_log_error("prefix cache: no random key");
-        return KVF_ERR_IO;
-    }
-    uint64_t fp = strtoull(kvf_model_fingerprint(p->rt.model), NULL, 16);
-    p->hash_root = kvf_block_hash_root(&p->hash_key, fp, (int)p->geo.dtype,
-                                       (uint32_t)p->geo.block_size, NULL, 0);
     kvf_status_t st = kvf_prefix_cache_create(p->rt.pool, 0, &p->cache);
     if (st != KVF_OK)
         kvf_log_error("prefix cache: %s", kvf_status_str(st));
     return st;
+}
+
+bool pf_prefix_key_sync(kvf_prefill_t *p)
+{
+    uint64_t k[2];
+    uint32_t gen = p->cache ? kvf_node_prefix_key(p->node, k) : 0;
+    if (gen == 0)
+        return false;
+    if (gen != p->key_gen) {
+        if (p->key_gen) {
+            /* Another router run, another key: what is cached is unreachable
+             * under it. Blocks requests hold stay theirs. */
+            kvf_prefix_cache_t *fresh = NULL;
+            if (kvf_prefix_cache_create(p->rt.pool, 0, &fresh) != KVF_OK)
+                return false;
+            kvf_prefix_cache_destroy(p->cache);
+            p->cache = fresh;
+            kvf_log_info("prefix cache: the cluster's hash key changed; starting afresh");
+        }
+        p->hash_key = (kvf_block_hash_key_t){k[0], k[1]};
+        uint64_t fp = strtoull(kvf_model_fingerprint(p->rt.model), NULL, 16);
+        p->hash_root = kvf_block_hash_root(&p->hash_key, fp, (int)p->geo.dtype,
+                                           (uint32_t)p->geo.block_size, NULL, 0);
+        p->key_gen = gen;
+    }
+    return true;
 }
 
 /* Loads the model into backend, pool and engine (K/V mirrored in host

@@ -109,6 +109,7 @@ typedef struct pf_req {
      * ship (the decode node has none yet: 0) */
     uint64_t *hashes;
     uint32_t n_full, cached_blocks, ship_from;
+    uint32_t key_gen; /* the key generation the hashes are of */
 } pf_req_t;
 
 typedef struct {
@@ -134,6 +135,7 @@ struct kvf_prefill {
     kvf_prefix_cache_t *cache; /* NULL: --no-prefix-cache */
     kvf_block_hash_key_t hash_key;
     uint64_t hash_root; /* the chain's root: model, KV format, block size */
+    uint32_t key_gen;   /* the node runtime's key generation hash_key is of; 0: none */
     kvf_xfer_t *xfer;
     kvf_node_t *node;
     kvf_kv_geometry_t geo;
@@ -163,6 +165,10 @@ static inline uint64_t pf_us_between(uint64_t from_ns, uint64_t to_ns)
 {
     return to_ns > from_ns ? (to_ns - from_ns) / 1000u : 0;
 }
+
+/* Brings the prefix cache's key up to the router's (a new key empties the
+ * cache); false when there is no cache or no key yet (prompts run cold). */
+bool pf_prefix_key_sync(kvf_prefill_t *p);
 
 /* ---- requests.c ---- */
 

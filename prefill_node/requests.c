@@ -49,11 +49,12 @@ pf_req_t *pf_req_add(kvf_prefill_t *p, kvf_envelope_t *env, pf_peer_t *peer,
     /* The prompt's full blocks' hashes, for the prefix cache (without
      * memory for them the request just runs cold). */
     const uint32_t bs = (uint32_t)p->geo.block_size;
-    if (p->cache && r->n_prompt >= bs) {
+    if (r->n_prompt >= bs && pf_prefix_key_sync(p)) {
         r->hashes = malloc((size_t)(r->n_prompt / bs) * sizeof(uint64_t));
         if (r->hashes)
             r->n_full = kvf_block_hash_chain(&p->hash_key, p->hash_root, pr->token_ids,
                                              r->n_prompt, bs, r->hashes);
+        r->key_gen = p->key_gen;
     }
     r->prev = p->tail;
     if (p->tail)

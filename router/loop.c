@@ -233,6 +233,14 @@ kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **ro
     if (getrandom(&r->seed_state, sizeof(r->seed_state), GRND_NONBLOCK) !=
         (ssize_t)sizeof(r->seed_state))
         r->seed_state = kvf_clock_ns() ^ ((uint64_t)getpid() << 32);
+    /* Every node hashes prefix blocks under this key (RegisterReply), so
+     * hashes compare across nodes; a router restart changes it and the
+     * nodes start their caches afresh. */
+    if (getrandom(r->prefix_key, sizeof(r->prefix_key), GRND_NONBLOCK) !=
+        (ssize_t)sizeof(r->prefix_key)) {
+        uint64_t k[2] = {r->seed_state * 0x9e3779b97f4a7c15ull, kvf_clock_ns()};
+        memcpy(r->prefix_key, k, sizeof(r->prefix_key));
+    }
     pthread_mutex_init(&r->post_lock, NULL);
     kvf_status_t st = kvf_model_config_load(cfg->model_dir, &r->model);
     if (st != KVF_OK)

@@ -97,6 +97,8 @@ static void reply_register(kvf_router_t *r, const char *url, const char *node_id
     rr.status = status;
     rr.error = (char *)(error ? error : "");
     rr.heartbeat_ms = r->cfg.heartbeat_ms;
+    if (status == KVF_OK)
+        rr.prefix_key = (ProtobufCBinaryData){sizeof(r->prefix_key), r->prefix_key};
     kvf_envelope_t env;
     kvf_envelope_init(&env, "router");
     env.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;

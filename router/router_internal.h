@@ -157,6 +157,7 @@ typedef struct kvf_posted kvf_posted_t;
 
 struct kvf_router {
     kvf_router_config_t cfg;
+    uint8_t prefix_key[16]; /* the cluster's block-hash key, random per router run */
     kvf_evloop_t *loop; /* the one wait: sockets, posted work, every deadline */
     kvf_model_config_t model;
     kvf_tokenizer_t *tok;

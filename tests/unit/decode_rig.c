@@ -164,6 +164,8 @@ static void on_register(drig_t *h, const Kvf__Register *r)
     Kvf__RegisterReply rep = KVF__REGISTER_REPLY__INIT;
     rep.node_id = r->node_id;
     rep.heartbeat_ms = 100;
+    static uint8_t prefix_key[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    rep.prefix_key = (ProtobufCBinaryData){sizeof(prefix_key), prefix_key};
     kvf_envelope_t out;
     kvf_envelope_init(&out, "fake-router");
     out.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;

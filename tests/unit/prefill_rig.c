@@ -197,6 +197,8 @@ void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *
     Kvf__RegisterReply rr = KVF__REGISTER_REPLY__INIT;
     rr.node_id = r->prefill_id;
     rr.heartbeat_ms = 100;
+    static uint8_t prefix_key[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    rr.prefix_key = (ProtobufCBinaryData){sizeof(prefix_key), prefix_key};
     kvf_envelope_t out;
     kvf_envelope_init(&out, "router");
     out.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;

@@ -30,6 +30,8 @@ typedef struct {
     kvf_router_t *r;
     kvf_inbox_t *node_inbox[2]; /* where the router's replies to "nodes" land */
     char urls[4][128];
+    uint8_t prefix_key[16]; /* the first accepted node's RegisterReply key */
+    bool prefix_key_seen;
 } fixture_t;
 
 static int setup(void **state, unsigned queue_timeout_ms, unsigned request_timeout_ms)
@@ -478,6 +480,18 @@ static kvf_status_t register_reply(fixture_t *fx, int node, char *err, size_t er
     assert_non_null(env);
     kvf_status_t st = env->register_reply->status;
     snprintf(err, err_len, "%s", env->register_reply->error ? env->register_reply->error : "");
+    /* An accepted node gets the cluster's prefix-hash key, the same for
+     * every node of this router (docs/prefix-cache.md); a refused one none. */
+    const ProtobufCBinaryData *k = &env->register_reply->prefix_key;
+    if (st == KVF_OK) {
+        assert_int_equal(k->len, 16);
+        if (fx->prefix_key_seen)
+            assert_memory_equal(k->data, fx->prefix_key, 16);
+        memcpy(fx->prefix_key, k->data, 16);
+        fx->prefix_key_seen = true;
+    } else {
+        assert_int_equal(k->len, 0);
+    }
     kvf_envelope_free(env);
     return st;
 }

@@ -90,6 +90,11 @@ kvf_status_t kvf_node_create(const kvf_node_config_t *cfg, kvf_node_t **node_p);
 void kvf_node_destroy(kvf_node_t *node);
 
 const char *kvf_node_id(const kvf_node_t *node);
+
+/* The cluster's prefix-block hash key, from the router's RegisterReply:
+ * key_p[0..1]; returns its generation (0: none received yet, and key_p is
+ * untouched), which grows when a restarted router hands out another. */
+uint32_t kvf_node_prefix_key(const kvf_node_t *node, uint64_t key_p[2]);
 kvf_inbox_t *kvf_node_inbox(kvf_node_t *node);
 bool kvf_node_registered(const kvf_node_t *node);
 
