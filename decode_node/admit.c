@@ -65,7 +65,7 @@ static kvf_status_t decide(kvf_decode_t *d, const dec_admit_spec_t *spec, char *
         return KVF_ERR_NO_SPACE;
     }
     kvf_decode_admission_t a = {
-        .free_blocks = kvf_kvpool_free_blocks(d->rt.pool),
+        .free_blocks = dec_blocks_available(d),
         .live = dec_req_live_count(d),
         .max_running = (uint32_t)d->cfg.max_running,
         .max_context = d->max_context,
@@ -85,15 +85,18 @@ static kvf_status_t decide(kvf_decode_t *d, const dec_admit_spec_t *spec, char *
  * contiguous each) until the lease ends. */
 static kvf_status_t reserve_prompt_blocks(kvf_decode_t *d, dec_req_t *r)
 {
+    /* Blocks the prefix cache gave are shared and complete: the prefill
+     * node may not write them, so the transport accepts no write there. */
     uint32_t n_prompt_blocks = (r->n_tokens + d->block_size - 1) / d->block_size;
-    kvf_xfer_range_t *ranges = malloc(n_prompt_blocks * sizeof(*ranges));
+    uint32_t first = r->cached_blocks, n_ranges = n_prompt_blocks - first;
+    kvf_xfer_range_t *ranges = malloc(n_ranges * sizeof(*ranges));
     if (!ranges)
         return KVF_ERR_NOMEM;
-    for (uint32_t i = 0; i < n_prompt_blocks; i++)
-        ranges[i] = (kvf_xfer_range_t){.off = (uint64_t)r->blocks[i] * d->block_bytes,
+    for (uint32_t i = 0; i < n_ranges; i++)
+        ranges[i] = (kvf_xfer_range_t){.off = (uint64_t)r->blocks[first + i] * d->block_bytes,
                                        .len = d->block_bytes};
     kvf_status_t st =
-        kvf_xfer_reserve(d->xfer, r->req_id, r->epoch, ranges, n_prompt_blocks, d->cfg.lease_ms);
+        kvf_xfer_reserve(d->xfer, r->req_id, r->epoch, ranges, n_ranges, d->cfg.lease_ms);
     free(ranges);
     if (st != KVF_OK)
         return st;
@@ -125,7 +128,7 @@ static kvf_status_t create_entry(kvf_decode_t *d, const dec_admit_spec_t *spec, 
             goto fail_prompt;
         memcpy(r->prompt, spec->prompt, (size_t)spec->n_tokens * sizeof(*r->prompt));
     }
-    st = dec_req_alloc_blocks(d, r, n_blocks);
+    st = dec_prefix_alloc(d, r, spec, n_blocks);
     if (st != KVF_OK)
         goto fail_prompt;
     if (!spec->local) {

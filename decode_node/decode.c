@@ -77,11 +77,20 @@ static kvf_status_t open_engine(kvf_decode_t *d)
     d->max_context = mc->max_pos > 0 ? (uint32_t)mc->max_pos : 1;
     d->block_size = (uint32_t)d->cfg.block_size;
     d->block_bytes = kvf_kv_block_bytes(kvf_kvpool_geometry(d->rt.pool));
+    if (!d->cfg.no_prefix_cache &&
+        (st = kvf_prefix_cache_create(d->rt.pool, 0, &d->cache)) != KVF_OK) {
+        kvf_log_error("prefix cache: %s", kvf_status_str(st));
+        kvf_tokenizer_destroy(d->tok);
+        kvf_engine_stack_fini(&d->rt);
+        return st;
+    }
     return KVF_OK;
 }
 
 static void close_engine(kvf_decode_t *d)
 {
+    kvf_prefix_cache_destroy(d->cache); /* requests' references are gone by now */
+    d->cache = NULL;
     kvf_tokenizer_destroy(d->tok);
     kvf_engine_stack_fini(&d->rt);
 }

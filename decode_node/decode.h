@@ -57,6 +57,7 @@ typedef struct {
     uint32_t stats_interval_ms; /* log the counters this often when they changed; 0: 30 s */
     kvf_decode_xfer_mode_t xfer_mode;
     uint32_t drain_timeout_ms;  /* longest graceful drain; 0: 120 s */
+    bool no_prefix_cache;       /* keep no shipped prompt blocks for later requests */
 } kvf_decode_config_t;
 
 /* Counters the node logs (and tests read). */

@@ -23,6 +23,7 @@
 #include "kvf/evloop.h"
 #include "kvf/msg.h"
 #include "kvf/node.h"
+#include "kvf/prefix_cache.h"
 #include "kvf/sampling.h"
 #include "kvf/textstream.h"
 #include "kvf/timer.h"
@@ -72,6 +73,13 @@ typedef struct {
     uint64_t prefill_us;    /* local: forward time of the steps holding its chunks */
     uint64_t kv_bytes;      /* bytes landed by the transfer */
     kvf_timer_t seal_timer; /* transferred: the handoff must seal before it fires */
+    /* the prefix cache: leading blocks it held at admission (not written
+     * by the transfer), and the prompt's full blocks to list once sealed */
+    uint32_t cached_blocks;
+    uint64_t *prefix_hashes;  /* (n_prefix) owned */
+    uint32_t *prefix_tokens;  /* (n_prefix * block_size) owned */
+    uint32_t n_prefix;
+    uint32_t key_gen;
     bool kv_on_device;      /* transferred K/V copied from the host mirror (device pools) */
 } dec_req_t;
 
@@ -103,6 +111,11 @@ struct kvf_decode {
     kvf_status_t node_status; /* the node runtime's last tick: a refusal ends the loop */
     char *router_url, *listen_url, *model_dir, *node_id;
     kvf_engine_stack_t rt; /* model, backend, pool, engine */
+    kvf_prefix_cache_t *cache; /* prompt blocks prefill nodes shipped; NULL: off */
+    kvf_block_hash_key_t hash_key;
+    uint64_t hash_root;
+    uint32_t key_gen; /* of hash_key (kvf_node_prefix_key); 0: none yet */
+    uint64_t prefix_hit_blocks, prefix_query_blocks;
     kvf_tokenizer_t *tok;  /* the model's, for the requests' text */
     kvf_xfer_t *xfer;
     kvf_xfer_caps_t xfer_caps;
@@ -220,6 +233,9 @@ typedef struct {
     uint32_t n_tokens;      /* tokens whose K/V the sequence starts from */
     uint32_t max_new;       /* generation room to reserve */
     const uint32_t *prompt; /* local: (n_tokens) token ids, copied */
+    const uint64_t *prefix_hashes; /* transferred: KvAlloc's, n_prefix */
+    const uint32_t *prefix_tokens; /* (n_prefix * block_size) */
+    uint32_t n_prefix;
     const char *sender;     /* transferred: the prefill node's id, copied */
     const char *what;       /* the message, for logs */
 } dec_admit_spec_t;
@@ -236,6 +252,22 @@ typedef struct {
  * live older epoch is ended first. */
 kvf_status_t dec_admit(kvf_decode_t *d, const dec_admit_spec_t *spec, char *why, size_t why_len,
                        dec_req_t **r_p);
+
+/* ---- prefix.c: the prefix cache ---------------------------------------------- */
+
+/* The cache's key brought up to the router's (a new one empties it);
+ * false: no cache or no key yet. */
+bool dec_prefix_key_sync(kvf_decode_t *d);
+/* Blocks an admission can have: free, or cached and used by nobody. */
+uint32_t dec_blocks_available(const kvf_decode_t *d);
+/* r's n_blocks blocks: the longest held run of spec's prefix blocks (its
+ * hashes checked against its tokens under this node's key), then fresh
+ * ones, evicting cached blocks nobody uses where the pool is short; keeps
+ * spec's prefix for dec_prefix_list. */
+kvf_status_t dec_prefix_alloc(kvf_decode_t *d, dec_req_t *r, const dec_admit_spec_t *spec,
+                              uint32_t n_blocks);
+/* Lists r's prompt blocks in the cache: their K/V has landed and sealed. */
+void dec_prefix_list(kvf_decode_t *d, const dec_req_t *r);
 
 /* ---- messages.c ------------------------------------------------------------- */
 

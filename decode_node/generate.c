@@ -104,6 +104,7 @@ void dec_req_join(kvf_decode_t *d, dec_req_t *r, uint32_t first)
         return;
     }
     KVF_ASSERT(kvf_handoff_start(&r->h) == KVF_OK);
+    dec_prefix_list(d, r); /* sealed: its shipped prompt blocks are complete */
     kvf_log_debug("request %llu epoch %llu joins the batch at position %u",
                   (unsigned long long)r->req_id, (unsigned long long)r->epoch, r->n_tokens);
     dec_req_take_token(d, r, first); /* may end and free r */

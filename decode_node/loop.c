@@ -71,9 +71,12 @@ void dec_fill_load(void *arg, Kvf__Load *load)
             queued++;
         }
     }
-    load->blocks_free = kvf_kvpool_free_blocks(d->rt.pool);
-    load->blocks_used = kvf_kvpool_used_blocks(d->rt.pool);
-    load->blocks_total = kvf_kvpool_num_blocks(d->rt.pool);
+    /* Cached blocks nobody uses count as free: any admission may have them. */
+    const uint32_t total = kvf_kvpool_num_blocks(d->rt.pool), avail = dec_blocks_available(d);
+    load->blocks_free = avail;
+    load->blocks_used = total - avail;
+    load->blocks_total = total;
+    load->blocks_cached = avail - kvf_kvpool_free_blocks(d->rt.pool);
     load->running = running;
     load->queued_requests = queued;
     load->queued_tokens = queued_tokens;
@@ -97,14 +100,18 @@ static void log_stats(kvf_decode_t *d, bool force)
     kvf_auth_counters_format(auth_text, sizeof(auth_text));
     kvf_log_info("stats: admitted %llu refused %llu finished %llu cancelled %llu failed %llu "
                  "released %llu | stale dropped %llu malformed dropped %llu | tokens %llu "
-                 "steps %llu | kv blocks used %u of %u, requests held %zu | %s",
+                 "steps %llu | kv blocks used %u of %u, requests held %zu | prefix cache %s: "
+                 "%llu of %llu blocks hit, %u cached | %s",
                  (unsigned long long)s.requests_admitted, (unsigned long long)s.requests_refused,
                  (unsigned long long)s.requests_finished, (unsigned long long)s.requests_cancelled,
                  (unsigned long long)s.requests_failed, (unsigned long long)s.requests_released,
                  (unsigned long long)s.stale_dropped, (unsigned long long)s.malformed_dropped,
                  (unsigned long long)s.tokens_generated, (unsigned long long)s.steps,
-                 kvf_kvpool_used_blocks(d->rt.pool), kvf_kvpool_num_blocks(d->rt.pool), d->n_reqs,
-                 auth_text);
+                 kvf_kvpool_num_blocks(d->rt.pool) - dec_blocks_available(d),
+                 kvf_kvpool_num_blocks(d->rt.pool), d->n_reqs, d->cache ? "on" : "off",
+                 (unsigned long long)d->prefix_hit_blocks,
+                 (unsigned long long)d->prefix_query_blocks,
+                 dec_blocks_available(d) - kvf_kvpool_free_blocks(d->rt.pool), auth_text);
     for (size_t i = 0; i < d->n_reqs && i < 16; i++) {
         const dec_req_t *r = d->reqs[i];
         kvf_log_info("  held: request %llu epoch %llu, %s, %u blocks, %sreserved, %u generated",

@@ -20,7 +20,7 @@ typedef struct {
     uint64_t kv_mem;
     int max_running, threads;
     kvf_backend_flags_t bf;
-    bool prefill_local;
+    bool prefill_local, no_prefix_cache;
     int block_size, lease_ms, drain_timeout_ms, max_batch_tokens, stats_interval_ms;
     const char *xfer_mode, *cluster_key_file;
 } decode_opts_t;
@@ -51,6 +51,10 @@ static int parse_decode_flags(int argc, char **argv, decode_opts_t *o)
         KVF_KV_DTYPE_FLAG_ENTRY(&o->bf),
         {"prefill-local", KVF_FLAG_BOOL, &o->prefill_local, NULL,
          "also serve prefill requests naming this node (the colocated baseline)", NULL},
+        {"no-prefix-cache", KVF_FLAG_BOOL, &o->no_prefix_cache, NULL,
+         "keep no prompt blocks for later requests (default: the full prompt blocks a "
+         "prefill node shipped stay cached, and are not shipped again)",
+         NULL},
         {"block-size", KVF_FLAG_INT, &o->block_size, "N",
          "tokens per KV block, 1..256; must match the cluster", NULL},
         {"drain-timeout-ms", KVF_FLAG_INT, &o->drain_timeout_ms, "MS",
@@ -131,6 +135,7 @@ static kvf_decode_config_t decode_config(const decode_opts_t *o, kvf_decode_xfer
         .threads = o->threads,
         .backend = o->bf,
         .prefill_local = o->prefill_local,
+        .no_prefix_cache = o->no_prefix_cache,
         .block_size = o->block_size,
         .lease_ms = (uint32_t)o->lease_ms,
         .drain_timeout_ms = o->drain_timeout_ms > 0 ? (uint32_t)o->drain_timeout_ms : 1,

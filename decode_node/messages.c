@@ -36,6 +36,7 @@ static void reply_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m, kvf_status_t 
         rep.n_block_ids = r->n_blocks;
         rep.block_ids = r->blocks;
         rep.lease_ms = d->cfg.lease_ms;
+        rep.cached_blocks = r->cached_blocks;
     }
     kvf_envelope_t env;
     kvf_envelope_init(&env, kvf_node_id(d->node));
@@ -72,6 +73,13 @@ static void on_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m)
         .sender = m->prefill_node_id && *m->prefill_node_id ? m->prefill_node_id : NULL,
         .what = "kv alloc",
     };
+    /* The prefix the prefill node hopes this node holds: as many hashes as
+     * whole blocks of tokens came with them. */
+    if (m->n_prefix_hashes && m->n_prefix_token_ids == m->n_prefix_hashes * d->block_size) {
+        spec.prefix_hashes = m->prefix_hashes;
+        spec.prefix_tokens = m->prefix_token_ids;
+        spec.n_prefix = (uint32_t)m->n_prefix_hashes;
+    }
     char why[160] = "";
     dec_req_t *r = NULL;
     kvf_status_t st = dec_admit(d, &spec, why, sizeof(why), &r);

@@ -22,6 +22,8 @@ void dec_req_free(kvf_decode_t *d, dec_req_t *r)
     free(r->sender);
     free(r->blocks);
     free(r->prompt);
+    free(r->prefix_hashes);
+    free(r->prefix_tokens);
     free(r);
 }
 

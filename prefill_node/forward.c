@@ -119,7 +119,6 @@ static bool take_local_cached(kvf_prefill_t *p, pf_req_t *r)
         return false;
     r->cached_blocks = hit;
     r->done = hit * bs;
-    r->ship_from = 0; /* the decode node holds none of them */
     p->count.prefix_hit_tokens += r->done;
     p->count.prompt_tokens += r->n_prompt;
     if (hit)
@@ -204,10 +203,14 @@ static uint32_t chunk_prepare(kvf_prefill_t *p, pf_req_t *r, uint32_t take, uint
     r->hook_status = KVF_OK;
     kvf_prefill_plan_blocks((uint32_t)p->geo.block_size, r->chunk_start, r->chunk_len, r->n_prompt,
                             &r->ship_first, &r->ship_end);
-    /* The first chunk after a cache hit also ships the cached blocks the
-     * decode node lacks (complete: every layer is there already). */
-    if (r->cached_blocks && r->chunk_start == r->cached_blocks * (uint32_t)p->geo.block_size)
-        r->ship_first = r->ship_from;
+    /* The first chunk after a cache hit also ships the cached blocks (all
+     * their layers are there already); no chunk ships a block the decode
+     * node holds (below ship_from). The final chunk always ships the last
+     * block, which the decode node never holds. */
+    if (r->chunk_start == r->cached_blocks * (uint32_t)p->geo.block_size)
+        r->ship_first = 0;
+    if (r->ship_first < r->ship_from)
+        r->ship_first = r->ship_from < r->ship_end ? r->ship_from : r->ship_end;
     bool final = r->chunk_start + r->chunk_len == r->n_prompt;
     if (final && !r->logits) {
         r->logits = malloc((size_t)p->rt.model->cfg.vocab * sizeof(float));

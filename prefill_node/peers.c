@@ -101,6 +101,16 @@ void pf_send_alloc(kvf_prefill_t *p, pf_req_t *r, int timeout_ms)
     a.max_new_tokens = kvf_sampling_msg_remaining(pr->sampling, pr->n_generated);
     a.prefill_node_id = (char *)kvf_node_id(p->node);
     a.reply_inbox = (char *)p->cfg.listen_url;
+    /* The prompt's full blocks but the last block of the prompt: the
+     * decode node may hold some of them already (its prefix cache). */
+    const uint32_t bs = (uint32_t)p->geo.block_size;
+    if (r->hashes && r->key_gen == p->key_gen && r->n_prompt > bs) {
+        uint32_t n = (r->n_prompt - 1) / bs < r->n_full ? (r->n_prompt - 1) / bs : r->n_full;
+        a.n_prefix_hashes = n;
+        a.prefix_hashes = r->hashes;
+        a.n_prefix_token_ids = (size_t)n * bs;
+        a.prefix_token_ids = pr->token_ids;
+    }
     kvf_envelope_t env;
     kvf_envelope_init(&env, kvf_node_id(p->node));
     env.body_case = KVF__ENVELOPE__BODY_KV_ALLOC;
@@ -193,6 +203,10 @@ void pf_on_alloc_reply(kvf_prefill_t *p, const Kvf__KvAllocReply *a)
         return;
     }
     memcpy(r->remote_blocks, a->block_ids, need * sizeof(uint32_t));
+    /* Leading blocks the decode node holds already are not written (its
+     * transport would refuse them); never all of them: the last prompt
+     * block always travels. */
+    r->ship_from = a->cached_blocks < need ? a->cached_blocks : need - 1;
     r->state = REQ_READY;
 }
 

@@ -322,13 +322,19 @@ void rig_answer_alloc(rig_t *r, const Kvf__KvAlloc *a, int32_t status, uint64_t 
             ids[i + 1] = t;
         }
         uint32_t np = kvf_kv_blocks_for_tokens(&r->geo, a->n_tokens);
+        uint32_t held = r->answer_cached < np ? r->answer_cached : np - 1;
         kvf_xfer_range_t *ranges = calloc(np, sizeof(*ranges));
-        for (uint32_t b = 0; b < np; b++) {
-            ranges[b].off = kvf_kvpool_slice_offset(r->dpool, ids[b], 0);
-            ranges[b].len = kvf_kv_block_bytes(&r->geo);
+        for (uint32_t b = 0; b < held; b++)
+            memset((uint8_t *)kvf_kvpool_base(r->dpool) +
+                       kvf_kvpool_slice_offset(r->dpool, ids[b], 0),
+                   0x5a, kvf_kv_block_bytes(&r->geo));
+        for (uint32_t b = held; b < np; b++) {
+            ranges[b - held].off = kvf_kvpool_slice_offset(r->dpool, ids[b], 0);
+            ranges[b - held].len = kvf_kv_block_bytes(&r->geo);
         }
-        assert_int_equal(kvf_xfer_reserve(r->dxfer, a->req_id, a->epoch, ranges, np, 10000),
-                         KVF_OK);
+        assert_int_equal(
+            kvf_xfer_reserve(r->dxfer, a->req_id, a->epoch, ranges, np - held, 10000), KVF_OK);
+        rep.cached_blocks = held;
         free(ranges);
         rep.n_block_ids = n;
         rep.block_ids = ids;

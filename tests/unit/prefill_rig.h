@@ -44,6 +44,10 @@ typedef struct {
     uint64_t landed_bytes;
     uint32_t last_blocks_used; /* from the latest heartbeat */
     bool deregistered;
+    /* rig_answer_alloc claims this many leading prompt blocks are held
+     * already (KvAllocReply.cached_blocks): it fills them with 0x5a and
+     * reserves only the others with the transport. */
+    uint32_t answer_cached;
 } rig_t;
 
 /* Colocated reference: each prompt alone, one forward, fresh pool, on the

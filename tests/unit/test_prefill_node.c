@@ -254,6 +254,61 @@ static void test_prefill_prefix_cache(void **state)
     rig_stop(&r);
 }
 
+/* The decode node's prefix cache, from the prefill node's side: KvAlloc
+ * offers the prompt's full blocks but the last (hashes and tokens); when
+ * the reply says the first 3 are held, the node writes none of them (the
+ * transport reserved only the others, and their 0x5a filling survives),
+ * ships the other 4 blocks, and the first token is still the cold run's. */
+static void test_prefill_decode_holds_prefix(void **state)
+{
+    (void)state;
+    rig_t r;
+    rig_start(&r, NULL, "64M", "2048");
+    r.answer_cached = 3;
+    static uint32_t ids[100];
+    rig_make_prompt(ids, 100, 91);
+    rig_ref_t ref;
+    rig_reference(&r, ids, 100, NULL, &ref);
+    rig_send_prefill(&r, 600, 1, ids, 100);
+    uint32_t *dblocks = NULL, dn = 0;
+    bool ready = false, done = false;
+    const size_t block_bytes = kvf_kv_block_bytes(&r.geo);
+    while (!ready || !done) {
+        bool from_router = false;
+        kvf_envelope_t *env = rig_next_msg(&r, 20000, &from_router);
+        assert_non_null(env);
+        if (env->body_case == KVF__ENVELOPE__BODY_KV_ALLOC) {
+            const Kvf__KvAlloc *a = env->kv_alloc;
+            assert_int_equal(a->n_prefix_hashes, 6);
+            assert_int_equal(a->n_prefix_token_ids, 96);
+            assert_memory_equal(a->prefix_token_ids, ids, 96 * sizeof(uint32_t));
+            for (size_t i = 1; i < a->n_prefix_hashes; i++)
+                assert_true(a->prefix_hashes[i] != a->prefix_hashes[i - 1]);
+            rig_answer_alloc(&r, a, KVF_OK, 1, &dblocks, &dn);
+        } else if (env->body_case == KVF__ENVELOPE__BODY_KV_READY) {
+            assert_int_equal(env->kv_ready->first_token, ref.first_token);
+            for (int b = 0; b < 3; b++) {
+                const uint8_t *blk = (const uint8_t *)kvf_kvpool_base(r.dpool) +
+                                     kvf_kvpool_slice_offset(r.dpool, dblocks[b], 0);
+                for (size_t i = 0; i < block_bytes; i++)
+                    if (blk[i] != 0x5a)
+                        fail_msg("held block %d was written at byte %zu", b, i);
+            }
+            ready = true;
+        } else if (env->body_case == KVF__ENVELOPE__BODY_PREFILL_DONE) {
+            assert_int_equal(env->prefill_done->kv_bytes, 4 * block_bytes);
+            done = true;
+        } else {
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        }
+        kvf_envelope_free(env);
+    }
+    assert_int_equal(r.rejected, 0);
+    free(dblocks);
+    rig_expect_no_blocks(&r);
+    rig_stop(&r);
+}
+
 /* A local pool of 8 blocks (128 tokens): prompts of 7 blocks wait for each
  * other's blocks instead of failing, and one that can never fit is refused
  * with NO_SPACE at once. */
@@ -471,6 +526,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefill_bit_exact, rig_kill_child),
         cmocka_unit_test_teardown(test_prefill_pool_full, rig_kill_child),
         cmocka_unit_test_teardown(test_prefill_prefix_cache, rig_kill_child),
+        cmocka_unit_test_teardown(test_prefill_decode_holds_prefix, rig_kill_child),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
