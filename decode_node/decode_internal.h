@@ -113,7 +113,7 @@ struct kvf_decode {
     kvf_engine_stack_t rt; /* model, backend, pool, engine */
     kvf_prefix_cache_t *cache; /* prompt blocks prefill nodes shipped; NULL: off */
     kvf_block_hash_key_t hash_key;
-    uint64_t hash_root;
+    uint64_t hash_root, model_fp;
     uint32_t key_gen; /* of hash_key (kvf_node_prefix_key); 0: none yet */
     uint64_t prefix_hit_blocks, prefix_query_blocks;
     kvf_tokenizer_t *tok;  /* the model's, for the requests' text */
@@ -236,6 +236,8 @@ typedef struct {
     const uint64_t *prefix_hashes; /* transferred: KvAlloc's, n_prefix */
     const uint32_t *prefix_tokens; /* (n_prefix * block_size) */
     uint32_t n_prefix;
+    const uint8_t *cache_salt; /* (cache_salt_len): the hashes' root depends on it */
+    size_t cache_salt_len;
     const char *sender;     /* transferred: the prefill node's id, copied */
     const char *what;       /* the message, for logs */
 } dec_admit_spec_t;

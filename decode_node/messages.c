@@ -79,6 +79,8 @@ static void on_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m)
         spec.prefix_hashes = m->prefix_hashes;
         spec.prefix_tokens = m->prefix_token_ids;
         spec.n_prefix = (uint32_t)m->n_prefix_hashes;
+        spec.cache_salt = m->cache_salt.data;
+        spec.cache_salt_len = m->cache_salt.len;
     }
     char why[160] = "";
     dec_req_t *r = NULL;

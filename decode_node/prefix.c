@@ -32,9 +32,9 @@ bool dec_prefix_key_sync(kvf_decode_t *d)
     }
     d->hash_key = (kvf_block_hash_key_t){k[0], k[1]};
     const kvf_kv_geometry_t *g = kvf_kvpool_geometry(d->rt.pool);
-    uint64_t fp = strtoull(kvf_model_fingerprint(d->rt.model), NULL, 16);
-    d->hash_root =
-        kvf_block_hash_root(&d->hash_key, fp, (int)g->dtype, (uint32_t)g->block_size, NULL, 0);
+    d->model_fp = strtoull(kvf_model_fingerprint(d->rt.model), NULL, 16);
+    d->hash_root = kvf_block_hash_root(&d->hash_key, d->model_fp, (int)g->dtype,
+                                       (uint32_t)g->block_size, NULL, 0);
     d->key_gen = gen;
     return true;
 }
@@ -58,6 +58,11 @@ static uint32_t trusted_prefix(kvf_decode_t *d, const dec_admit_spec_t *spec)
         return 0;
     n = n < n_prompt_blocks - 1 ? n : n_prompt_blocks - 1;
     uint64_t h = d->hash_root;
+    if (spec->cache_salt_len) {
+        const kvf_kv_geometry_t *g = kvf_kvpool_geometry(d->rt.pool);
+        h = kvf_block_hash_root(&d->hash_key, d->model_fp, (int)g->dtype, bs, spec->cache_salt,
+                                spec->cache_salt_len);
+    }
     for (uint32_t i = 0; i < n; i++) {
         h = kvf_block_hash_next(&d->hash_key, h, spec->prefix_tokens + (size_t)i * bs, bs);
         if (h != spec->prefix_hashes[i]) {

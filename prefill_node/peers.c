@@ -110,6 +110,7 @@ void pf_send_alloc(kvf_prefill_t *p, pf_req_t *r, int timeout_ms)
         a.prefix_hashes = r->hashes;
         a.n_prefix_token_ids = (size_t)n * bs;
         a.prefix_token_ids = pr->token_ids;
+        a.cache_salt = pr->cache_salt;
     }
     kvf_envelope_t env;
     kvf_envelope_init(&env, kvf_node_id(p->node));

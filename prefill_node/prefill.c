@@ -321,8 +321,8 @@ bool pf_prefix_key_sync(kvf_prefill_t *p)
             kvf_log_info("prefix cache: the cluster's hash key changed; starting afresh");
         }
         p->hash_key = (kvf_block_hash_key_t){k[0], k[1]};
-        uint64_t fp = strtoull(kvf_model_fingerprint(p->rt.model), NULL, 16);
-        p->hash_root = kvf_block_hash_root(&p->hash_key, fp, (int)p->geo.dtype,
+        p->model_fp = strtoull(kvf_model_fingerprint(p->rt.model), NULL, 16);
+        p->hash_root = kvf_block_hash_root(&p->hash_key, p->model_fp, (int)p->geo.dtype,
                                            (uint32_t)p->geo.block_size, NULL, 0);
         p->key_gen = gen;
     }

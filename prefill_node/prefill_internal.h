@@ -134,7 +134,8 @@ struct kvf_prefill {
     kvf_engine_stack_t rt; /* model, backend, pool, engine */
     kvf_prefix_cache_t *cache; /* NULL: --no-prefix-cache */
     kvf_block_hash_key_t hash_key;
-    uint64_t hash_root; /* the chain's root: model, KV format, block size */
+    uint64_t hash_root; /* the chain's root: model, KV format, block size, no salt */
+    uint64_t model_fp;
     uint32_t key_gen;   /* the node runtime's key generation hash_key is of; 0: none */
     kvf_xfer_t *xfer;
     kvf_node_t *node;

@@ -51,9 +51,15 @@ pf_req_t *pf_req_add(kvf_prefill_t *p, kvf_envelope_t *env, pf_peer_t *peer,
     const uint32_t bs = (uint32_t)p->geo.block_size;
     if (r->n_prompt >= bs && pf_prefix_key_sync(p)) {
         r->hashes = malloc((size_t)(r->n_prompt / bs) * sizeof(uint64_t));
+        /* a salted request (a tenant) has its own root: its blocks are
+         * never anyone else's */
+        uint64_t root = pr->cache_salt.len
+                            ? kvf_block_hash_root(&p->hash_key, p->model_fp, (int)p->geo.dtype, bs,
+                                                  pr->cache_salt.data, pr->cache_salt.len)
+                            : p->hash_root;
         if (r->hashes)
-            r->n_full = kvf_block_hash_chain(&p->hash_key, p->hash_root, pr->token_ids,
-                                             r->n_prompt, bs, r->hashes);
+            r->n_full = kvf_block_hash_chain(&p->hash_key, root, pr->token_ids, r->n_prompt, bs,
+                                             r->hashes);
         r->key_gen = p->key_gen;
     }
     r->prev = p->tail;

@@ -78,6 +78,8 @@ static void on_generate(kvf_router_t *r, const Kvf__GenerateRequest *g, const kv
         .ids = g->prompt_ids,
         .n_ids = g->n_prompt_ids,
         .sampling = g->sampling,
+        .cache_salt = g->cache_salt.data,
+        .cache_salt_len = g->cache_salt.len,
     };
     kvf_router_sink_t sink = {native_on_chunk, ns};
     /* The id the request will get. A refused (or at once finished) request

@@ -444,6 +444,19 @@ static bool parse_streaming(kvf_openai_request_t *req, const cJSON *root, kvf_op
         return false;
     if (!req->stream)
         req->include_usage = false;
+    /* cache_salt: requests share cached prompt blocks only with equal salts */
+    const cJSON *salt = field(root, "cache_salt");
+    if (salt && (!cJSON_IsString(salt) || !*salt->valuestring ||
+                 strlen(salt->valuestring) > KVF_CACHE_SALT_MAX)) {
+        BAD_REQUEST(err, "cache_salt",
+                    "'cache_salt' must be a non-empty string of at most %d bytes",
+                    KVF_CACHE_SALT_MAX);
+        return false;
+    }
+    if (salt && !(req->cache_salt = strdup(salt->valuestring))) {
+        OUT_OF_MEMORY(err);
+        return false;
+    }
     return true;
 }
 
@@ -532,6 +545,7 @@ void kvf_openai_request_fini(kvf_openai_request_t *req)
     free(req->ids);
     for (size_t i = 0; i < req->sampling.n_stop; i++)
         free(req->stop[i]);
+    free(req->cache_salt);
     memset(req, 0, sizeof(*req));
 }
 
@@ -543,6 +557,8 @@ void kvf_openai_request_gen(const kvf_openai_request_t *req, kvf_router_gen_t *g
     gen_p->ids = req->ids;
     gen_p->n_ids = req->n_ids;
     gen_p->sampling = &req->sampling;
+    gen_p->cache_salt = (const uint8_t *)req->cache_salt;
+    gen_p->cache_salt_len = req->cache_salt ? strlen(req->cache_salt) : 0;
 }
 
 /* ---- responses ------------------------------------------------------------------ */

@@ -65,6 +65,7 @@ typedef struct {
     /* The sampling parameters; sampling.stop points at stop (owned). */
     Kvf__Sampling sampling;
     char *stop[KVF_SAMPLING_MAX_STOP];
+    char *cache_salt; /* owned, or NULL: the request's prefix-cache salt */
 } kvf_openai_request_t;
 
 /* Parses the JSON body (len bytes) of POST /v1/completions (chat false) or

@@ -71,6 +71,7 @@ static void req_free(kvf_router_t *r, kvf_router_req_t *q)
     kvf_stream_fini(&q->out);
     kvf_sampling_msg_free(q->ask.sampling);
     free(q->ask.prompt);
+    free(q->ask.cache_salt);
     free(q);
     r->count.running--;
 }
@@ -239,11 +240,21 @@ uint64_t kvf_router_submit(kvf_router_t *r, const kvf_router_gen_t *g,
         reject(r, sink, st, why);
         return 0;
     }
+    if (g->cache_salt_len > KVF_CACHE_SALT_MAX) {
+        free(ids);
+        snprintf(why, sizeof(why), "cache_salt is longer than %d bytes", KVF_CACHE_SALT_MAX);
+        reject(r, sink, KVF_ERR_INVAL, why);
+        return 0;
+    }
     kvf_router_req_t *q;
     if (req_create(r, s, ids, n, sink, &q) != KVF_OK) {
         free(ids);
         reject(r, sink, KVF_ERR_NOMEM, "out of memory");
         return 0;
+    }
+    if (g->cache_salt_len && (q->ask.cache_salt = malloc(g->cache_salt_len))) {
+        memcpy(q->ask.cache_salt, g->cache_salt, g->cache_salt_len);
+        q->ask.cache_salt_len = g->cache_salt_len;
     }
     r->count.requests++;
     r->count.running++;

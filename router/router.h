@@ -90,6 +90,9 @@ typedef struct {
     void *arg;
 } kvf_router_sink_t;
 
+/* The longest cache_salt a request may carry. */
+#define KVF_CACHE_SALT_MAX 256
+
 /* A generation request. Strings, arrays and the message are borrowed for
  * the call. */
 typedef struct {
@@ -101,6 +104,10 @@ typedef struct {
      * (greedy). max_tokens 0: the router's default; it is clamped to the
      * context; without a seed the router draws one. */
     const Kvf__Sampling *sampling;
+    /* Prefix-cache salt (a tenant): cached blocks are shared only between
+     * requests with equal salts (docs/prefix-cache.md). NULL/0: none. */
+    const uint8_t *cache_salt;
+    size_t cache_salt_len;
 } kvf_router_gen_t;
 
 /* Validates (kvf_sampling_msg_check), tokenizes and schedules g; its

@@ -110,6 +110,8 @@ typedef struct {
     /* Checked and completed once (max_tokens in total, a seed always),
      * then sent unchanged with every epoch. Owned (kvf_sampling_msg_free). */
     Kvf__Sampling *sampling;
+    uint8_t *cache_salt; /* (cache_salt_len) owned, or NULL */
+    size_t cache_salt_len;
 } kvf_req_asked_t;
 
 /* Where the current attempt (epoch) runs. */

@@ -259,6 +259,7 @@ static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
     pr.decode_xfer_desc.len = d->xfer_desc_len;
     pr.n_generated = q->out.n;
     pr.rng_state = q->place.rng_state;
+    pr.cache_salt = (ProtobufCBinaryData){q->ask.cache_salt_len, q->ask.cache_salt};
     kvf_envelope_t env;
     kvf_envelope_init(&env, "router");
     env.body_case = KVF__ENVELOPE__BODY_PREFILL_REQUEST;

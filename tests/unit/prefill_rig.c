@@ -266,6 +266,8 @@ void rig_send_prefill_msg(rig_t *r, uint64_t req_id, uint64_t epoch, const uint3
     pr.decode_inbox = (char *)decode_inbox;
     pr.decode_xfer_desc.data = r->desc;
     pr.decode_xfer_desc.len = r->desc_len;
+    if (r->send_salt)
+        pr.cache_salt = (ProtobufCBinaryData){strlen(r->send_salt), (uint8_t *)r->send_salt};
     kvf_envelope_t env;
     kvf_envelope_init(&env, "router");
     env.body_case = KVF__ENVELOPE__BODY_PREFILL_REQUEST;

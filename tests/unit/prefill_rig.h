@@ -48,6 +48,8 @@ typedef struct {
      * already (KvAllocReply.cached_blocks): it fills them with 0x5a and
      * reserves only the others with the transport. */
     uint32_t answer_cached;
+    /* the cache_salt rig_send_prefill_msg puts in PrefillRequests (NULL: none) */
+    const char *send_salt;
 } rig_t;
 
 /* Colocated reference: each prompt alone, one forward, fresh pool, on the

@@ -202,6 +202,31 @@ static void test_refused(void **state)
                   "messages");
 }
 
+/* cache_salt: a non-empty string of at most KVF_CACHE_SALT_MAX bytes,
+ * handed to the router's request; anything else is a 400 naming it. */
+static void test_cache_salt(void **state)
+{
+    (void)state;
+    kvf_openai_request_t req;
+    parse_ok("{\"prompt\": \"hi\", \"cache_salt\": \"tenant-7\"}", false, &req);
+    kvf_router_gen_t gen;
+    kvf_openai_request_gen(&req, &gen);
+    assert_int_equal(gen.cache_salt_len, 8);
+    assert_memory_equal(gen.cache_salt, "tenant-7", 8);
+    kvf_openai_request_fini(&req);
+    parse_ok("{\"prompt\": \"hi\"}", false, &req);
+    kvf_openai_request_gen(&req, &gen);
+    assert_null(gen.cache_salt);
+    assert_int_equal(gen.cache_salt_len, 0);
+    kvf_openai_request_fini(&req);
+    parse_refused("{\"prompt\": \"hi\", \"cache_salt\": 7}", false, 400, "cache_salt");
+    parse_refused("{\"prompt\": \"hi\", \"cache_salt\": \"\"}", false, 400, "cache_salt");
+    char body[600];
+    snprintf(body, sizeof(body), "{\"prompt\": \"hi\", \"cache_salt\": \"%0*d\"}",
+             KVF_CACHE_SALT_MAX + 1, 0);
+    parse_refused(body, false, 400, "cache_salt");
+}
+
 static void test_request_errors(void **state)
 {
     (void)state;
@@ -451,6 +476,7 @@ int main(void)
         cmocka_unit_test(test_text_with_nul),
         cmocka_unit_test(test_json_string_as_cjson),
         cmocka_unit_test(test_models),
+        cmocka_unit_test(test_cache_salt),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

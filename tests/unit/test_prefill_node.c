@@ -206,8 +206,12 @@ static void prefix_round(rig_t *r, uint64_t req_id, const uint32_t *ids, uint32_
         kvf_envelope_t *env = rig_next_msg(r, 20000, &from_router);
         assert_non_null(env);
         if (env->body_case == KVF__ENVELOPE__BODY_KV_ALLOC) {
-            assert_int_equal(env->kv_alloc->req_id, req_id);
-            rig_answer_alloc(r, env->kv_alloc, KVF_OK, 1, &dblocks, &dn);
+            const Kvf__KvAlloc *a = env->kv_alloc;
+            assert_int_equal(a->req_id, req_id);
+            assert_int_equal(a->cache_salt.len, r->send_salt ? strlen(r->send_salt) : 0);
+            if (r->send_salt)
+                assert_memory_equal(a->cache_salt.data, r->send_salt, a->cache_salt.len);
+            rig_answer_alloc(r, a, KVF_OK, 1, &dblocks, &dn);
         } else if (env->body_case == KVF__ENVELOPE__BODY_KV_READY) {
             assert_int_equal(env->kv_ready->req_id, req_id);
             assert_int_equal(env->kv_ready->first_token, ref.first_token);
@@ -250,6 +254,30 @@ static void test_prefill_prefix_cache(void **state)
     prefix_round(&r, 520, base, 100, 64);
     /* a prompt too short to leave a tail after any hit computes it all */
     prefix_round(&r, 521, base, 40, 0);
+    rig_expect_no_blocks(&r);
+    rig_stop(&r);
+}
+
+/* Tenants: a request's cache_salt roots its hash chain, so a prompt cached
+ * for one salt is a miss for another salt and for no salt, and a hit again
+ * for the same salt; KvAlloc carries the salt to the decode node. */
+static void test_prefill_cache_salt(void **state)
+{
+    (void)state;
+    rig_t r;
+    rig_start(&r, NULL, "64M", "2048");
+    static uint32_t ids[100];
+    rig_make_prompt(ids, 100, 93);
+    r.send_salt = "tenant-a";
+    prefix_round(&r, 700, ids, 100, 0);
+    r.send_salt = "tenant-b";
+    prefix_round(&r, 701, ids, 100, 0);
+    r.send_salt = NULL;
+    prefix_round(&r, 702, ids, 100, 0);
+    r.send_salt = "tenant-a";
+    prefix_round(&r, 703, ids, 100, 64);
+    r.send_salt = NULL;
+    prefix_round(&r, 704, ids, 100, 64);
     rig_expect_no_blocks(&r);
     rig_stop(&r);
 }
@@ -527,6 +555,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefill_pool_full, rig_kill_child),
         cmocka_unit_test_teardown(test_prefill_prefix_cache, rig_kill_child),
         cmocka_unit_test_teardown(test_prefill_decode_holds_prefix, rig_kill_child),
+        cmocka_unit_test_teardown(test_prefill_cache_salt, rig_kill_child),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
