@@ -227,6 +227,7 @@ static void prefix_round(rig_t *r, uint64_t req_id, const uint32_t *ids, uint32_
         kvf_envelope_free(env);
     }
     free(dblocks);
+    kvf_kvpool_destroy(ref.pool);
 }
 
 /* The prefix cache: a 100-token prompt, then prompts sharing its first k
@@ -333,6 +334,7 @@ static void test_prefill_decode_holds_prefix(void **state)
     }
     assert_int_equal(r.rejected, 0);
     free(dblocks);
+    kvf_kvpool_destroy(ref.pool);
     rig_expect_no_blocks(&r);
     rig_stop(&r);
 }
