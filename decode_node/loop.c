@@ -98,6 +98,7 @@ static void log_stats(kvf_decode_t *d, bool force)
     d->logged_auth = auth;
     char auth_text[160];
     kvf_auth_counters_format(auth_text, sizeof(auth_text));
+    const uint32_t avail = dec_blocks_available(d);
     kvf_log_info("stats: admitted %llu refused %llu finished %llu cancelled %llu failed %llu "
                  "released %llu | stale dropped %llu malformed dropped %llu | tokens %llu "
                  "steps %llu | kv blocks used %u of %u, requests held %zu | prefix cache %s: "
@@ -107,11 +108,10 @@ static void log_stats(kvf_decode_t *d, bool force)
                  (unsigned long long)s.requests_failed, (unsigned long long)s.requests_released,
                  (unsigned long long)s.stale_dropped, (unsigned long long)s.malformed_dropped,
                  (unsigned long long)s.tokens_generated, (unsigned long long)s.steps,
-                 kvf_kvpool_num_blocks(d->rt.pool) - dec_blocks_available(d),
-                 kvf_kvpool_num_blocks(d->rt.pool), d->n_reqs, d->cache ? "on" : "off",
-                 (unsigned long long)d->prefix_hit_blocks,
+                 kvf_kvpool_num_blocks(d->rt.pool) - avail, kvf_kvpool_num_blocks(d->rt.pool),
+                 d->n_reqs, d->cache ? "on" : "off", (unsigned long long)d->prefix_hit_blocks,
                  (unsigned long long)d->prefix_query_blocks,
-                 dec_blocks_available(d) - kvf_kvpool_free_blocks(d->rt.pool), auth_text);
+                 avail - kvf_kvpool_free_blocks(d->rt.pool), auth_text);
     for (size_t i = 0; i < d->n_reqs && i < 16; i++) {
         const dec_req_t *r = d->reqs[i];
         kvf_log_info("  held: request %llu epoch %llu, %s, %u blocks, %sreserved, %u generated",

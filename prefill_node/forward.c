@@ -79,11 +79,19 @@ uint32_t pf_blocks_available(const kvf_prefill_t *p)
 
 bool pf_forward_possible(const kvf_prefill_t *p)
 {
-    for (const pf_req_t *r = p->head; r; r = r->next)
-        if (r->state == REQ_READY && peer_ready(r) &&
-            (r->done > 0 || r->local.n_blocks ||
-             kvf_kv_blocks_for_tokens(&p->geo, r->n_prompt) <= pf_blocks_available(p)))
+    /* Counting evictable blocks walks the cache: once per call, and only
+     * when a waiting prompt needs it. */
+    int64_t available = -1;
+    for (const pf_req_t *r = p->head; r; r = r->next) {
+        if (r->state != REQ_READY || !peer_ready(r))
+            continue;
+        if (r->done > 0 || r->local.n_blocks)
             return true;
+        if (available < 0)
+            available = pf_blocks_available(p);
+        if (kvf_kv_blocks_for_tokens(&p->geo, r->n_prompt) <= (uint64_t)available)
+            return true;
+    }
     return false;
 }
 
