@@ -195,6 +195,8 @@ const char *kvf_envelope_body_name(const kvf_envelope_t *env)
     case KVF__ENVELOPE__BODY_REGISTER_REPLY: return "register_reply";
     case KVF__ENVELOPE__BODY_KV_LEASE: return "kv_lease";
     case KVF__ENVELOPE__BODY_KV_LEASE_REPLY: return "kv_lease_reply";
+    case KVF__ENVELOPE__BODY_PREFIX_UPDATE: return "prefix_update";
+    case KVF__ENVELOPE__BODY_PREFIX_RESYNC: return "prefix_resync";
     case KVF__ENVELOPE__BODY__NOT_SET: break;
     default: break;
     }
