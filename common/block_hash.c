@@ -34,6 +34,7 @@
 
 #define ROOT_TAG  0x746f6f722d66766bull /* "kvf-root" */
 #define BLOCK_TAG 0x6b636f6c622d766bull /* "kv-block" */
+#define KEY_ID_TAG 0x6469656b2d66766bull /* "kvf-keid": a key's public name */
 
 typedef struct {
     uint64_t v0, v1, v2, v3;
@@ -146,6 +147,14 @@ uint64_t kvf_siphash24(const kvf_block_hash_key_t *key, const void *data, size_t
     sip_state_t s;
     sip_init(&s, key);
     sip_absorb(&s, data, len);
+    return sip_final(&s);
+}
+
+uint64_t kvf_block_hash_key_id(const kvf_block_hash_key_t *key)
+{
+    sip_state_t s;
+    sip_init(&s, key);
+    absorb_u64(&s, KEY_ID_TAG);
     return sip_final(&s);
 }
 

@@ -65,7 +65,7 @@ static kvf_status_t decide(kvf_decode_t *d, const dec_admit_spec_t *spec, char *
         return KVF_ERR_NO_SPACE;
     }
     kvf_decode_admission_t a = {
-        .free_blocks = dec_blocks_available(d),
+        .free_blocks = kvf_node_prefix_available(&d->pc),
         .live = dec_req_live_count(d),
         .max_running = (uint32_t)d->cfg.max_running,
         .max_context = d->max_context,

@@ -77,9 +77,9 @@ static kvf_status_t open_engine(kvf_decode_t *d)
     d->max_context = mc->max_pos > 0 ? (uint32_t)mc->max_pos : 1;
     d->block_size = (uint32_t)d->cfg.block_size;
     d->block_bytes = kvf_kv_block_bytes(kvf_kvpool_geometry(d->rt.pool));
-    if (!d->cfg.no_prefix_cache &&
-        (st = kvf_prefix_cache_create(d->rt.pool, 0, &d->cache)) != KVF_OK) {
-        kvf_log_error("prefix cache: %s", kvf_status_str(st));
+    st = kvf_node_prefix_init(&d->pc, d->rt.pool, kvf_model_fingerprint(d->rt.model),
+                              !d->cfg.no_prefix_cache);
+    if (st != KVF_OK) {
         kvf_tokenizer_destroy(d->tok);
         kvf_engine_stack_fini(&d->rt);
         return st;
@@ -89,8 +89,7 @@ static kvf_status_t open_engine(kvf_decode_t *d)
 
 static void close_engine(kvf_decode_t *d)
 {
-    kvf_prefix_cache_destroy(d->cache); /* requests' references are gone by now */
-    d->cache = NULL;
+    kvf_node_prefix_fini(&d->pc); /* requests' references are gone by now */
     kvf_tokenizer_destroy(d->tok);
     kvf_engine_stack_fini(&d->rt);
 }
@@ -153,6 +152,7 @@ static kvf_status_t open_node(kvf_decode_t *d)
         return st;
     }
     kvf_log_set_node(kvf_node_id(d->node));
+    d->pc.node = d->node;
     return KVF_OK;
 }
 

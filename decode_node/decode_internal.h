@@ -23,6 +23,7 @@
 #include "kvf/evloop.h"
 #include "kvf/msg.h"
 #include "kvf/node.h"
+#include "kvf/node_prefix.h"
 #include "kvf/prefix_cache.h"
 #include "kvf/sampling.h"
 #include "kvf/textstream.h"
@@ -111,10 +112,9 @@ struct kvf_decode {
     kvf_status_t node_status; /* the node runtime's last tick: a refusal ends the loop */
     char *router_url, *listen_url, *model_dir, *node_id;
     kvf_engine_stack_t rt; /* model, backend, pool, engine */
-    kvf_prefix_cache_t *cache; /* prompt blocks prefill nodes shipped; NULL: off */
-    kvf_block_hash_key_t hash_key;
-    uint64_t hash_root, model_fp;
-    uint32_t key_gen; /* of hash_key (kvf_node_prefix_key); 0: none yet */
+    /* the prefix cache: prompt blocks prefill nodes shipped or this node
+     * prefilled itself (pc.cache NULL: off) */
+    kvf_node_prefix_t pc;
     uint64_t prefix_hit_blocks, prefix_query_blocks;
     kvf_tokenizer_t *tok;  /* the model's, for the requests' text */
     kvf_xfer_t *xfer;
@@ -257,11 +257,6 @@ kvf_status_t dec_admit(kvf_decode_t *d, const dec_admit_spec_t *spec, char *why,
 
 /* ---- prefix.c: the prefix cache ---------------------------------------------- */
 
-/* The cache's key brought up to the router's (a new one empties it);
- * false: no cache or no key yet. */
-bool dec_prefix_key_sync(kvf_decode_t *d);
-/* Blocks an admission can have: free, or cached and used by nobody. */
-uint32_t dec_blocks_available(const kvf_decode_t *d);
 /* r's n_blocks blocks: the longest held run of spec's prefix blocks (its
  * hashes checked against its tokens under this node's key), then fresh
  * ones, evicting cached blocks nobody uses where the pool is short; keeps

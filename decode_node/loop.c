@@ -72,7 +72,7 @@ void dec_fill_load(void *arg, Kvf__Load *load)
         }
     }
     /* Cached blocks nobody uses count as free: any admission may have them. */
-    const uint32_t total = kvf_kvpool_num_blocks(d->rt.pool), avail = dec_blocks_available(d);
+    const uint32_t total = kvf_kvpool_num_blocks(d->rt.pool), avail = kvf_node_prefix_available(&d->pc);
     load->blocks_free = avail;
     load->blocks_used = total - avail;
     load->blocks_total = total;
@@ -98,7 +98,7 @@ static void log_stats(kvf_decode_t *d, bool force)
     d->logged_auth = auth;
     char auth_text[160];
     kvf_auth_counters_format(auth_text, sizeof(auth_text));
-    const uint32_t avail = dec_blocks_available(d);
+    const uint32_t avail = kvf_node_prefix_available(&d->pc);
     kvf_log_info("stats: admitted %llu refused %llu finished %llu cancelled %llu failed %llu "
                  "released %llu | stale dropped %llu malformed dropped %llu | tokens %llu "
                  "steps %llu | kv blocks used %u of %u, requests held %zu | prefix cache %s: "
@@ -109,7 +109,7 @@ static void log_stats(kvf_decode_t *d, bool force)
                  (unsigned long long)s.stale_dropped, (unsigned long long)s.malformed_dropped,
                  (unsigned long long)s.tokens_generated, (unsigned long long)s.steps,
                  kvf_kvpool_num_blocks(d->rt.pool) - avail, kvf_kvpool_num_blocks(d->rt.pool),
-                 d->n_reqs, d->cache ? "on" : "off", (unsigned long long)d->prefix_hit_blocks,
+                 d->n_reqs, d->pc.cache ? "on" : "off", (unsigned long long)d->prefix_hit_blocks,
                  (unsigned long long)d->prefix_query_blocks,
                  avail - kvf_kvpool_free_blocks(d->rt.pool), auth_text);
     for (size_t i = 0; i < d->n_reqs && i < 16; i++) {
@@ -326,6 +326,7 @@ static kvf_status_t turn(kvf_decode_t *d)
     arm_transport_timers(d);
     /* Busy, or messages the step kept: only look (due timers, readable
      * fds); the next turn follows at once. */
+    kvf_node_prefix_report(&d->pc); /* what the router's KV-aware routing sees */
     (void)kvf_evloop_wait(d->loop, busy || d->stash.n ? 0 : -1);
     return d->node_status;
 }

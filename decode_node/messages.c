@@ -269,6 +269,8 @@ static void on_prefill_request(kvf_decode_t *d, const Kvf__PrefillRequest *m)
         .n_tokens = (uint32_t)m->n_token_ids,
         .max_new = kvf_sampling_msg_remaining(m->sampling, m->n_generated),
         .prompt = m->token_ids,
+        .cache_salt = m->cache_salt.data,
+        .cache_salt_len = m->cache_salt.len,
         .what = "prefill request",
     };
     char why[160] = "";
@@ -327,7 +329,7 @@ static void on_kv_lease(kvf_decode_t *d, const Kvf__KvLease *m)
 
 void dec_on_envelope(kvf_decode_t *d, const kvf_envelope_t *env)
 {
-    if (kvf_node_handle(d->node, env))
+    if (kvf_node_handle(d->node, env) || kvf_node_prefix_handle(&d->pc, env))
         return;
     switch (env->body_case) {
     case KVF__ENVELOPE__BODY_KV_ALLOC:

@@ -156,6 +156,7 @@ void dec_send_prefill_done(kvf_decode_t *d, const dec_req_t *r)
     done.epoch = r->epoch;
     done.node_id = (char *)kvf_node_id(d->node);
     done.prefill_compute_us = r->prefill_us;
+    done.cached_tokens = r->cached_blocks * d->block_size; /* the prefix it did not compute */
     kvf_envelope_t env;
     kvf_envelope_init(&env, kvf_node_id(d->node));
     env.body_case = KVF__ENVELOPE__BODY_PREFILL_DONE;

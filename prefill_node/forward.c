@@ -74,7 +74,7 @@ static bool peer_ready(const pf_req_t *r)
 
 uint32_t pf_blocks_available(const kvf_prefill_t *p)
 {
-    return p->cache ? kvf_prefix_cache_available(p->cache) : kvf_kvpool_free_blocks(p->rt.pool);
+    return kvf_node_prefix_available(&p->pc);
 }
 
 bool pf_forward_possible(const kvf_prefill_t *p)
@@ -114,8 +114,8 @@ static bool take_local_cached(kvf_prefill_t *p, pf_req_t *r)
     if (bs % PF_CHUNK_ALIGN == 0 && r->n_prompt > PF_CHUNK_MIN_TAIL)
         most = (r->n_prompt - PF_CHUNK_MIN_TAIL) / bs;
     most = most < r->n_full ? most : r->n_full;
-    uint32_t hit = kvf_prefix_cache_match(p->cache, r->hashes, r->pr->token_ids, most, ids);
-    bool ok = kvf_prefix_cache_alloc(p->cache, need - hit, ids + hit) == KVF_OK;
+    uint32_t hit = kvf_prefix_cache_match(p->pc.cache, r->hashes, r->pr->token_ids, most, ids);
+    bool ok = kvf_prefix_cache_alloc(p->pc.cache, need - hit, ids + hit) == KVF_OK;
     if (ok && kvf_block_table_append(&r->local, ids, need) != KVF_OK) {
         (void)kvf_kvpool_release(p->rt.pool, ids + hit, need - hit);
         ok = false;
@@ -141,7 +141,7 @@ static bool req_take_local(kvf_prefill_t *p, pf_req_t *r)
 {
     if (r->local.n_blocks)
         return true;
-    if (p->cache && r->hashes && r->key_gen == p->key_gen)
+    if (p->pc.cache && r->hashes && r->key_gen == p->pc.key_gen)
         return take_local_cached(p, r);
     p->count.prompt_tokens += r->n_prompt;
     return kvf_block_table_reserve(&r->local, p->rt.pool, r->n_prompt) == KVF_OK;

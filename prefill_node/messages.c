@@ -172,7 +172,7 @@ static void on_cancel(kvf_prefill_t *p, const Kvf__Cancel *c)
 
 void pf_handle_envelope(kvf_prefill_t *p, kvf_envelope_t *env)
 {
-    if (kvf_node_handle(p->node, env)) {
+    if (kvf_node_handle(p->node, env) || kvf_node_prefix_handle(&p->pc, env)) {
         kvf_envelope_free(env);
         return;
     }
@@ -300,8 +300,8 @@ void pf_req_complete(kvf_prefill_t *p, pf_req_t *r)
     /* Every block is computed and shipped: the full ones stay for later
      * prompts with the same prefix (the cache takes its own references;
      * destroying r drops the request's). */
-    if (p->cache && r->hashes && r->done == r->n_prompt && r->key_gen == p->key_gen) {
-        kvf_status_t cst = kvf_prefix_cache_insert(p->cache, r->hashes, r->pr->token_ids,
+    if (p->pc.cache && r->hashes && r->done == r->n_prompt && r->key_gen == p->pc.key_gen) {
+        kvf_status_t cst = kvf_prefix_cache_insert(p->pc.cache, r->hashes, r->pr->token_ids,
                                                    r->local.blocks, r->n_full);
         if (cst != KVF_OK)
             kvf_log_debug("request %llu: prefix cache keeps only part of it: %s",

@@ -104,7 +104,7 @@ void pf_send_alloc(kvf_prefill_t *p, pf_req_t *r, int timeout_ms)
     /* The prompt's full blocks but the last block of the prompt: the
      * decode node may hold some of them already (its prefix cache). */
     const uint32_t bs = (uint32_t)p->geo.block_size;
-    if (r->hashes && r->key_gen == p->key_gen && r->n_prompt > bs) {
+    if (r->hashes && r->key_gen == p->pc.key_gen && r->n_prompt > bs) {
         uint32_t n = (r->n_prompt - 1) / bs < r->n_full ? (r->n_prompt - 1) / bs : r->n_full;
         a.n_prefix_hashes = n;
         a.prefix_hashes = r->hashes;

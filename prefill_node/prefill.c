@@ -112,8 +112,8 @@ static void log_stats(kvf_prefill_t *p, const char *what, bool force)
     char auth_text[160];
     kvf_auth_counters_format(auth_text, sizeof(auth_text));
     kvf_prefix_cache_stats_t pc = {0};
-    if (p->cache)
-        kvf_prefix_cache_stats(p->cache, &pc);
+    if (p->pc.cache)
+        kvf_prefix_cache_stats(p->pc.cache, &pc);
     kvf_log_info("%s: %llu requests, %llu completed, %llu failed, %llu cancelled, %llu "
                  "refused; dropped %llu stale, %llu malformed, %llu unexpected | prefix cache "
                  "%s: %llu of %llu prompt tokens hit, %u blocks cached | %s",
@@ -121,7 +121,7 @@ static void log_stats(kvf_prefill_t *p, const char *what, bool force)
                  (unsigned long long)c->failed, (unsigned long long)c->cancelled,
                  (unsigned long long)c->refused, (unsigned long long)c->stale_dropped,
                  (unsigned long long)c->malformed_dropped,
-                 (unsigned long long)c->unexpected_dropped, p->cache ? "on" : "off",
+                 (unsigned long long)c->unexpected_dropped, p->pc.cache ? "on" : "off",
                  (unsigned long long)c->prefix_hit_tokens, (unsigned long long)c->prompt_tokens,
                  pc.cached, auth_text);
 }
@@ -272,6 +272,7 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
         bool ran = pf_forward_step(p);
         /* What came in during the forward, before any deadline is judged. */
         pf_stash_handle(p);
+        kvf_node_prefix_report(&p->pc); /* what the router's KV-aware routing sees */
         loop_wait(p, ran);
     }
     kvf_signals_wake_loop(NULL);
@@ -293,42 +294,6 @@ static bool config_valid(const kvf_prefill_config_t *cfg)
            cfg->alloc_timeout_ms >= 1;
 }
 
-/* The prefix cache over the local pool; its hash key comes from the
- * router (pf_prefix_key_sync). */
-static kvf_status_t create_prefix_cache(kvf_prefill_t *p)
-{
-    kvf_status_t st = kvf_prefix_cache_create(p->rt.pool, 0, &p->cache);
-    if (st != KVF_OK)
-        kvf_log_error("prefix cache: %s", kvf_status_str(st));
-    return st;
-}
-
-bool pf_prefix_key_sync(kvf_prefill_t *p)
-{
-    uint64_t k[2];
-    uint32_t gen = p->cache ? kvf_node_prefix_key(p->node, k) : 0;
-    if (gen == 0)
-        return false;
-    if (gen != p->key_gen) {
-        if (p->key_gen) {
-            /* Another router run, another key: what is cached is unreachable
-             * under it. Blocks requests hold stay theirs. */
-            kvf_prefix_cache_t *fresh = NULL;
-            if (kvf_prefix_cache_create(p->rt.pool, 0, &fresh) != KVF_OK)
-                return false;
-            kvf_prefix_cache_destroy(p->cache);
-            p->cache = fresh;
-            kvf_log_info("prefix cache: the cluster's hash key changed; starting afresh");
-        }
-        p->hash_key = (kvf_block_hash_key_t){k[0], k[1]};
-        p->model_fp = strtoull(kvf_model_fingerprint(p->rt.model), NULL, 16);
-        p->hash_root = kvf_block_hash_root(&p->hash_key, p->model_fp, (int)p->geo.dtype,
-                                           (uint32_t)p->geo.block_size, NULL, 0);
-        p->key_gen = gen;
-    }
-    return true;
-}
-
 /* Loads the model into backend, pool and engine (K/V mirrored in host
  * memory: the transport ships from there). */
 static kvf_status_t create_engine(kvf_prefill_t *p, const kvf_prefill_config_t *cfg)
@@ -346,7 +311,10 @@ static kvf_status_t create_engine(kvf_prefill_t *p, const kvf_prefill_config_t *
     if (st != KVF_OK)
         return st;
     p->geo = *kvf_kvpool_geometry(p->rt.pool);
-    if (!cfg->no_prefix_cache && (st = create_prefix_cache(p)) != KVF_OK)
+    /* its hash key comes from the router (kvf_node_prefix_sync) */
+    st = kvf_node_prefix_init(&p->pc, p->rt.pool, kvf_model_fingerprint(p->rt.model),
+                              !cfg->no_prefix_cache);
+    if (st != KVF_OK)
         kvf_engine_stack_fini(&p->rt);
     return st;
 }
@@ -392,6 +360,7 @@ static kvf_status_t create_node(kvf_prefill_t *p, const kvf_prefill_config_t *cf
         return st;
     }
     kvf_log_set_node(kvf_node_id(p->node));
+    p->pc.node = p->node;
     return KVF_OK;
 }
 
@@ -464,7 +433,7 @@ fail_loop:
 fail_node:
     kvf_xfer_destroy(p->xfer);
 fail_xfer:
-    kvf_prefix_cache_destroy(p->cache);
+    kvf_node_prefix_fini(&p->pc);
     kvf_engine_stack_fini(&p->rt);
 fail_model:
     free(p->listen_url);
@@ -492,7 +461,7 @@ void kvf_prefill_destroy(kvf_prefill_t *p)
     pf_stash_free(p);
     kvf_evloop_destroy(p->loop); /* no timer of a request is left armed */
     kvf_node_destroy(p->node);
-    kvf_prefix_cache_destroy(p->cache); /* every request's references are gone */
+    kvf_node_prefix_fini(&p->pc); /* every request's references are gone */
     kvf_engine_stack_fini(&p->rt);
     pf_forward_fini(&p->fwd);
     free(p->listen_url);

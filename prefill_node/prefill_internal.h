@@ -25,6 +25,7 @@
 #include "kvf/kvcache.h"
 #include "kvf/msg.h"
 #include "kvf/node.h"
+#include "kvf/node_prefix.h"
 #include "kvf/prefix_cache.h"
 #include "kvf/sampling.h"
 #include "kvf/timer.h"
@@ -132,11 +133,7 @@ struct kvf_prefill {
     kvf_prefill_config_t cfg; /* strings: NULL, or the copies below */
     char *router_url, *listen_url;
     kvf_engine_stack_t rt; /* model, backend, pool, engine */
-    kvf_prefix_cache_t *cache; /* NULL: --no-prefix-cache */
-    kvf_block_hash_key_t hash_key;
-    uint64_t hash_root; /* the chain's root: model, KV format, block size, no salt */
-    uint64_t model_fp;
-    uint32_t key_gen;   /* the node runtime's key generation hash_key is of; 0: none */
+    kvf_node_prefix_t pc; /* the prefix cache (pc.cache NULL: --no-prefix-cache) */
     kvf_xfer_t *xfer;
     kvf_node_t *node;
     kvf_kv_geometry_t geo;
@@ -166,10 +163,6 @@ static inline uint64_t pf_us_between(uint64_t from_ns, uint64_t to_ns)
 {
     return to_ns > from_ns ? (to_ns - from_ns) / 1000u : 0;
 }
-
-/* Brings the prefix cache's key up to the router's (a new key empties the
- * cache); false when there is no cache or no key yet (prompts run cold). */
-bool pf_prefix_key_sync(kvf_prefill_t *p);
 
 /* ---- requests.c ---- */
 

@@ -49,18 +49,15 @@ pf_req_t *pf_req_add(kvf_prefill_t *p, kvf_envelope_t *env, pf_peer_t *peer,
     /* The prompt's full blocks' hashes, for the prefix cache (without
      * memory for them the request just runs cold). */
     const uint32_t bs = (uint32_t)p->geo.block_size;
-    if (r->n_prompt >= bs && pf_prefix_key_sync(p)) {
+    if (r->n_prompt >= bs && kvf_node_prefix_sync(&p->pc)) {
         r->hashes = malloc((size_t)(r->n_prompt / bs) * sizeof(uint64_t));
         /* a salted request (a tenant) has its own root: its blocks are
          * never anyone else's */
-        uint64_t root = pr->cache_salt.len
-                            ? kvf_block_hash_root(&p->hash_key, p->model_fp, (int)p->geo.dtype, bs,
-                                                  pr->cache_salt.data, pr->cache_salt.len)
-                            : p->hash_root;
+        uint64_t root = kvf_node_prefix_root(&p->pc, pr->cache_salt.data, pr->cache_salt.len);
         if (r->hashes)
-            r->n_full = kvf_block_hash_chain(&p->hash_key, root, pr->token_ids, r->n_prompt, bs,
+            r->n_full = kvf_block_hash_chain(&p->pc.key, root, pr->token_ids, r->n_prompt, bs,
                                              r->hashes);
-        r->key_gen = p->key_gen;
+        r->key_gen = p->pc.key_gen;
     }
     r->prev = p->tail;
     if (p->tail)

@@ -87,6 +87,9 @@ static void handle_node_message(kvf_router_t *r, kvf_envelope_t *env)
     case KVF__ENVELOPE__BODY_ERROR:
         kvf_router__on_error(r, env->error, env->sender);
         break;
+    case KVF__ENVELOPE__BODY_PREFIX_UPDATE:
+        kvf_router__on_prefix_update(r, env->prefix_update, env->sender);
+        break;
     default:
         r->count.malformed++;
         kvf_log_warn("unexpected %s from %s dropped", kvf_envelope_body_name(env), env->sender);
@@ -137,6 +140,7 @@ static void recv_clients(int fd, void *arg)
 kvf_status_t kvf_router_run(kvf_router_t *r, volatile sig_atomic_t *stop)
 {
     kvf_log_info("serving: nodes at %s, clients at %s", r->cfg.listen_url, r->cfg.client_url);
+    kvf_router__route_describe(r);
     /* A stop signal, on whichever thread it lands, wakes the loop after
      * setting the flag (kvf/signals.h); a thread that sets the flag itself
      * calls kvf_router_wake. */
@@ -204,6 +208,8 @@ static void config_defaults(kvf_router_config_t *cfg)
         cfg->prefill_timeout_ms = 60000;
     if (!cfg->stall_timeout_ms)
         cfg->stall_timeout_ms = 30000;
+    if (!cfg->prefill_weight && !cfg->decode_weight && !cfg->transfer_weight)
+        cfg->prefill_weight = cfg->decode_weight = cfg->transfer_weight = 1.0;
 }
 
 /* The loop, watching both sockets. */
@@ -241,6 +247,12 @@ kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **ro
         uint64_t k[2] = {r->seed_state * 0x9e3779b97f4a7c15ull, kvf_clock_ns()};
         memcpy(r->prefix_key, k, sizeof(r->prefix_key));
     }
+    /* as the nodes take it from RegisterReply (kvf_node_prefix_key) */
+    uint64_t k[2];
+    memcpy(k, r->prefix_key, sizeof(k));
+    r->hash_key = (kvf_block_hash_key_t){k[0], k[1]};
+    r->hash_key_id = kvf_block_hash_key_id(&r->hash_key);
+    r->route_rng = r->seed_state ^ 0x5851f42d4c957f2dull;
     pthread_mutex_init(&r->post_lock, NULL);
     kvf_status_t st = kvf_model_config_load(cfg->model_dir, &r->model);
     if (st != KVF_OK)

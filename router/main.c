@@ -1,7 +1,9 @@
 /* kvf-router: the client-facing process of a kvferry cluster. Parses
  * flags, builds the router (router.h) and its HTTP front end (http.h) and
  * runs the loop until SIGINT or SIGTERM. */
+#include <errno.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvf/auth.h"
@@ -20,6 +22,8 @@ typedef struct {
     int default_max_tokens, prefill_timeout_ms, stall_timeout_ms;
     const char *http_listen, *served_model_name, *api_key, *chat_template;
     const char *cluster_key_file;
+    const char *route, *local_prefill;
+    double prefill_weight, decode_weight, transfer_weight;
     uint64_t max_body;
     int http_max_connections;
     bool http_seen; /* --http was given: it must work */
@@ -42,6 +46,11 @@ static int parse_router_flags(int argc, char **argv, router_opts_t *o)
         .http_listen = "127.0.0.1:8000",
         .max_body = 4u << 20,
         .http_max_connections = 512,
+        .route = "kv",
+        .local_prefill = "0",
+        .prefill_weight = 1.0,
+        .decode_weight = 1.0,
+        .transfer_weight = 1.0,
     };
     kvf_flag_t flags[] = {
         {"listen", KVF_FLAG_STRING, &o->listen_url, "URL", "inbox the nodes send to", NULL},
@@ -78,6 +87,21 @@ static int parse_router_flags(int argc, char **argv, router_opts_t *o)
         {"max-body", KVF_FLAG_SIZE, &o->max_body, "BYTES", "largest HTTP request body", NULL},
         {"http-max-connections", KVF_FLAG_INT, &o->http_max_connections, "N",
          "concurrent HTTP connections", NULL},
+        {"route", KVF_FLAG_STRING, &o->route, "kv|load|random",
+         "how a request's nodes are picked: kv = cost over cached prefixes and load "
+         "(docs/prefix-cache.md), load = most room / least queued, random",
+         NULL},
+        {"prefill-weight", KVF_FLAG_DOUBLE, &o->prefill_weight, "W",
+         "kv cost: weight of the prompt blocks a prefill node must compute plus its queue", NULL},
+        {"decode-weight", KVF_FLAG_DOUBLE, &o->decode_weight, "W",
+         "kv cost: weight of a decode node's blocks in use", NULL},
+        {"transfer-weight", KVF_FLAG_DOUBLE, &o->transfer_weight, "W",
+         "kv cost: credit per prompt block a decode node holds already", NULL},
+        {"local-prefill-max-tokens", KVF_FLAG_STRING, &o->local_prefill, "N|auto",
+         "conditional disaggregation: a decode node with --prefill-local holding a "
+         "request's prefix prefills it itself when at most N tokens are left (0: never; "
+         "auto: the measured break-even)",
+         NULL},
         KVF_AUTH_FLAG_ENTRY(&o->cluster_key_file),
     };
     kvf_flagset_t set = {
@@ -86,8 +110,9 @@ static int parse_router_flags(int argc, char **argv, router_opts_t *o)
         .summary =
             "Router of a kvferry cluster. Keeps the registry of prefill and decode nodes (they\n"
             "register at --listen and heartbeat), takes generate requests from native clients\n"
-            "at --client (kvf generate --router URL), tokenizes them, picks a decode node by free\n"
-            "KV blocks and a prefill node by queued prompt tokens, streams the tokens back, and\n"
+            "at --client (kvf generate --router URL), tokenizes them, picks a decode and a prefill\n"
+            "node (--route: by where the prompt's prefix is cached and by load), streams the\n"
+            "tokens back, and\n"
             "re-dispatches a request whose node died. URLs are nanomsg URLs "
             "(tcp://127.0.0.1:5555,\n"
             "ipc:///path). --http serves the OpenAI API (/v1/completions, /v1/chat/completions,\n"
@@ -102,9 +127,42 @@ static int parse_router_flags(int argc, char **argv, router_opts_t *o)
     return -1;
 }
 
+/* --local-prefill-max-tokens: N or auto; false when malformed. */
+static bool parse_local_prefill(const char *text, unsigned *max_p, bool *auto_p)
+{
+    *auto_p = !strcmp(text, "auto");
+    *max_p = 0;
+    if (*auto_p)
+        return true;
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(text, &end, 10);
+    if (end == text || *end || errno || v > (1ul << 24) || text[0] == '-')
+        return false;
+    *max_p = (unsigned)v;
+    return true;
+}
+
 /* Returns -1 when the options make a router, else 2 after logging why. */
 static int check_router_opts(const router_opts_t *o)
 {
+    kvf_route_policy_t policy;
+    unsigned max_local;
+    bool local_auto;
+    if (!kvf_route_policy_parse(o->route, &policy)) {
+        kvf_log_error("--route must be kv, load or random (not '%s')", o->route);
+        return 2;
+    }
+    if (!parse_local_prefill(o->local_prefill, &max_local, &local_auto)) {
+        kvf_log_error("--local-prefill-max-tokens must be a token count or auto (not '%s')",
+                      o->local_prefill);
+        return 2;
+    }
+    if (!(o->prefill_weight >= 0) || !(o->decode_weight >= 0) || !(o->transfer_weight >= 0) ||
+        o->prefill_weight > 1e6 || o->decode_weight > 1e6 || o->transfer_weight > 1e6) {
+        kvf_log_error("the cost weights must be between 0 and 1e6");
+        return 2;
+    }
     if (!o->model_dir) {
         kvf_log_error("--model DIR is required (see --help)");
         return 2;
@@ -121,6 +179,11 @@ static int check_router_opts(const router_opts_t *o)
 
 static kvf_router_config_t router_config(const router_opts_t *o)
 {
+    kvf_route_policy_t policy = KVF_ROUTE_KV;
+    unsigned max_local = 0;
+    bool local_auto = false;
+    (void)kvf_route_policy_parse(o->route, &policy); /* checked by check_router_opts */
+    (void)parse_local_prefill(o->local_prefill, &max_local, &local_auto);
     return (kvf_router_config_t){
         .listen_url = o->listen_url,
         .client_url = o->client_url,
@@ -134,6 +197,12 @@ static kvf_router_config_t router_config(const router_opts_t *o)
         .default_max_tokens = (unsigned)o->default_max_tokens,
         .prefill_timeout_ms = (unsigned)o->prefill_timeout_ms,
         .stall_timeout_ms = (unsigned)o->stall_timeout_ms,
+        .route = policy,
+        .prefill_weight = o->prefill_weight,
+        .decode_weight = o->decode_weight,
+        .transfer_weight = o->transfer_weight,
+        .local_prefill_max_tokens = max_local,
+        .local_prefill_auto = local_auto,
     };
 }
 

@@ -226,6 +226,10 @@ kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapsho
     put_counter(&sb, "kvf_prefix_cache_hit_tokens_total",
                 "Prompt tokens reused from the prefix cache instead of computed.",
                 m->prefix_hit_tokens);
+    put_counter(&sb, "kvf_local_prefills_total",
+                "Prefills a decode node ran itself (--prefill-local: conditional "
+                "disaggregation, or no prefill node).",
+                snap->local_prefills);
     put_histogram(&sb, "kvf_time_to_first_token_seconds",
                   "Time from a request's arrival to its first token.", &m->ttft);
     put_histogram(&sb, "kvf_inter_token_latency_seconds",
@@ -271,6 +275,11 @@ kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapsho
     for (size_t i = 0; i < snap->n_nodes; i++)
         put_node_gauge(&sb, "kvf_prefix_cache_blocks", &snap->nodes[i],
                        snap->nodes[i].blocks_cached);
+    put_header(&sb, "kvf_prefix_index_blocks", "gauge",
+               "Cached block hashes of a node in the router's index (KV-aware routing).");
+    for (size_t i = 0; i < snap->n_nodes; i++)
+        put_node_gauge(&sb, "kvf_prefix_index_blocks", &snap->nodes[i],
+                       snap->nodes[i].prefix_indexed);
     put_header(&sb, "kvf_kv_blocks_total", "gauge", "KV cache blocks of a node's pool.");
     for (size_t i = 0; i < snap->n_nodes; i++)
         put_node_gauge(&sb, "kvf_kv_blocks_total", &snap->nodes[i], snap->nodes[i].blocks_total);

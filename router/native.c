@@ -47,6 +47,8 @@ static void native_on_chunk(void *arg, const kvf_router_chunk_t *c)
     chunk.prefill_compute_us = c->prefill_compute_us;
     chunk.handoff_us = c->handoff_us;
     chunk.kv_bytes = c->kv_bytes;
+    chunk.cached_tokens = c->cached_tokens;
+    chunk.local_prefill = c->local_prefill;
     kvf_envelope_t env;
     kvf_envelope_init(&env, "router");
     env.body_case = KVF__ENVELOPE__BODY_GENERATE_CHUNK;
@@ -145,6 +147,10 @@ static void on_stats(kvf_router_t *r, const Kvf__StatsRequest *sr, const kvf_cli
     rep.requests_cancelled = r->count.cancelled;
     rep.stale_dropped = r->count.stale;
     rep.redispatched = r->count.redispatched;
+    rep.prefill_tokens_computed = r->count.prefill_computed;
+    rep.prefill_tokens_cached = r->count.prefill_cached;
+    rep.kv_bytes_shipped = r->count.kv_bytes;
+    rep.local_prefills = r->count.local_prefills;
     kvf_envelope_t env;
     kvf_envelope_init(&env, "router");
     env.body_case = KVF__ENVELOPE__BODY_STATS_REPLY;

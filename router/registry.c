@@ -64,6 +64,7 @@ static void node_free(kvf_router_t *r, kvf_router_node_t *n)
     if (n->used) /* a free slot's timer was never set up */
         kvf_timer_cancel(kvf_evloop_timers(r->loop), &n->liveness);
     free(n->xfer_desc);
+    kvf_router__prefix_drop(n);
     memset(n, 0, sizeof(*n));
 }
 
@@ -274,6 +275,9 @@ void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg)
                  kvf_router__role_name(n->role), n->prefill_local ? " (+prefill)" : "", n->inbox,
                  n->capacity_blocks, n->block_size);
     reply_register(r, n->inbox, n->id, KVF_OK, NULL);
+    /* A node registering again (the router lost it, or restarted) may
+     * cache blocks already: it lists them anew. */
+    kvf_router__prefix_resync(r, n);
     kvf_router__drain_queue(r);
 }
 
@@ -376,6 +380,7 @@ kvf_status_t kvf_router_snapshot(kvf_router_t *r, kvf_router_snapshot_t *snap)
     kvf_router_node_info_t *nodes = calloc(n ? n : 1, sizeof(*nodes));
     if (!nodes)
         return KVF_ERR_NOMEM;
+    snap->local_prefills = r->count.local_prefills;
     size_t k = 0;
     for (int i = 0; i < ROUTER_MAX_NODES; i++) {
         const kvf_router_node_t *node = &r->nodes.slots[i];
@@ -393,6 +398,7 @@ kvf_status_t kvf_router_snapshot(kvf_router_t *r, kvf_router_snapshot_t *snap)
         info->queued_requests = node->queued_requests;
         info->queued_tokens = node->queued_tokens;
         info->dispatched = node->dispatched;
+        info->prefix_indexed = node->prefix.n;
     }
     snap->requests_queued = r->queue_len;
     snap->requests_running = (uint32_t)(r->count.running - r->queue_len);

@@ -72,6 +72,7 @@ static void req_free(kvf_router_t *r, kvf_router_req_t *q)
     kvf_sampling_msg_free(q->ask.sampling);
     free(q->ask.prompt);
     free(q->ask.cache_salt);
+    free(q->ask.hashes);
     free(q);
     r->count.running--;
 }
@@ -88,6 +89,8 @@ void kvf_router__req_finish(kvf_router_t *r, kvf_router_req_t *q, Kvf__FinishRea
         .prefill_compute_us = q->t.prefill_compute_us,
         .handoff_us = q->t.handoff_us,
         .kv_bytes = q->t.kv_bytes,
+        .cached_tokens = q->t.cached_tokens,
+        .local_prefill = q->place.local,
     };
     emit(q, &chunk);
     kvf_metrics_observe_finished(r->metrics, reason, q->ask.n_prompt, q->out.n,
@@ -289,9 +292,8 @@ void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
     q->t.kv_bytes += pd->kv_bytes;
     kvf_metrics_observe_handoff(r->metrics, pd->handoff_us, pd->kv_bytes);
     kvf_metrics_observe_prefix(r->metrics, q->ask.n_prompt + q->out.n, pd->cached_tokens);
-    kvf_router_node_t *p = kvf_router__node_get(r, q->place.prefill);
-    if (p)
-        kvf_router__observe_prefill(p, pd->prefill_compute_us, q->ask.n_prompt + q->out.n);
+    q->t.cached_tokens += pd->cached_tokens;
+    kvf_router__observe_prefill_done(r, q, pd);
     if (q->place.state == REQ_PREFILL) {
         q->place.state = REQ_DECODE;
         kvf_router__progress(r, q);

@@ -29,6 +29,18 @@
 
 typedef struct kvf_router kvf_router_t;
 
+/* How the router picks a request's nodes (docs/prefix-cache.md,
+ * "Routing"). */
+typedef enum {
+    KVF_ROUTE_KV = 0,     /* the cost model over the nodes' cached prefixes and load */
+    KVF_ROUTE_LOAD = 1,   /* decode node with the most room, prefill node least queued */
+    KVF_ROUTE_RANDOM = 2, /* any node that can take it (for comparison) */
+} kvf_route_policy_t;
+
+/* "kv", "load", "random"; false for another name. */
+bool kvf_route_policy_parse(const char *name, kvf_route_policy_t *policy_p);
+const char *kvf_route_policy_name(kvf_route_policy_t policy);
+
 typedef struct {
     const char *listen_url;      /* inbox for nodes */
     const char *client_url;      /* native client socket */
@@ -42,6 +54,15 @@ typedef struct {
     unsigned default_max_tokens; /* when a request names none (256) */
     unsigned prefill_timeout_ms; /* dispatch to first token, then re-dispatch (60000) */
     unsigned stall_timeout_ms;   /* longest gap between tokens, then re-dispatch (30000) */
+    kvf_route_policy_t route;    /* KVF_ROUTE_KV (0) by default */
+    /* The kv policy's cost weights; all three 0: 1, 1, 1. */
+    double prefill_weight, decode_weight, transfer_weight;
+    /* Conditional disaggregation: a decode node with --prefill-local that
+     * holds a request's prefix prefills it itself when at most this many
+     * tokens are left to compute (0: never), or (local_prefill_auto) when
+     * the measured break-even says so. */
+    unsigned local_prefill_max_tokens;
+    bool local_prefill_auto;
 } kvf_router_config_t;
 
 /* Builds the router: loads tokenizer and configs, binds both sockets.
@@ -80,6 +101,8 @@ typedef struct {
     uint32_t prompt_tokens;
     uint32_t completion_tokens; /* so far */
     uint64_t ttft_us, prefill_compute_us, handoff_us, kv_bytes; /* on the last chunk */
+    uint32_t cached_tokens; /* on the last chunk: prompt tokens reused from a prefix cache */
+    bool local_prefill;     /* on the last chunk: prefilled on its decode node */
 } kvf_router_chunk_t;
 
 /* Where a request's output goes. on_chunk runs on the loop thread; the
@@ -143,6 +166,7 @@ typedef struct {
     const char *state; /* "live", "draining" or "dead" (static) */
     bool prefill_local;
     uint32_t blocks_used, blocks_total, blocks_cached, running, queued_requests;
+    uint32_t prefix_indexed; /* cached block hashes the router's index lists for it */
     uint64_t queued_tokens, dispatched;
 } kvf_router_node_info_t;
 
@@ -167,6 +191,7 @@ typedef struct {
     size_t n_nodes;
     kvf_router_node_info_t *nodes; /* (n_nodes) */
     uint64_t register_refused[KVF_ROUTER_N_REFUSALS]; /* Registers refused, by reason */
+    uint64_t local_prefills; /* prefills decode nodes ran themselves */
 } kvf_router_snapshot_t;
 
 /* KVF_OK when the cluster can serve: at least one live prefill and one

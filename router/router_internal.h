@@ -22,6 +22,7 @@
 #include "kvf/evloop.h"
 #include "kvf/hashmap.h"
 #include "kvf/model.h"
+#include "kvf/prefix_cache.h"
 #include "kvf/msg.h"
 #include "kvf/timer.h"
 #include "kvf/tokenizer.h"
@@ -51,6 +52,23 @@ typedef enum {
  * never reaches a node that replaced the one it was sent to. */
 typedef uint64_t kvf_node_ref_t;
 #define KVF_NODE_NONE ((kvf_node_ref_t)0)
+
+/* One hash of the router's prefix index: a block a node reported cached
+ * (prefix_index.c). */
+typedef struct kvf_prefix_entry {
+    uint64_t hash;
+    UT_hash_handle hh;
+} kvf_prefix_entry_t;
+
+/* What the router knows of a node's prefix cache (prefix_index.c). */
+typedef struct {
+    kvf_prefix_entry_t *set; /* uthash by hash */
+    uint32_t n;
+    uint64_t seq;            /* the last PrefixUpdate applied; 0: none */
+    bool synced;             /* a full listing was applied (deltas apply on top) */
+    bool truncated;          /* that listing was cut: the node holds more */
+    uint64_t resync_asked_ns; /* PrefixResync sent then (0: not asked) */
+} kvf_node_prefix_index_t;
 
 /* One registered node. */
 typedef struct {
@@ -83,6 +101,10 @@ typedef struct {
      * died, unseen yet): it gets no new work until a heartbeat taken a
      * period after that shows it alive (sched.c); 0: not suspect. */
     uint64_t suspect_since_ns;
+    kvf_node_prefix_index_t prefix; /* the blocks it caches, as it reported them */
+    /* A decode node's local prefill compute per token computed (its own
+     * PrefillDone), a running average in ns; 0 until its first. */
+    uint64_t local_ns_per_token;
 } kvf_router_node_t;
 
 /* The node table and what the cluster agreed on. */
@@ -112,6 +134,10 @@ typedef struct {
     Kvf__Sampling *sampling;
     uint8_t *cache_salt; /* (cache_salt_len) owned, or NULL */
     size_t cache_salt_len;
+    /* The prompt's full blocks' hashes under the cluster's key (route.c),
+     * computed at the first placement; NULL until then or without memory. */
+    uint64_t *hashes;
+    uint32_t n_hashes;
 } kvf_req_asked_t;
 
 /* Where the current attempt (epoch) runs. */
@@ -127,6 +153,8 @@ typedef struct {
      * timeout. */
     uint64_t expected_prefill_ms;
     uint64_t rng_state; /* sampler state after the last streamed token */
+    bool local;            /* the decode node prefills this attempt itself */
+    uint64_t dispatched_ns; /* when this attempt was sent */
 } kvf_req_placement_t;
 
 /* Timing, and what the nodes reported. */
@@ -135,6 +163,7 @@ typedef struct {
     uint64_t first_ns;      /* the first token chunk (time to first token) */
     uint64_t last_token_ns; /* when the client got its latest token (metrics) */
     uint64_t prefill_compute_us, handoff_us, kv_bytes;
+    uint32_t cached_tokens; /* prompt tokens its prefills reused (PrefillDone) */
     /* Armed from submit until the request is freed (sched.c). */
     kvf_timer_t deadline; /* the request timeout */
     kvf_timer_t phase;    /* the current state's: queue, prefill or stall timeout */
@@ -160,6 +189,8 @@ typedef struct kvf_posted kvf_posted_t;
 struct kvf_router {
     kvf_router_config_t cfg;
     uint8_t prefix_key[16]; /* the cluster's block-hash key, random per router run */
+    kvf_block_hash_key_t hash_key; /* the same key as hashes take it */
+    uint64_t hash_key_id;          /* its public name (PrefixUpdate.key_id) */
     kvf_evloop_t *loop; /* the one wait: sockets, posted work, every deadline */
     kvf_model_config_t model;
     kvf_tokenizer_t *tok;
@@ -176,10 +207,21 @@ struct kvf_router {
     kvf_posted_t *posted, *posted_tail;
     uint64_t next_req_id;
     uint64_t seed_state; /* draws the seeds of requests that bring none */
+    uint64_t route_rng;  /* the random policy's draws */
     struct {
         uint64_t requests, running, failed, cancelled, completed, stale, malformed, redispatched;
         uint64_t register_refused[KVF_ROUTER_N_REFUSALS]; /* by kvf_router_refusal_t */
+        /* prefill passes: prompt tokens computed and reused; K/V bytes
+         * shipped; prefills decode nodes ran themselves */
+        uint64_t prefill_computed, prefill_cached, kv_bytes, local_prefills;
+        uint64_t prefix_updates, prefix_stale, prefix_resyncs;
     } count;
+    /* Measured for conditional disaggregation (route.c): what the split
+     * path costs a request beyond its prefill compute (dispatch to first
+     * token, less the prefill node's compute), a running average in ns;
+     * 0 until measured. */
+    uint64_t remote_overhead_ns;
+    uint64_t break_even_logged; /* the break-even last logged (tokens) */
     kvf_metrics_t *metrics; /* owned */
 };
 
@@ -240,8 +282,41 @@ void kvf_router__progress(kvf_router_t *r, kvf_router_req_t *q);
  * re-dispatched while its nodes show it moving). */
 void kvf_router__on_work(kvf_router_t *r, kvf_router_node_t *n, Kvf__WorkRef *const *work,
                          size_t n_work);
-/* A prefill node reported compute_us for tokens: its measured rate. */
-void kvf_router__observe_prefill(kvf_router_node_t *p, uint64_t compute_us, uint32_t tokens);
+
+/* ---- route.c: picking nodes ------------------------------------------------ */
+
+/* Blocks of block_size holding tokens. */
+uint32_t kvf_router__blocks_for(uint32_t tokens, uint32_t block_size);
+/* Tokens q may occupy on its decode node: prompt and every token it may
+ * generate. */
+uint32_t kvf_router__tokens_needed(const kvf_router_req_t *q);
+
+/* The nodes for q's next attempt under the configured policy: *d_p the
+ * decode node, *p_p the prefill node (the decode node itself for a local
+ * prefill: q->place.local then says why). False when no decode node has
+ * room or no node can prefill. */
+bool kvf_router__pick(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t **p_p,
+                      kvf_router_node_t **d_p);
+/* A prefill of q finished: pd's measurements feed the rates route.c
+ * weighs (prefill and local prefill per token, the split path's
+ * overhead). */
+void kvf_router__observe_prefill_done(kvf_router_t *r, kvf_router_req_t *q,
+                                      const Kvf__PrefillDone *pd);
+/* Logs the routing set-up (policy, weights, conditional disaggregation). */
+void kvf_router__route_describe(const kvf_router_t *r);
+
+/* ---- prefix_index.c: which node caches which block ---------------------------- */
+
+void kvf_router__on_prefix_update(kvf_router_t *r, const Kvf__PrefixUpdate *u,
+                                  const char *sender);
+/* n's listing is lost or n is new (it registered): empties it and asks n
+ * for a full one (PrefixResync; at most one a second). */
+void kvf_router__prefix_resync(kvf_router_t *r, kvf_router_node_t *n);
+/* Forgets every hash n reported (it died, left or restarted). */
+void kvf_router__prefix_drop(kvf_router_node_t *n);
+/* How many of hashes[0..n) n holds, counting from the first (a prefix
+ * is reusable only up to its first missing block). */
+uint32_t kvf_router__prefix_hits(const kvf_router_node_t *n, const uint64_t *hashes, uint32_t count);
 
 /* ---- native.c -------------------------------------------------------------- */
 

@@ -45,22 +45,8 @@ void kvf_router__on_work(kvf_router_t *r, kvf_router_node_t *n, Kvf__WorkRef *co
     }
 }
 
-/* The running average's weight of a new observation: 1 / 2^shift. */
-#define PREFILL_RATE_SHIFT 2
 /* An attempt's expected prefill time counts this many times over. */
 #define PREFILL_EXPECTED_SLACK 4
-
-void kvf_router__observe_prefill(kvf_router_node_t *p, uint64_t compute_us, uint32_t tokens)
-{
-    if (!tokens || !compute_us)
-        return;
-    uint64_t per = compute_us * 1000u / tokens;
-    if (!p->prefill_ns_per_token)
-        p->prefill_ns_per_token = per;
-    else
-        p->prefill_ns_per_token +=
-            ((int64_t)per - (int64_t)p->prefill_ns_per_token) / (1 << PREFILL_RATE_SHIFT);
-}
 
 /* The work ahead of n_tokens more at prefill node p, at its measured rate
  * (slack included): what the prefill timeout of an attempt sent there
@@ -145,77 +131,6 @@ void kvf_router__queue_remove(kvf_router_t *r, kvf_router_req_t *q)
 
 /* ---- picking nodes --------------------------------------------------------------- */
 
-static uint32_t blocks_for(uint32_t tokens, uint32_t block_size)
-{
-    return block_size ? (tokens + block_size - 1) / block_size : tokens;
-}
-
-/* Tokens q may occupy on its decode node: prompt and every token it may
- * generate. */
-static uint32_t tokens_needed(const kvf_router_req_t *q)
-{
-    return q->ask.n_prompt + q->ask.sampling->max_tokens;
-}
-
-static bool excluded(const kvf_router_t *r, const kvf_router_req_t *q, const kvf_router_node_t *n)
-{
-    kvf_node_ref_t ref = kvf_router__node_ref(r, n);
-    for (int i = 0; i < q->place.n_excluded; i++)
-        if (q->place.excluded[i] == ref)
-            return true;
-    return false;
-}
-
-/* The decode node with the most room left after q, or NULL. */
-static kvf_router_node_t *pick_decode(kvf_router_t *r, const kvf_router_req_t *q)
-{
-    uint32_t tokens = tokens_needed(q);
-    kvf_router_node_t *best = NULL;
-    int64_t best_room = 0;
-    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
-        kvf_router_node_t *n = &r->nodes.slots[i];
-        if (!n->used || n->role != KVF__ROLE__ROLE_DECODE || n->state != NODE_LIVE ||
-            n->suspect_since_ns || excluded(r, q, n))
-            continue;
-        if (n->max_context && tokens > n->max_context)
-            continue;
-        int64_t need = blocks_for(tokens, n->block_size);
-        int64_t room = (int64_t)n->blocks_free - n->pending_blocks - need;
-        if (room < 0)
-            continue;
-        if (n->max_running && n->running + n->pending_running >= n->max_running)
-            continue;
-        /* Free room first; among equals the one running fewer sequences. */
-        room = room * 1024 - (n->running + n->pending_running);
-        if (!best || room > best_room) {
-            best = n;
-            best_room = room;
-        }
-    }
-    return best;
-}
-
-/* The prefill node with the fewest queued prompt tokens; a prefill-local
- * decode node d itself when there is no prefill node. */
-static kvf_router_node_t *pick_prefill(kvf_router_t *r, kvf_router_node_t *d)
-{
-    kvf_router_node_t *best = NULL;
-    uint64_t best_load = 0;
-    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
-        kvf_router_node_t *n = &r->nodes.slots[i];
-        if (!n->used || n->role != KVF__ROLE__ROLE_PREFILL || n->state != NODE_LIVE)
-            continue;
-        uint64_t load = n->queued_tokens + n->pending_tokens;
-        if (!best || load < best_load) {
-            best = n;
-            best_load = load;
-        }
-    }
-    if (!best && d && d->prefill_local)
-        best = d;
-    return best;
-}
-
 /* ---- dispatch ---------------------------------------------------------------------- */
 
 /* Sends q's current epoch to prefill node p and decode node d. */
@@ -229,9 +144,10 @@ static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
     q->place.decode = kvf_router__node_ref(r, d);
     q->place.state = REQ_PREFILL;
     q->place.expected_prefill_ms = expected_prefill_ms(p, n_tokens);
+    q->place.dispatched_ns = kvf_clock_ns();
     arm_phase(r, q);
     uint32_t remaining = kvf_sampling_msg_remaining(q->ask.sampling, q->out.n);
-    d->pending_blocks += blocks_for(n_tokens + remaining, d->block_size);
+    d->pending_blocks += kvf_router__blocks_for(n_tokens + remaining, d->block_size);
     d->pending_running++;
     p->pending_tokens += n_tokens;
     d->dispatched++;
@@ -276,7 +192,7 @@ static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
  * for one). */
 static bool could_fit(kvf_router_t *r, const kvf_router_req_t *q, char *why, size_t why_len)
 {
-    uint32_t tokens = tokens_needed(q);
+    uint32_t tokens = kvf_router__tokens_needed(q);
     uint32_t largest = 0, need = 0;
     bool any_decode = false;
     for (int i = 0; i < ROUTER_MAX_NODES; i++) {
@@ -284,7 +200,7 @@ static bool could_fit(kvf_router_t *r, const kvf_router_req_t *q, char *why, siz
         if (!n->used || n->role != KVF__ROLE__ROLE_DECODE || n->state == NODE_DEAD)
             continue;
         any_decode = true;
-        need = blocks_for(tokens, n->block_size);
+        need = kvf_router__blocks_for(tokens, n->block_size);
         if (n->capacity_blocks >= need && (!n->max_context || tokens <= n->max_context))
             largest = need;
         else if (largest < need && n->capacity_blocks > largest)
@@ -305,9 +221,8 @@ void kvf_router__schedule(kvf_router_t *r, kvf_router_req_t *q)
                                "request failed on every attempt");
         return;
     }
-    kvf_router_node_t *d = pick_decode(r, q);
-    kvf_router_node_t *p = d ? pick_prefill(r, d) : NULL;
-    if (d && p) {
+    kvf_router_node_t *d = NULL, *p = NULL;
+    if (kvf_router__pick(r, q, &p, &d)) {
         dispatch(r, q, p, d);
         return;
     }
@@ -330,9 +245,8 @@ void kvf_router__drain_queue(kvf_router_t *r)
     while (r->queue) {
         kvf_router_req_t *q = r->queue;
         q->place.n_excluded = 0;
-        kvf_router_node_t *d = pick_decode(r, q);
-        kvf_router_node_t *p = d ? pick_prefill(r, d) : NULL;
-        if (!d || !p)
+        kvf_router_node_t *d = NULL, *p = NULL;
+        if (!kvf_router__pick(r, q, &p, &d))
             return;
         kvf_router__queue_remove(r, q);
         dispatch(r, q, p, d);
@@ -373,8 +287,10 @@ void kvf_router__node_lost(kvf_router_t *r, kvf_router_node_t *n, const char *wh
 {
     kvf_log_warn("node %s (%s) %s", n->id, kvf_router__role_name(n->role), why);
     kvf_outboxes_forget(r->outboxes, n->inbox);
-    /* Its requests must not be sent back to it. */
+    /* Its requests must not be sent back to it, nor new ones for the
+     * blocks it cached. */
     n->state = NODE_DEAD;
+    kvf_router__prefix_drop(n);
     kvf_timer_cancel(timers(r), &n->liveness);
     kvf_node_ref_t ref = kvf_router__node_ref(r, n);
     kvf_router_req_t *q, *next;

@@ -325,6 +325,19 @@ uint64_t h_redispatched(h_cluster_t *c)
     return v;
 }
 
+void h_totals(h_cluster_t *c, h_totals_t *t)
+{
+    kvf_envelope_t *in = stats_request(c, 2000);
+    assert_non_null(in);
+    const Kvf__StatsReply *s = in->stats_reply;
+    t->prefill_computed = s->prefill_tokens_computed;
+    t->prefill_cached = s->prefill_tokens_cached;
+    t->kv_bytes = s->kv_bytes_shipped;
+    t->local_prefills = s->local_prefills;
+    t->redispatched = s->redispatched;
+    kvf_envelope_free(in);
+}
+
 void h_wait_nodes(h_cluster_t *c, int n_nodes, int timeout_ms)
 {
     uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;

@@ -78,6 +78,16 @@ int h_stats(h_cluster_t *c, h_node_stats_t *out, int max);
 /* How many request attempts the router had to send again. */
 uint64_t h_redispatched(h_cluster_t *c);
 
+/* The router's prefill and transfer counters (StatsReply), since it
+ * started. */
+typedef struct {
+    uint64_t prefill_computed, prefill_cached; /* prompt tokens */
+    uint64_t kv_bytes;                         /* shipped between nodes */
+    uint64_t local_prefills;                   /* run by decode nodes */
+    uint64_t redispatched;
+} h_totals_t;
+void h_totals(h_cluster_t *c, h_totals_t *t);
+
 /* Waits until every node the router lists reports 0 KV blocks in use;
  * fails the test after timeout_ms. */
 void h_wait_no_blocks_used(h_cluster_t *c, int timeout_ms);

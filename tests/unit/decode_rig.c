@@ -164,8 +164,7 @@ static void on_register(drig_t *h, const Kvf__Register *r)
     Kvf__RegisterReply rep = KVF__REGISTER_REPLY__INIT;
     rep.node_id = r->node_id;
     rep.heartbeat_ms = 100;
-    static uint8_t prefix_key[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-    rep.prefix_key = (ProtobufCBinaryData){sizeof(prefix_key), prefix_key};
+    rep.prefix_key = (ProtobufCBinaryData){16, (uint8_t *)drig_prefix_key};
     kvf_envelope_t out;
     kvf_envelope_init(&out, "fake-router");
     out.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;
@@ -185,6 +184,8 @@ static void on_alloc_reply(drig_t *h, const Kvf__KvAllocReply *a)
     if (a->status == 0)
         assert_int_equal(a->lease_ms, DRIG_LEASE_MS);
 }
+
+const uint8_t drig_prefix_key[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
 
 static void on_message(drig_t *h, const kvf_envelope_t *env)
 {
@@ -222,6 +223,9 @@ static void on_message(drig_t *h, const kvf_envelope_t *env)
         break;
     case KVF__ENVELOPE__BODY_DEREGISTER:
         h->deregistered = true;
+        break;
+    case KVF__ENVELOPE__BODY_PREFIX_UPDATE:
+        prefix_view_apply(&h->prefix, env->prefix_update, drig_prefix_key);
         break;
     default:
         fail_msg("unexpected %s from the node", kvf_envelope_body_name(env));

@@ -19,6 +19,7 @@
 #include "kvf/model.h"
 #include "kvf/msg.h"
 #include "kvf/xfer.h"
+#include "prefix_view.h"
 
 #define DRIG_MODEL_DIR  KVF_TEST_DATA "/golden/tiny-llama-f32"
 #define DRIG_N_PROMPTS  4
@@ -78,7 +79,12 @@ typedef struct {
     uint32_t alloc_blocks[64];
     size_t n_alloc_blocks;
     drig_prompt_t prompts[DRIG_N_PROMPTS];
+    /* what the node's prefix-cache reports list */
+    prefix_view_t prefix;
 } drig_t;
+
+/* The cluster key the rig hands the node in RegisterReply. */
+extern const uint8_t drig_prefix_key[16];
 
 /* The fake prefill node: its own pool and engine, the real transport. */
 typedef struct {

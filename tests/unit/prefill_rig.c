@@ -64,6 +64,8 @@ static void rig_answer_lease(rig_t *r, const Kvf__KvLease *m)
     rig_send(r->to_reply, &env);
 }
 
+const uint8_t rig_prefix_key[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
 kvf_envelope_t *rig_next_msg(rig_t *r, int ms, bool *from_router_p)
 {
     uint64_t until = kvf_clock_ns() + (uint64_t)ms * 1000000ull;
@@ -91,6 +93,11 @@ kvf_envelope_t *rig_next_msg(rig_t *r, int ms, bool *from_router_p)
             }
             if (env->body_case == KVF__ENVELOPE__BODY_DEREGISTER) {
                 r->deregistered = true;
+                kvf_envelope_free(env);
+                continue;
+            }
+            if (env->body_case == KVF__ENVELOPE__BODY_PREFIX_UPDATE) {
+                prefix_view_apply(&r->prefix, env->prefix_update, rig_prefix_key);
                 kvf_envelope_free(env);
                 continue;
             }
@@ -197,8 +204,7 @@ void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *
     Kvf__RegisterReply rr = KVF__REGISTER_REPLY__INIT;
     rr.node_id = r->prefill_id;
     rr.heartbeat_ms = 100;
-    static uint8_t prefix_key[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-    rr.prefix_key = (ProtobufCBinaryData){sizeof(prefix_key), prefix_key};
+    rr.prefix_key = (ProtobufCBinaryData){16, (uint8_t *)rig_prefix_key};
     kvf_envelope_t out;
     kvf_envelope_init(&out, "router");
     out.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;

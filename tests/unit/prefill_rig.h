@@ -16,6 +16,7 @@
 #include "kvf/model.h"
 #include "kvf/msg.h"
 #include "kvf/xfer.h"
+#include "prefix_view.h"
 
 /* Tokens a request generates in all (sampling.max_tokens). */
 #define RIG_MAX_NEW 8
@@ -50,7 +51,12 @@ typedef struct {
     uint32_t answer_cached;
     /* the cache_salt rig_send_prefill_msg puts in PrefillRequests (NULL: none) */
     const char *send_salt;
+    /* what the node's prefix-cache reports list (rig_next_msg applies them) */
+    prefix_view_t prefix;
 } rig_t;
+
+/* The cluster key the rig hands the node in RegisterReply. */
+extern const uint8_t rig_prefix_key[16];
 
 /* Colocated reference: each prompt alone, one forward, fresh pool, on the
  * scalar kernels with 3 threads (the node runs the best instruction set

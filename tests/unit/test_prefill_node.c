@@ -236,6 +236,40 @@ static void prefix_round(rig_t *r, uint64_t req_id, const uint32_t *ids, uint32_
  * tail chunked prefill accepts) and still lands the cold run's K/V and
  * first token bit for bit; afterwards no block is in use (cached ones are
  * free for any prompt). */
+/* Waits until the node's prefix-cache reports list want blocks. */
+static void wait_listing(rig_t *r, uint32_t want)
+{
+    uint64_t give_up = kvf_clock_ns() + 20000000000ull;
+    while (r->prefix.n != want && kvf_clock_ns() < give_up) {
+        bool from_router = false;
+        kvf_envelope_t *env = rig_next_msg(r, 50, &from_router);
+        if (env)
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+    }
+    assert_int_equal(r->prefix.n, want);
+}
+
+/* Whether the reports list every full block of ids[0..n) as the router
+ * would hash them (the rig's key, no salt). */
+static bool listed(const rig_t *r, const uint32_t *ids, uint32_t n)
+{
+    uint64_t k[2];
+    memcpy(k, rig_prefix_key, sizeof(k));
+    kvf_block_hash_key_t key = {k[0], k[1]};
+    uint64_t root = kvf_block_hash_root(&key, strtoull(kvf_model_fingerprint(r->model), NULL, 16),
+                                        (int)r->geo.dtype, 16, NULL, 0);
+    uint64_t h[16];
+    uint32_t nb = kvf_block_hash_chain(&key, root, ids, n, 16, h);
+    for (uint32_t b = 0; b < nb; b++) {
+        bool found = false;
+        for (uint32_t i = 0; i < r->prefix.n && !found; i++)
+            found = r->prefix.hashes[i] == h[b];
+        if (!found)
+            return false;
+    }
+    return true;
+}
+
 static void test_prefill_prefix_cache(void **state)
 {
     (void)state;
@@ -255,6 +289,12 @@ static void test_prefill_prefix_cache(void **state)
     prefix_round(&r, 520, base, 100, 64);
     /* a prompt too short to leave a tail after any hit computes it all */
     prefix_round(&r, 521, base, 40, 0);
+    /* The node told the router each block it caches (KV-aware routing):
+     * base's 6 full blocks and, for each k < 6, the 6 - k blocks from the
+     * one that differs on: 27, each hashed as the router hashes them. */
+    wait_listing(&r, 27);
+    assert_true(listed(&r, base, 100));
+    assert_true(r.prefix.full >= 1); /* it began with a full listing */
     rig_expect_no_blocks(&r);
     rig_stop(&r);
 }

@@ -22,112 +22,19 @@
 #include "kvf/tokenizer.h"
 #include "kvf/clientsock.h"
 #include "metrics.h"
+#include "router_fixture.h"
 #include "router_internal.h"
-
-#define MODEL KVF_TEST_DATA "/golden/tiny-llama-f32"
-
-typedef struct {
-    kvf_router_t *r;
-    kvf_inbox_t *node_inbox[2]; /* where the router's replies to "nodes" land */
-    char urls[4][128];
-    uint8_t prefix_key[16]; /* the first accepted node's RegisterReply key */
-    bool prefix_key_seen;
-} fixture_t;
-
-static int setup(void **state, unsigned queue_timeout_ms, unsigned request_timeout_ms)
-{
-    static fixture_t fx;
-    memset(&fx, 0, sizeof(fx));
-    snprintf(fx.urls[0], sizeof(fx.urls[0]), "ipc:///tmp/kvf-test-router-%d-in", (int)getpid());
-    snprintf(fx.urls[1], sizeof(fx.urls[1]), "ipc:///tmp/kvf-test-router-%d-cl", (int)getpid());
-    for (int i = 0; i < 2; i++)
-        snprintf(fx.urls[2 + i], sizeof(fx.urls[2 + i]), "ipc:///tmp/kvf-test-router-%d-node%d",
-                 (int)getpid(), i);
-    kvf_router_config_t rc = {
-        .listen_url = fx.urls[0],
-        .client_url = fx.urls[1],
-        .model_dir = MODEL,
-        .heartbeat_ms = 50,
-        .dead_after_missed = 3,
-        .max_queue = 4,
-        .queue_timeout_ms = queue_timeout_ms,
-        .request_timeout_ms = request_timeout_ms,
-        .max_attempts = 5,
-        .default_max_tokens = 8,
-    };
-    if (kvf_router_create(&rc, &fx.r) != KVF_OK)
-        return -1;
-    for (int i = 0; i < 2; i++)
-        if (kvf_inbox_create(fx.urls[2 + i], 0, &fx.node_inbox[i]) != KVF_OK)
-            return -1;
-    *state = &fx;
-    return 0;
-}
 
 static int setup_slow(void **state)
 {
-    return setup(state, 60000, 60000);
-}
-
-static int teardown(void **state)
-{
-    fixture_t *fx = *state;
-    kvf_router_destroy(fx->r);
-    kvf_inbox_destroy(fx->node_inbox[0]);
-    kvf_inbox_destroy(fx->node_inbox[1]);
-    return 0;
-}
-
-/* Registers a node of role at inbox url (one of the fixture's) whose pool
- * has the given block size and KV format. */
-static void register_node_pool(fixture_t *fx, Kvf__Role role, const char *id, const char *url,
-                               uint32_t block_size, Kvf__KvDtype dtype)
-{
-    const kvf_model_config_t *m = kvf_router_model(fx->r);
-    Kvf__KvGeometry g = KVF__KV_GEOMETRY__INIT;
-    g.block_size = block_size;
-    g.dtype = dtype;
-    g.layout = 1;
-    g.n_layers = (uint32_t)m->n_layers;
-    g.n_kv_heads = (uint32_t)m->n_kv_heads;
-    g.head_dim = (uint32_t)m->head_dim;
-    uint8_t desc[4] = {1, 2, 3, 4};
-    Kvf__Register reg = KVF__REGISTER__INIT;
-    reg.node_id = (char *)id;
-    reg.role = role;
-    reg.inbox_url = (char *)url;
-    reg.model_fingerprint = "fp";
-    reg.geometry = &g;
-    reg.capacity_blocks = 64;
-    reg.xfer_desc.data = desc;
-    reg.xfer_desc.len = sizeof(desc);
-    kvf_router__on_register(fx->r, &reg);
-}
-
-/* Registers a node of role at inbox url: 16-token f32 blocks. */
-static void register_node(fixture_t *fx, Kvf__Role role, const char *id, const char *url)
-{
-    register_node_pool(fx, role, id, url, 16, KVF__KV_DTYPE__KV_DTYPE_F32);
-}
-
-static void register_decode(fixture_t *fx, const char *id, const char *url)
-{
-    register_node(fx, KVF__ROLE__ROLE_DECODE, id, url);
-}
-
-static kvf_router_node_t *node_named(fixture_t *fx, const char *id)
-{
-    for (int i = 0; i < ROUTER_MAX_NODES; i++)
-        if (fx->r->nodes.slots[i].used && !strcmp(fx->r->nodes.slots[i].id, id))
-            return &fx->r->nodes.slots[i];
-    return NULL;
+    return rfx_setup(state, 60000, 60000, NULL);
 }
 
 static void test_handles(void **state)
 {
     fixture_t *fx = *state;
-    register_decode(fx, "d1", fx->urls[2]);
-    kvf_router_node_t *n1 = node_named(fx, "d1");
+    rfx_register_decode(fx, "d1", fx->urls[2]);
+    kvf_router_node_t *n1 = rfx_node_named(fx, "d1");
     assert_non_null(n1);
     kvf_node_ref_t r1 = kvf_router__node_ref(fx->r, n1);
     assert_ptr_equal(kvf_router__node_get(fx->r, r1), n1);
@@ -139,8 +46,8 @@ static void test_handles(void **state)
     d.reason = "test";
     kvf_router__on_deregister(fx->r, &d);
     assert_null(kvf_router__node_get(fx->r, r1));
-    register_decode(fx, "d2", fx->urls[2]);
-    kvf_router_node_t *n2 = node_named(fx, "d2");
+    rfx_register_decode(fx, "d2", fx->urls[2]);
+    kvf_router_node_t *n2 = rfx_node_named(fx, "d2");
     assert_ptr_equal(n2, n1); /* the same slot */
     kvf_node_ref_t r2 = kvf_router__node_ref(fx->r, n2);
     assert_true(r2 != r1);
@@ -149,8 +56,8 @@ static void test_handles(void **state)
 
     /* d2 restarts (registers again from another inbox): same id, same
      * slot, new generation. */
-    register_decode(fx, "d2", fx->urls[3]);
-    assert_ptr_equal(node_named(fx, "d2"), n2);
+    rfx_register_decode(fx, "d2", fx->urls[3]);
+    assert_ptr_equal(rfx_node_named(fx, "d2"), n2);
     assert_null(kvf_router__node_get(fx->r, r2));
     assert_non_null(kvf_router__node_get(fx->r, kvf_router__node_ref(fx->r, n2)));
 }
@@ -162,22 +69,6 @@ typedef struct {
 } outcome_t;
 
 static void on_chunk(void *arg, const kvf_router_chunk_t *c);
-
-/* The next message in a fixture node's inbox of the given kind, or NULL
- * within wait_ms (other kinds are skipped). */
-static kvf_envelope_t *node_recv(fixture_t *fx, int node, int body_case, int wait_ms)
-{
-    uint64_t give_up = kvf_clock_ns() + (uint64_t)wait_ms * 1000000ull;
-    while (kvf_clock_ns() < give_up) {
-        kvf_envelope_t *env = NULL;
-        if (kvf_inbox_recv(fx->node_inbox[node], 50, &env) != KVF_OK)
-            continue;
-        if ((int)env->body_case == body_case)
-            return env;
-        kvf_envelope_free(env);
-    }
-    return NULL;
-}
 
 static void heartbeat_naming(fixture_t *fx, const char *id, const char *url, uint64_t req_id,
                              uint64_t epoch)
@@ -204,18 +95,18 @@ static void heartbeat_naming(fixture_t *fx, const char *id, const char *url, uin
 static void test_transport_failure_suspects_decode(void **state)
 {
     fixture_t *fx = *state;
-    register_decode(fx, "d1", fx->urls[2]);
-    register_node(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
+    rfx_register_decode(fx, "d1", fx->urls[2]);
+    rfx_register(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
     outcome_t o = {0};
     kvf_router_gen_t g = {.prompt = "hello"};
     kvf_router_sink_t sink = {on_chunk, &o};
     uint64_t id = kvf_router_submit(fx->r, &g, &sink);
-    kvf_envelope_t *pr = node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    kvf_envelope_t *pr = rfx_node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
     assert_non_null(pr);
     assert_string_equal(pr->prefill_request->decode_node_id, "d1");
     uint64_t epoch = pr->prefill_request->epoch;
     kvf_envelope_free(pr);
-    register_decode(fx, "d2", fx->urls[2]);
+    rfx_register_decode(fx, "d2", fx->urls[2]);
     Kvf__Error e = KVF__ERROR__INIT;
     e.req_id = id;
     e.epoch = epoch;
@@ -223,11 +114,11 @@ static void test_transport_failure_suspects_decode(void **state)
     e.message = "cannot connect to the decode node";
     e.node_id = "p1";
     kvf_router__on_error(fx->r, &e, "p1");
-    pr = node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    pr = rfx_node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
     assert_non_null(pr);
     assert_string_equal(pr->prefill_request->decode_node_id, "d2");
     kvf_envelope_free(pr);
-    kvf_router_node_t *d1 = node_named(fx, "d1");
+    kvf_router_node_t *d1 = rfx_node_named(fx, "d1");
     assert_true(d1->suspect_since_ns != 0);
     /* A heartbeat at once (maybe sent before the failure) does not clear
      * the suspicion; one a period later does. */
@@ -246,9 +137,9 @@ static void test_transport_failure_suspects_decode(void **state)
 static void test_slot_reuse_under_live_request(void **state)
 {
     fixture_t *fx = *state;
-    register_decode(fx, "d1", fx->urls[2]);
-    register_node(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
-    kvf_router_node_t *p1 = node_named(fx, "p1");
+    rfx_register_decode(fx, "d1", fx->urls[2]);
+    rfx_register(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
+    kvf_router_node_t *p1 = rfx_node_named(fx, "p1");
     assert_non_null(p1);
     kvf_node_ref_t p1_ref = kvf_router__node_ref(fx->r, p1);
     outcome_t o = {0};
@@ -256,7 +147,7 @@ static void test_slot_reuse_under_live_request(void **state)
     kvf_router_sink_t sink = {on_chunk, &o};
     uint64_t id = kvf_router_submit(fx->r, &g, &sink);
     assert_true(id != 0);
-    kvf_envelope_t *pr = node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    kvf_envelope_t *pr = rfx_node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
     assert_non_null(pr);
     uint64_t epoch = pr->prefill_request->epoch;
     kvf_envelope_free(pr);
@@ -279,8 +170,8 @@ static void test_slot_reuse_under_live_request(void **state)
     assert_int_equal(q->place.epoch, epoch);
     assert_true(q->place.prefill == p1_ref);
 
-    register_node(fx, KVF__ROLE__ROLE_PREFILL, "p2", fx->urls[3]);
-    kvf_router_node_t *p2 = node_named(fx, "p2");
+    rfx_register(fx, KVF__ROLE__ROLE_PREFILL, "p2", fx->urls[3]);
+    kvf_router_node_t *p2 = rfx_node_named(fx, "p2");
     assert_ptr_equal(p2, p1); /* the same slot */
     assert_null(kvf_router__node_get(fx->r, q->place.prefill));
 
@@ -294,11 +185,11 @@ static void test_slot_reuse_under_live_request(void **state)
 
     /* A cancel goes to d1, not to the node now in p1's slot. */
     kvf_router_cancel(fx->r, id);
-    kvf_envelope_t *c = node_recv(fx, 0, KVF__ENVELOPE__BODY_CANCEL, 5000);
+    kvf_envelope_t *c = rfx_node_recv(fx, 0, KVF__ENVELOPE__BODY_CANCEL, 5000);
     assert_non_null(c);
     assert_int_equal(c->cancel->req_id, id);
     kvf_envelope_free(c);
-    assert_null(node_recv(fx, 1, KVF__ENVELOPE__BODY_CANCEL, 300));
+    assert_null(rfx_node_recv(fx, 1, KVF__ENVELOPE__BODY_CANCEL, 300));
 }
 
 static void on_chunk(void *arg, const kvf_router_chunk_t *c)
@@ -309,14 +200,6 @@ static void on_chunk(void *arg, const kvf_router_chunk_t *c)
         o->finish = c->finish;
         o->status = c->status;
     }
-}
-
-/* Runs the router's loop until done says so or 10 s pass. */
-static void run_until(fixture_t *fx, bool (*done)(fixture_t *, void *), void *arg)
-{
-    uint64_t give_up = kvf_clock_ns() + 10000000000ull;
-    while (!done(fx, arg) && kvf_clock_ns() < give_up)
-        assert_int_not_equal(kvf_evloop_wait(fx->r->loop, 1000), KVF_ERR_IO);
 }
 
 static bool request_finished(fixture_t *fx, void *arg)
@@ -336,7 +219,7 @@ static uint64_t wait_for_end(fixture_t *fx, outcome_t *o)
     assert_true(kvf_router_submit(fx->r, &g, &sink) != 0);
     assert_false(o->finished);
     assert_int_equal(fx->r->queue_len, 1);
-    run_until(fx, request_finished, o);
+    rfx_run_until(fx, request_finished, o);
     assert_true(o->finished);
     assert_int_equal(fx->r->queue_len, 0);
     assert_null(fx->r->requests);
@@ -345,7 +228,7 @@ static uint64_t wait_for_end(fixture_t *fx, outcome_t *o)
 
 static int setup_queue_timeout(void **state)
 {
-    return setup(state, 30, 60000);
+    return rfx_setup(state, 30, 60000, NULL);
 }
 
 static void test_queue_timeout(void **state)
@@ -359,7 +242,7 @@ static void test_queue_timeout(void **state)
 
 static int setup_request_timeout(void **state)
 {
-    return setup(state, 60000, 30);
+    return rfx_setup(state, 60000, 30, NULL);
 }
 
 static void test_request_timeout(void **state)
@@ -383,11 +266,11 @@ static void test_missed_heartbeats(void **state)
 {
     fixture_t *fx = *state;
     uint64_t t0 = kvf_clock_ns();
-    register_decode(fx, "quiet", fx->urls[2]);
-    kvf_router_node_t *n = node_named(fx, "quiet");
+    rfx_register_decode(fx, "quiet", fx->urls[2]);
+    kvf_router_node_t *n = rfx_node_named(fx, "quiet");
     assert_non_null(n);
     assert_int_equal(n->state, NODE_LIVE);
-    run_until(fx, node_dead, n);
+    rfx_run_until(fx, node_dead, n);
     assert_int_equal(n->state, NODE_DEAD);
     assert_true(kvf_clock_ns() - t0 >= 150000000ull);
     char why[128];
@@ -440,15 +323,15 @@ static int client_chunk(kvf_client_t *client, char *text, size_t *len)
 static void test_nul_text_to_native_client(void **state)
 {
     fixture_t *fx = *state;
-    register_decode(fx, "d1", fx->urls[2]);
-    register_node(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
+    rfx_register_decode(fx, "d1", fx->urls[2]);
+    rfx_register(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
     kvf_client_t *client;
     assert_int_equal(kvf_client_create(fx->urls[1], &client), KVF_OK);
     uint32_t prompt[] = {1, 5, 6};
     kvf_client_generate_t g = {.client_req_id = 7, .ids = prompt, .n_ids = 3};
     assert_int_equal(kvf_client_generate(client, "test", &g, 5000), KVF_OK);
-    run_until(fx, request_entered, NULL);
-    kvf_envelope_t *pr = node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    rfx_run_until(fx, request_entered, NULL);
+    kvf_envelope_t *pr = rfx_node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
     assert_non_null(pr);
     uint64_t id = pr->prefill_request->req_id, epoch = pr->prefill_request->epoch;
     kvf_envelope_free(pr);
@@ -476,7 +359,7 @@ static void test_nul_text_to_native_client(void **state)
  * (copied into err). */
 static kvf_status_t register_reply(fixture_t *fx, int node, char *err, size_t err_len)
 {
-    kvf_envelope_t *env = node_recv(fx, node, KVF__ENVELOPE__BODY_REGISTER_REPLY, 5000);
+    kvf_envelope_t *env = rfx_node_recv(fx, node, KVF__ENVELOPE__BODY_REGISTER_REPLY, 5000);
     assert_non_null(env);
     kvf_status_t st = env->register_reply->status;
     snprintf(err, err_len, "%s", env->register_reply->error ? env->register_reply->error : "");
@@ -496,24 +379,6 @@ static kvf_status_t register_reply(fixture_t *fx, int node, char *err, size_t er
     return st;
 }
 
-/* The value of the metrics line that starts with `line` in the router's
- * /metrics text. */
-static unsigned long long metric(fixture_t *fx, const char *line)
-{
-    kvf_router_snapshot_t snap;
-    assert_int_equal(kvf_router_snapshot(fx->r, &snap), KVF_OK);
-    char *text;
-    size_t len;
-    assert_int_equal(kvf_metrics_render(kvf_router_metrics(fx->r), &snap, &text, &len), KVF_OK);
-    kvf_router_snapshot_fini(&snap);
-    const char *p = strstr(text, line);
-    if (!p)
-        fail_msg("no %s in:\n%s", line, text);
-    unsigned long long v = strtoull(p + strlen(line), NULL, 10);
-    free(text);
-    return v;
-}
-
 /* The first node fixes the cluster's KV block size and format: a node
  * with another format or block size is refused with both named, the
  * refusal is counted by reason in /metrics, and a node matching the
@@ -522,35 +387,35 @@ static void test_register_refuses_other_kv_format(void **state)
 {
     fixture_t *fx = *state;
     char err[256];
-    register_decode(fx, "d1", fx->urls[2]);
+    rfx_register_decode(fx, "d1", fx->urls[2]);
     assert_int_equal(register_reply(fx, 0, err, sizeof(err)), KVF_OK);
-    assert_int_equal(metric(fx, "kvf_register_refused_total{reason=\"kv_dtype\"} "), 0);
+    assert_int_equal(rfx_metric(fx, "kvf_register_refused_total{reason=\"kv_dtype\"} "), 0);
 
-    register_node_pool(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3], 16,
+    rfx_register_pool(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3], 16,
                        KVF__KV_DTYPE__KV_DTYPE_BF16);
     assert_int_equal(register_reply(fx, 1, err, sizeof(err)), KVF_ERR_MISMATCH);
     assert_non_null(strstr(err, "KV dtype bf16 differs from the cluster's f32"));
-    assert_null(node_named(fx, "p1"));
-    register_node_pool(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3], 16,
+    assert_null(rfx_node_named(fx, "p1"));
+    rfx_register_pool(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3], 16,
                        KVF__KV_DTYPE__KV_DTYPE_INT8);
     assert_int_equal(register_reply(fx, 1, err, sizeof(err)), KVF_ERR_MISMATCH);
     assert_non_null(strstr(err, "KV dtype int8 differs from the cluster's f32"));
-    register_node_pool(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3], 32,
+    rfx_register_pool(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3], 32,
                        KVF__KV_DTYPE__KV_DTYPE_F32);
     assert_int_equal(register_reply(fx, 1, err, sizeof(err)), KVF_ERR_MISMATCH);
     assert_non_null(strstr(err, "KV block size 32 differs from the cluster's 16"));
-    register_node_pool(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3], 16, (Kvf__KvDtype)9);
+    rfx_register_pool(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3], 16, (Kvf__KvDtype)9);
     assert_int_equal(register_reply(fx, 1, err, sizeof(err)), KVF_ERR_MISMATCH);
-    assert_null(node_named(fx, "p1"));
+    assert_null(rfx_node_named(fx, "p1"));
 
-    assert_int_equal(metric(fx, "kvf_register_refused_total{reason=\"kv_dtype\"} "), 2);
-    assert_int_equal(metric(fx, "kvf_register_refused_total{reason=\"block_size\"} "), 1);
-    assert_int_equal(metric(fx, "kvf_register_refused_total{reason=\"invalid\"} "), 1);
-    assert_int_equal(metric(fx, "kvf_register_refused_total{reason=\"fingerprint\"} "), 0);
+    assert_int_equal(rfx_metric(fx, "kvf_register_refused_total{reason=\"kv_dtype\"} "), 2);
+    assert_int_equal(rfx_metric(fx, "kvf_register_refused_total{reason=\"block_size\"} "), 1);
+    assert_int_equal(rfx_metric(fx, "kvf_register_refused_total{reason=\"invalid\"} "), 1);
+    assert_int_equal(rfx_metric(fx, "kvf_register_refused_total{reason=\"fingerprint\"} "), 0);
 
-    register_node(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
+    rfx_register(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
     assert_int_equal(register_reply(fx, 1, err, sizeof(err)), KVF_OK);
-    assert_non_null(node_named(fx, "p1"));
+    assert_non_null(rfx_node_named(fx, "p1"));
 }
 
 /* A native client's prompt is bytes: text holding U+0000 is tokenized
@@ -558,16 +423,16 @@ static void test_register_refuses_other_kv_format(void **state)
 static void test_nul_prompt_from_native_client(void **state)
 {
     fixture_t *fx = *state;
-    register_decode(fx, "d1", fx->urls[2]);
-    register_node(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
+    rfx_register_decode(fx, "d1", fx->urls[2]);
+    rfx_register(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
     kvf_client_t *client;
     assert_int_equal(kvf_client_create(fx->urls[1], &client), KVF_OK);
     static const char text[] = "ab\0cd \xc3\xa9";
     size_t text_len = sizeof(text) - 1;
     kvf_client_generate_t g = {.client_req_id = 8, .prompt = text, .prompt_len = text_len};
     assert_int_equal(kvf_client_generate(client, "test", &g, 5000), KVF_OK);
-    run_until(fx, request_entered, NULL);
-    kvf_envelope_t *pr = node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    rfx_run_until(fx, request_entered, NULL);
+    kvf_envelope_t *pr = rfx_node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
     assert_non_null(pr);
     uint32_t *want;
     size_t n_want;
@@ -591,17 +456,17 @@ static void test_nul_prompt_from_native_client(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_handles, setup_slow, teardown),
-        cmocka_unit_test_setup_teardown(test_slot_reuse_under_live_request, setup_slow, teardown),
+        cmocka_unit_test_setup_teardown(test_handles, setup_slow, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_slot_reuse_under_live_request, setup_slow, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_transport_failure_suspects_decode, setup_slow,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(test_queue_timeout, setup_queue_timeout, teardown),
-        cmocka_unit_test_setup_teardown(test_request_timeout, setup_request_timeout, teardown),
-        cmocka_unit_test_setup_teardown(test_missed_heartbeats, setup_slow, teardown),
-        cmocka_unit_test_setup_teardown(test_nul_text_to_native_client, setup_slow, teardown),
-        cmocka_unit_test_setup_teardown(test_nul_prompt_from_native_client, setup_slow, teardown),
+                                        rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_queue_timeout, setup_queue_timeout, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_request_timeout, setup_request_timeout, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_missed_heartbeats, setup_slow, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_nul_text_to_native_client, setup_slow, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_nul_prompt_from_native_client, setup_slow, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_register_refuses_other_kv_format, setup_slow,
-                                        teardown),
+                                        rfx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

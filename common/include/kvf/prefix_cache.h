@@ -47,6 +47,11 @@ typedef struct {
 /* SipHash-2-4 of len bytes under key. */
 uint64_t kvf_siphash24(const kvf_block_hash_key_t *key, const void *data, size_t len);
 
+/* A public name of key: SipHash of a tag of its own (no root or block
+ * message encodes alike), so that a report can say which key its hashes
+ * are under without revealing the key. */
+uint64_t kvf_block_hash_key_id(const kvf_block_hash_key_t *key);
+
 /* The root of a sequence's chain: model fingerprint, KV format
  * (kvf_kv_dtype_t), block size, and salt (salt_len bytes, may be 0: no
  * tenant) hashed under key. */
