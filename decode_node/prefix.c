@@ -5,8 +5,9 @@
  * local prefill (--prefill-local: a PrefillRequest naming this node, e.g.
  * the router's conditional disaggregation) starts from the cached prefix
  * too and lists the prompt's full blocks it computed: a prefill here
- * writes what a prefill node writes. Only prompt blocks a prefill computed
- * are listed, never blocks of generated tokens. */
+ * writes what a prefill node writes (on a host pool; a device pool lists
+ * only shipped blocks, whose host copies are whole). Only prompt blocks a
+ * prefill computed are listed, never blocks of generated tokens. */
 #include "decode_internal.h"
 
 #include "kvf/log.h"
@@ -105,16 +106,30 @@ kvf_status_t dec_prefix_alloc(kvf_decode_t *d, dec_req_t *r, const dec_admit_spe
     r->cached_blocks = hit;
     d->prefix_hit_blocks += hit;
     d->prefix_query_blocks += n_prefix;
-    if (spec->local)
-        r->prefilled = hit * d->block_size; /* computes from the end of the hit */
-    else
+    if (!spec->local) {
         keep_prefix(d, r, spec, n_prefix);
+        return KVF_OK;
+    }
+    /* A local prefill computes from the end of the hit, on the device copy
+     * where the pool has one: the cached blocks' host copies are the
+     * complete ones (only shipped blocks are listed on a device pool). */
+    if (hit && (st = kvf_kvpool_upload(d->rt.pool, r->blocks, hit)) != KVF_OK) {
+        (void)kvf_kvpool_release(d->rt.pool, r->blocks, n_blocks);
+        free(r->blocks);
+        r->blocks = NULL;
+        return st;
+    }
+    r->prefilled = hit * d->block_size;
     return KVF_OK;
 }
 
 void dec_prefix_list(kvf_decode_t *d, const dec_req_t *r)
 {
     if (!d->pc.cache || r->n_prefix == 0 || r->key_gen != d->pc.key_gen)
+        return;
+    /* A local prefill on a device pool wrote the device copy alone: the
+     * host copy, which a later request's upload reads, is not its K/V. */
+    if (r->local && kvf_kvpool_device_base(d->rt.pool))
         return;
     /* a local prefill lists every full block of its prompt: all computed
      * here or taken from the cache */
