@@ -34,30 +34,36 @@ typedef struct {
     int n_runs;
 } mt_opts_t;
 
+/* The defaults of every flag. */
+static mt_opts_t default_opts(void)
+{
+    return (mt_opts_t){.workload = "multiturn",
+                       .user_len = "16:64",
+                       .output_len = "16:64",
+                       .routes = "random,load,kv",
+                       .local_max = "256",
+                       .kv_mem = "1G",
+                       .run_dir = "/tmp/kvf-bench-serve",
+                       .conversations = 16,
+                       .turns = 4,
+                       .system_tokens = 256,
+                       .short_tokens = -1,
+                       .prefill_nodes = 2,
+                       .decode_nodes = 2,
+                       .threads = 1,
+                       .timeout_s = 600,
+                       .seed = 1,
+                       .rate = 2,
+                       .think_ms = 50,
+                       .slo_ttft = 2000,
+                       .slo_tpot = 200,
+                       .local = true};
+}
+
 /* Returns -1 to run, else the exit code (help printed, or a bad flag). */
 static int parse_flags(int argc, char **argv, mt_opts_t *o)
 {
-    *o = (mt_opts_t){.workload = "multiturn",
-                     .user_len = "16:64",
-                     .output_len = "16:64",
-                     .routes = "random,load,kv",
-                     .local_max = "256",
-                     .kv_mem = "1G",
-                     .run_dir = "/tmp/kvf-bench-serve",
-                     .conversations = 16,
-                     .turns = 4,
-                     .system_tokens = 256,
-                     .short_tokens = -1,
-                     .prefill_nodes = 2,
-                     .decode_nodes = 2,
-                     .threads = 1,
-                     .timeout_s = 600,
-                     .seed = 1,
-                     .rate = 2,
-                     .think_ms = 50,
-                     .slo_ttft = 2000,
-                     .slo_tpot = 200,
-                     .local = true};
+    *o = default_opts();
     kvf_flag_t flags[] = {
         {"workload", KVF_FLAG_STRING, &o->workload, "multiturn", "this workload", NULL},
         {"model", KVF_FLAG_STRING, &o->model, "DIR", "model directory (required)", NULL},
