@@ -36,9 +36,11 @@ typedef struct {
     kvf_client_t *client;
     const kvf_multiturn_trace_t *t;
     const kvf_multiturn_run_opts_t *o;
-    mt_req_t *reqs;                /* (n_conv * n_turns) conversation-major */
-    mt_conv_t *convs;              /* (n_conv) */
-    const uint32_t **sent_prompts; /* in send order, for the ideal hit */
+    mt_req_t *reqs;   /* (n_conv * n_turns) conversation-major */
+    mt_conv_t *convs; /* (n_conv) */
+    /* The requests in send order, for the ideal hit. */
+    size_t *sent_order;
+    const uint32_t **sent_prompts;
     uint32_t *sent_lens;
     size_t n_sent, n_ended;
     uint64_t base_id, t0;
@@ -90,8 +92,7 @@ static void send_turn(mt_driver_t *d, uint32_t ci)
         end_conversation(d, c);
         return;
     }
-    q->ideal_cached = kvf_multiturn_ideal_cached(q->prompt, q->n_prompt, d->sent_prompts,
-                                                 d->sent_lens, d->n_sent);
+    d->sent_order[d->n_sent] = base + turn;
     d->sent_prompts[d->n_sent] = q->prompt;
     d->sent_lens[d->n_sent++] = q->n_prompt;
     Kvf__Sampling s = KVF__SAMPLING__INIT;
@@ -195,6 +196,18 @@ static uint64_t fnv1a(uint64_t h, const uint32_t *v, uint32_t n)
     return h * 0x100000001b3ull;
 }
 
+/* Each request's ideal hit against the prompts sent before it: after the
+ * run, since it compares every pair of prompts (up to their common
+ * prefix). */
+static void ideal_hits(mt_driver_t *d)
+{
+    for (size_t j = 0; j < d->n_sent; j++) {
+        mt_req_t *q = &d->reqs[d->sent_order[j]];
+        q->ideal_cached =
+            kvf_multiturn_ideal_cached(q->prompt, q->n_prompt, d->sent_prompts, d->sent_lens, j);
+    }
+}
+
 /* The counts, sums and the digest over the requests. */
 static void sum_requests(const mt_driver_t *d, kvf_multiturn_result_t *res, double *ttft,
                          size_t *n_ttft_p, double *short_ttft, size_t *n_short_p)
@@ -241,7 +254,7 @@ static void sum_requests(const mt_driver_t *d, kvf_multiturn_result_t *res, doub
 
 /* Fills res from the requests, and the router's counters when it kept
  * them (else the sums of the final chunks stay). */
-static int summarize(const mt_driver_t *d, const mt_counters_t *before, const mt_counters_t *after,
+static int summarize(mt_driver_t *d, const mt_counters_t *before, const mt_counters_t *after,
                      kvf_multiturn_result_t *res)
 {
     res->n_requests = (size_t)d->t->n_conv * d->t->n_turns;
@@ -253,6 +266,7 @@ static int summarize(const mt_driver_t *d, const mt_counters_t *before, const mt
         return -1;
     }
     size_t n_ttft, n_short;
+    ideal_hits(d);
     sum_requests(d, res, ttft, &n_ttft, short_ttft, &n_short);
     double p[3];
     kvf_bench_percentiles(ttft, n_ttft, p);
@@ -287,7 +301,8 @@ static kvf_status_t driver_init(mt_driver_t *d, const kvf_multiturn_trace_t *t,
     d->convs = calloc(t->n_conv, sizeof(*d->convs));
     d->sent_prompts = calloc(n, sizeof(*d->sent_prompts));
     d->sent_lens = calloc(n, sizeof(*d->sent_lens));
-    if (!d->reqs || !d->convs || !d->sent_prompts || !d->sent_lens)
+    d->sent_order = calloc(n, sizeof(*d->sent_order));
+    if (!d->reqs || !d->convs || !d->sent_prompts || !d->sent_lens || !d->sent_order)
         return KVF_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) {
         d->reqs[i].finish = -1;
@@ -315,6 +330,7 @@ static void driver_fini(mt_driver_t *d)
     free(d->convs);
     free(d->sent_prompts);
     free(d->sent_lens);
+    free(d->sent_order);
 }
 
 int kvf_multiturn_run(const char *client_url, const kvf_multiturn_trace_t *t,
