@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void url_free_port(char *buf, size_t len)
@@ -54,11 +55,31 @@ void kvf_serve_launch_stop(kvf_serve_launch_t *l)
     l->n = 0;
 }
 
-/* Waits until the router lists want live nodes. */
-static bool launch_wait(const kvf_serve_launch_t *l, int want, int timeout_ms)
+/* True when one of the processes started has exited: it is reaped and
+ * taken off the list (nothing is signalled under its pid again). */
+static bool reap_exited(kvf_serve_launch_t *l)
+{
+    for (int i = 0; i < l->n; i++) {
+        int status;
+        if (waitpid(l->pids[i], &status, WNOHANG) == l->pids[i]) {
+            memmove(&l->pids[i], &l->pids[i + 1], (size_t)(l->n - i - 1) * sizeof(pid_t));
+            l->n--;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Waits until the router lists want live nodes; false at once when a
+ * process exits meanwhile (a flag its binary refuses, a port taken). */
+static bool launch_wait(kvf_serve_launch_t *l, int want, int timeout_ms)
 {
     uint64_t deadline = kvf_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
     while (kvf_clock_ns() < deadline) {
+        if (reap_exited(l)) {
+            fprintf(stderr, "bench serve: a process exited before the cluster came up\n");
+            return false;
+        }
         kvf_client_t *c;
         if (kvf_client_create(l->client_url, &c) == KVF_OK) {
             kvf_envelope_t *in;

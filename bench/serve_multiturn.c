@@ -255,6 +255,7 @@ static int run_one(const mt_opts_t *o, const char *bin_dir, const kvf_multiturn_
 {
     memset(res, 0, sizeof(*res));
     res->ttft_p50 = res->ttft_p99 = res->short_ttft_p50 = NAN; /* until a run measures them */
+    res->n_requests = (size_t)t->n_conv * t->n_turns; /* none sent when the launch fails */
     snprintf(res->route, sizeof(res->route), "%s", name);
     if (o->router) {
         fprintf(stderr, "bench serve: multiturn on %s as it is routed (its caches may be warm)\n",
