@@ -3,6 +3,7 @@
  * serve_launch.c. */
 #include "bench_serve.h"
 #include "serve_launch.h"
+#include "serve_multiturn.h"
 #include "serve_trace.h"
 
 #include <errno.h>
@@ -21,15 +22,9 @@
 
 #define SERVE_MAX_RATES 16
 
-/* Set by the first SIGINT or SIGTERM: send no more requests, let the ones
- * sent finish and report on them. A second signal ends the process. */
-static volatile sig_atomic_t stop_requested;
-
-static void on_stop_signal(int sig)
-{
-    (void)sig;
-    stop_requested = 1;
-}
+/* Set by the first SIGINT or SIGTERM (kvf_serve_catch_stop): send no more
+ * requests, let the ones sent finish and report on them. */
+static volatile sig_atomic_t *stop_requested;
 
 /* ---- output ------------------------------------------------------------------- */
 
@@ -132,7 +127,7 @@ static void write_plot(const char *png, const kvf_serve_result_t *split,
 
 typedef struct {
     const char *router, *model, *rates_text, *conc_text, *prompt_len, *output_len, *json, *plot,
-        *kv_mem, *run_dir, *cluster_key_file;
+        *kv_mem, *run_dir, *cluster_key_file, *workload;
     int n_requests, threads, timeout_s;
     uint64_t seed;
     double slo_ttft, slo_tpot;
@@ -148,7 +143,8 @@ typedef struct {
 /* Returns -1 to run, else the exit code (help printed, or a bad flag). */
 static int parse_serve_flags(int argc, char **argv, serve_opts_t *o)
 {
-    *o = (serve_opts_t){.prompt_len = "128:512",
+    *o = (serve_opts_t){.workload = "single",
+                        .prompt_len = "128:512",
                         .output_len = "32:128",
                         .kv_mem = "1G",
                         .run_dir = "/tmp/kvf-bench-serve",
@@ -159,6 +155,10 @@ static int parse_serve_flags(int argc, char **argv, serve_opts_t *o)
                         .slo_ttft = 2000,
                         .slo_tpot = 200};
     kvf_flag_t flags[] = {
+        {"workload", KVF_FLAG_STRING, &o->workload, "single|multiturn",
+         "single: independent requests (this command); multiturn: conversations whose turns "
+         "resend the conversation so far (--workload multiturn --help)",
+         NULL},
         {"router", KVF_FLAG_STRING, &o->router, "URL",
          "router client URL of a running cluster (else one is started)", NULL},
         {"model", KVF_FLAG_STRING, &o->model, "DIR", "model directory (required)", NULL},
@@ -214,6 +214,10 @@ static int check_serve_opts(const char *prog, serve_opts_t *o)
         fprintf(stderr, "%s: --model is required; lengths are N or A:B (see --help)\n", prog);
         return 2;
     }
+    if (strcmp(o->workload, "single") != 0) {
+        fprintf(stderr, "%s: unknown --workload '%s' (single or multiturn)\n", prog, o->workload);
+        return 2;
+    }
     if (kvf_model_config_load(o->model, &o->cfg) != KVF_OK)
         return 1;
     if (o->pl.hi + o->ol.hi >= (uint32_t)o->cfg.max_pos) {
@@ -237,37 +241,13 @@ static int check_serve_opts(const char *prog, serve_opts_t *o)
     return -1;
 }
 
-/* The directory of this executable, where kvf-router and the nodes are. */
-static bool find_bin_dir(char *bin_dir, size_t len)
-{
-    ssize_t bl = readlink("/proc/self/exe", bin_dir, len - 1);
-    if (bl <= 0)
-        return false;
-    bin_dir[bl] = '\0';
-    char *slash = strrchr(bin_dir, '/');
-    if (slash)
-        *slash = '\0';
-    return true;
-}
-
-static void install_stop_handlers(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = (int)SA_RESETHAND; /* a second signal ends the process */
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-}
-
 /* Every load level on one configuration at url, until a signal stops it;
  * *levels_run_p: how many started. Returns 1 when a run failed. */
-static int run_levels(const serve_opts_t *o, kvf_serve_trace_t *t, const char *url,
-                      bool colocated, kvf_serve_result_t *results, int *levels_run_p)
+static int run_levels(const serve_opts_t *o, kvf_serve_trace_t *t, const char *url, bool colocated,
+                      kvf_serve_result_t *results, int *levels_run_p)
 {
     int failed = 0;
-    for (int ri = 0; ri < o->n_levels && !stop_requested; ri++) {
+    for (int ri = 0; ri < o->n_levels && !*stop_requested; ri++) {
         kvf_serve_result_t *res = &results[ri];
         *levels_run_p = ri + 1;
         int concurrency = o->closed ? (int)o->levels[ri] : 0;
@@ -281,7 +261,7 @@ static int run_levels(const serve_opts_t *o, kvf_serve_trace_t *t, const char *u
             fprintf(stderr, "bench serve: %s, rate %g req/s, %d requests\n",
                     colocated ? "colocated" : "split", o->levels[ri], o->n_requests);
         if (kvf_serve_trace_run(url, t, concurrency, o->slo_ttft, o->slo_tpot, o->timeout_s,
-                                &stop_requested, res))
+                                stop_requested, res))
             failed = 1;
     }
     return failed;
@@ -297,7 +277,7 @@ static int run_configs(const serve_opts_t *o, const char *bin_dir, kvf_serve_tra
 {
     int configs = *compare_p ? 2 : 1;
     int failed = 0;
-    for (int c = 0; c < configs && !stop_requested; c++) {
+    for (int c = 0; c < configs && !*stop_requested; c++) {
         bool colocated = c == 1;
         bool started = !o->router || colocated;
         int levels_run = 0;
@@ -312,7 +292,7 @@ static int run_configs(const serve_opts_t *o, const char *bin_dir, kvf_serve_tra
         failed |= run_levels(o, t, url, colocated, colocated ? colo : split, &levels_run);
         if (started)
             kvf_serve_launch_stop(&l);
-        if (stop_requested) {
+        if (*stop_requested) {
             /* Report the levels that ran: in split, those it reached (and
              * no colocated run); in colocated, those both reached. */
             if (!colocated || levels_run == 0)
@@ -328,13 +308,12 @@ static void print_ratio_row(const kvf_serve_result_t *colo, const kvf_serve_resu
 {
     printf("%-10s %6s %7.2f %8.2f %8.2f | %8.2f %8.2f %8.2f | %7.2f %7.2f %7.2f | %8.2f "
            "%8.2f %8.2f |\n",
-           "colo/split", "", colo->req_per_s / split->req_per_s,
-           colo->tok_per_s / split->tok_per_s, colo->goodput / split->goodput,
-           colo->ttft[0] / split->ttft[0], colo->ttft[1] / split->ttft[1],
-           colo->ttft[2] / split->ttft[2], colo->tpot[0] / split->tpot[0],
-           colo->tpot[1] / split->tpot[1], colo->tpot[2] / split->tpot[2],
-           colo->e2e[0] / split->e2e[0], colo->e2e[1] / split->e2e[1],
-           colo->e2e[2] / split->e2e[2]);
+           "colo/split", "", colo->req_per_s / split->req_per_s, colo->tok_per_s / split->tok_per_s,
+           colo->goodput / split->goodput, colo->ttft[0] / split->ttft[0],
+           colo->ttft[1] / split->ttft[1], colo->ttft[2] / split->ttft[2],
+           colo->tpot[0] / split->tpot[0], colo->tpot[1] / split->tpot[1],
+           colo->tpot[2] / split->tpot[2], colo->e2e[0] / split->e2e[0],
+           colo->e2e[1] / split->e2e[1], colo->e2e[2] / split->e2e[2]);
 }
 
 /* The table, then where goodput peaks. */
@@ -391,10 +370,11 @@ static void write_report_json(const serve_opts_t *o, const kvf_serve_result_t *s
     FILE *f = fopen(o->json, "w");
     if (!f)
         return;
-    fprintf(f, "{\"requests\": %d, \"prompt_len\": \"%s\", \"output_len\": \"%s\", "
-               "\"seed\": %llu, \"slo_ttft_ms\": %g, \"slo_tpot_ms\": %g",
-            o->n_requests, o->prompt_len, o->output_len, (unsigned long long)o->seed,
-            o->slo_ttft, o->slo_tpot);
+    fprintf(f,
+            "{\"requests\": %d, \"prompt_len\": \"%s\", \"output_len\": \"%s\", "
+            "\"seed\": %llu, \"slo_ttft_ms\": %g, \"slo_tpot_ms\": %g",
+            o->n_requests, o->prompt_len, o->output_len, (unsigned long long)o->seed, o->slo_ttft,
+            o->slo_tpot);
     json_results(f, "split", split, n_rates);
     if (compare)
         json_results(f, "colocated", colo, n_rates);
@@ -402,8 +382,23 @@ static void write_report_json(const serve_opts_t *o, const kvf_serve_result_t *s
     fclose(f);
 }
 
+/* The --workload argv names, "single" when none. */
+static const char *workload_of(int argc, char **argv)
+{
+    const char *w = "single";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--workload") && i + 1 < argc)
+            w = argv[++i];
+        else if (!strncmp(argv[i], "--workload=", 11))
+            w = argv[i] + 11;
+    }
+    return w;
+}
+
 int kvf_bench_serve(int argc, char **argv)
 {
+    if (!strcmp(workload_of(argc, argv), "multiturn"))
+        return kvf_bench_serve_multiturn(argc, argv);
     serve_opts_t o;
     int rc = parse_serve_flags(argc, argv, &o);
     if (rc < 0)
@@ -416,7 +411,7 @@ int kvf_bench_serve(int argc, char **argv)
     if (o.cluster_key_file && *o.cluster_key_file)
         setenv(KVF_AUTH_KEY_ENV, o.cluster_key_file, 1);
     char bin_dir[512];
-    if (!find_bin_dir(bin_dir, sizeof(bin_dir)))
+    if (!kvf_serve_bin_dir(bin_dir, sizeof(bin_dir)))
         return 1;
     /* The trace: the same for every rate and configuration, but arrival
      * times scaled by the rate. */
@@ -429,7 +424,7 @@ int kvf_bench_serve(int argc, char **argv)
     kvf_serve_result_t split[SERVE_MAX_RATES], colo[SERVE_MAX_RATES];
     memset(split, 0, sizeof(split));
     memset(colo, 0, sizeof(colo));
-    install_stop_handlers();
+    stop_requested = kvf_serve_catch_stop();
     int n_rates = o.n_levels;
     bool compare = o.compare;
     int failed = run_configs(&o, bin_dir, &trace, split, colo, &n_rates, &compare);

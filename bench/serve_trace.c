@@ -34,6 +34,16 @@ static double unit(uint64_t *s)
     return (double)(kvf_splitmix64(s) >> 11) / 9007199254740992.0;
 }
 
+uint32_t kvf_len_dist_draw(const kvf_len_dist_t *d, uint64_t *rng)
+{
+    return d->lo + (uint32_t)(kvf_splitmix64(rng) % (d->hi - d->lo + 1));
+}
+
+double kvf_serve_draw_exp(uint64_t *rng)
+{
+    return -log(1.0 - unit(rng));
+}
+
 kvf_status_t kvf_serve_trace_init(kvf_serve_trace_t *t, size_t n, uint64_t seed,
                                   const kvf_len_dist_t *pl, const kvf_len_dist_t *ol,
                                   const kvf_model_config_t *cfg)
@@ -47,9 +57,9 @@ kvf_status_t kvf_serve_trace_init(kvf_serve_trace_t *t, size_t n, uint64_t seed,
     uint64_t id_range = (uint64_t)(cfg->vocab > 3 ? cfg->vocab - 3 : 1);
     for (size_t i = 0; i < n; i++) {
         kvf_trace_req_t *q = &t->reqs[i];
-        t->gaps[i] = -log(1.0 - unit(&rng)); /* exponential, mean 1 */
-        q->n_prompt = pl->lo + (uint32_t)(kvf_splitmix64(&rng) % (pl->hi - pl->lo + 1));
-        q->max_tokens = ol->lo + (uint32_t)(kvf_splitmix64(&rng) % (ol->hi - ol->lo + 1));
+        t->gaps[i] = kvf_serve_draw_exp(&rng);
+        q->n_prompt = kvf_len_dist_draw(pl, &rng);
+        q->max_tokens = kvf_len_dist_draw(ol, &rng);
         q->prompt = malloc(q->n_prompt * sizeof(uint32_t));
         if (!q->prompt)
             return KVF_ERR_NOMEM;

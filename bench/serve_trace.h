@@ -21,6 +21,12 @@ typedef struct {
 /* Parses "N" or "A:B" (1 <= A <= B) into *d; false when malformed. */
 bool kvf_len_dist_parse(const char *text, kvf_len_dist_t *d);
 
+/* Draws a length of d from the seed state *rng (advanced). */
+uint32_t kvf_len_dist_draw(const kvf_len_dist_t *d, uint64_t *rng);
+
+/* Draws an exponential gap of mean 1 from the seed state *rng (advanced). */
+double kvf_serve_draw_exp(uint64_t *rng);
+
 /* One request of the trace and what happened to it. */
 typedef struct {
     double at_s;      /* arrival, from the start of the run */
