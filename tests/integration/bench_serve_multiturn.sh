@@ -7,10 +7,6 @@
 # an infinite cache would reuse), and every run sent the same prompts and
 # got the same answers (one digest: greedy answers do not depend on the
 # route). Bad flags are refused. Needs KVF_BIN_DIR (ctest sets it).
-#
-# The routes are load,kv where kvf-router has --route; a router without it
-# runs the default policy twice instead (--routes default,default), so the
-# digest check still compares two clusters.
 set -euo pipefail
 
 bin=${KVF_BIN_DIR:?KVF_BIN_DIR must name the bin directory of a build}
@@ -20,12 +16,7 @@ dir=$(mktemp -d /tmp/kvf-test-bench-multiturn-XXXXXX)
 trap 'rc=$?; [[ $rc != 0 ]] && for f in "$dir"/run/*.log; do [[ -f $f ]] && { echo "---- $f"; tail -n 15 "$f"; } >&2; done; rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-if "$bin/kvf-router" --help | grep -q -- '--route '; then
-    routes=load,kv
-else
-    routes=default,default
-    echo "kvf-router has no --route: running --routes $routes"
-fi
+routes=load,kv
 
 "$bin/kvf" bench serve --workload multiturn --model "$data/golden/tiny-llama-f32" \
     --conversations 2 --turns 2 --system-tokens 64 --user-tokens 16 --output-tokens 8 \
