@@ -122,6 +122,12 @@ static kvf_status_t create_entry(kvf_decode_t *d, const dec_admit_spec_t *spec, 
     kvf_status_t st = KVF_ERR_NOMEM;
     if (spec->sender && !(r->sender = strdup(spec->sender)))
         goto fail_prompt;
+    if (spec->cache_salt_len) {
+        if (!(r->salt = malloc(spec->cache_salt_len)))
+            goto fail_prompt;
+        memcpy(r->salt, spec->cache_salt, spec->cache_salt_len);
+        r->salt_len = spec->cache_salt_len;
+    }
     if (spec->local) {
         r->prompt = malloc((size_t)spec->n_tokens * sizeof(*r->prompt));
         if (!r->prompt)

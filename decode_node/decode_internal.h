@@ -81,6 +81,15 @@ typedef struct {
     uint32_t *prefix_tokens;  /* (n_prefix * block_size) owned */
     uint32_t n_prefix;
     uint32_t key_gen;
+    /* the whole sequence, for listing its full blocks when it ends (blocks
+     * of generated tokens included: a decode step writes the bits a
+     * prefill writes, test_engine): prompt and earlier epochs' tokens,
+     * then this epoch's kept tokens; NULL when there was no memory */
+    uint32_t *seq_ids; /* (n_seq_ids, cap_seq_ids) owned */
+    uint32_t n_seq_ids, cap_seq_ids;
+    uint32_t kv_len;   /* positions whose K/V is in its blocks */
+    uint8_t *salt;     /* (salt_len) the request's cache_salt; owned */
+    size_t salt_len;
     bool kv_on_device;      /* transferred K/V copied from the host mirror (device pools) */
 } dec_req_t;
 
@@ -265,6 +274,14 @@ kvf_status_t dec_prefix_alloc(kvf_decode_t *d, dec_req_t *r, const dec_admit_spe
                               uint32_t n_blocks);
 /* Lists r's prompt blocks in the cache: their K/V has landed and sealed. */
 void dec_prefix_list(kvf_decode_t *d, const dec_req_t *r);
+/* r keeps the ids of its sequence (n ids: the prompt and earlier epochs'
+ * tokens) for dec_prefix_list_all; without memory it is not listed. */
+void dec_prefix_keep_ids(dec_req_t *r, const uint32_t *ids, size_t n);
+/* r generated tok (kept). */
+void dec_prefix_note_token(dec_req_t *r, uint32_t tok);
+/* r ends well: every full block of its sequence (prompt and generated
+ * tokens) is listed in the cache, on a host pool. */
+void dec_prefix_list_all(kvf_decode_t *d, const dec_req_t *r);
 
 /* ---- messages.c ------------------------------------------------------------- */
 

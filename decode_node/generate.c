@@ -29,6 +29,8 @@ kvf_status_t dec_req_start_generation(kvf_decode_t *d, dec_req_t *r, const dec_g
     st = kvf_textstream_create(d->tok, (const char *const *)s->stop, s->n_stop, &r->text);
     if (st != KVF_OK)
         return st;
+    if (d->pc.cache)
+        dec_prefix_keep_ids(r, g->token_ids, g->n_token_ids);
     /* The client already has the text of the tokens earlier epochs
      * streamed: the stream continues after them. */
     if (!g->n_generated)
@@ -50,6 +52,7 @@ static void add_held_text(kvf_decode_t *d, dec_req_t *r)
 static void finish(kvf_decode_t *d, dec_req_t *r, bool has_token, uint32_t tok,
                    Kvf__FinishReason why)
 {
+    dec_prefix_list_all(d, r); /* before its blocks go back */
     dec_emit_chunk(d, r, has_token, tok, why);
     d->stats.requests_finished++;
     kvf_log_debug("request %llu epoch %llu finished (%d) after %u tokens",
@@ -74,6 +77,7 @@ void dec_req_take_token(kvf_decode_t *d, dec_req_t *r, uint32_t tok)
         return;
     }
     r->gen = gen;
+    dec_prefix_note_token(r, tok);
     const char *text = NULL;
     size_t len = 0;
     bool stopped = false;
@@ -104,6 +108,7 @@ void dec_req_join(kvf_decode_t *d, dec_req_t *r, uint32_t first)
         return;
     }
     KVF_ASSERT(kvf_handoff_start(&r->h) == KVF_OK);
+    r->kv_len = r->n_tokens;
     dec_prefix_list(d, r); /* sealed: its shipped prompt blocks are complete */
     kvf_log_debug("request %llu epoch %llu joins the batch at position %u",
                   (unsigned long long)r->req_id, (unsigned long long)r->epoch, r->n_tokens);

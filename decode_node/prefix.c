@@ -6,8 +6,11 @@
  * the router's conditional disaggregation) starts from the cached prefix
  * too and lists the prompt's full blocks it computed: a prefill here
  * writes what a prefill node writes (on a host pool; a device pool lists
- * only shipped blocks, whose host copies are whole). Only prompt blocks a
- * prefill computed are listed, never blocks of generated tokens. */
+ * only shipped blocks, whose host copies are whole). When a request ends
+ * well, every full block of its sequence is listed, generated tokens
+ * included: on the CPU backend a decode step writes the bits a prefill of
+ * the same tokens writes (test_engine checks it in every KV format), so
+ * the next turn of a conversation finds its previous answer cached. */
 #include "decode_internal.h"
 
 #include "kvf/log.h"
@@ -139,4 +142,58 @@ void dec_prefix_list(kvf_decode_t *d, const dec_req_t *r)
     if (st != KVF_OK)
         kvf_log_debug("request %llu: prefix cache keeps only part of it: %s",
                       (unsigned long long)r->req_id, kvf_status_str(st));
+}
+
+void dec_prefix_keep_ids(dec_req_t *r, const uint32_t *ids, size_t n)
+{
+    free(r->seq_ids);
+    r->seq_ids = NULL;
+    r->n_seq_ids = r->cap_seq_ids = 0;
+    if (n != r->n_tokens)
+        return; /* not the sequence its blocks hold */
+    uint32_t cap = r->n_tokens + (r->max_new < 64 ? r->max_new : 64);
+    r->seq_ids = malloc((size_t)cap * sizeof(uint32_t));
+    if (!r->seq_ids)
+        return;
+    memcpy(r->seq_ids, ids, n * sizeof(uint32_t));
+    r->n_seq_ids = (uint32_t)n;
+    r->cap_seq_ids = cap;
+}
+
+void dec_prefix_note_token(dec_req_t *r, uint32_t tok)
+{
+    if (!r->seq_ids)
+        return;
+    if (r->n_seq_ids == r->cap_seq_ids) {
+        uint32_t cap = r->cap_seq_ids * 2;
+        uint32_t *grown = realloc(r->seq_ids, (size_t)cap * sizeof(uint32_t));
+        if (!grown) {
+            free(r->seq_ids); /* listed no more: the ids are incomplete */
+            r->seq_ids = NULL;
+            return;
+        }
+        r->seq_ids = grown;
+        r->cap_seq_ids = cap;
+    }
+    r->seq_ids[r->n_seq_ids++] = tok;
+}
+
+void dec_prefix_list_all(kvf_decode_t *d, const dec_req_t *r)
+{
+    const uint32_t bs = d->block_size;
+    uint32_t n_full = r->kv_len / bs;
+    /* a device pool's decode steps wrote its device copy alone */
+    if (!d->pc.cache || !r->seq_ids || r->kv_len > r->n_seq_ids || n_full == 0 ||
+        n_full > r->n_blocks || kvf_kvpool_device_base(d->rt.pool) || !kvf_node_prefix_sync(&d->pc))
+        return;
+    uint64_t *hashes = malloc((size_t)n_full * sizeof(uint64_t));
+    if (!hashes)
+        return;
+    uint64_t root = kvf_node_prefix_root(&d->pc, r->salt, r->salt_len);
+    n_full = kvf_block_hash_chain(&d->pc.key, root, r->seq_ids, r->kv_len, bs, hashes);
+    kvf_status_t st = kvf_prefix_cache_insert(d->pc.cache, hashes, r->seq_ids, r->blocks, n_full);
+    if (st != KVF_OK)
+        kvf_log_debug("request %llu: prefix cache keeps only part of it: %s",
+                      (unsigned long long)r->req_id, kvf_status_str(st));
+    free(hashes);
 }

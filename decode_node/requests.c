@@ -24,6 +24,8 @@ void dec_req_free(kvf_decode_t *d, dec_req_t *r)
     free(r->prompt);
     free(r->prefix_hashes);
     free(r->prefix_tokens);
+    free(r->seq_ids);
+    free(r->salt);
     free(r);
 }
 

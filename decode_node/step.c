@@ -138,11 +138,14 @@ void dec_step(kvf_decode_t *d)
     for (int i = 0; i < n; i++) {
         dec_req_t *r = d->step_reqs[i];
         const kvf_engine_seq_t *row = &d->seqs[i];
-        if (r->h.state == KVF_HANDOFF_PREFILLING)
+        if (r->h.state == KVF_HANDOFF_PREFILLING) {
             prefill_row_done(d, r, row, step_us);
-        else
-            dec_req_take_token(
-                d, r, row->logits ? kvf_sampler_sample(&r->sampler, row->logits) : d->greedy[i]);
+            continue;
+        }
+        r->kv_len = row->start_pos + 1; /* the step wrote its token's K/V */
+        dec_req_take_token(d, r,
+                           row->logits ? kvf_sampler_sample(&r->sampler, row->logits)
+                                       : d->greedy[i]);
     }
     dec_flush_chunks(d);
 }

@@ -7,8 +7,9 @@
  *
  * Turn 1 is prefilled on a prefill node and shipped; from turn 2 on the
  * decode node that holds the conversation prefills the rest itself (32
- * and 44 tokens), nothing shipped. Every output equals the colocated cold
- * run token for token. Then a decode node dies holding its conversation's
+ * and 44 tokens), nothing shipped, reusing blocks that hold the previous
+ * answer (written by its decode steps). Every output equals the colocated
+ * cold run token for token. Then a decode node dies holding its conversation's
  * blocks: the router's index drops them, so that conversation's next turn
  * goes to the other decode node, which lacks the prefix and has it
  * prefilled on a prefill node again, still equal to the cold run; the
@@ -33,7 +34,7 @@
 #define SYSTEM  48 /* tokens of the shared system prompt (3 blocks) */
 #define FIRST   52 /* the first user message: turn 1 is 100 tokens */
 #define USER    20 /* each later user message */
-#define ANSWER  8  /* tokens each turn generates */
+#define ANSWER  24 /* tokens each turn generates */
 
 static char model_dir[256];
 static h_gen_t turns[CONVS][TURNS];
@@ -157,21 +158,23 @@ static void test_multiturn_kv_local(void **state)
 
     run_turn(&c, 1);
     h_totals(&c, &t1);
-    /* Turn 2 (128 tokens): each conversation's decode node holds its 6
-     * full blocks and prefills the last 32 tokens itself. */
+    /* Turn 2 (144 tokens): each conversation's decode node holds the 7
+     * full blocks of turn 1's 123 positions with K/V (prompt and answer but
+     * its last token) and prefills the last 32 tokens itself. */
     if (t1.local_prefills != 2) {
         h_cluster_stop(&c, true);
         fail_msg("%llu local prefills in turn 2, not 2",
                  (unsigned long long)t1.local_prefills);
     }
     assert_int_equal(t1.kv_bytes, t0.kv_bytes); /* nothing shipped */
-    assert_int_equal(t1.prefill_cached - t0.prefill_cached, 2 * 96);
+    assert_int_equal(t1.prefill_cached - t0.prefill_cached, 2 * 112);
     assert_int_equal(t1.prefill_computed - t0.prefill_computed, 2 * 32);
 
     /* decode-0 dies holding one conversation's blocks: its next turn goes
      * to decode-1, which has it prefilled on a prefill node (it holds only
-     * the system prompt's blocks: 108 tokens left, above 64); the other
-     * conversation stays local on decode-1 (44 tokens left). */
+     * the system prompt's blocks: 140 of 188 tokens left, above 64); the
+     * other conversation stays local on decode-1 (9 of its 10 blocks
+     * reused: 44 tokens left). */
     h_kill(&c, d0);
     wait_dead(&c, "decode-0");
     run_turn(&c, 2);

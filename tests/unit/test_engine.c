@@ -115,6 +115,22 @@ static void check_cache_vs_recompute_dt(kvf_model_t *m, int block_size, int n_pr
                               .logits = cached};
         assert_int_equal(kvf_engine_forward(r.engine, &q, 1, NULL), KVF_OK);
     }
+    /* The K/V the decode steps wrote is the bytes a prefill of the same
+     * tokens writes: every full block, generated positions included (what
+     * lets a decode node cache blocks of generated tokens). */
+    kvf_block_table_t bt3;
+    kvf_block_table_init(&bt3);
+    int n_all = n_prompt + n_steps;
+    kvf_test_run_chunked(&r, &bt3, ids, n_all, n_all, NULL, full);
+    const size_t bb = kvf_kv_block_bytes(kvf_kvpool_geometry(r.pool));
+    const uint8_t *base = kvf_kvpool_base(r.pool);
+    for (int b = 0; b < n_all / block_size; b++)
+        if (memcmp(base + (size_t)bt.blocks[b] * bb, base + (size_t)bt3.blocks[b] * bb, bb))
+            fail_msg("kv %s, block size %d: block %d written by decode steps differs from "
+                     "the prefill's",
+                     kvf_kv_dtype_name(dt), block_size, b);
+    kvf_block_table_release(&bt3, r.pool);
+    kvf_block_table_fini(&bt3);
     kvf_block_table_release(&bt, r.pool);
     kvf_block_table_fini(&bt);
     assert_int_equal(kvf_kvpool_used_blocks(r.pool), 0);
