@@ -285,6 +285,19 @@ void pf_req_complete(kvf_prefill_t *p, pf_req_t *r)
     uint64_t now = kvf_clock_ns();
     uint64_t compute_us = pf_us_between(r->compute_start_ns, r->compute_end_ns);
     uint64_t handoff_us = pf_us_between(r->compute_end_ns, now);
+    /* Every block is computed and shipped: the full ones stay for later
+     * prompts with the same prefix (the cache takes its own references;
+     * destroying r drops the request's), and the router hears of them
+     * before this request's first token (the same socket keeps the order),
+     * so a client's next turn is routed here. */
+    if (p->pc.cache && r->hashes && r->done == r->n_prompt && r->key_gen == p->pc.key_gen) {
+        kvf_status_t cst = kvf_prefix_cache_insert(p->pc.cache, r->hashes, r->pr->token_ids,
+                                                   r->local.blocks, r->n_full);
+        if (cst != KVF_OK)
+            kvf_log_debug("request %llu: prefix cache keeps only part of it: %s",
+                          (unsigned long long)r->req_id, kvf_status_str(cst));
+    }
+    kvf_node_prefix_report(&p->pc);
     send_prefill_done(p, r, compute_us, handoff_us);
     if (send_kv_ready(p, r, compute_us, handoff_us) != KVF_OK) {
         /* D cannot seal without it; its lease releases the blocks. */
@@ -297,15 +310,5 @@ void pf_req_complete(kvf_prefill_t *p, pf_req_t *r)
                   (unsigned long long)r->kv_bytes, (unsigned long long)compute_us,
                   (unsigned long long)handoff_us);
     p->count.completed++;
-    /* Every block is computed and shipped: the full ones stay for later
-     * prompts with the same prefix (the cache takes its own references;
-     * destroying r drops the request's). */
-    if (p->pc.cache && r->hashes && r->done == r->n_prompt && r->key_gen == p->pc.key_gen) {
-        kvf_status_t cst = kvf_prefix_cache_insert(p->pc.cache, r->hashes, r->pr->token_ids,
-                                                   r->local.blocks, r->n_full);
-        if (cst != KVF_OK)
-            kvf_log_debug("request %llu: prefix cache keeps only part of it: %s",
-                          (unsigned long long)r->req_id, kvf_status_str(cst));
-    }
     pf_req_destroy(p, r);
 }

@@ -120,14 +120,17 @@ static uint32_t draw(kvf_router_t *r, uint32_t below)
     return (uint32_t)(kvf_splitmix64(&r->route_rng) % below);
 }
 
-/* The cost of q on decode node n under the kv policy: its sequences'
- * blocks (load), less the blocks of q it would not need shipped. */
+/* The cost of q on decode node n under the kv policy: the blocks its
+ * sequences hold once q joined them (q's own less those it shares with
+ * the cached prefix n holds), less a credit for the blocks of q it would
+ * not need shipped. */
 static double decode_cost(const kvf_router_t *r, const kvf_router_req_t *q,
                           const kvf_router_node_t *n)
 {
     uint32_t nb = kvf_router__blocks_for(attempt_tokens(q), n->block_size);
-    double load = (double)(n->blocks_total - n->blocks_free) + n->pending_blocks;
-    double held = hits(n, q, nb ? nb - 1 : 0); /* the last block always travels */
+    uint32_t need = kvf_router__blocks_for(kvf_router__tokens_needed(q), n->block_size);
+    uint32_t held = hits(n, q, nb ? nb - 1 : 0); /* the last block always travels */
+    double load = (double)(n->blocks_total - n->blocks_free) + n->pending_blocks + need - held;
     return r->cfg.decode_weight * load - r->cfg.transfer_weight * held;
 }
 
@@ -256,6 +259,9 @@ bool kvf_router__pick(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t **
     }
     if (!p)
         return false;
+    kvf_log_debug("request %llu: %s holds %u of %u blocks, %s %u%s", (unsigned long long)q->id,
+                  d->id, hits(d, q, q->ask.n_hashes), q->ask.n_hashes, p->id,
+                  hits(p, q, q->ask.n_hashes), q->place.local ? " (local prefill)" : "");
     *p_p = p;
     *d_p = d;
     return true;
