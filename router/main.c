@@ -29,8 +29,7 @@ typedef struct {
     bool http_seen; /* --http was given: it must work */
 } router_opts_t;
 
-/* Returns -1 to run, else the exit code (help printed, or a bad flag). */
-static int parse_router_flags(int argc, char **argv, router_opts_t *o)
+static void router_opts_defaults(router_opts_t *o)
 {
     *o = (router_opts_t){
         .listen_url = "tcp://127.0.0.1:5555",
@@ -52,6 +51,12 @@ static int parse_router_flags(int argc, char **argv, router_opts_t *o)
         .decode_weight = 1.0,
         .transfer_weight = 1.0,
     };
+}
+
+/* Returns -1 to run, else the exit code (help printed, or a bad flag). */
+static int parse_router_flags(int argc, char **argv, router_opts_t *o)
+{
+    router_opts_defaults(o);
     kvf_flag_t flags[] = {
         {"listen", KVF_FLAG_STRING, &o->listen_url, "URL", "inbox the nodes send to", NULL},
         {"client", KVF_FLAG_STRING, &o->client_url, "URL", "native client socket", NULL},

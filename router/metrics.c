@@ -199,6 +199,57 @@ static void put_auth(kvf_strbuf_t *sb)
                           (unsigned long long)c.refused[r]);
 }
 
+/* The node gauges: nodes by role and state, and each node's blocks,
+ * sequences and queue. */
+static void put_nodes(kvf_strbuf_t *sb, const kvf_router_snapshot_t *snap)
+{
+    static const char *const roles[] = {"prefill", "decode"};
+    static const char *const states[] = {"live", "draining", "dead"};
+    put_header(sb, "kvf_nodes", "gauge", "Registered nodes by role and state.");
+    for (size_t r = 0; r < NELEM(roles); r++) {
+        for (size_t s = 0; s < NELEM(states); s++) {
+            unsigned count = 0;
+            for (size_t i = 0; i < snap->n_nodes; i++)
+                count += !strcmp(snap->nodes[i].role, roles[r]) &&
+                         !strcmp(snap->nodes[i].state, states[s]);
+            kvf_strbuf_printf(sb, "kvf_nodes{role=\"%s\",state=\"%s\"} %u\n", roles[r], states[s],
+                              count);
+        }
+    }
+    put_header(sb, "kvf_kv_blocks_used", "gauge", "KV cache blocks in use on a node.");
+    for (size_t i = 0; i < snap->n_nodes; i++)
+        put_node_gauge(sb, "kvf_kv_blocks_used", &snap->nodes[i], snap->nodes[i].blocks_used);
+    put_header(sb, "kvf_prefix_cache_blocks", "gauge",
+               "Prefix-cache blocks on a node that no request uses (evictable, counted free).");
+    for (size_t i = 0; i < snap->n_nodes; i++)
+        put_node_gauge(sb, "kvf_prefix_cache_blocks", &snap->nodes[i],
+                       snap->nodes[i].blocks_cached);
+    put_header(sb, "kvf_prefix_index_blocks", "gauge",
+               "Cached block hashes of a node in the router's index (KV-aware routing).");
+    for (size_t i = 0; i < snap->n_nodes; i++)
+        put_node_gauge(sb, "kvf_prefix_index_blocks", &snap->nodes[i],
+                       snap->nodes[i].prefix_indexed);
+    put_header(sb, "kvf_kv_blocks_total", "gauge", "KV cache blocks of a node's pool.");
+    for (size_t i = 0; i < snap->n_nodes; i++)
+        put_node_gauge(sb, "kvf_kv_blocks_total", &snap->nodes[i], snap->nodes[i].blocks_total);
+    put_header(sb, "kvf_kv_cache_usage_perc", "gauge",
+               "Fraction of a node's KV cache blocks in use (1 = full).");
+    for (size_t i = 0; i < snap->n_nodes; i++) {
+        const kvf_router_node_info_t *n = &snap->nodes[i];
+        put_node_gauge(sb, "kvf_kv_cache_usage_perc", n,
+                       n->blocks_total ? (double)n->blocks_used / n->blocks_total : 0.0);
+    }
+    put_header(sb, "kvf_node_running_requests", "gauge", "Sequences a node is working on.");
+    for (size_t i = 0; i < snap->n_nodes; i++)
+        put_node_gauge(sb, "kvf_node_running_requests", &snap->nodes[i], snap->nodes[i].running);
+    put_header(sb, "kvf_node_queued_tokens", "gauge",
+               "Prompt tokens a node holds queued, not yet prefilled (scaling signal of the "
+               "prefill pool).");
+    for (size_t i = 0; i < snap->n_nodes; i++)
+        put_node_gauge(sb, "kvf_node_queued_tokens", &snap->nodes[i],
+                       (double)snap->nodes[i].queued_tokens);
+}
+
 kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapshot_t *snap,
                                 char **text_p, size_t *len_p)
 {
@@ -254,50 +305,6 @@ kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapsho
     put_header(&sb, "kvf_num_requests_running", "gauge", "Requests dispatched to nodes.");
     kvf_strbuf_printf(&sb, "kvf_num_requests_running %u\n", snap->requests_running);
 
-    static const char *const roles[] = {"prefill", "decode"};
-    static const char *const states[] = {"live", "draining", "dead"};
-    put_header(&sb, "kvf_nodes", "gauge", "Registered nodes by role and state.");
-    for (size_t r = 0; r < NELEM(roles); r++) {
-        for (size_t s = 0; s < NELEM(states); s++) {
-            unsigned count = 0;
-            for (size_t i = 0; i < snap->n_nodes; i++)
-                count += !strcmp(snap->nodes[i].role, roles[r]) &&
-                         !strcmp(snap->nodes[i].state, states[s]);
-            kvf_strbuf_printf(&sb, "kvf_nodes{role=\"%s\",state=\"%s\"} %u\n", roles[r], states[s],
-                              count);
-        }
-    }
-    put_header(&sb, "kvf_kv_blocks_used", "gauge", "KV cache blocks in use on a node.");
-    for (size_t i = 0; i < snap->n_nodes; i++)
-        put_node_gauge(&sb, "kvf_kv_blocks_used", &snap->nodes[i], snap->nodes[i].blocks_used);
-    put_header(&sb, "kvf_prefix_cache_blocks", "gauge",
-               "Prefix-cache blocks on a node that no request uses (evictable, counted free).");
-    for (size_t i = 0; i < snap->n_nodes; i++)
-        put_node_gauge(&sb, "kvf_prefix_cache_blocks", &snap->nodes[i],
-                       snap->nodes[i].blocks_cached);
-    put_header(&sb, "kvf_prefix_index_blocks", "gauge",
-               "Cached block hashes of a node in the router's index (KV-aware routing).");
-    for (size_t i = 0; i < snap->n_nodes; i++)
-        put_node_gauge(&sb, "kvf_prefix_index_blocks", &snap->nodes[i],
-                       snap->nodes[i].prefix_indexed);
-    put_header(&sb, "kvf_kv_blocks_total", "gauge", "KV cache blocks of a node's pool.");
-    for (size_t i = 0; i < snap->n_nodes; i++)
-        put_node_gauge(&sb, "kvf_kv_blocks_total", &snap->nodes[i], snap->nodes[i].blocks_total);
-    put_header(&sb, "kvf_kv_cache_usage_perc", "gauge",
-               "Fraction of a node's KV cache blocks in use (1 = full).");
-    for (size_t i = 0; i < snap->n_nodes; i++) {
-        const kvf_router_node_info_t *n = &snap->nodes[i];
-        put_node_gauge(&sb, "kvf_kv_cache_usage_perc", n,
-                       n->blocks_total ? (double)n->blocks_used / n->blocks_total : 0.0);
-    }
-    put_header(&sb, "kvf_node_running_requests", "gauge", "Sequences a node is working on.");
-    for (size_t i = 0; i < snap->n_nodes; i++)
-        put_node_gauge(&sb, "kvf_node_running_requests", &snap->nodes[i], snap->nodes[i].running);
-    put_header(&sb, "kvf_node_queued_tokens", "gauge",
-               "Prompt tokens a node holds queued, not yet prefilled (scaling signal of the "
-               "prefill pool).");
-    for (size_t i = 0; i < snap->n_nodes; i++)
-        put_node_gauge(&sb, "kvf_node_queued_tokens", &snap->nodes[i],
-                       (double)snap->nodes[i].queued_tokens);
+    put_nodes(&sb, snap);
     return kvf_strbuf_take(&sb, text_p, len_p);
 }
