@@ -66,6 +66,8 @@ struct kvf_prefix_cache {
     pc_delta_set_t added, removed;
     bool deltas_overflowed; /* pending sets dropped: only a full list resyncs */
     kvf_prefix_cache_stats_t stats;
+    kvf_prefix_evict_fn on_evict; /* NULL: evicted blocks are just dropped */
+    void *evict_arg;
 };
 
 /* ---- LRU list ------------------------------------------------------- */
@@ -237,6 +239,8 @@ static uint32_t evict_walk(kvf_prefix_cache_t *c, uint32_t n, const pc_entry_t *
         pc_entry_t *older_next = e->prev;
         if (e != keep) {
             if (entry_evictable(c, e)) {
+                if (c->on_evict)
+                    c->on_evict(c->evict_arg, e->hash, entry_tokens(c, e), e->block);
                 entry_drop(c, e);
                 evicted++;
             } else {
@@ -461,6 +465,12 @@ void kvf_prefix_cache_stats(const kvf_prefix_cache_t *cache, kvf_prefix_cache_st
     *stats_p = cache->stats;
     stats_p->cached = cache->n_cached;
     stats_p->evictable = count_evictable(cache);
+}
+
+void kvf_prefix_cache_set_evict_hook(kvf_prefix_cache_t *cache, kvf_prefix_evict_fn fn, void *arg)
+{
+    cache->on_evict = fn;
+    cache->evict_arg = arg;
 }
 
 void kvf_prefix_cache_test_hash_mask(kvf_prefix_cache_t *cache, uint64_t mask)

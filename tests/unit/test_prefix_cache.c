@@ -182,6 +182,60 @@ static void test_eviction_spares_in_use(void **state)
     kvf_kvpool_destroy(p);
 }
 
+/* What the eviction hook saw. */
+typedef struct {
+    uint64_t hashes[8];
+    uint32_t tokens0[8], blocks[8];
+    float data[8];
+    kvf_kvpool_t *pool;
+    int n;
+} evicted_t;
+
+static void on_evict(void *arg, uint64_t hash, const uint32_t *tokens, uint32_t block)
+{
+    evicted_t *ev = arg;
+    assert_true(ev->n < 8);
+    assert_int_equal(kvf_kvpool_refcount(ev->pool, block), 1); /* still whole during the call */
+    ev->hashes[ev->n] = hash;
+    ev->tokens0[ev->n] = tokens[0];
+    ev->blocks[ev->n] = block;
+    ev->data[ev->n] = *(float *)kvf_kvpool_head_data(ev->pool, block, 0, 0, 0);
+    ev->n++;
+}
+
+/* The eviction hook sees each block eviction frees, with its hash, tokens
+ * and data, before the block goes; never a block in use, nor the blocks
+ * destroy drops. */
+static void test_evict_hook(void **state)
+{
+    (void)state;
+    kvf_kvpool_t *p = make_pool(4);
+    kvf_prefix_cache_t *c = make_cache(p, 0);
+    evicted_t ev = {.pool = p};
+    kvf_prefix_cache_set_evict_hook(c, on_evict, &ev);
+    uint32_t tokens[4 * BS], ids[4];
+    uint64_t h[4];
+    fill_tokens(tokens, 4, 3);
+    insert_seq(c, p, tokens, 4, h, ids);
+    for (int i = 0; i < 4; i++)
+        *(float *)kvf_kvpool_head_data(p, ids[i], 0, 0, 0) = 7.0f + (float)i;
+    assert_int_equal(kvf_kvpool_release(p, ids, 3), KVF_OK); /* block 3 stays in use */
+    assert_int_equal(kvf_prefix_cache_evict(c, 4), 3);
+    assert_int_equal(ev.n, 3);
+    for (int i = 0; i < 3; i++) { /* a sequence's last blocks go first */
+        int b = 2 - i;
+        assert_true(ev.hashes[i] == h[b]);
+        assert_int_equal(ev.tokens0[i], tokens[b * BS]);
+        assert_int_equal(ev.blocks[i], ids[b]);
+        assert_true(ev.data[i] == 7.0f + (float)b);
+    }
+    assert_int_equal(kvf_kvpool_release(p, &ids[3], 1), KVF_OK);
+    kvf_prefix_cache_destroy(c); /* block 3 dropped: no call */
+    assert_int_equal(ev.n, 3);
+    assert_int_equal(kvf_kvpool_used_blocks(p), 0);
+    kvf_kvpool_destroy(p);
+}
+
 /* Single-block sequences a, b, c, d listed in that order, then a and c
  * matched: eviction takes b, d, a, c. Within one sequence the last block
  * goes before the first. */
@@ -602,6 +656,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_match_insert_refcounts),
         cmocka_unit_test(test_eviction_spares_in_use),
+        cmocka_unit_test(test_evict_hook),
         cmocka_unit_test(test_lru_order),
         cmocka_unit_test(test_collisions),
         cmocka_unit_test(test_deltas),

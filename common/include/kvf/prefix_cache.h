@@ -148,6 +148,14 @@ uint32_t kvf_prefix_cache_list(kvf_prefix_cache_t *cache, uint64_t *hashes_p, ui
 
 void kvf_prefix_cache_stats(const kvf_prefix_cache_t *cache, kvf_prefix_cache_stats_t *stats_p);
 
+/* Called for each block eviction is about to free (hash, its tokens, its
+ * pool block, still allocated and whole during the call): e.g. to copy
+ * it to a slower tier (kvf/kv_tier.h) instead of losing it. Not called
+ * for the blocks kvf_prefix_cache_destroy drops. */
+typedef void (*kvf_prefix_evict_fn)(void *arg, uint64_t hash, const uint32_t *tokens,
+                                    uint32_t block);
+void kvf_prefix_cache_set_evict_hook(kvf_prefix_cache_t *cache, kvf_prefix_evict_fn fn, void *arg);
+
 /* Test hook: every hash the cache sees is masked with mask before use
  * (e.g. 0xff: 256 distinct values, so different blocks collide) to test
  * the token comparison. ~0ull (the default) is no masking. */
