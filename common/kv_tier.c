@@ -318,6 +318,7 @@ int kvf_kv_tiers_fd(const kvf_kv_tiers_t *t)
 void kvf_kv_tiers_flush(kvf_kv_tiers_t *t)
 {
     kvt_disk_flush(t);
+    kvt_disk_reap(t);
 }
 
 bool kvf_kv_tiers_direct_io(const kvf_kv_tiers_t *t)

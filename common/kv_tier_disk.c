@@ -428,6 +428,15 @@ void kvt_disk_flush(kvf_kv_tiers_t *t)
     pthread_mutex_unlock(&d->lock);
 }
 
+kvf_status_t kvf_kv_tiers_test_disk_offset(const kvf_kv_tiers_t *t, uint64_t hash, uint64_t *off_p)
+{
+    const kvt_disk_entry_t *e = kvt_disk_find_hash(t, hash);
+    if (!e)
+        return KVF_ERR_NOT_FOUND;
+    *off_p = slot_offset(&t->disk, e->slot);
+    return KVF_OK;
+}
+
 void kvt_disk_pause(kvf_kv_tiers_t *t, bool paused)
 {
     kvt_disk_t *d = &t->disk;
@@ -579,17 +588,22 @@ kvf_status_t kvt_disk_open(kvf_kv_tiers_t *t, const kvf_kv_tiers_config_t *cfg, 
     pthread_cond_init(&d->work, NULL);
     pthread_cond_init(&d->idle, NULL);
     d->on = true; /* from here close undoes what is done */
+    /* The file before the index: a size no disk holds fails as no space,
+     * not as no memory for its index. */
     kvf_status_t st = jobs_create(t, cfg->max_inflight ? cfg->max_inflight : 16);
-    if (st == KVF_OK)
-        st = slots_create(t);
+    if (st != KVF_OK) {
+        snprintf(why, why_len, "kv disk tier: out of memory for i/o buffers");
+        return st;
+    }
+    st = file_open(t, cfg->disk_dir, why, why_len);
+    if (st != KVF_OK)
+        return st;
+    st = slots_create(t);
     if (st != KVF_OK) {
         snprintf(why, why_len, "kv disk tier: out of memory for %u slots", d->cap);
         return st;
     }
-    st = file_open(t, cfg->disk_dir, why, why_len);
-    if (st == KVF_OK)
-        st = threads_start(t, cfg->io_threads ? cfg->io_threads : 2, why, why_len);
-    return st;
+    return threads_start(t, cfg->io_threads ? cfg->io_threads : 2, why, why_len);
 }
 
 void kvt_disk_close(kvf_kv_tiers_t *t)

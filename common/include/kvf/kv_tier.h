@@ -137,8 +137,10 @@ size_t kvf_kv_tiers_poll(kvf_kv_tiers_t *t, kvf_kv_fetch_done_t *out, size_t max
  * disk I/O): for the owner's event loop. Owned by t. */
 int kvf_kv_tiers_fd(const kvf_kv_tiers_t *t);
 
-/* Blocks until no disk I/O is queued or running (then poll reports every
- * fetch started before). For shutdown paths and tests. */
+/* Lets paused I/O threads go (kvf_kv_tiers_test_pause) and blocks until
+ * no disk I/O is queued or running, then finishes it: the stats count it,
+ * and poll reports every fetch started before. For shutdown paths and
+ * tests. */
 void kvf_kv_tiers_flush(kvf_kv_tiers_t *t);
 
 /* Whether tier 2 uses O_DIRECT (false: buffered fallback, or no tier 2). */
