@@ -188,6 +188,7 @@ kvf_status_t kvf_kv_tiers_create(const kvf_kv_tiers_config_t *cfg, kvf_kv_tiers_
     why[0] = '\0';
     if (!cfg || !t_p || !cfg->block_bytes || !cfg->block_tokens) {
         snprintf(why, why_len, "kv tiers: block_bytes and block_tokens must be set");
+        kvf_log_error("%s", why);
         return KVF_ERR_INVAL;
     }
     kvf_kv_tiers_t *t = calloc(1, sizeof(*t));

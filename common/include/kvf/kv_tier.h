@@ -22,7 +22,7 @@
  * Disk I/O: O_DIRECT pread/pwrite of whole 4096-aligned slots on a small
  * pool of threads (io_threads). Chosen over io_uring: liburing is no
  * dependency of the project, and a few threads each with one block-sized
- * request (hundreds of KiB to MiBs) keep a local NVMe SSD busy; the kernel
+ * request (hundreds of KiB to MiBs) should keep a local NVMe SSD busy; the kernel
  * queues them as deep as the threads go. A filesystem that refuses
  * O_DIRECT (tmpfs) gets buffered I/O, with a warning.
  *
