@@ -19,7 +19,7 @@
 static void test_status_strings(void **state)
 {
     (void)state;
-    for (int s = 0; s >= KVF_ERR_AUTH; s--) {
+    for (int s = 0; s >= KVF_ERR_CORRUPT; s--) {
         const char *text = kvf_status_str((kvf_status_t)s);
         assert_non_null(text);
         assert_string_not_equal(text, "unknown status");
