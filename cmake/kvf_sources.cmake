@@ -17,8 +17,10 @@ set(KVF_BASE_FILES
     detmath.c dtype.c sampling.c timer.c evloop.c array.c)
 # kvf_text: the tokenizer and what turns its output into text.
 set(KVF_TEXT_FILES tokenizer*.c bpe.c detok.c textstream.c)
-# kvf_model: the checkpoint, the KV pool and the prefix cache over it.
-set(KVF_MODEL_FILES model*.c safetensors*.c kvcache*.c prefix_cache*.c block_hash*.c)
+# kvf_model: the checkpoint, the KV pool, the prefix cache over it and the
+# KV tiers (host RAM, disk) below it.
+set(KVF_MODEL_FILES model*.c safetensors*.c kvcache*.c prefix_cache*.c block_hash*.c
+    kv_tier*.c)
 # kvf_cuda_host: the CUDA ops' shape checks, plain C (tested without a GPU).
 set(KVF_CUDA_HOST_FILES backend/cuda/shapes.c)
 # kvf_cuda: the CUDA backend and its kernels (nvcc; KVF_CUDA builds only).

@@ -26,6 +26,7 @@ const char *kvf_status_str(kvf_status_t status)
     case KVF_ERR_CLOSED: return "closed";
     case KVF_ERR_INTERNAL: return "internal error";
     case KVF_ERR_AUTH: return "not authenticated";
+    case KVF_ERR_CORRUPT: return "corrupt data";
     }
     return "unknown status";
 }

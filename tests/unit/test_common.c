@@ -19,7 +19,7 @@
 static void test_status_strings(void **state)
 {
     (void)state;
-    for (int s = 0; s >= KVF_ERR_AUTH; s--) {
+    for (int s = 0; s >= KVF_ERR_CORRUPT; s--) {
         const char *text = kvf_status_str((kvf_status_t)s);
         assert_non_null(text);
         assert_string_not_equal(text, "unknown status");
@@ -76,16 +76,20 @@ static void test_flags(void **state)
         {"verbose", KVF_FLAG_BOOL, &verbose, NULL, "v", NULL},
     };
     const char *pos[2];
-    kvf_flagset_t set = {.prog = "t", .flags = flags, .n_flags = KVF_NFLAGS(flags), .env = true,
-                         .positional = pos, .max_positional = 2};
+    kvf_flagset_t set = {.prog = "t",
+                         .flags = flags,
+                         .n_flags = KVF_NFLAGS(flags),
+                         .env = true,
+                         .positional = pos,
+                         .max_positional = 2};
     setenv("KVF_THREADS", "7", 1);
     setenv("KVF_MODEL", "/env/model", 1);
-    char *argv[] = {"t", "--listen=ipc:///x", "out", "--kv-mem", "1G", "--temperature", "0.5",
-                    "--verbose", "--model", "/cli/model", NULL};
+    char *argv[] = {"t",   "--listen=ipc:///x", "out",     "--kv-mem",   "1G", "--temperature",
+                    "0.5", "--verbose",         "--model", "/cli/model", NULL};
     assert_int_equal(kvf_flags_parse(&set, 10, argv), KVF_FLAGS_RUN);
     assert_string_equal(url, "ipc:///x");
     assert_string_equal(model, "/cli/model"); /* the command line wins */
-    assert_int_equal(threads, 7);            /* from the environment */
+    assert_int_equal(threads, 7);             /* from the environment */
     assert_int_equal(mem, 1ull << 30);
     assert_true(seen_mem);
     assert_true(temp == 0.5);
@@ -132,6 +136,39 @@ static void test_crc32c(void **state)
                          whole);
 }
 
+/* Every path gives the same values: the standard vectors (iSCSI, RFC 3720
+ * B.4) on the path this CPU takes and on the table, then both paths over
+ * every length and alignment up to a few words. */
+static void test_crc32c_paths(void **state)
+{
+    (void)state;
+    uint8_t zeros[32], ones[32], up[32], down[32];
+    for (int i = 0; i < 32; i++) {
+        zeros[i] = 0;
+        ones[i] = 0xff;
+        up[i] = (uint8_t)i;
+        down[i] = (uint8_t)(31 - i);
+    }
+    const struct {
+        const void *data;
+        uint32_t want;
+    } vec[] = {{zeros, 0x8a9136aau}, {ones, 0x62a8ab43u}, {up, 0x46dd794eu}, {down, 0x113fdb5cu}};
+    for (size_t v = 0; v < sizeof(vec) / sizeof(vec[0]); v++) {
+        assert_int_equal(kvf_crc32c(0, vec[v].data, 32), vec[v].want);
+        assert_int_equal(kvf_crc32c_table(0, vec[v].data, 32), vec[v].want);
+    }
+    assert_int_equal(kvf_crc32c_table(0, "123456789", 9), 0xe3069283u);
+    uint8_t buf[300];
+    for (int i = 0; i < 300; i++)
+        buf[i] = (uint8_t)(i * 101 + 7);
+    for (size_t off = 0; off < 8; off++)
+        for (size_t len = 0; len + off <= sizeof(buf); len += 3)
+            assert_int_equal(kvf_crc32c(0x1234u, buf + off, len),
+                             kvf_crc32c_table(0x1234u, buf + off, len));
+    const char *impl = kvf_crc32c_impl();
+    assert_true(!strcmp(impl, "sse4.2") || !strcmp(impl, "armv8-crc") || !strcmp(impl, "table"));
+}
+
 static void test_log_levels(void **state)
 {
     (void)state;
@@ -164,8 +201,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_strings), cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_id_lists),       cmocka_unit_test(test_flags),
-        cmocka_unit_test(test_crc32c),         cmocka_unit_test(test_log_levels),
-        cmocka_unit_test(test_clock),
+        cmocka_unit_test(test_crc32c),         cmocka_unit_test(test_crc32c_paths),
+        cmocka_unit_test(test_log_levels),     cmocka_unit_test(test_clock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,6 +33,7 @@ typedef enum {
     KVF_ERR_CLOSED = -18,    /* the socket, endpoint or node shut down */
     KVF_ERR_INTERNAL = -19,  /* a bug: an invariant did not hold */
     KVF_ERR_AUTH = -20,      /* a control message failed authentication (kvf/auth.h) */
+    KVF_ERR_CORRUPT = -21,   /* stored data failed its checksum or identity check */
 } kvf_status_t;
 
 /* A static, lowercase description of status; never NULL. */
