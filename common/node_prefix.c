@@ -53,6 +53,7 @@ bool kvf_node_prefix_sync(kvf_node_prefix_t *np)
             return false;
         kvf_prefix_cache_destroy(np->cache);
         np->cache = fresh;
+        kvf_prefix_cache_set_evict_hook(fresh, np->on_evict, np->evict_arg);
         kvf_log_info("prefix cache: the cluster's hash key changed; starting afresh");
     }
     np->key = (kvf_block_hash_key_t){k[0], k[1]};

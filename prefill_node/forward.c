@@ -83,7 +83,7 @@ bool pf_forward_possible(const kvf_prefill_t *p)
      * when a waiting prompt needs it. */
     int64_t available = -1;
     for (const pf_req_t *r = p->head; r; r = r->next) {
-        if (r->state != REQ_READY || !peer_ready(r))
+        if (r->state != REQ_READY || !peer_ready(r) || r->tier_pending)
             continue;
         if (r->done > 0 || r->local.n_blocks)
             return true;
@@ -125,15 +125,24 @@ static bool take_local_cached(kvf_prefill_t *p, pf_req_t *r)
     free(ids);
     if (!ok)
         return false;
-    r->cached_blocks = hit;
-    r->done = hit * bs;
-    p->count.prefix_hit_tokens += r->done;
     p->count.prompt_tokens += r->n_prompt;
-    if (hit)
-        kvf_log_debug("request %llu epoch %llu: %u of %u prompt tokens from the prefix cache",
+    r->cached_blocks = hit;
+    /* the next blocks may be in a KV tier: r waits for their copies */
+    r->tier_good = pf_tiers_promote(p, r, hit, most);
+    if (!r->tier_pending)
+        pf_req_set_cached(p, r, hit);
+    return true;
+}
+
+void pf_req_set_cached(kvf_prefill_t *p, pf_req_t *r, uint32_t n)
+{
+    r->cached_blocks = n;
+    r->done = n * (uint32_t)p->geo.block_size;
+    p->count.prefix_hit_tokens += r->done;
+    if (n)
+        kvf_log_debug("request %llu epoch %llu: %u of %u prompt tokens reused",
                       (unsigned long long)r->req_id, (unsigned long long)r->epoch, r->done,
                       r->n_prompt);
-    return true;
 }
 
 /* Gives a waiting request its local blocks; false when the pool is short. */
@@ -163,7 +172,8 @@ static size_t pick_forward(kvf_prefill_t *p)
         pf_req_t *next;
         for (pf_req_t *r = p->head; r && wanted < budget; r = next) {
             next = r->next;
-            if (r->state != REQ_READY || (pass == 0) != (r->done > 0) || !peer_ready(r))
+            if (r->state != REQ_READY || (pass == 0) != (r->done > 0) || !peer_ready(r) ||
+                r->tier_pending)
                 continue;
             /* A prompt short enough that one forward over it alone (the
              * colocated prefill) takes the few-row kernels shares forwards
@@ -184,6 +194,8 @@ static size_t pick_forward(kvf_prefill_t *p)
                 }
                 if (!req_take_local(p, r))
                     goto picked;
+                if (r->tier_pending)
+                    continue; /* a later forward, once its blocks are back */
             }
             if (fwd_reserve(f, n + 1) != KVF_OK)
                 goto picked;

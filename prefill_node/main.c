@@ -20,7 +20,8 @@ typedef struct {
     kvf_backend_flags_t bf;
     int block_size, alloc_timeout_ms, stats_interval_ms;
     const char *cluster_key_file;
-    uint64_t kv_mem;
+    uint64_t kv_mem, kv_host_mem, kv_disk_size;
+    const char *kv_disk;
     bool checksum, no_prefix_cache;
 } prefill_opts_t;
 
@@ -53,6 +54,14 @@ static int parse_prefill_flags(int argc, char **argv, prefill_opts_t *o)
         {"no-prefix-cache", KVF_FLAG_BOOL, &o->no_prefix_cache, NULL,
          "compute every prompt from its first token (default: a prompt whose leading "
          "blocks an earlier one computed reuses their K/V)",
+         NULL},
+        {"kv-host-mem", KVF_FLAG_SIZE, &o->kv_host_mem, "BYTES",
+         "KV tier 1: host RAM that keeps the cached blocks the pool evicts (default 0: none)",
+         NULL},
+        {"kv-disk", KVF_FLAG_STRING, &o->kv_disk, "DIR",
+         "KV tier 2: a file in DIR that keeps the blocks tier 1 evicts (needs --kv-disk-size)",
+         NULL},
+        {"kv-disk-size", KVF_FLAG_SIZE, &o->kv_disk_size, "BYTES", "size of the tier 2 file",
          NULL},
         {"alloc-timeout-ms", KVF_FLAG_INT, &o->alloc_timeout_ms, "MS",
          "how long to wait for a decode node's KvAllocReply", NULL},
@@ -95,6 +104,14 @@ static int check_prefill_opts(const prefill_opts_t *o)
                       "--stats-interval-ms not negative and --block-size in 1..256");
         return 2;
     }
+    if (!o->kv_disk != !o->kv_disk_size) {
+        kvf_log_error("--kv-disk DIR and --kv-disk-size BYTES go together");
+        return 2;
+    }
+    if (o->kv_disk && o->no_prefix_cache) {
+        kvf_log_error("the KV tiers keep prefix-cache blocks: --kv-disk needs the prefix cache");
+        return 2;
+    }
     return -1;
 }
 
@@ -123,6 +140,9 @@ int main(int argc, char **argv)
         .block_size = o.block_size,
         .checksum = o.checksum,
         .no_prefix_cache = o.no_prefix_cache,
+        .kv_host_mem = o.kv_host_mem,
+        .kv_disk_dir = o.kv_disk,
+        .kv_disk_size = o.kv_disk_size,
         .alloc_timeout_ms = o.alloc_timeout_ms,
         .stats_interval_ms = (uint32_t)o.stats_interval_ms,
     };

@@ -24,6 +24,12 @@ static void fill_load(void *arg, Kvf__Load *load)
     load->blocks_used = total - avail;
     load->blocks_total = total;
     load->blocks_cached = avail - kvf_kvpool_free_blocks(p->rt.pool);
+    if (p->tiers) {
+        kvf_kv_tiers_stats_t ts;
+        kvf_kv_tiers_stats(p->tiers, &ts);
+        load->tier_ram_blocks = ts.blocks_ram;
+        load->tier_disk_blocks = ts.blocks_disk;
+    }
     uint32_t queued = 0, running = 0;
     uint64_t tokens = 0;
     for (const pf_req_t *r = p->head; r; r = r->next) {
@@ -109,21 +115,22 @@ static void log_stats(kvf_prefill_t *p, const char *what, bool force)
         return;
     p->logged = *c;
     p->logged_auth = auth;
-    char auth_text[160];
+    char auth_text[160], tiers[256];
     kvf_auth_counters_format(auth_text, sizeof(auth_text));
+    pf_tiers_describe(p, tiers, sizeof(tiers));
     kvf_prefix_cache_stats_t pc = {0};
     if (p->pc.cache)
         kvf_prefix_cache_stats(p->pc.cache, &pc);
     kvf_log_info("%s: %llu requests, %llu completed, %llu failed, %llu cancelled, %llu "
                  "refused; dropped %llu stale, %llu malformed, %llu unexpected | prefix cache "
-                 "%s: %llu of %llu prompt tokens hit, %u blocks cached | %s",
+                 "%s: %llu of %llu prompt tokens hit, %u blocks cached | %s | %s",
                  what, (unsigned long long)c->requests, (unsigned long long)c->completed,
                  (unsigned long long)c->failed, (unsigned long long)c->cancelled,
                  (unsigned long long)c->refused, (unsigned long long)c->stale_dropped,
                  (unsigned long long)c->malformed_dropped,
                  (unsigned long long)c->unexpected_dropped, p->pc.cache ? "on" : "off",
                  (unsigned long long)c->prefix_hit_tokens, (unsigned long long)c->prompt_tokens,
-                 pc.cached, auth_text);
+                 pc.cached, tiers, auth_text);
 }
 
 static void on_stats_timer(kvf_timer_t *timer, void *arg)
@@ -425,9 +432,14 @@ kvf_status_t kvf_prefill_create(const kvf_prefill_config_t *cfg, kvf_prefill_t *
     st = create_loop(p);
     if (st != KVF_OK)
         goto fail_loop;
+    st = pf_tiers_create(p, cfg);
+    if (st != KVF_OK)
+        goto fail_tiers;
     *prefill_p = p;
     return KVF_OK;
 
+fail_tiers:
+    kvf_evloop_destroy(p->loop);
 fail_loop:
     kvf_node_destroy(p->node);
 fail_node:
@@ -459,6 +471,7 @@ void kvf_prefill_destroy(kvf_prefill_t *p)
         pf_req_destroy(p, r);
     }
     pf_stash_free(p);
+    pf_tiers_destroy(p); /* before the pool: copies in flight write into it */
     kvf_evloop_destroy(p->loop); /* no timer of a request is left armed */
     kvf_node_destroy(p->node);
     kvf_node_prefix_fini(&p->pc); /* every request's references are gone */

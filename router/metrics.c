@@ -229,6 +229,16 @@ static void put_nodes(kvf_strbuf_t *sb, const kvf_router_snapshot_t *snap)
     for (size_t i = 0; i < snap->n_nodes; i++)
         put_node_gauge(sb, "kvf_prefix_index_blocks", &snap->nodes[i],
                        snap->nodes[i].prefix_indexed);
+    put_header(sb, "kvf_kv_tier_ram_blocks", "gauge",
+               "Cached KV blocks a node's host RAM tier holds (docs/kv-tiers.md).");
+    for (size_t i = 0; i < snap->n_nodes; i++)
+        put_node_gauge(sb, "kvf_kv_tier_ram_blocks", &snap->nodes[i],
+                       snap->nodes[i].tier_ram_blocks);
+    put_header(sb, "kvf_kv_tier_disk_blocks", "gauge",
+               "Cached KV blocks a node's disk tier holds (docs/kv-tiers.md).");
+    for (size_t i = 0; i < snap->n_nodes; i++)
+        put_node_gauge(sb, "kvf_kv_tier_disk_blocks", &snap->nodes[i],
+                       snap->nodes[i].tier_disk_blocks);
     put_header(sb, "kvf_kv_blocks_total", "gauge", "KV cache blocks of a node's pool.");
     for (size_t i = 0; i < snap->n_nodes; i++)
         put_node_gauge(sb, "kvf_kv_blocks_total", &snap->nodes[i], snap->nodes[i].blocks_total);

@@ -112,6 +112,9 @@ static void load_of(const kvf_router_node_t *node, Kvf__Load *load)
     load->running = node->running;
     load->queued_requests = node->queued_requests;
     load->queued_tokens = node->queued_tokens;
+    load->blocks_cached = node->blocks_cached;
+    load->tier_ram_blocks = node->tier_ram_blocks;
+    load->tier_disk_blocks = node->tier_disk_blocks;
 }
 
 static void on_stats(kvf_router_t *r, const Kvf__StatsRequest *sr, const kvf_client_hdr_t *hdr)

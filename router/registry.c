@@ -309,6 +309,8 @@ void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
         n->blocks_used = hb->load->blocks_used;
         n->blocks_total = hb->load->blocks_total;
         n->blocks_cached = hb->load->blocks_cached;
+        n->tier_ram_blocks = hb->load->tier_ram_blocks;
+        n->tier_disk_blocks = hb->load->tier_disk_blocks;
         n->running = hb->load->running;
         n->queued_requests = hb->load->queued_requests;
         n->queued_tokens = hb->load->queued_tokens;
@@ -394,6 +396,8 @@ kvf_status_t kvf_router_snapshot(kvf_router_t *r, kvf_router_snapshot_t *snap)
         info->blocks_used = node->blocks_used;
         info->blocks_total = node->blocks_total;
         info->blocks_cached = node->blocks_cached;
+        info->tier_ram_blocks = node->tier_ram_blocks;
+        info->tier_disk_blocks = node->tier_disk_blocks;
         info->running = node->running;
         info->queued_requests = node->queued_requests;
         info->queued_tokens = node->queued_tokens;

@@ -291,7 +291,7 @@ void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
     q->t.handoff_us += pd->handoff_us;
     q->t.kv_bytes += pd->kv_bytes;
     kvf_metrics_observe_handoff(r->metrics, pd->handoff_us, pd->kv_bytes);
-    kvf_metrics_observe_prefix(r->metrics, q->ask.n_prompt + q->out.n, pd->cached_tokens);
+    kvf_metrics_observe_prefix(r->metrics, q->place.n_tokens, pd->cached_tokens);
     q->t.cached_tokens += pd->cached_tokens;
     kvf_router__observe_prefill_done(r, q, pd);
     if (q->place.state == REQ_PREFILL) {

@@ -295,7 +295,9 @@ static void log_break_even(kvf_router_t *r, const kvf_router_node_t *d)
 void kvf_router__observe_prefill_done(kvf_router_t *r, kvf_router_req_t *q,
                                       const Kvf__PrefillDone *pd)
 {
-    uint32_t tokens = attempt_tokens(q);
+    /* the attempt's tokens as dispatched: its first tokens may have come
+     * before its PrefillDone */
+    uint32_t tokens = q->place.n_tokens;
     uint32_t cached = pd->cached_tokens < tokens ? pd->cached_tokens : tokens;
     uint32_t computed = tokens - cached;
     r->count.prefill_computed += computed;

@@ -166,6 +166,7 @@ typedef struct {
     const char *state; /* "live", "draining" or "dead" (static) */
     bool prefill_local;
     uint32_t blocks_used, blocks_total, blocks_cached, running, queued_requests;
+    uint32_t tier_ram_blocks, tier_disk_blocks; /* blocks its KV tiers hold */
     uint32_t prefix_indexed; /* cached block hashes the router's index lists for it */
     uint64_t queued_tokens, dispatched;
 } kvf_router_node_info_t;

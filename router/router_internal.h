@@ -87,6 +87,7 @@ typedef struct {
     kvf_node_state_t state;
     /* From the last heartbeat. */
     uint32_t blocks_free, blocks_used, blocks_total, blocks_cached, running, queued_requests;
+    uint32_t tier_ram_blocks, tier_disk_blocks;
     uint64_t queued_tokens;
     /* Work handed out since that heartbeat (not in its numbers yet). */
     uint32_t pending_blocks, pending_running;
@@ -154,6 +155,7 @@ typedef struct {
     uint64_t expected_prefill_ms;
     uint64_t rng_state; /* sampler state after the last streamed token */
     bool local;            /* the decode node prefills this attempt itself */
+    uint32_t n_tokens;     /* tokens this attempt prefills (prompt and tokens streamed before) */
     uint64_t dispatched_ns; /* when this attempt was sent */
 } kvf_req_placement_t;
 

@@ -145,6 +145,7 @@ static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
     q->place.state = REQ_PREFILL;
     q->place.expected_prefill_ms = expected_prefill_ms(p, n_tokens);
     q->place.dispatched_ns = kvf_clock_ns();
+    q->place.n_tokens = n_tokens;
     arm_phase(r, q);
     uint32_t remaining = kvf_sampling_msg_remaining(q->ask.sampling, q->out.n);
     d->pending_blocks += kvf_router__blocks_for(n_tokens + remaining, d->block_size);

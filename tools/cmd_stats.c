@@ -51,11 +51,13 @@ static void print_node_json(const Kvf__NodeStats *n)
     print_json_string(n->inbox_url);
     printf(", \"blocks_used\": %u, \"blocks_total\": %u, \"blocks_free\": %u, "
            "\"running\": %u, \"queued_requests\": %u, \"queued_tokens\": %llu, "
-           "\"age_ms\": %llu, \"dispatched\": %llu}",
+           "\"age_ms\": %llu, \"dispatched\": %llu, \"blocks_cached\": %u, "
+           "\"tier_ram_blocks\": %u, \"tier_disk_blocks\": %u}",
            l ? l->blocks_used : 0, l ? l->blocks_total : 0, l ? l->blocks_free : 0,
            l ? l->running : 0, l ? l->queued_requests : 0,
            (unsigned long long)(l ? l->queued_tokens : 0), (unsigned long long)n->age_ms,
-           (unsigned long long)n->dispatched);
+           (unsigned long long)n->dispatched, l ? l->blocks_cached : 0,
+           l ? l->tier_ram_blocks : 0, l ? l->tier_disk_blocks : 0);
 }
 
 /* --json: one object, the nodes and the request counts. */

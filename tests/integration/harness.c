@@ -308,6 +308,8 @@ int h_stats(h_cluster_t *c, h_node_stats_t *out, int max)
             o->blocks_used = ns->load->blocks_used;
             o->blocks_total = ns->load->blocks_total;
             o->running = ns->load->running;
+            o->tier_ram_blocks = ns->load->tier_ram_blocks;
+            o->tier_disk_blocks = ns->load->tier_disk_blocks;
         }
         o->dispatched = ns->dispatched;
     }
@@ -323,6 +325,19 @@ uint64_t h_redispatched(h_cluster_t *c)
     uint64_t v = in->stats_reply->redispatched;
     kvf_envelope_free(in);
     return v;
+}
+
+bool h_log_holds(const h_cluster_t *c, int i, const char *text)
+{
+    FILE *f = fopen(c->procs[i].log, "r");
+    if (!f)
+        return false;
+    char line[2048];
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f))
+        found = strstr(line, text) != NULL;
+    fclose(f);
+    return found;
 }
 
 void h_totals(h_cluster_t *c, h_totals_t *t)

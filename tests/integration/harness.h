@@ -69,6 +69,7 @@ typedef struct {
     int role; /* Kvf__Role */
     char state[16];
     uint32_t blocks_used, blocks_total, running;
+    uint32_t tier_ram_blocks, tier_disk_blocks; /* its KV tiers' (docs/kv-tiers.md) */
     uint64_t dispatched;
 } h_node_stats_t;
 
@@ -77,6 +78,9 @@ int h_stats(h_cluster_t *c, h_node_stats_t *out, int max);
 
 /* How many request attempts the router had to send again. */
 uint64_t h_redispatched(h_cluster_t *c);
+
+/* Whether a line of process i's log holds text. */
+bool h_log_holds(const h_cluster_t *c, int i, const char *text);
 
 /* The router's prefill and transfer counters (StatsReply), since it
  * started. */

@@ -180,18 +180,6 @@ static void test_split_gemma2(void **state)
 
 /* Whether process i's log holds text (its startup line names its KV
  * format). */
-static bool log_holds(const h_cluster_t *c, int i, const char *text)
-{
-    FILE *f = fopen(c->procs[i].log, "r");
-    if (!f)
-        return false;
-    char line[2048];
-    bool found = false;
-    while (!found && fgets(line, sizeof(line), f))
-        found = strstr(line, text) != NULL;
-    fclose(f);
-    return found;
-}
 
 /* The prefix caches through the whole cluster: a 120-token prompt, the
  * same prompt again, and one sharing its first 4 blocks. The prefill node
@@ -226,8 +214,8 @@ static void test_prefix_cache_split(void **state)
     /* The prefill node reused 80 + 64 tokens; the decode node was offered
      * 7 blocks each time (all but the prompt's last) and held 0, 7 and 4
      * of them, which were not shipped again. */
-    if (!log_holds(&c, pf, "prefix cache on: 144 of 360 prompt tokens hit") ||
-        !log_holds(&c, dn, "prefix cache on: 11 of 21 blocks hit")) {
+    if (!h_log_holds(&c, pf, "prefix cache on: 144 of 360 prompt tokens hit") ||
+        !h_log_holds(&c, dn, "prefix cache on: 11 of 21 blocks hit")) {
         h_cluster_stop(&c, true);
         fail_msg("the nodes' stats do not count the prefix hits expected");
     }
@@ -270,7 +258,7 @@ static void test_split_every_kv_dtype(void **state)
         char want[32];
         snprintf(want, sizeof(want), " kv %s (", dt);
         for (int k = 0; k < 2; k++) /* the nodes' pools are in that format */
-            if (!log_holds(&c, nodes[k], want)) {
+            if (!h_log_holds(&c, nodes[k], want)) {
                 h_cluster_stop(&c, true);
                 fail_msg("node %d does not say '%s'", k, want);
             }

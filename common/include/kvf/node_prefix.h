@@ -48,6 +48,10 @@ typedef struct {
     uint64_t *added;  /* scratch (KVF_NODE_PREFIX_REPORT_MAX) */
     uint64_t *removed; /* scratch (KVF_NODE_PREFIX_DELTA_MAX) */
     uint64_t reports_sent, full_reports_sent;
+    /* set on every cache this makes (a new key makes a new one): NULL, or
+     * where evicted blocks go (kvf_prefix_cache_set_evict_hook) */
+    kvf_prefix_evict_fn on_evict;
+    void *evict_arg;
 } kvf_node_prefix_t;
 
 /* A cache over pool (borrowed), or none when !enabled (np->cache NULL:
