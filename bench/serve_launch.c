@@ -102,7 +102,7 @@ static bool launch_wait(kvf_serve_launch_t *l, int want, int timeout_ms)
 static void spawn_node(kvf_serve_launch_t *l, const char *bin_dir, const char *model,
                        const kvf_serve_cluster_t *c, bool decode, int i, int n)
 {
-    char threads[16], url[64], id[64], log[96];
+    char threads[16], url[64], id[64], log[96], disk[320];
     snprintf(threads, sizeof(threads), "%d", decode ? c->decode_threads : c->prefill_threads);
     url_free_port(url, sizeof(url));
     bool colocated = decode && c->decode_prefill_local && c->prefill_nodes == 0;
@@ -114,7 +114,7 @@ static void spawn_node(kvf_serve_launch_t *l, const char *bin_dir, const char *m
         snprintf(log, sizeof(log), "%s-%s", c->name, decode ? "decode" : "prefill");
     else
         snprintf(log, sizeof(log), "%s-%s-%d", c->name, decode ? "decode" : "prefill", i);
-    char *argv[20] = {decode ? "kvf-decode" : "kvf-prefill",
+    char *argv[24] = {decode ? "kvf-decode" : "kvf-prefill",
                       "--router",
                       l->router_url,
                       "--listen",
@@ -131,6 +131,22 @@ static void spawn_node(kvf_serve_launch_t *l, const char *bin_dir, const char *m
         argv[argc++] = (char *)c->kv_mem;
         if (c->decode_prefill_local)
             argv[argc++] = "--prefill-local";
+    } else {
+        const char *flag[3] = {"--kv-mem", "--kv-host-mem", "--kv-disk-size"};
+        const char *value[3] = {c->prefill_kv_mem, c->prefill_kv_host_mem,
+                                c->prefill_kv_disk_size};
+        for (int k = 0; k < 3; k++)
+            if (value[k]) {
+                argv[argc++] = (char *)flag[k];
+                argv[argc++] = (char *)value[k];
+            }
+        if (c->prefill_kv_disk) { /* one tier file per node */
+            snprintf(disk, sizeof(disk), "%s/%s", c->prefill_kv_disk, id);
+            mkdir(c->prefill_kv_disk, 0755);
+            mkdir(disk, 0755);
+            argv[argc++] = "--kv-disk";
+            argv[argc++] = disk;
+        }
     }
     argv[argc] = NULL;
     spawn(l, bin_dir, log, argv);

@@ -33,6 +33,9 @@ typedef struct {
     bool decode_prefill_local;                   /* decode nodes get --prefill-local */
     const char *router_args[KVF_SERVE_MAX_ARGS]; /* appended to kvf-router's argv */
     int n_router_args;
+    /* the prefill nodes' pool and KV tiers (NULL: the nodes' defaults; a
+     * disk tier gets a directory per node under prefill_kv_disk) */
+    const char *prefill_kv_mem, *prefill_kv_host_mem, *prefill_kv_disk, *prefill_kv_disk_size;
 } kvf_serve_cluster_t;
 
 /* Starts c's router and nodes, the binaries from bin_dir, and waits until

@@ -20,7 +20,7 @@
 typedef struct {
     const char *workload, *model, *router, *user_len, *output_len, *routes, *local_max,
         *prefill_weight, *decode_weight, *transfer_weight, *kv_mem, *run_dir, *json, *plot,
-        *cluster_key_file;
+        *cluster_key_file, *prefill_kv_mem, *kv_host_mem, *kv_disk, *kv_disk_size;
     int conversations, turns, system_tokens, short_tokens, prefill_nodes, decode_nodes, threads,
         timeout_s;
     uint64_t seed;
@@ -102,6 +102,14 @@ static int parse_flags(int argc, char **argv, mt_opts_t *o)
         {"decode-nodes", KVF_FLAG_INT, &o->decode_nodes, "D", "decode nodes started", NULL},
         {"threads", KVF_FLAG_INT, &o->threads, "N", "threads per started node", NULL},
         {"kv-mem", KVF_FLAG_STRING, &o->kv_mem, "BYTES", "KV pool of started decode nodes", NULL},
+        {"prefill-kv-mem", KVF_FLAG_STRING, &o->prefill_kv_mem, "BYTES",
+         "KV pool of started prefill nodes (default: theirs)", NULL},
+        {"kv-host-mem", KVF_FLAG_STRING, &o->kv_host_mem, "BYTES",
+         "started prefill nodes' host RAM KV tier (docs/kv-tiers.md)", NULL},
+        {"kv-disk", KVF_FLAG_STRING, &o->kv_disk, "DIR",
+         "started prefill nodes' disk KV tier, a directory per node under DIR", NULL},
+        {"kv-disk-size", KVF_FLAG_STRING, &o->kv_disk_size, "BYTES",
+         "the size of each node's disk tier file", NULL},
         {"run-dir", KVF_FLAG_STRING, &o->run_dir, "DIR", "logs of started processes", NULL},
         {"timeout", KVF_FLAG_INT, &o->timeout_s, "S", "longest run per route", NULL},
         {"slo-ttft", KVF_FLAG_DOUBLE, &o->slo_ttft, "MS", "TTFT SLO for goodput", NULL},
@@ -272,7 +280,11 @@ static int run_one(const mt_opts_t *o, const char *bin_dir, const kvf_multiturn_
                              .prefill_threads = o->threads,
                              .decode_threads = o->threads,
                              .kv_mem = o->kv_mem,
-                             .decode_prefill_local = !strcmp(name, "kv+local")};
+                             .decode_prefill_local = !strcmp(name, "kv+local"),
+                             .prefill_kv_mem = o->prefill_kv_mem,
+                             .prefill_kv_host_mem = o->kv_host_mem,
+                             .prefill_kv_disk = o->kv_disk,
+                             .prefill_kv_disk_size = o->kv_disk_size};
     router_args(o, name, &c);
     kvf_serve_launch_t l;
     if (!kvf_serve_launch_cluster(&l, bin_dir, o->model, &c, o->run_dir))
