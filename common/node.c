@@ -1,4 +1,5 @@
 #include "node_internal.h"
+#include "kvf/auth.h"
 #include "kvf/clock.h"
 #include "kvf/log.h"
 
@@ -339,6 +340,17 @@ bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env)
 void kvf_node_refusals_format(const kvf_node_t *node, char *buf, size_t len)
 {
     kvf_refusals_format(&node->refusals, buf, len);
+}
+
+void kvf_node_control_format(const kvf_node_t *node, char *buf, size_t len)
+{
+    kvf_auth_counters_format(buf, len);
+    size_t at = strlen(buf);
+    if (at + 1 >= len)
+        return;
+    int w = snprintf(buf + at, len - at, " | messages refused: ");
+    if (w > 0 && (size_t)w < len - at)
+        kvf_refusals_format(&node->refusals, buf + at + w, len - at - (size_t)w);
 }
 
 uint64_t kvf_node_refused(const kvf_node_t *node)

@@ -96,8 +96,8 @@ static void log_stats(kvf_decode_t *d, bool force)
         return;
     d->logged = s;
     d->logged_auth = auth;
-    char auth_text[160];
-    kvf_auth_counters_format(auth_text, sizeof(auth_text));
+    char auth_text[256];
+    kvf_node_control_format(d->node, auth_text, sizeof(auth_text));
     const uint32_t avail = kvf_node_prefix_available(&d->pc);
     kvf_log_info("stats: admitted %llu refused %llu finished %llu cancelled %llu failed %llu "
                  "released %llu | stale dropped %llu malformed dropped %llu | tokens %llu "

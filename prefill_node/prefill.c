@@ -109,8 +109,8 @@ static void log_stats(kvf_prefill_t *p, const char *what, bool force)
         return;
     p->logged = *c;
     p->logged_auth = auth;
-    char auth_text[160];
-    kvf_auth_counters_format(auth_text, sizeof(auth_text));
+    char auth_text[256];
+    kvf_node_control_format(p->node, auth_text, sizeof(auth_text));
     kvf_prefix_cache_stats_t pc = {0};
     if (p->pc.cache)
         kvf_prefix_cache_stats(p->pc.cache, &pc);

@@ -124,6 +124,10 @@ bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env);
 void kvf_node_refusals_format(const kvf_node_t *node, char *buf, size_t len);
 /* Their total. */
 uint64_t kvf_node_refused(const kvf_node_t *node);
+/* The control plane's refusals for a stats line: the sockets'
+ * (kvf_auth_counters_format) then "| messages refused: " and this
+ * runtime's (kvf_node_refusals_format). */
+void kvf_node_control_format(const kvf_node_t *node, char *buf, size_t len);
 
 /* Sends env to the inbox at url through a cached outbox, waiting up to
  * timeout_ms for the socket to take it. The envelope's sender is set to
