@@ -1,4 +1,5 @@
 #include "node_internal.h"
+#include "kvf/auth.h"
 #include "kvf/clock.h"
 #include "kvf/log.h"
 
@@ -12,6 +13,13 @@
  * NODE_REGISTER_FIRST_RETRY_MS doubling up to the full period. */
 #define NODE_REGISTER_RETRY_MS 1000
 #define NODE_REGISTER_FIRST_RETRY_MS 10
+
+/* Why kvf_node_handle dropped a message (the nodes' stats lines). */
+enum { NODE_REFUSED_TOKEN, NODE_REFUSED_ALLOC_TOKEN, NODE_N_REFUSALS };
+static const char *const node_refusal_names[NODE_N_REFUSALS] = {
+    [NODE_REFUSED_TOKEN] = "token",
+    [NODE_REFUSED_ALLOC_TOKEN] = "alloc_token",
+};
 
 
 static const char *role_name(Kvf__Role role)
@@ -33,6 +41,7 @@ kvf_status_t kvf_node_create(const kvf_node_config_t *cfg, kvf_node_t **node_p)
         return KVF_ERR_NOMEM;
     kvf_status_t st = KVF_ERR_NOMEM;
     node->cfg = *cfg;
+    kvf_refusals_init(&node->refusals, node_refusal_names, NODE_N_REFUSALS);
     if (cfg->node_id) {
         node->node_id = strdup(cfg->node_id);
     } else {
@@ -135,6 +144,7 @@ void kvf_node_set_draining(kvf_node_t *node, bool draining)
 kvf_status_t kvf_node_send_router(kvf_node_t *node, kvf_envelope_t *env, int timeout_ms)
 {
     env->sender = node->node_id;
+    env->reg_token = (ProtobufCBinaryData){node->reg_token_len, node->reg_token};
     return kvf_outbox_send(node->router, env, timeout_ms);
 }
 
@@ -206,41 +216,116 @@ uint32_t kvf_node_prefix_key(const kvf_node_t *node, uint64_t key_p[2])
     return node->prefix_key_gen;
 }
 
+/* Whether env carries this registration's token (it comes from the
+ * router we registered with). */
+static bool from_router(const kvf_node_t *node, const kvf_envelope_t *env)
+{
+    return kvf_identity_equal(env->reg_token.data, env->reg_token.len, node->reg_token,
+                              node->reg_token_len);
+}
+
+/* Whether KvAlloc a carries the credential the router gave the prefill
+ * node for this attempt (kvf/identity.h). */
+static bool alloc_allowed(const kvf_node_t *node, const Kvf__KvAlloc *a)
+{
+    if (node->reg_token_len != KVF_REG_TOKEN_LEN)
+        return false;
+    uint8_t want[KVF_ALLOC_TOKEN_LEN];
+    kvf_identity_alloc_token(node->reg_token, a->req_id, a->epoch, want);
+    return kvf_identity_equal(a->alloc_token.data, a->alloc_token.len, want, sizeof(want));
+}
+
+static void on_register_reply(kvf_node_t *node, const kvf_envelope_t *env)
+{
+    const Kvf__RegisterReply *r = env->register_reply;
+    if (strcmp(r->node_id, node->node_id) != 0) {
+        kvf_log_warn("register reply for another node '%s' dropped", r->node_id);
+        return;
+    }
+    if (r->status == KVF_ERR_AGAIN) {
+        /* Our id is still held by a live registration: not final. */
+        kvf_log_warn("router: %s; registering again later", r->error);
+        return;
+    }
+    if (node->registered &&
+        !kvf_identity_equal(r->reg_token.data, r->reg_token.len, node->reg_token,
+                            node->reg_token_len)) {
+        /* Only the registration we hold may be answered again. */
+        kvf_refusals_note(&node->refusals, NODE_REFUSED_TOKEN,
+                          "register reply from '%s' with another token", env->sender);
+        return;
+    }
+    if (r->status != KVF_OK) {
+        node->refused = r->status < 0 && r->status >= KVF_ERR_INTERNAL ? (kvf_status_t)r->status
+                                                                        : KVF_ERR_PEER;
+        kvf_log_error("router refused registration: %s (%s)", r->error,
+                      kvf_status_str(node->refused));
+        return;
+    }
+    if (!node->registered) {
+        kvf_log_info("registered with router %s", node->router_url);
+        /* Heartbeats are stopped while not registered: the thread does
+         * not read the token now. */
+        node->reg_token_len = r->reg_token.len == KVF_REG_TOKEN_LEN ? KVF_REG_TOKEN_LEN : 0;
+        if (node->reg_token_len)
+            memcpy(node->reg_token, r->reg_token.data, KVF_REG_TOKEN_LEN);
+    }
+    node->registered = true;
+    if (r->prefix_key.len == sizeof(node->prefix_key)) {
+        uint64_t k[2];
+        memcpy(k, r->prefix_key.data, sizeof(k));
+        if (node->prefix_key_gen == 0 || memcmp(k, node->prefix_key, sizeof(k)) != 0) {
+            memcpy(node->prefix_key, k, sizeof(k));
+            node->prefix_key_gen++;
+        }
+    }
+    if (r->heartbeat_ms >= 50 && r->heartbeat_ms <= 60000)
+        node->cfg.heartbeat_ms = r->heartbeat_ms;
+    kvf_node__beat_set_registered(node, true, node->cfg.heartbeat_ms);
+}
+
+/* Whether env must be dropped (counted): a message only the router may
+ * send without the registration's token, or a KvAlloc without its
+ * attempt's credential. */
+static bool refused(kvf_node_t *node, const kvf_envelope_t *env)
+{
+    switch (env->body_case) {
+    case KVF__ENVELOPE__BODY_PREFILL_REQUEST:
+    case KVF__ENVELOPE__BODY_CANCEL:
+    case KVF__ENVELOPE__BODY_PREFIX_RESYNC:
+    case KVF__ENVELOPE__BODY_ERROR:
+        if (from_router(node, env))
+            return false;
+        kvf_refusals_note(&node->refusals, NODE_REFUSED_TOKEN,
+                          "%s from '%s' without the router's token", kvf_envelope_body_name(env),
+                          env->sender);
+        return true;
+    case KVF__ENVELOPE__BODY_KV_ALLOC:
+        if (alloc_allowed(node, env->kv_alloc))
+            return false;
+        kvf_refusals_note(&node->refusals, NODE_REFUSED_ALLOC_TOKEN,
+                          "KvAlloc for request %llu epoch %llu from '%s' without the attempt's "
+                          "credential",
+                          (unsigned long long)env->kv_alloc->req_id,
+                          (unsigned long long)env->kv_alloc->epoch, env->sender);
+        return true;
+    default:
+        return false;
+    }
+}
+
 bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env)
 {
     if (env->body_case == KVF__ENVELOPE__BODY_REGISTER_REPLY) {
-        const Kvf__RegisterReply *r = env->register_reply;
-        if (strcmp(r->node_id, node->node_id) != 0) {
-            kvf_log_warn("register reply for another node '%s' dropped", r->node_id);
-            return true;
-        }
-        if (r->status != KVF_OK) {
-            node->refused = r->status < 0 && r->status >= KVF_ERR_INTERNAL
-                                ? (kvf_status_t)r->status
-                                : KVF_ERR_PEER;
-            kvf_log_error("router refused registration: %s (%s)", r->error,
-                          kvf_status_str(node->refused));
-            return true;
-        }
-        if (!node->registered)
-            kvf_log_info("registered with router %s", node->router_url);
-        node->registered = true;
-        if (r->prefix_key.len == sizeof(node->prefix_key)) {
-            uint64_t k[2];
-            memcpy(k, r->prefix_key.data, sizeof(k));
-            if (node->prefix_key_gen == 0 || memcmp(k, node->prefix_key, sizeof(k)) != 0) {
-                memcpy(node->prefix_key, k, sizeof(k));
-                node->prefix_key_gen++;
-            }
-        }
-        if (r->heartbeat_ms >= 50 && r->heartbeat_ms <= 60000)
-            node->cfg.heartbeat_ms = r->heartbeat_ms;
-        kvf_node__beat_set_registered(node, true, node->cfg.heartbeat_ms);
+        on_register_reply(node, env);
         return true;
     }
     if (env->body_case == KVF__ENVELOPE__BODY_ERROR && env->error->req_id == 0 &&
         env->error->status == KVF_ERR_NOT_FOUND) {
-        /* The router does not know us (it restarted): register again. */
+        /* The router does not know us (it restarted): register again.
+         * Unchecked: a restarted router does not know our token. We
+         * present it, so the router we are registered with answers with
+         * the same registration. */
         if (node->registered)
             kvf_log_warn("router forgot this node (%s): registering again", env->error->message);
         node->registered = false;
@@ -249,7 +334,31 @@ bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env)
         node->register_retry_ms = 0;
         return true;
     }
-    return false;
+    return refused(node, env);
+}
+
+void kvf_node_refusals_format(const kvf_node_t *node, char *buf, size_t len)
+{
+    kvf_refusals_format(&node->refusals, buf, len);
+}
+
+void kvf_node_control_format(const kvf_node_t *node, char *buf, size_t len)
+{
+    kvf_auth_counters_format(buf, len);
+    size_t at = strlen(buf);
+    if (at + 1 >= len)
+        return;
+    int w = snprintf(buf + at, len - at, " | messages refused: ");
+    if (w > 0 && (size_t)w < len - at)
+        kvf_refusals_format(&node->refusals, buf + at + w, len - at - (size_t)w);
+}
+
+uint64_t kvf_node_refused(const kvf_node_t *node)
+{
+    uint64_t n = 0;
+    for (unsigned i = 0; i < node->refusals.n; i++)
+        n += node->refusals.count[i];
+    return n;
 }
 
 kvf_status_t kvf_node_send(kvf_node_t *node, const char *url, kvf_envelope_t *env,

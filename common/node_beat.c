@@ -187,6 +187,7 @@ static void send_heartbeat(kvf_node_t *node, kvf_node_snapshot_t *s, bool alive,
     kvf_envelope_init(&env, node->node_id);
     env.body_case = KVF__ENVELOPE__BODY_HEARTBEAT;
     env.heartbeat = &hb;
+    env.reg_token = (ProtobufCBinaryData){node->reg_token_len, node->reg_token};
     /* One that cannot go now is skipped: the next carries fresher load. */
     (void)kvf_outbox_send(b->router, &env, NODE_BEAT_SEND_MS);
 }

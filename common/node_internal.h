@@ -3,6 +3,7 @@
 #ifndef KVF_NODE_INTERNAL_H
 #define KVF_NODE_INTERNAL_H
 
+#include "kvf/identity.h"
 #include "kvf/node.h"
 
 #include <pthread.h>
@@ -68,6 +69,12 @@ struct kvf_node {
     uint64_t prefix_key[2];  /* the router's block-hash key (RegisterReply) */
     uint32_t prefix_key_gen; /* 0: none yet; +1 each time it changes */
     kvf_status_t refused; /* KVF_OK unless the router refused us */
+    /* This registration's token (RegisterReply.reg_token; 0 bytes: none
+     * yet). Written by the loop only while heartbeats are stopped (not
+     * registered), read by both. */
+    uint8_t reg_token[KVF_REG_TOKEN_LEN];
+    size_t reg_token_len;
+    kvf_refusals_t refusals; /* messages dropped by kvf_node_handle (the loop's) */
     uint64_t next_register_ns;
     unsigned register_retry_ms; /* the next retry's delay (node.c) */
     node_beat_t beat;

@@ -175,6 +175,7 @@ struct kvf_decode {
     kvf_decode_stats_t stats;
     kvf_decode_stats_t logged;
     kvf_auth_counters_t logged_auth; /* the control plane's refusals at the last stats line */
+    uint64_t logged_refused;         /* the runtime's message refusals then (kvf_node_refused) */
 };
 
 /* ---- requests.c: the table ------------------------------------------------ */

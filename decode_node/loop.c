@@ -91,13 +91,15 @@ static void log_stats(kvf_decode_t *d, bool force)
     kvf_auth_counters_t auth;
     kvf_decode_get_stats(d, &s);
     kvf_auth_counters(&auth);
+    uint64_t refused = kvf_node_refused(d->node);
     if (!force && !memcmp(&s, &d->logged, sizeof(s)) &&
-        !memcmp(&auth, &d->logged_auth, sizeof(auth)))
+        !memcmp(&auth, &d->logged_auth, sizeof(auth)) && refused == d->logged_refused)
         return;
     d->logged = s;
     d->logged_auth = auth;
-    char auth_text[160];
-    kvf_auth_counters_format(auth_text, sizeof(auth_text));
+    d->logged_refused = refused;
+    char auth_text[256];
+    kvf_node_control_format(d->node, auth_text, sizeof(auth_text));
     const uint32_t avail = kvf_node_prefix_available(&d->pc);
     kvf_log_info("stats: admitted %llu refused %llu finished %llu cancelled %llu failed %llu "
                  "released %llu | stale dropped %llu malformed dropped %llu | tokens %llu "

@@ -101,6 +101,7 @@ void pf_send_alloc(kvf_prefill_t *p, pf_req_t *r, int timeout_ms)
     a.max_new_tokens = kvf_sampling_msg_remaining(pr->sampling, pr->n_generated);
     a.prefill_node_id = (char *)kvf_node_id(p->node);
     a.reply_inbox = (char *)p->cfg.listen_url;
+    a.alloc_token = pr->alloc_token; /* the router's credential for this attempt */
     /* The prompt's full blocks but the last block of the prompt: the
      * decode node may hold some of them already (its prefix cache). */
     const uint32_t bs = (uint32_t)p->geo.block_size;

@@ -110,13 +110,15 @@ static void log_stats(kvf_prefill_t *p, const char *what, bool force)
     const pf_counters_t *c = &p->count;
     kvf_auth_counters_t auth;
     kvf_auth_counters(&auth);
+    uint64_t refused = kvf_node_refused(p->node);
     if (!force && !memcmp(c, &p->logged, sizeof(*c)) &&
-        !memcmp(&auth, &p->logged_auth, sizeof(auth)))
+        !memcmp(&auth, &p->logged_auth, sizeof(auth)) && refused == p->logged_refused)
         return;
     p->logged = *c;
     p->logged_auth = auth;
-    char auth_text[160], tiers[256];
-    kvf_auth_counters_format(auth_text, sizeof(auth_text));
+    p->logged_refused = refused;
+    char auth_text[256], tiers[256];
+    kvf_node_control_format(p->node, auth_text, sizeof(auth_text));
     pf_tiers_describe(p, tiers, sizeof(tiers));
     kvf_prefix_cache_stats_t pc = {0};
     if (p->pc.cache)

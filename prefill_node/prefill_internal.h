@@ -151,6 +151,7 @@ struct kvf_prefill {
     pf_counters_t count;
     pf_counters_t logged;            /* count at the last stats line */
     kvf_auth_counters_t logged_auth; /* the control plane's refusals then */
+    uint64_t logged_refused;         /* the runtime's message refusals then (kvf_node_refused) */
     pf_forward_t fwd;
     /* The loop: every deadline is a timer of loop's set. */
     kvf_evloop_t *loop;

@@ -62,12 +62,84 @@ static void run_posted(kvf_router_t *r)
 
 /* ---- messages ------------------------------------------------------------------ */
 
+/* The node id a message's body names ("" for bodies that name none). */
+static const char *body_node_id(const kvf_envelope_t *env)
+{
+    const char *id = NULL;
+    switch (env->body_case) {
+    case KVF__ENVELOPE__BODY_HEARTBEAT: id = env->heartbeat->node_id; break;
+    case KVF__ENVELOPE__BODY_DEREGISTER: id = env->deregister->node_id; break;
+    case KVF__ENVELOPE__BODY_PREFILL_DONE: id = env->prefill_done->node_id; break;
+    case KVF__ENVELOPE__BODY_TOKEN_BATCH: id = env->token_batch->node_id; break;
+    case KVF__ENVELOPE__BODY_ERROR: id = env->error->node_id; break;
+    case KVF__ENVELOPE__BODY_PREFIX_UPDATE: id = env->prefix_update->node_id; break;
+    default: break;
+    }
+    return id ? id : "";
+}
+
+/* The registered node that sent env (docs/PROTOCOL.md, "Identity"): the
+ * envelope names it and carries its registration's token, and the body
+ * names no other node. NULL (the message is refused, counted) otherwise;
+ * *unknown_p when no live registration has that id (a heartbeat of such a
+ * node is told to register again). */
+static kvf_router_node_t *sender_node(kvf_router_t *r, const kvf_envelope_t *env, bool *unknown_p)
+{
+    const char *body = kvf_envelope_body_name(env);
+    kvf_router_node_t *n = kvf_router__node_by_id(r, env->sender);
+    *unknown_p = !n || n->state == NODE_DEAD;
+    if (!n || !kvf_identity_equal(env->reg_token.data, env->reg_token.len, n->token,
+                                  sizeof(n->token))) {
+        if (!*unknown_p || env->body_case != KVF__ENVELOPE__BODY_HEARTBEAT)
+            kvf_router__refuse(r, KVF_ROUTER_MSG_TOKEN,
+                               "%s from '%s' without its registration's token", body, env->sender);
+        return NULL;
+    }
+    const char *named = body_node_id(env);
+    if (*named && strcmp(named, n->id) != 0) {
+        kvf_router__refuse(r, KVF_ROUTER_MSG_SENDER, "%s from %s names node '%s'", body, n->id,
+                           named);
+        return NULL;
+    }
+    return n;
+}
+
+/* Whether n serves the attempt the message is about (the decode node
+ * streams tokens; PrefillDone comes from the prefill node, which is the
+ * decode node for a local prefill; an Error from either). */
+static bool assigned(kvf_router_t *r, const kvf_router_node_t *n, const char *what, uint64_t id,
+                     uint64_t epoch, bool as_prefill, bool as_decode)
+{
+    if (kvf_router__sender_assigned(r, n, id, epoch, as_prefill, as_decode))
+        return true;
+    kvf_router__refuse(r, KVF_ROUTER_MSG_NOT_ASSIGNED,
+                       "%s for request %llu epoch %llu from %s, which does not serve it", what,
+                       (unsigned long long)id, (unsigned long long)epoch, n->id);
+    return false;
+}
+
+static void handle_token_batch(kvf_router_t *r, const kvf_router_node_t *n,
+                               const Kvf__TokenBatch *b)
+{
+    for (size_t i = 0; i < b->n_chunks; i++)
+        if (assigned(r, n, "tokens", b->chunks[i]->req_id, b->chunks[i]->epoch, false, true))
+            kvf_router__on_token_chunk(r, b->chunks[i]);
+}
+
 static void handle_node_message(kvf_router_t *r, kvf_envelope_t *env)
 {
+    if (env->body_case == KVF__ENVELOPE__BODY_REGISTER) {
+        kvf_router__on_register(r, env->register_, env->reg_token);
+        return;
+    }
+    bool unknown = false;
+    kvf_router_node_t *n = sender_node(r, env, &unknown);
+    if (!n) {
+        if (unknown && env->body_case == KVF__ENVELOPE__BODY_HEARTBEAT)
+            kvf_router__on_heartbeat(r, env->heartbeat); /* "register again" */
+        return;
+    }
     switch (env->body_case) {
-    case KVF__ENVELOPE__BODY_REGISTER:
-        kvf_router__on_register(r, env->register_);
-        break;
     case KVF__ENVELOPE__BODY_HEARTBEAT:
         kvf_router__on_heartbeat(r, env->heartbeat);
         break;
@@ -75,20 +147,24 @@ static void handle_node_message(kvf_router_t *r, kvf_envelope_t *env)
         kvf_router__on_deregister(r, env->deregister);
         break;
     case KVF__ENVELOPE__BODY_PREFILL_DONE:
-        kvf_router__on_prefill_done(r, env->prefill_done);
+        if (assigned(r, n, "prefill done", env->prefill_done->req_id, env->prefill_done->epoch,
+                     true, false))
+            kvf_router__on_prefill_done(r, env->prefill_done);
         break;
     case KVF__ENVELOPE__BODY_TOKEN_CHUNK:
-        kvf_router__on_token_chunk(r, env->token_chunk);
+        if (assigned(r, n, "tokens", env->token_chunk->req_id, env->token_chunk->epoch, false,
+                     true))
+            kvf_router__on_token_chunk(r, env->token_chunk);
         break;
     case KVF__ENVELOPE__BODY_TOKEN_BATCH:
-        for (size_t i = 0; i < env->token_batch->n_chunks; i++)
-            kvf_router__on_token_chunk(r, env->token_batch->chunks[i]);
+        handle_token_batch(r, n, env->token_batch);
         break;
     case KVF__ENVELOPE__BODY_ERROR:
-        kvf_router__on_error(r, env->error, env->sender);
+        if (assigned(r, n, "error", env->error->req_id, env->error->epoch, true, true))
+            kvf_router__on_error(r, env->error, n->id);
         break;
     case KVF__ENVELOPE__BODY_PREFIX_UPDATE:
-        kvf_router__on_prefix_update(r, env->prefix_update, env->sender);
+        kvf_router__on_prefix_update(r, env->prefix_update, n->id);
         break;
     default:
         r->count.malformed++;

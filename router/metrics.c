@@ -204,7 +204,7 @@ static void put_auth(kvf_strbuf_t *sb)
 static void put_nodes(kvf_strbuf_t *sb, const kvf_router_snapshot_t *snap)
 {
     static const char *const roles[] = {"prefill", "decode"};
-    static const char *const states[] = {"live", "draining", "dead"};
+    static const char *const states[] = {"live", "draining", "dead", "quarantined"};
     put_header(sb, "kvf_nodes", "gauge", "Registered nodes by role and state.");
     for (size_t r = 0; r < NELEM(roles); r++) {
         for (size_t s = 0; s < NELEM(states); s++) {
@@ -303,11 +303,19 @@ kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapsho
     put_auth(&sb);
     put_header(&sb, "kvf_register_refused_total", "counter",
                "Node registrations the router refused, by reason (invalid, model_shape, "
-               "block_size, kv_dtype, layout, fingerprint).");
+               "block_size, kv_dtype, layout, fingerprint, descriptor).");
     for (int r = 0; r < KVF_ROUTER_N_REFUSALS; r++)
         kvf_strbuf_printf(&sb, "kvf_register_refused_total{reason=\"%s\"} %llu\n",
                           kvf_router_refusal_name((kvf_router_refusal_t)r),
                           (unsigned long long)snap->register_refused[r]);
+
+    put_header(&sb, "kvf_messages_refused_total", "counter",
+               "Node messages the router dropped, by reason (token, sender, inbox, id_taken, "
+               "not_assigned).");
+    for (int r = 0; r < KVF_ROUTER_N_MSG_REFUSALS; r++)
+        kvf_strbuf_printf(&sb, "kvf_messages_refused_total{reason=\"%s\"} %llu\n",
+                          kvf_router_msg_refusal_name((kvf_router_msg_refusal_t)r),
+                          (unsigned long long)snap->messages_refused[r]);
 
     put_header(&sb, "kvf_num_requests_waiting", "gauge",
                "Requests queued for a decode node with room.");

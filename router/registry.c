@@ -1,5 +1,6 @@
 /* The node table: registration, heartbeats, liveness, health and the
  * snapshot for /metrics. See router_internal.h. */
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,9 +9,10 @@
 #include "kvf/clock.h"
 #include "kvf/kv_format.h"
 #include "kvf/log.h"
+#include "kvf/xfer.h"
 #include "router_internal.h"
 
-static const char *const node_state_names[] = {"live", "draining", "dead"};
+static const char *const node_state_names[] = {"live", "draining", "dead", "quarantined"};
 
 /* A repeated Register within this long from the same inbox is a retry
  * that crossed our reply, not a restart. */
@@ -42,8 +44,19 @@ const char *kvf_router__node_state_name(kvf_node_state_t state)
     return node_state_names[state];
 }
 
+static kvf_router_node_t *node_at(kvf_router_t *r, const char *url)
+{
+    for (int i = 0; i < ROUTER_MAX_NODES; i++)
+        if (r->nodes.slots[i].used && !strcmp(r->nodes.slots[i].inbox, url))
+            return &r->nodes.slots[i];
+    return NULL;
+}
+
 void kvf_router__send(kvf_router_t *r, const char *url, kvf_envelope_t *env)
 {
+    kvf_router_node_t *n = node_at(r, url);
+    if (n)
+        env->reg_token = (ProtobufCBinaryData){sizeof(n->token), n->token};
     env->sender = "router";
     kvf_status_t st = kvf_outboxes_send(r->outboxes, url, env, ROUTER_SEND_TIMEOUT_MS);
     if (st != KVF_OK)
@@ -56,6 +69,40 @@ static kvf_router_node_t *node_find(kvf_router_t *r, const char *id)
         if (r->nodes.slots[i].used && !strcmp(r->nodes.slots[i].id, id))
             return &r->nodes.slots[i];
     return NULL;
+}
+
+kvf_router_node_t *kvf_router__node_by_id(kvf_router_t *r, const char *id)
+{
+    return id ? node_find(r, id) : NULL;
+}
+
+const char *kvf_router_msg_refusal_name(kvf_router_msg_refusal_t why)
+{
+    static const char *const names[KVF_ROUTER_N_MSG_REFUSALS] = {
+        [KVF_ROUTER_MSG_TOKEN] = "token",
+        [KVF_ROUTER_MSG_SENDER] = "sender",
+        [KVF_ROUTER_MSG_INBOX] = "inbox",
+        [KVF_ROUTER_MSG_ID_TAKEN] = "id_taken",
+        [KVF_ROUTER_MSG_NOT_ASSIGNED] = "not_assigned",
+    };
+    return (unsigned)why < KVF_ROUTER_N_MSG_REFUSALS ? names[why] : "?";
+}
+
+void kvf_router__refuse(kvf_router_t *r, kvf_router_msg_refusal_t why, const char *fmt, ...)
+{
+    kvf_refusals_t *c = &r->count.messages_refused;
+    if (!c->names) {
+        static const char *names[KVF_ROUTER_N_MSG_REFUSALS];
+        for (int i = 0; i < KVF_ROUTER_N_MSG_REFUSALS; i++)
+            names[i] = kvf_router_msg_refusal_name((kvf_router_msg_refusal_t)i);
+        kvf_refusals_init(c, names, KVF_ROUTER_N_MSG_REFUSALS);
+    }
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    kvf_refusals_note(c, (unsigned)why, "%s", text);
 }
 
 /* Empties n's slot: references to it no longer resolve. */
@@ -90,8 +137,9 @@ static kvf_status_t node_seen(kvf_router_t *r, kvf_router_node_t *n)
     return kvf_timer_arm_in_ms(kvf_evloop_timers(r->loop), &n->liveness, dead_ms);
 }
 
+/* token: the registration's (status KVF_OK), else NULL. */
 static void reply_register(kvf_router_t *r, const char *url, const char *node_id,
-                           kvf_status_t status, const char *error)
+                           kvf_status_t status, const char *error, const uint8_t *token)
 {
     Kvf__RegisterReply rr = KVF__REGISTER_REPLY__INIT;
     rr.node_id = (char *)node_id;
@@ -100,6 +148,8 @@ static void reply_register(kvf_router_t *r, const char *url, const char *node_id
     rr.heartbeat_ms = r->cfg.heartbeat_ms;
     if (status == KVF_OK)
         rr.prefix_key = (ProtobufCBinaryData){sizeof(r->prefix_key), r->prefix_key};
+    if (token)
+        rr.reg_token = (ProtobufCBinaryData){KVF_REG_TOKEN_LEN, (uint8_t *)token};
     kvf_envelope_t env;
     kvf_envelope_init(&env, "router");
     env.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;
@@ -119,6 +169,7 @@ const char *kvf_router_refusal_name(kvf_router_refusal_t why)
         [KVF_ROUTER_REFUSED_KV_DTYPE] = "kv_dtype",
         [KVF_ROUTER_REFUSED_LAYOUT] = "layout",
         [KVF_ROUTER_REFUSED_FINGERPRINT] = "fingerprint",
+        [KVF_ROUTER_REFUSED_DESCRIPTOR] = "descriptor",
     };
     return (unsigned)why < KVF_ROUTER_N_REFUSALS ? names[why] : "?";
 }
@@ -148,6 +199,32 @@ static const char *geometry_refusal(const Kvf__KvGeometry *g, const Kvf__KvGeome
         return msg;
     }
     return NULL;
+}
+
+/* Why a decode node's transfer descriptor would be refused by the prefill
+ * nodes (the same checks, kvf_xfer_check_desc_for, against the geometry
+ * it registers with), or NULL. */
+static const char *descriptor_refusal(const Kvf__Register *reg, char *msg, size_t msg_len,
+                                      kvf_router_refusal_t *reason_p)
+{
+    if (reg->role != KVF__ROLE__ROLE_DECODE)
+        return NULL;
+    const Kvf__KvGeometry *g = reg->geometry;
+    kvf_xfer_geometry_t xg = {
+        .block_size = g->block_size,
+        .n_layers = g->n_layers,
+        .n_kv_heads = g->n_kv_heads,
+        .head_dim = g->head_dim,
+        .dtype = (uint32_t)g->dtype,
+        .layout = g->layout,
+    };
+    char why[200];
+    if (kvf_xfer_check_desc_for(&xg, reg->xfer_desc.data, reg->xfer_desc.len, why, sizeof(why)) ==
+        KVF_OK)
+        return NULL;
+    *reason_p = KVF_ROUTER_REFUSED_DESCRIPTOR;
+    snprintf(msg, msg_len, "transfer descriptor refused: %s", why);
+    return msg;
 }
 
 /* Why reg cannot join this cluster (in msg when formatted), or NULL;
@@ -188,7 +265,7 @@ static const char *register_refusal(const kvf_router_t *r, const Kvf__Register *
                  reg->model_fingerprint, r->nodes.fingerprint);
         return msg;
     }
-    return NULL;
+    return descriptor_refusal(reg, msg, msg_len, reason_p);
 }
 
 /* Fills the free slot n from reg; false when out of memory (n left
@@ -204,6 +281,12 @@ static bool node_fill(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Register
     }
     if (reg->xfer_desc.len)
         memcpy(n->xfer_desc, reg->xfer_desc.data, reg->xfer_desc.len);
+    if (kvf_identity_draw(n->token) != KVF_OK) {
+        kvf_timer_cancel(kvf_evloop_timers(r->loop), &n->liveness);
+        free(n->xfer_desc);
+        memset(n, 0, sizeof(*n));
+        return false;
+    }
     n->xfer_desc_len = reg->xfer_desc.len;
     n->used = true;
     if (++r->nodes.last_gen == 0) /* 0 is no generation (KVF_NODE_NONE) */
@@ -230,7 +313,46 @@ static bool node_fill(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Register
     return true;
 }
 
-void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg)
+/* Whether reg may take over n, the live registration of its id: it
+ * presents n's token (the same node again: restarting, or registering
+ * again as asked), or it is a retry from n's inbox that crossed our reply
+ * (*repeat_p: answer again, nothing changes). Otherwise the id is taken
+ * until n is silent for the death timeout (it is then NODE_DEAD). */
+static bool may_take_over(const kvf_router_node_t *n, const Kvf__Register *reg,
+                          ProtobufCBinaryData token, bool *repeat_p)
+{
+    bool same_inbox = !strcmp(n->inbox, reg->inbox_url);
+    *repeat_p = false;
+    if (kvf_identity_equal(token.data, token.len, n->token, sizeof(n->token))) {
+        *repeat_p = same_inbox;
+        return true;
+    }
+    if (same_inbox && !token.len && n->registered_ns + REGISTER_RETRY_NS > kvf_clock_ns()) {
+        *repeat_p = true;
+        return true;
+    }
+    return false;
+}
+
+/* The slot for reg: n (the id's registration, freed after its requests
+ * went elsewhere) or a free one; NULL when the table is full. */
+static kvf_router_node_t *register_slot(kvf_router_t *r, kvf_router_node_t *n)
+{
+    if (n) {
+        /* The same id again: the node restarted; what it held is gone. */
+        if (n->state != NODE_DEAD)
+            kvf_router__node_lost(r, n, "registered again (restarted)");
+        node_free(r, n);
+        return n;
+    }
+    for (int i = 0; i < ROUTER_MAX_NODES; i++)
+        if (!r->nodes.slots[i].used)
+            return &r->nodes.slots[i];
+    return NULL;
+}
+
+void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg,
+                             ProtobufCBinaryData token)
 {
     if (!reg->inbox_url || !*reg->inbox_url || strlen(reg->inbox_url) >= ROUTER_URL_LEN) {
         kvf_log_warn("register without a usable inbox dropped");
@@ -243,38 +365,38 @@ void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg)
     if (why) {
         r->count.register_refused[reason]++;
         kvf_log_warn("refused node %s at %s: %s", reg->node_id, reg->inbox_url, why);
-        reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_MISMATCH, why);
+        reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_MISMATCH, why, NULL);
         return;
     }
     kvf_router_node_t *n = node_find(r, reg->node_id);
-    if (n && n->state != NODE_DEAD && n->registered_ns + REGISTER_RETRY_NS > kvf_clock_ns() &&
-        !strcmp(n->inbox, reg->inbox_url)) {
-        /* A repeated Register (our reply crossed its retry): answer again. */
-        reply_register(r, reg->inbox_url, reg->node_id, KVF_OK, NULL);
+    bool repeat = false;
+    if (n && n->state != NODE_DEAD && !may_take_over(n, reg, token, &repeat)) {
+        kvf_router__refuse(r, KVF_ROUTER_MSG_ID_TAKEN,
+                           "register of node %s from %s: the id is live at %s", n->id,
+                           reg->inbox_url, n->inbox);
+        /* Not final: a real restart gets in once the old one is dead. */
+        reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_AGAIN,
+                       "node id is live from another registration", NULL);
         return;
     }
-    if (n) {
-        /* The same id again: the node restarted; what it held is gone. */
-        kvf_router__node_lost(r, n, "registered again (restarted)");
-        node_free(r, n);
-    } else {
-        for (int i = 0; i < ROUTER_MAX_NODES && !n; i++)
-            if (!r->nodes.slots[i].used)
-                n = &r->nodes.slots[i];
-        if (!n) {
-            reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_NO_SPACE,
-                           "the router's node table is full");
-            return;
-        }
+    if (repeat) {
+        reply_register(r, n->inbox, n->id, KVF_OK, NULL, n->token);
+        return;
+    }
+    n = register_slot(r, n);
+    if (!n) {
+        reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_NO_SPACE,
+                       "the router's node table is full", NULL);
+        return;
     }
     if (!node_fill(r, n, reg)) {
-        reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_NOMEM, "out of memory");
+        reply_register(r, reg->inbox_url, reg->node_id, KVF_ERR_NOMEM, "out of memory", NULL);
         return;
     }
     kvf_log_info("node %s registered: %s%s at %s, %u blocks of %u tokens", n->id,
                  kvf_router__role_name(n->role), n->prefill_local ? " (+prefill)" : "", n->inbox,
                  n->capacity_blocks, n->block_size);
-    reply_register(r, n->inbox, n->id, KVF_OK, NULL);
+    reply_register(r, n->inbox, n->id, KVF_OK, NULL, n->token);
     /* A node registering again (the router lost it, or restarted) may
      * cache blocks already: it lists them anew. */
     kvf_router__prefix_resync(r, n);
@@ -303,6 +425,11 @@ void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
         refuse_heartbeat(r, hb);
         return;
     }
+    if (strcmp(hb->inbox_url, n->inbox) != 0) {
+        kvf_router__refuse(r, KVF_ROUTER_MSG_INBOX, "heartbeat of node %s from %s, registered at %s",
+                           n->id, hb->inbox_url, n->inbox);
+        return;
+    }
     node_seen(r, n); /* armed while live: re-arming cannot fail */
     if (hb->load) {
         n->blocks_free = hb->load->blocks_free;
@@ -322,9 +449,13 @@ void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
         kvf_clock_ns() - n->suspect_since_ns >= (uint64_t)r->cfg.heartbeat_ms * 1000000ull)
         n->suspect_since_ns = 0;
     kvf_node_state_t st = strcmp(hb->state, "draining") == 0 ? NODE_DRAINING : NODE_LIVE;
-    if (st != n->state)
-        kvf_log_info("node %s is %s", n->id, node_state_names[st]);
-    n->state = st;
+    if (n->state == NODE_QUARANTINED)
+        kvf_router__quarantine_beat(r, n); /* a heartbeat does not end it */
+    else {
+        if (st != n->state)
+            kvf_log_info("node %s is %s", n->id, node_state_names[st]);
+        n->state = st;
+    }
     kvf_router__on_work(r, n, hb->working, hb->n_working);
     kvf_router__drain_queue(r);
 }
@@ -334,6 +465,9 @@ void kvf_router__on_deregister(kvf_router_t *r, const Kvf__Deregister *d)
     kvf_router_node_t *n = node_find(r, d->node_id);
     if (!n)
         return;
+    /* Not live before its requests are placed again: none goes back to it
+     * (node_lost marks it dead before it re-dispatches). */
+    n->state = NODE_DEAD;
     kvf_router__node_lost(r, n, "deregistered");
     kvf_log_info("node %s left: %s", n->id, d->reason);
     node_free(r, n);
@@ -349,9 +483,10 @@ void kvf_router__registry_fini(kvf_router_t *r)
 
 kvf_status_t kvf_router_health(kvf_router_t *r, char *why, size_t why_len)
 {
-    unsigned prefill = 0, decode = 0, decode_local = 0;
+    unsigned prefill = 0, decode = 0, decode_local = 0, quarantined = 0;
     for (int i = 0; i < ROUTER_MAX_NODES; i++) {
         const kvf_router_node_t *n = &r->nodes.slots[i];
+        quarantined += n->used && n->state == NODE_QUARANTINED;
         if (!n->used || n->state != NODE_LIVE)
             continue;
         if (n->role == KVF__ROLE__ROLE_PREFILL)
@@ -369,8 +504,8 @@ kvf_status_t kvf_router_health(kvf_router_t *r, char *why, size_t why_len)
                  decode);
         return KVF_ERR_AGAIN;
     }
-    snprintf(why, why_len, "%u prefill, %u decode (%u with --prefill-local) live", prefill,
-             decode + decode_local, decode_local);
+    snprintf(why, why_len, "%u prefill, %u decode (%u with --prefill-local) live, %u quarantined",
+             prefill, decode + decode_local, decode_local, quarantined);
     return KVF_OK;
 }
 
@@ -409,6 +544,8 @@ kvf_status_t kvf_router_snapshot(kvf_router_t *r, kvf_router_snapshot_t *snap)
     snap->n_nodes = n;
     snap->nodes = nodes;
     memcpy(snap->register_refused, r->count.register_refused, sizeof(snap->register_refused));
+    for (int i = 0; i < KVF_ROUTER_N_MSG_REFUSALS; i++)
+        snap->messages_refused[i] = r->count.messages_refused.count[i];
     return KVF_OK;
 }
 

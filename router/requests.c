@@ -32,6 +32,16 @@ kvf_router_req_t *kvf_router__req_current(kvf_router_t *r, uint64_t id, uint64_t
     return q;
 }
 
+bool kvf_router__sender_assigned(kvf_router_t *r, const kvf_router_node_t *n, uint64_t id,
+                                 uint64_t epoch, bool as_prefill, bool as_decode)
+{
+    kvf_router_req_t *q = kvf_router__req_find(r, id);
+    if (!q || q->place.epoch != epoch || q->place.state == REQ_QUEUED)
+        return true; /* stale: its handler drops it */
+    kvf_node_ref_t ref = kvf_router__node_ref(r, n);
+    return (as_prefill && q->place.prefill == ref) || (as_decode && q->place.decode == ref);
+}
+
 /* Hands a chunk of q's output to its sink. */
 static void emit(kvf_router_req_t *q, kvf_router_chunk_t *chunk)
 {
@@ -294,6 +304,9 @@ void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
     kvf_metrics_observe_prefix(r->metrics, q->place.n_tokens, pd->cached_tokens);
     q->t.cached_tokens += pd->cached_tokens;
     kvf_router__observe_prefill_done(r, q, pd);
+    kvf_router_node_t *p = kvf_router__node_get(r, q->place.prefill);
+    if (p)
+        kvf_router__node_succeeded(r, p);
     if (q->place.state == REQ_PREFILL) {
         q->place.state = REQ_DECODE;
         kvf_router__progress(r, q);
@@ -355,6 +368,9 @@ void kvf_router__on_token_chunk(kvf_router_t *r, const Kvf__TokenChunk *c)
     }
     if (q->place.state == REQ_PREFILL)
         q->place.state = REQ_DECODE;
+    kvf_router_node_t *d = kvf_router__node_get(r, q->place.decode);
+    if (d)
+        kvf_router__node_succeeded(r, d);
     q->place.rng_state = c->rng_state;
     forward(r, q, c, from);
     /* The decode node decided the request is done: nothing to cancel. */

@@ -163,7 +163,7 @@ typedef struct kvf_metrics kvf_metrics_t;
 typedef struct {
     char id[64];
     const char *role;  /* "prefill" or "decode" (static) */
-    const char *state; /* "live", "draining" or "dead" (static) */
+    const char *state; /* "live", "draining", "dead" or "quarantined" (static) */
     bool prefill_local;
     uint32_t blocks_used, blocks_total, blocks_cached, running, queued_requests;
     uint32_t tier_ram_blocks, tier_disk_blocks; /* blocks its KV tiers hold */
@@ -179,12 +179,28 @@ typedef enum {
     KVF_ROUTER_REFUSED_KV_DTYPE,    /* differs from the cluster's nodes */
     KVF_ROUTER_REFUSED_LAYOUT,      /* differs from the cluster's nodes */
     KVF_ROUTER_REFUSED_FINGERPRINT, /* another model's weights */
+    KVF_ROUTER_REFUSED_DESCRIPTOR,  /* a transfer descriptor prefill nodes would refuse */
     KVF_ROUTER_N_REFUSALS
 } kvf_router_refusal_t;
 
 /* "invalid", "model_shape", "block_size", "kv_dtype", "layout",
- * "fingerprint" (the reason label of kvf_register_refused_total). */
+ * "fingerprint", "descriptor" (the reason label of
+ * kvf_register_refused_total). */
 const char *kvf_router_refusal_name(kvf_router_refusal_t why);
+
+/* Why the router dropped a node's message (docs/PROTOCOL.md, "Identity"). */
+typedef enum {
+    KVF_ROUTER_MSG_TOKEN,        /* no registration, or not its token */
+    KVF_ROUTER_MSG_SENDER,       /* the body names another node than the envelope */
+    KVF_ROUTER_MSG_INBOX,        /* a heartbeat from another inbox than the registration's */
+    KVF_ROUTER_MSG_ID_TAKEN,     /* a Register for an id live elsewhere */
+    KVF_ROUTER_MSG_NOT_ASSIGNED, /* about a request the sender does not serve */
+    KVF_ROUTER_N_MSG_REFUSALS
+} kvf_router_msg_refusal_t;
+
+/* "token", "sender", "inbox", "id_taken", "not_assigned" (the reason label
+ * of kvf_messages_refused_total). */
+const char *kvf_router_msg_refusal_name(kvf_router_msg_refusal_t why);
 
 typedef struct {
     uint32_t requests_queued;  /* waiting for a decode node */
@@ -192,6 +208,7 @@ typedef struct {
     size_t n_nodes;
     kvf_router_node_info_t *nodes; /* (n_nodes) */
     uint64_t register_refused[KVF_ROUTER_N_REFUSALS]; /* Registers refused, by reason */
+    uint64_t messages_refused[KVF_ROUTER_N_MSG_REFUSALS]; /* node messages dropped, by reason */
     uint64_t local_prefills; /* prefills decode nodes ran themselves */
 } kvf_router_snapshot_t;
 

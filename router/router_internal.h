@@ -21,6 +21,7 @@
 #include "kvf/clientsock.h"
 #include "kvf/evloop.h"
 #include "kvf/hashmap.h"
+#include "kvf/identity.h"
 #include "kvf/model.h"
 #include "kvf/prefix_cache.h"
 #include "kvf/msg.h"
@@ -44,6 +45,10 @@ typedef enum {
     NODE_LIVE = 0,
     NODE_DRAINING = 1,
     NODE_DEAD = 2,
+    /* Failed QUARANTINE_FAILURES attempts in a row within
+     * QUARANTINE_WINDOW_MS: no new work until a heartbeat a quarantine
+     * period later lets one probe attempt through (sched.c). */
+    NODE_QUARANTINED = 3,
 } kvf_node_state_t;
 
 /* A node as requests refer to it: its slot in the table and the slot's
@@ -106,6 +111,16 @@ typedef struct {
     /* A decode node's local prefill compute per token computed (its own
      * PrefillDone), a running average in ns; 0 until its first. */
     uint64_t local_ns_per_token;
+    /* This registration's secret (RegisterReply.reg_token): every message
+     * between the router and the node carries it (docs/PROTOCOL.md,
+     * "Identity"). */
+    uint8_t token[KVF_REG_TOKEN_LEN];
+    /* Attempts it failed in a row (a node-side reason), the first of them
+     * at fail_first_ns; quarantined at quarantined_ns; probing: let out of
+     * quarantine for one attempt, which decides (sched.c). */
+    unsigned fail_streak;
+    uint64_t fail_first_ns, quarantined_ns;
+    bool probing;
 } kvf_router_node_t;
 
 /* The node table and what the cluster agreed on. */
@@ -213,6 +228,7 @@ struct kvf_router {
     struct {
         uint64_t requests, running, failed, cancelled, completed, stale, malformed, redispatched;
         uint64_t register_refused[KVF_ROUTER_N_REFUSALS]; /* by kvf_router_refusal_t */
+        kvf_refusals_t messages_refused; /* by kvf_router_msg_refusal_t, bounded log */
         /* prefill passes: prompt tokens computed and reused; K/V bytes
          * shipped; prefills decode nodes ran themselves */
         uint64_t prefill_computed, prefill_cached, kv_bytes, local_prefills;
@@ -233,9 +249,18 @@ kvf_router_node_t *kvf_router__node_get(kvf_router_t *r, kvf_node_ref_t ref);
 kvf_node_ref_t kvf_router__node_ref(const kvf_router_t *r, const kvf_router_node_t *n);
 const char *kvf_router__role_name(Kvf__Role role);
 const char *kvf_router__node_state_name(kvf_node_state_t state);
-/* Sends env to url without stalling the loop (a failure is logged). */
+/* Sends env to url without stalling the loop (a failure is logged); env
+ * carries the registration token of the node registered at url. */
 void kvf_router__send(kvf_router_t *r, const char *url, kvf_envelope_t *env);
-void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg);
+/* The node registered under id (any state), or NULL. */
+kvf_router_node_t *kvf_router__node_by_id(kvf_router_t *r, const char *id);
+/* Counts and (bounded) logs a dropped node message. */
+void kvf_router__refuse(kvf_router_t *r, kvf_router_msg_refusal_t why, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* token: the envelope's reg_token (a registration may present the one it
+ * holds: a node the router asked to register again, or one restarting). */
+void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg,
+                             ProtobufCBinaryData token);
 void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb);
 /* loop.c: takes what waits in the node inbox (a bounded burst). */
 void kvf_router__recv_nodes(kvf_router_t *r);
@@ -255,6 +280,11 @@ void kvf_router__req_finish(kvf_router_t *r, kvf_router_req_t *q, Kvf__FinishRea
 void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd);
 void kvf_router__on_token_chunk(kvf_router_t *r, const Kvf__TokenChunk *c);
 void kvf_router__on_error(kvf_router_t *r, const Kvf__Error *e, const char *sender);
+/* Whether node n may speak about request (id, epoch): it is that attempt's
+ * prefill node (as_prefill) or decode node (as_decode). A message about
+ * an attempt that is not current passes (it is dropped as stale). */
+bool kvf_router__sender_assigned(kvf_router_t *r, const kvf_router_node_t *n, uint64_t id,
+                                 uint64_t epoch, bool as_prefill, bool as_decode);
 /* Frees every request without a word to its sink (shutdown). */
 void kvf_router__requests_fini(kvf_router_t *r);
 
@@ -270,6 +300,15 @@ void kvf_router__redispatch(kvf_router_t *r, kvf_router_req_t *q, const char *wh
 /* Tells the nodes working on q's current epoch to drop it. */
 void kvf_router__cancel_nodes(kvf_router_t *r, kvf_router_req_t *q, const char *reason);
 void kvf_router__queue_remove(kvf_router_t *r, kvf_router_req_t *q);
+/* Node n failed an attempt for a reason of its own (transport, refused
+ * descriptor, timeout): counts towards its quarantine. */
+void kvf_router__node_failed(kvf_router_t *r, kvf_router_node_t *n, const char *why);
+/* n served an attempt (tokens, a finished prefill): its failure streak
+ * ends, and a probe out of quarantine succeeded. */
+void kvf_router__node_succeeded(kvf_router_t *r, kvf_router_node_t *n);
+/* A heartbeat of quarantined node n: one probe goes through once the
+ * quarantine period passed. */
+void kvf_router__quarantine_beat(kvf_router_t *r, kvf_router_node_t *n);
 /* Re-dispatches every request that used node n (it died or left). */
 void kvf_router__node_lost(kvf_router_t *r, kvf_router_node_t *n, const char *why);
 /* Arms q's timers (request timeout, and its state's) at submit; NOMEM. */

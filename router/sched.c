@@ -13,6 +13,64 @@
 #include "kvf/sampling_msg.h"
 #include "router_internal.h"
 
+/* A node failing this many attempts in a row, within QUARANTINE_WINDOW_MS
+ * of the first, is quarantined; it is let out for one probe attempt after
+ * QUARANTINE_PERIOD_BEATS heartbeat periods. */
+#define QUARANTINE_FAILURES     3u
+#define QUARANTINE_WINDOW_MS    30000u
+#define QUARANTINE_PERIOD_BEATS 10u
+
+/* ---- failing nodes --------------------------------------------------------------- */
+
+void kvf_router__node_failed(kvf_router_t *r, kvf_router_node_t *n, const char *why)
+{
+    (void)r;
+    uint64_t now = kvf_clock_ns();
+    if (!n->fail_streak || now - n->fail_first_ns > QUARANTINE_WINDOW_MS * 1000000ull) {
+        n->fail_streak = 0;
+        n->fail_first_ns = now;
+    }
+    n->fail_streak++;
+    if (n->state == NODE_DEAD || (n->fail_streak < QUARANTINE_FAILURES && !n->probing))
+        return;
+    if (n->state != NODE_QUARANTINED)
+        kvf_log_warn("node %s quarantined: %u attempts failed in a row (last: %s)", n->id,
+                     n->fail_streak, why);
+    n->state = NODE_QUARANTINED;
+    n->quarantined_ns = now;
+    n->probing = false;
+}
+
+void kvf_router__node_succeeded(kvf_router_t *r, kvf_router_node_t *n)
+{
+    (void)r;
+    n->fail_streak = 0;
+    if (n->state == NODE_QUARANTINED || n->probing) {
+        kvf_log_info("node %s: its probe attempt succeeded; out of quarantine", n->id);
+        n->state = NODE_LIVE;
+    }
+    n->probing = false;
+}
+
+void kvf_router__quarantine_beat(kvf_router_t *r, kvf_router_node_t *n)
+{
+    uint64_t period = (uint64_t)r->cfg.heartbeat_ms * QUARANTINE_PERIOD_BEATS * 1000000ull;
+    if (n->probing || kvf_clock_ns() - n->quarantined_ns < period)
+        return;
+    kvf_log_info("node %s: quarantine period over; one probe attempt may go to it", n->id);
+    n->state = NODE_LIVE;
+    n->probing = true;
+}
+
+/* A probing node got its one attempt: nothing more until it is decided. */
+static void probe_sent(kvf_router_node_t *n)
+{
+    if (!n->probing || n->state != NODE_LIVE)
+        return;
+    n->state = NODE_QUARANTINED;
+    n->quarantined_ns = kvf_clock_ns();
+}
+
 /* ---- deadlines ------------------------------------------------------------------ */
 
 static kvf_timers_t *timers(kvf_router_t *r)
@@ -76,6 +134,20 @@ static void on_deadline(kvf_timer_t *t, void *arg)
                            "request timed out");
 }
 
+/* q's attempt failed because of node n (NULL: gone): it counts towards
+ * n's quarantine and, for a decode node (exclude), n gets none of q's
+ * later attempts; q goes again. */
+static void attempt_failed(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *n,
+                           bool exclude, const char *why)
+{
+    if (n) {
+        kvf_router__node_failed(r, n, why);
+        if (exclude && q->place.n_excluded < ROUTER_MAX_EXCLUDED)
+            q->place.excluded[q->place.n_excluded++] = kvf_router__node_ref(r, n);
+    }
+    kvf_router__redispatch(r, q, why);
+}
+
 static void on_phase_timeout(kvf_timer_t *t, void *arg)
 {
     kvf_router_t *r = arg;
@@ -87,9 +159,11 @@ static void on_phase_timeout(kvf_timer_t *t, void *arg)
         kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NO_SPACE,
                                "overloaded: no decode node could take the request in time");
     else if (q->place.state == REQ_PREFILL)
-        kvf_router__redispatch(r, q, "no first token within the prefill timeout");
+        attempt_failed(r, q, kvf_router__node_get(r, q->place.prefill), false,
+                       "no first token within the prefill timeout");
     else
-        kvf_router__redispatch(r, q, "no token within the stall timeout");
+        attempt_failed(r, q, kvf_router__node_get(r, q->place.decode), true,
+                       "no token within the stall timeout");
 }
 
 kvf_status_t kvf_router__timers_start(kvf_router_t *r, kvf_router_req_t *q)
@@ -154,6 +228,8 @@ static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
     d->dispatched++;
     if (p != d)
         p->dispatched++;
+    probe_sent(d);
+    probe_sent(p);
 
     uint32_t *ids = malloc((size_t)n_tokens * sizeof(*ids));
     if (!ids) {
@@ -177,6 +253,10 @@ static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
     pr.n_generated = q->out.n;
     pr.rng_state = q->place.rng_state;
     pr.cache_salt = (ProtobufCBinaryData){q->ask.cache_salt_len, q->ask.cache_salt};
+    /* Only this attempt's KvAlloc gets through at d (kvf/identity.h). */
+    uint8_t alloc_token[KVF_ALLOC_TOKEN_LEN];
+    kvf_identity_alloc_token(d->token, q->id, q->place.epoch, alloc_token);
+    pr.alloc_token = (ProtobufCBinaryData){sizeof(alloc_token), alloc_token};
     kvf_envelope_t env;
     kvf_envelope_init(&env, "router");
     env.body_case = KVF__ENVELOPE__BODY_PREFILL_REQUEST;
@@ -307,6 +387,19 @@ void kvf_router__node_lost(kvf_router_t *r, kvf_router_node_t *n, const char *wh
 
 /* ---- node errors -------------------------------------------------------------------- */
 
+/* Failures of the handoff to the decode node (reported by the prefill
+ * node): the transport, or a descriptor it refused. */
+static bool transfer_failure(int32_t status)
+{
+    return status == KVF_ERR_TRANSPORT || status == KVF_ERR_FORMAT ||
+           status == KVF_ERR_VERSION || status == KVF_ERR_MISMATCH;
+}
+
+static bool sender_is(const kvf_router_node_t *n, const char *sender)
+{
+    return n && sender && !strcmp(n->id, sender);
+}
+
 void kvf_router__on_error(kvf_router_t *r, const Kvf__Error *e, const char *sender)
 {
     kvf_router_req_t *q = kvf_router__req_current(r, e->req_id, e->epoch, "error");
@@ -324,17 +417,6 @@ void kvf_router__on_error(kvf_router_t *r, const Kvf__Error *e, const char *send
         kvf_router__schedule(r, q);
         return;
     }
-    if (e->status == KVF_ERR_TRANSPORT) {
-        /* The decode node may be dead, unseen yet: the next attempts go
-         * elsewhere or wait, rather than fail on it again at once. */
-        kvf_router_node_t *d = kvf_router__node_get(r, q->place.decode);
-        kvf_router_node_t *p = kvf_router__node_get(r, q->place.prefill);
-        if (d && d != p && !d->suspect_since_ns) {
-            d->suspect_since_ns = kvf_clock_ns();
-            kvf_log_info("node %s: a transfer to it failed; no new work until it heartbeats",
-                         d->id);
-        }
-    }
     if (e->status == KVF_ERR_INVAL || e->status == KVF_ERR_TOO_BIG ||
         e->status == KVF_ERR_UNSUPPORTED) {
         kvf_router__cancel_nodes(r, q, "invalid");
@@ -342,5 +424,24 @@ void kvf_router__on_error(kvf_router_t *r, const Kvf__Error *e, const char *send
                                *e->message ? e->message : "request refused by a node");
         return;
     }
-    kvf_router__redispatch(r, q, "a node failed it");
+    kvf_router_node_t *d = kvf_router__node_get(r, q->place.decode);
+    kvf_router_node_t *p = kvf_router__node_get(r, q->place.prefill);
+    if (transfer_failure(e->status) && d && d != p) {
+        /* The decode node may be dead, unseen yet, or its descriptor is
+         * refused: the next attempts go elsewhere or wait, rather than
+         * fail on it again at once. */
+        if (!d->suspect_since_ns && e->status == KVF_ERR_TRANSPORT) {
+            d->suspect_since_ns = kvf_clock_ns();
+            kvf_log_info("node %s: a transfer to it failed; no new work until it heartbeats",
+                         d->id);
+        }
+        attempt_failed(r, q, d, true, "a transfer to its decode node failed");
+        return;
+    }
+    /* The node that reports it failed it (a lease that expired: its
+     * prefill node went silent). */
+    kvf_router_node_t *blamed = e->status == KVF_ERR_TIMEOUT && sender_is(d, sender) ? p
+                                : sender_is(p, sender) ? p
+                                                       : d;
+    attempt_failed(r, q, blamed, blamed == d && d != p, "a node failed it");
 }

@@ -9,6 +9,7 @@
 #include "kvf/kv_format.h"
 #include "kvf/log.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,40 +112,41 @@ typedef struct {
 } desc_view_t;
 
 /* Checks every field of an untrusted descriptor, in the order that gives
- * the most useful error: framing, version, integrity, then agreement. */
-static kvf_status_t desc_parse(const kvf_xfer_t *x, const uint8_t *d, size_t len,
-                               desc_view_t *view_p)
+ * the most useful error: framing, version, integrity, then agreement with
+ * geo (and backend, unless negative). why says what is wrong. */
+static kvf_status_t desc_parse_for(const kvf_xfer_geometry_t *geo, int backend, const uint8_t *d,
+                                   size_t len, desc_view_t *view_p, char *why, size_t why_len)
 {
     if (!d || len < 8) {
-        kvf_log_error("xfer: descriptor of %zu bytes is truncated", len);
+        snprintf(why, why_len, "descriptor of %zu bytes is truncated", len);
         return KVF_ERR_FORMAT;
     }
     if (xfer_get_u32(d) != KVF_XFER_DESC_MAGIC) {
-        kvf_log_error("xfer: descriptor has a bad magic 0x%08x", xfer_get_u32(d));
+        snprintf(why, why_len, "descriptor has a bad magic 0x%08x", xfer_get_u32(d));
         return KVF_ERR_FORMAT;
     }
     if (xfer_get_u16(d + 4) != KVF_XFER_DESC_VERSION) {
-        kvf_log_error("xfer: descriptor version %u, this build speaks %u", xfer_get_u16(d + 4),
+        snprintf(why, why_len, "descriptor version %u, this build speaks %u", xfer_get_u16(d + 4),
                       KVF_XFER_DESC_VERSION);
         return KVF_ERR_VERSION;
     }
     if (len < KVF_XFER_DESC_HEADER + 4 || xfer_get_u32(d + 8) != KVF_XFER_DESC_HEADER) {
-        kvf_log_error("xfer: descriptor header is truncated or malformed (%zu bytes)", len);
+        snprintf(why, why_len, "descriptor header is truncated or malformed (%zu bytes)", len);
         return KVF_ERR_FORMAT;
     }
     uint32_t body_len = xfer_get_u32(d + 12);
     if (body_len > KVF_XFER_DESC_MAX || len != KVF_XFER_DESC_HEADER + (size_t)body_len + 4) {
-        kvf_log_error("xfer: descriptor length %zu does not match its body length %u", len,
+        snprintf(why, why_len, "descriptor length %zu does not match its body length %u", len,
                       body_len);
         return KVF_ERR_FORMAT;
     }
     if (kvf_crc32c(0, d, len - 4) != xfer_get_u32(d + len - 4)) {
-        kvf_log_error("xfer: descriptor checksum mismatch (corrupted)");
+        snprintf(why, why_len, "descriptor checksum mismatch (corrupted)");
         return KVF_ERR_FORMAT;
     }
-    if (xfer_get_u16(d + 6) != (uint16_t)x->cfg.backend) {
-        kvf_log_error("xfer: peer uses transport backend %u, this node %u", xfer_get_u16(d + 6),
-                      (unsigned)x->cfg.backend);
+    if (backend >= 0 && xfer_get_u16(d + 6) != (uint16_t)backend) {
+        snprintf(why, why_len, "peer uses transport backend %u, this node %u", xfer_get_u16(d + 6),
+                      (unsigned)backend);
         return KVF_ERR_MISMATCH;
     }
     kvf_xfer_geometry_t g = {
@@ -156,21 +158,21 @@ static kvf_status_t desc_parse(const kvf_xfer_t *x, const uint8_t *d, size_t len
         .layout = xfer_get_u32(d + 52),
     };
     uint32_t mine, theirs;
-    const char *field = geometry_diff(&x->cfg.geometry, &g, &mine, &theirs);
+    const char *field = geometry_diff(geo, &g, &mine, &theirs);
     if (field && !strcmp(field, "dtype")) {
-        kvf_log_error("xfer: kv format mismatch: peer %s, local %s",
+        snprintf(why, why_len, "kv format mismatch: peer %s, local %s",
                       kvf_kv_dtype_name((kvf_kv_dtype_t)theirs),
                       kvf_kv_dtype_name((kvf_kv_dtype_t)mine));
         return KVF_ERR_MISMATCH;
     }
     if (field) {
-        kvf_log_error("xfer: kv geometry mismatch: peer %s %u, local %u", field, theirs, mine);
+        snprintf(why, why_len, "kv geometry mismatch: peer %s %u, local %u", field, theirs, mine);
         return KVF_ERR_MISMATCH;
     }
     uint64_t base = xfer_get_u64(d + 16), bytes = xfer_get_u64(d + 24);
     uint64_t block_bytes = kvf_xfer_block_bytes(&g);
     if (!bytes || bytes % block_bytes || base > UINT64_MAX - bytes) {
-        kvf_log_error("xfer: peer pool of %llu bytes is not a whole number of %llu-byte blocks",
+        snprintf(why, why_len, "peer pool of %llu bytes is not a whole number of %llu-byte blocks",
                       (unsigned long long)bytes, (unsigned long long)block_bytes);
         return KVF_ERR_INVAL;
     }
@@ -181,6 +183,24 @@ static kvf_status_t desc_parse(const kvf_xfer_t *x, const uint8_t *d, size_t len
     view_p->body = d + KVF_XFER_DESC_HEADER;
     view_p->body_len = body_len;
     return KVF_OK;
+}
+
+static kvf_status_t desc_parse(const kvf_xfer_t *x, const uint8_t *d, size_t len,
+                               desc_view_t *view_p)
+{
+    char why[200];
+    kvf_status_t st =
+        desc_parse_for(&x->cfg.geometry, (int)x->cfg.backend, d, len, view_p, why, sizeof(why));
+    if (st != KVF_OK)
+        kvf_log_error("xfer: %s", why);
+    return st;
+}
+
+kvf_status_t kvf_xfer_check_desc_for(const kvf_xfer_geometry_t *geo, const uint8_t *desc,
+                                     size_t len, char *why, size_t why_len)
+{
+    desc_view_t v;
+    return desc_parse_for(geo, -1, desc, len, &v, why, why_len);
 }
 
 kvf_status_t kvf_xfer_check_desc(const kvf_xfer_t *xfer, const uint8_t *desc, size_t len)

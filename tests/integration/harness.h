@@ -199,4 +199,8 @@ uint32_t *h_prompt(size_t n, uint32_t vocab, uint64_t seed);
  * site is the caller's: copy it). */
 void h_mkmodel(const char *dir, const char *args);
 
+/* GET /metrics from the router's HTTP port (--http 127.0.0.1:port) into
+ * buf (terminated); false if it fails. */
+bool h_http_metrics(int port, char *buf, size_t cap);
+
 #endif

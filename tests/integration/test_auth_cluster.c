@@ -215,33 +215,10 @@ typedef struct {
     long long refused[KVF_AUTH_N_REASONS];
 } counts_t;
 
-/* GET /metrics from the router's HTTP port into buf; false if it fails. */
-static bool http_metrics(int port, char *buf, size_t cap)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return false;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {.tv_sec = 5};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    size_t n = 0;
-    static const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-        write(fd, req, sizeof(req) - 1) == (ssize_t)(sizeof(req) - 1)) {
-        ssize_t r;
-        while (n + 1 < cap && (r = read(fd, buf + n, cap - 1 - n)) > 0)
-            n += (size_t)r;
-    }
-    close(fd);
-    buf[n] = '\0';
-    return n > 0;
-}
-
 static bool router_counts(int port, counts_t *out)
 {
     static char text[1 << 16];
-    if (!http_metrics(port, text, sizeof(text)))
+    if (!h_http_metrics(port, text, sizeof(text)))
         return false;
     for (int r = 0; r < KVF_AUTH_N_REASONS; r++) {
         char key[96];

@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "decode_rig.h"
+#include "kvf/identity.h"
 
 #include <cjson/cJSON.h>
 #include <signal.h>
@@ -96,9 +97,13 @@ drig_req_t *drig_seen(drig_t *h, uint64_t req_id)
     return r;
 }
 
+/* The registration token the rig's router hands the node. */
+static const uint8_t drig_reg_token[KVF_REG_TOKEN_LEN] = "drig-reg-token!";
+
 void drig_send(drig_t *h, kvf_envelope_t *env)
 {
     env->sender = "fake-router";
+    env->reg_token = (ProtobufCBinaryData){sizeof(drig_reg_token), (uint8_t *)drig_reg_token};
     assert_int_equal(kvf_outbox_send(h->to_node, env, 2000), KVF_OK);
 }
 
@@ -165,6 +170,7 @@ static void on_register(drig_t *h, const Kvf__Register *r)
     rep.node_id = r->node_id;
     rep.heartbeat_ms = 100;
     rep.prefix_key = (ProtobufCBinaryData){16, (uint8_t *)drig_prefix_key};
+    rep.reg_token = (ProtobufCBinaryData){sizeof(drig_reg_token), (uint8_t *)drig_reg_token};
     kvf_envelope_t out;
     kvf_envelope_init(&out, "fake-router");
     out.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;
@@ -503,6 +509,9 @@ void drig_send_kv_alloc(drig_t *h, uint64_t req_id, uint64_t epoch, uint32_t n_t
     a.max_new_tokens = max_new;
     a.prefill_node_id = "fake-prefill";
     a.reply_inbox = h->router_url;
+    uint8_t alloc_token[KVF_ALLOC_TOKEN_LEN];
+    kvf_identity_alloc_token(drig_reg_token, req_id, epoch, alloc_token);
+    a.alloc_token = (ProtobufCBinaryData){sizeof(alloc_token), alloc_token};
     kvf_envelope_t env;
     kvf_envelope_init(&env, "fake-prefill");
     env.body_case = KVF__ENVELOPE__BODY_KV_ALLOC;

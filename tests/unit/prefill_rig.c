@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include "prefill_rig.h"
+#include "kvf/identity.h"
 
 #include "kvf/backend.h"
 #include "kvf/clock.h"
@@ -35,8 +36,12 @@ void rig_url_for(char *buf, size_t len)
     snprintf(buf, len, "tcp://127.0.0.1:%d", port);
 }
 
+/* The registration token the rig's router hands the prefill node. */
+static const uint8_t rig_reg_token[KVF_REG_TOKEN_LEN] = "prig-reg-token!";
+
 void rig_send(kvf_outbox_t *ob, kvf_envelope_t *env)
 {
+    env->reg_token = (ProtobufCBinaryData){sizeof(rig_reg_token), (uint8_t *)rig_reg_token};
     assert_int_equal(kvf_outbox_send(ob, env, 2000), KVF_OK);
 }
 
@@ -205,6 +210,7 @@ void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *
     rr.node_id = r->prefill_id;
     rr.heartbeat_ms = 100;
     rr.prefix_key = (ProtobufCBinaryData){16, (uint8_t *)rig_prefix_key};
+    rr.reg_token = (ProtobufCBinaryData){sizeof(rig_reg_token), (uint8_t *)rig_reg_token};
     kvf_envelope_t out;
     kvf_envelope_init(&out, "router");
     out.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;

@@ -10,6 +10,8 @@
 #include <cmocka.h>
 
 #include "kvf/clock.h"
+#include "kvf/crc32c.h"
+#include "../../transport/xfer_internal.h"
 #include "metrics.h"
 #include "router_fixture.h"
 
@@ -55,6 +57,29 @@ int rfx_teardown(void **state)
     return 0;
 }
 
+void rfx_xfer_desc(const Kvf__KvGeometry *g, uint8_t *desc, size_t *len_p)
+{
+    size_t len = KVF_XFER_DESC_HEADER + 4 + 4; /* a 4-byte body */
+    memset(desc, 0, len);
+    xfer_put_u32(desc + 0, KVF_XFER_DESC_MAGIC);
+    xfer_put_u16(desc + 4, KVF_XFER_DESC_VERSION);
+    xfer_put_u16(desc + 6, 0);
+    xfer_put_u32(desc + 8, KVF_XFER_DESC_HEADER);
+    xfer_put_u32(desc + 12, 4);
+    kvf_xfer_geometry_t xg = {g->block_size, g->n_layers, g->n_kv_heads, g->head_dim,
+                              (uint32_t)g->dtype, g->layout};
+    xfer_put_u64(desc + 16, 4096);
+    xfer_put_u64(desc + 24, 64 * kvf_xfer_block_bytes(&xg));
+    xfer_put_u32(desc + 32, xg.block_size);
+    xfer_put_u32(desc + 36, xg.n_layers);
+    xfer_put_u32(desc + 40, xg.n_kv_heads);
+    xfer_put_u32(desc + 44, xg.head_dim);
+    xfer_put_u32(desc + 48, xg.dtype);
+    xfer_put_u32(desc + 52, xg.layout);
+    xfer_put_u32(desc + len - 4, kvf_crc32c(0, desc, len - 4));
+    *len_p = len;
+}
+
 void rfx_register_pool(fixture_t *fx, Kvf__Role role, const char *id, const char *url,
                        uint32_t block_size, Kvf__KvDtype dtype)
 {
@@ -72,7 +97,9 @@ void rfx_register_node(fixture_t *fx, Kvf__Role role, const char *id, const char
     g.n_layers = (uint32_t)m->n_layers;
     g.n_kv_heads = (uint32_t)m->n_kv_heads;
     g.head_dim = (uint32_t)m->head_dim;
-    uint8_t desc[4] = {1, 2, 3, 4};
+    uint8_t desc[128];
+    size_t desc_len = 0;
+    rfx_xfer_desc(&g, desc, &desc_len);
     Kvf__Register reg = KVF__REGISTER__INIT;
     reg.node_id = (char *)id;
     reg.role = role;
@@ -81,9 +108,13 @@ void rfx_register_node(fixture_t *fx, Kvf__Role role, const char *id, const char
     reg.geometry = &g;
     reg.capacity_blocks = 64;
     reg.xfer_desc.data = desc;
-    reg.xfer_desc.len = sizeof(desc);
+    reg.xfer_desc.len = desc_len;
     reg.prefill_local = prefill_local;
-    kvf_router__on_register(fx->r, &reg);
+    kvf_router_node_t *n = rfx_node_named(fx, id);
+    ProtobufCBinaryData token = {0, NULL};
+    if (n && fx->present_token)
+        token = (ProtobufCBinaryData){sizeof(n->token), n->token};
+    kvf_router__on_register(fx->r, &reg, token);
 }
 
 void rfx_register(fixture_t *fx, Kvf__Role role, const char *id, const char *url)

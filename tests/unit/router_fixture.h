@@ -19,6 +19,9 @@ typedef struct {
     char urls[2 + RFX_NODES][128];      /* router inbox, client socket, node 0, 1, ... */
     uint8_t prefix_key[16];     /* the first accepted node's RegisterReply key */
     bool prefix_key_seen;
+    /* rfx_register_* present the id's current registration token (a node
+     * registering again as itself); false: none (a new process). */
+    bool present_token;
 } fixture_t;
 
 /* cmocka setup: the router (heartbeats every 50 ms, a queue of 4) with
@@ -31,6 +34,9 @@ int rfx_teardown(void **state);
  * has the given block size and KV format (64 blocks). */
 void rfx_register_pool(fixture_t *fx, Kvf__Role role, const char *id, const char *url,
                        uint32_t block_size, Kvf__KvDtype dtype);
+/* A valid transfer descriptor (as kvf_xfer_export writes them) for a
+ * 64-block pool of geometry g: desc holds at least 128 bytes. */
+void rfx_xfer_desc(const Kvf__KvGeometry *g, uint8_t *desc, size_t *len_p);
 /* The same, a decode node that also prefills when prefill_local. */
 void rfx_register_node(fixture_t *fx, Kvf__Role role, const char *id, const char *url,
                        uint32_t block_size, Kvf__KvDtype dtype, bool prefill_local);

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "kvf/clock.h"
+#include "kvf/identity.h"
 #include "kvf/node.h"
 
 #define PERIOD_MS 50
@@ -104,6 +105,9 @@ static void loop_for(int ms)
     }
 }
 
+/* The registration token the fake router hands out. */
+static const uint8_t reg_token[KVF_REG_TOKEN_LEN] = "test-reg-token!";
+
 /* The fake router answers Registers until the node is registered. */
 static void register_node(void)
 {
@@ -117,6 +121,7 @@ static void register_node(void)
             Kvf__RegisterReply rr = KVF__REGISTER_REPLY__INIT;
             rr.node_id = "p-test";
             rr.heartbeat_ms = PERIOD_MS;
+            rr.reg_token = (ProtobufCBinaryData){sizeof(reg_token), (uint8_t *)reg_token};
             kvf_envelope_t out;
             kvf_envelope_init(&out, "router");
             out.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;
@@ -216,11 +221,80 @@ static void test_nothing_after_deregister(void **state)
     assert_int_equal(after, 0);
 }
 
+/* The node's heartbeats carry the token of the RegisterReply that
+ * registered it; the router's messages (Cancel here) count only with it;
+ * a KvAlloc only with the credential of its attempt; a RegisterReply with
+ * another token does not replace it. Every refusal is counted. */
+static void test_router_token(void **state)
+{
+    (void)state;
+    register_node();
+    kvf_envelope_t c;
+    Kvf__Cancel cancel = KVF__CANCEL__INIT;
+    cancel.req_id = 7;
+    cancel.epoch = 1;
+    kvf_envelope_init(&c, "router");
+    c.body_case = KVF__ENVELOPE__BODY_CANCEL;
+    c.cancel = &cancel;
+    assert_true(kvf_node_handle(fx.node, &c)); /* no token: refused */
+    assert_int_equal(kvf_node_refused(fx.node), 1);
+    c.reg_token = (ProtobufCBinaryData){sizeof(reg_token), (uint8_t *)reg_token};
+    assert_false(kvf_node_handle(fx.node, &c)); /* the node's to act on */
+
+    Kvf__KvAlloc a = KVF__KV_ALLOC__INIT;
+    a.req_id = 7;
+    a.epoch = 1;
+    kvf_envelope_t k;
+    kvf_envelope_init(&k, "p-other");
+    k.body_case = KVF__ENVELOPE__BODY_KV_ALLOC;
+    k.kv_alloc = &a;
+    assert_true(kvf_node_handle(fx.node, &k));
+    uint8_t cred[KVF_ALLOC_TOKEN_LEN];
+    kvf_identity_alloc_token(reg_token, 7, 2, cred); /* another attempt's */
+    a.alloc_token = (ProtobufCBinaryData){sizeof(cred), cred};
+    assert_true(kvf_node_handle(fx.node, &k));
+    kvf_identity_alloc_token(reg_token, 7, 1, cred);
+    assert_false(kvf_node_handle(fx.node, &k));
+    assert_int_equal(kvf_node_refused(fx.node), 3);
+
+    uint8_t other[KVF_REG_TOKEN_LEN] = {1};
+    Kvf__RegisterReply rr = KVF__REGISTER_REPLY__INIT;
+    rr.node_id = "p-test";
+    rr.reg_token = (ProtobufCBinaryData){sizeof(other), other};
+    kvf_envelope_t out;
+    kvf_envelope_init(&out, "rogue");
+    out.body_case = KVF__ENVELOPE__BODY_REGISTER_REPLY;
+    out.register_reply = &rr;
+    assert_true(kvf_node_handle(fx.node, &out));
+    assert_int_equal(kvf_node_refused(fx.node), 4);
+    char text[128];
+    kvf_node_refusals_format(fx.node, text, sizeof(text));
+    assert_string_equal(text, "token=2 alloc_token=2");
+
+    /* The heartbeats still carry the first token. */
+    uint64_t until = kvf_clock_ns() + 10000000000ull;
+    bool seen = false;
+    while (!seen && kvf_clock_ns() < until) {
+        loop_for(10);
+        kvf_envelope_t *env = NULL;
+        if (kvf_inbox_recv(fx.router_in, 10, &env) != KVF_OK)
+            continue;
+        if (env->body_case == KVF__ENVELOPE__BODY_HEARTBEAT) {
+            assert_int_equal(env->reg_token.len, sizeof(reg_token));
+            assert_memory_equal(env->reg_token.data, reg_token, sizeof(reg_token));
+            seen = true;
+        }
+        kvf_envelope_free(env);
+    }
+    assert_true(seen);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_heartbeats_outlive_compute, setup, teardown),
         cmocka_unit_test_setup_teardown(test_nothing_after_deregister, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_router_token, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -205,6 +205,10 @@ static void make_envelope(arena_t *a, kvf_envelope_t *env, const ProtobufCFieldD
     env->auth_nonce = 0x0123456789abcdefull + seed;
     env->auth_seq = seed;
     env->auth_to = "tcp://127.0.0.1:5555";
+    /* The registration token (docs/PROTOCOL.md, "Identity"). */
+    static uint8_t token[16] = "registration-tk";
+    token[0] = (uint8_t)seed;
+    env->reg_token = (ProtobufCBinaryData){sizeof(token), token};
     uint8_t *base = (uint8_t *)env;
     *(uint32_t *)(base + field->quantifier_offset) = field->id;
     fill_value(a, field, base + field->offset, seed, 0);

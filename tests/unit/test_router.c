@@ -54,9 +54,11 @@ static void test_handles(void **state)
     assert_null(kvf_router__node_get(fx->r, r1));
     assert_ptr_equal(kvf_router__node_get(fx->r, r2), n2);
 
-    /* d2 restarts (registers again from another inbox): same id, same
-     * slot, new generation. */
+    /* d2 restarts (registers again from another inbox, presenting its
+     * registration's token): same id, same slot, new generation. */
+    fx->present_token = true;
     rfx_register_decode(fx, "d2", fx->urls[3]);
+    fx->present_token = false;
     assert_ptr_equal(rfx_node_named(fx, "d2"), n2);
     assert_null(kvf_router__node_get(fx->r, r2));
     assert_non_null(kvf_router__node_get(fx->r, kvf_router__node_ref(fx->r, n2)));

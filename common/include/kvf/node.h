@@ -112,8 +112,22 @@ int kvf_node_timeout_ms(const kvf_node_t *node);
 
 /* Offers a received envelope to the runtime. Returns true when it was the
  * runtime's (RegisterReply, or the router's "unknown node" error) and has
- * been handled; the caller still frees env. */
+ * been handled, or when it was refused and must be dropped: a
+ * PrefillRequest, Cancel, PrefixResync or Error without this
+ * registration's token (only the router has it), or a KvAlloc without
+ * the credential the router gave that attempt's prefill node
+ * (docs/PROTOCOL.md, "Identity"). The caller still frees env. */
 bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env);
+
+/* The refusals of kvf_node_handle by reason, "token=N alloc_token=N"
+ * (the stats lines); buf is always terminated. */
+void kvf_node_refusals_format(const kvf_node_t *node, char *buf, size_t len);
+/* Their total. */
+uint64_t kvf_node_refused(const kvf_node_t *node);
+/* The control plane's refusals for a stats line: the sockets'
+ * (kvf_auth_counters_format) then "| messages refused: " and this
+ * runtime's (kvf_node_refusals_format). */
+void kvf_node_control_format(const kvf_node_t *node, char *buf, size_t len);
 
 /* Sends env to the inbox at url through a cached outbox, waiting up to
  * timeout_ms for the socket to take it. The envelope's sender is set to
@@ -121,7 +135,7 @@ bool kvf_node_handle(kvf_node_t *node, const kvf_envelope_t *env);
 kvf_status_t kvf_node_send(kvf_node_t *node, const char *url, kvf_envelope_t *env,
                            int timeout_ms);
 
-/* Same, to the router. */
+/* Same, to the router; the envelope carries this registration's token. */
 kvf_status_t kvf_node_send_router(kvf_node_t *node, kvf_envelope_t *env, int timeout_ms);
 
 /* Marks the node draining (reported in heartbeats: the router sends it no

@@ -238,6 +238,12 @@ kvf_status_t kvf_xfer_export(kvf_xfer_t *xfer, uint8_t **desc_p, size_t *len_p);
  * size). Logs the first problem found. desc is untrusted input. */
 kvf_status_t kvf_xfer_check_desc(const kvf_xfer_t *xfer, const uint8_t *desc, size_t len);
 
+/* The same checks without a transport of one's own (the router, at a
+ * node's registration): against geometry geo, any backend; why (always
+ * written on failure) says what is wrong. */
+kvf_status_t kvf_xfer_check_desc_for(const kvf_xfer_geometry_t *geo, const uint8_t *desc,
+                                     size_t len, char *why, size_t why_len);
+
 /* Validates desc (as kvf_xfer_check_desc) and connects to that pool.
  * desc is borrowed for the call. *peer_p belongs to xfer and is released
  * with kvf_xfer_disconnect() (or by kvf_xfer_destroy()). */
