@@ -174,15 +174,20 @@ static kvf_router_node_t *pick_decode(kvf_router_t *r, const kvf_router_req_t *q
     return best;
 }
 
+/* A prefill node that failed an earlier attempt of q is taken only when
+ * no other can prefill (a slow node must not strand the request). */
 static kvf_router_node_t *pick_prefill(kvf_router_t *r, const kvf_router_req_t *q)
 {
+    bool others = false;
+    for (int i = 0; i < ROUTER_MAX_NODES && !others; i++)
+        others = prefill_usable(&r->nodes.slots[i]) && !excluded(r, q, &r->nodes.slots[i]);
     kvf_router_node_t *best = NULL;
     double best_score = 0;
     uint32_t n_usable = 0;
     kvf_router_node_t *usable[ROUTER_MAX_NODES];
     for (int i = 0; i < ROUTER_MAX_NODES; i++) {
         kvf_router_node_t *n = &r->nodes.slots[i];
-        if (!prefill_usable(n))
+        if (!prefill_usable(n) || (others && excluded(r, q, n)))
             continue;
         usable[n_usable++] = n;
         double score = r->cfg.route == KVF_ROUTE_KV ? prefill_cost(r, q, n)

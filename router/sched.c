@@ -135,8 +135,9 @@ static void on_deadline(kvf_timer_t *t, void *arg)
 }
 
 /* q's attempt failed because of node n (NULL: gone): it counts towards
- * n's quarantine and, for a decode node (exclude), n gets none of q's
- * later attempts; q goes again. */
+ * n's quarantine and, with exclude, n gets none of q's later attempts (a
+ * prefill node only while another can take them: route.c); q goes
+ * again. */
 static void attempt_failed(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *n,
                            bool exclude, const char *why)
 {
@@ -159,7 +160,8 @@ static void on_phase_timeout(kvf_timer_t *t, void *arg)
         kvf_router__req_finish(r, q, KVF__FINISH_REASON__FINISH_ERROR, KVF_ERR_NO_SPACE,
                                "overloaded: no decode node could take the request in time");
     else if (q->place.state == REQ_PREFILL)
-        attempt_failed(r, q, kvf_router__node_get(r, q->place.prefill), false,
+        attempt_failed(r, q, kvf_router__node_get(r, q->place.prefill),
+                       q->place.prefill != q->place.decode,
                        "no first token within the prefill timeout");
     else
         attempt_failed(r, q, kvf_router__node_get(r, q->place.decode), true,
@@ -443,5 +445,5 @@ void kvf_router__on_error(kvf_router_t *r, const Kvf__Error *e, const char *send
     kvf_router_node_t *blamed = e->status == KVF_ERR_TIMEOUT && sender_is(d, sender) ? p
                                 : sender_is(p, sender) ? p
                                                        : d;
-    attempt_failed(r, q, blamed, blamed == d && d != p, "a node failed it");
+    attempt_failed(r, q, blamed, d != p, "a node failed it");
 }

@@ -8,7 +8,8 @@
  *   another node's name are dropped, and a node that dies takes its
  *   listing with it;
  * - the policies: kv sends a request to the decode and the prefill node
- *   that hold its prefix, load ignores the prefix, random spreads;
+ *   that hold its prefix, load ignores the prefix, random spreads; a
+ *   prefill node that failed an attempt gets none of the later ones;
  * - conditional disaggregation: a decode node with --prefill-local that
  *   holds the prefix prefills a short suffix itself (a fixed bound, or
  *   the measured break-even), a long one goes to a prefill node. */
@@ -245,6 +246,34 @@ static void test_kv_policy(void **state)
     p2->queued_tokens = 0;
 }
 
+/* A prefill node that fails an attempt gets none of the request's later
+ * attempts while another prefill node can take them. */
+static void test_failed_prefill_excluded(void **state)
+{
+    fixture_t *fx = *state;
+    cluster(fx, false);
+    uint32_t ids[N_PROMPT];
+    prompt(ids);
+    kvf_router_gen_t g = {.ids = ids, .n_ids = N_PROMPT};
+    kvf_router_sink_t sink = {null_chunk, NULL};
+    uint64_t id = kvf_router_submit(fx->r, &g, &sink);
+    kvf_envelope_t *env = rfx_node_recv(fx, 3, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    assert_non_null(env); /* p2: it holds the prefix */
+    uint64_t epoch = env->prefill_request->epoch;
+    kvf_envelope_free(env);
+    Kvf__Error e = KVF__ERROR__INIT;
+    e.req_id = id;
+    e.epoch = epoch;
+    e.status = KVF_ERR_INTERNAL;
+    e.message = "test: p2 fails it";
+    kvf_router__on_error(fx->r, &e, "p2");
+    env = rfx_node_recv(fx, 2, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    assert_non_null(env); /* p1 now, though p2 still holds the prefix */
+    assert_true(env->prefill_request->epoch > epoch);
+    kvf_envelope_free(env);
+    kvf_router_cancel(fx->r, id);
+}
+
 static void test_load_policy(void **state)
 {
     fixture_t *fx = *state;
@@ -372,6 +401,7 @@ int main(void)
         cmocka_unit_test(test_policy_names),
         cmocka_unit_test_setup_teardown(test_prefix_index, setup, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_kv_policy, setup_kv, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_failed_prefill_excluded, setup_kv, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_load_policy, setup_load, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_random_policy, setup_random, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_local_prefill_bound, setup_local, rfx_teardown),
