@@ -5,6 +5,7 @@
 #include "bench_kv_accuracy.h"
 #include "bench_serve.h"
 #include "bench_tokenizer.h"
+#include "bench_tiers.h"
 #include "bench_transfer.h"
 #include "commands.h"
 
@@ -17,6 +18,7 @@ static const kvf_command_t bench_commands[] = {
     {"kv-accuracy", "each KV cache format's logit error, greedy agreement, perplexity vs f32",
      kvf_bench_kv_accuracy},
     {"transfer", "KV block transfer vs ucx_perftest (shm, tcp)", kvf_bench_transfer},
+    {"tiers", "disk KV tier read/write vs a sequential O_DIRECT read and dd", kvf_bench_tiers},
     {"serve", "serving load: latency, throughput, goodput (split vs colocated)", kvf_bench_serve},
     {"tokenizer-load", "tokenizer.json load time (median of N loads)", kvf_bench_tokenizer_load},
     {NULL, NULL, NULL},
