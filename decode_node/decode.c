@@ -227,6 +227,9 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
     st = dec_loop_open(d);
     if (st != KVF_OK)
         goto fail_loop;
+    st = dec_tiers_open(d);
+    if (st != KVF_OK)
+        goto fail_tiers;
     st = alloc_scratch(d);
     if (st != KVF_OK)
         goto fail_scratch;
@@ -236,6 +239,8 @@ kvf_status_t kvf_decode_create(const kvf_decode_config_t *cfg, kvf_decode_t **de
 
 fail_scratch:
     free_scratch(d);
+    kvf_node_tiers_fini(&d->nt);
+fail_tiers:
 fail_loop:
     dec_loop_close(d);
     kvf_node_destroy(d->node);
@@ -262,6 +267,7 @@ void kvf_decode_destroy(kvf_decode_t *d)
     free(d->chunks);
     free(d->chunk_text);
     free_scratch(d);
+    kvf_node_tiers_fini(&d->nt); /* before the pool: copies in flight write into it */
     dec_loop_close(d); /* after the requests: their timers are in its set */
     kvf_node_destroy(d->node);
     /* The transport goes before the pool: its registration of the pool

@@ -58,6 +58,10 @@ typedef struct {
     kvf_decode_xfer_mode_t xfer_mode;
     uint32_t drain_timeout_ms;  /* longest graceful drain; 0: 120 s */
     bool no_prefix_cache;       /* keep no shipped prompt blocks for later requests */
+    /* KV tiers for the cached blocks the pool evicts (docs/kv-tiers.md);
+     * local prefills take their blocks back from them */
+    uint64_t kv_host_mem, kv_disk_size;
+    const char *kv_disk_dir;
 } kvf_decode_config_t;
 
 /* Counters the node logs (and tests read). */

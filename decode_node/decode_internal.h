@@ -24,6 +24,7 @@
 #include "kvf/msg.h"
 #include "kvf/node.h"
 #include "kvf/node_prefix.h"
+#include "kvf/node_tiers.h"
 #include "kvf/prefix_cache.h"
 #include "kvf/sampling.h"
 #include "kvf/textstream.h"
@@ -88,6 +89,8 @@ typedef struct {
     uint32_t *seq_ids; /* (n_seq_ids, cap_seq_ids) owned */
     uint32_t n_seq_ids, cap_seq_ids;
     uint32_t kv_len;   /* positions whose K/V is in its blocks */
+    uint32_t tier_pending; /* local: copies from the KV tiers in flight */
+    uint32_t tier_good;    /* local: blocks before the first copy that failed */
     uint8_t *salt;     /* (salt_len) the request's cache_salt; owned */
     size_t salt_len;
     bool kv_on_device;      /* transferred K/V copied from the host mirror (device pools) */
@@ -124,6 +127,7 @@ struct kvf_decode {
     /* the prefix cache: prompt blocks prefill nodes shipped or this node
      * prefilled itself (pc.cache NULL: off) */
     kvf_node_prefix_t pc;
+    kvf_node_tiers_t nt; /* the KV tiers (tiers.c; nt.tiers NULL: none) */
     uint64_t prefix_hit_blocks, prefix_query_blocks;
     kvf_tokenizer_t *tok;  /* the model's, for the requests' text */
     kvf_xfer_t *xfer;
@@ -283,6 +287,15 @@ void dec_prefix_note_token(dec_req_t *r, uint32_t tok);
 /* r ends well: every full block of its sequence (prompt and generated
  * tokens) is listed in the cache, on a host pool. */
 void dec_prefix_list_all(kvf_decode_t *d, const dec_req_t *r);
+
+/* ---- tiers.c: the KV tiers -------------------------------------------------- */
+
+/* The tiers of d's config (none when it asks for none). */
+kvf_status_t dec_tiers_open(kvf_decode_t *d);
+/* A local prefill r whose hit ends at block `from` takes the next blocks
+ * [from, most) a tier holds: copies start into its blocks and r waits
+ * (r->tier_pending) before it computes. Returns where they end. */
+uint32_t dec_tiers_promote(kvf_decode_t *d, dec_req_t *r, uint32_t from, uint32_t most);
 
 /* ---- messages.c ------------------------------------------------------------- */
 

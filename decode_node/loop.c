@@ -76,6 +76,7 @@ void dec_fill_load(void *arg, Kvf__Load *load)
     load->blocks_free = avail;
     load->blocks_used = total - avail;
     load->blocks_total = total;
+    kvf_node_tiers_load(&d->nt, load);
     load->blocks_cached = avail - kvf_kvpool_free_blocks(d->rt.pool);
     load->running = running;
     load->queued_requests = queued;
@@ -98,13 +99,14 @@ static void log_stats(kvf_decode_t *d, bool force)
     d->logged = s;
     d->logged_auth = auth;
     d->logged_refused = refused;
-    char auth_text[256];
+    char auth_text[256], tiers[256];
     kvf_node_control_format(d->node, auth_text, sizeof(auth_text));
+    kvf_node_tiers_describe(&d->nt, tiers, sizeof(tiers));
     const uint32_t avail = kvf_node_prefix_available(&d->pc);
     kvf_log_info("stats: admitted %llu refused %llu finished %llu cancelled %llu failed %llu "
                  "released %llu | stale dropped %llu malformed dropped %llu | tokens %llu "
                  "steps %llu | kv blocks used %u of %u, requests held %zu | prefix cache %s: "
-                 "%llu of %llu blocks hit, %u cached | %s",
+                 "%llu of %llu blocks hit, %u cached | %s | %s",
                  (unsigned long long)s.requests_admitted, (unsigned long long)s.requests_refused,
                  (unsigned long long)s.requests_finished, (unsigned long long)s.requests_cancelled,
                  (unsigned long long)s.requests_failed, (unsigned long long)s.requests_released,
@@ -113,7 +115,7 @@ static void log_stats(kvf_decode_t *d, bool force)
                  kvf_kvpool_num_blocks(d->rt.pool) - avail, kvf_kvpool_num_blocks(d->rt.pool),
                  d->n_reqs, d->pc.cache ? "on" : "off", (unsigned long long)d->prefix_hit_blocks,
                  (unsigned long long)d->prefix_query_blocks,
-                 avail - kvf_kvpool_free_blocks(d->rt.pool), auth_text);
+                 avail - kvf_kvpool_free_blocks(d->rt.pool), tiers, auth_text);
     for (size_t i = 0; i < d->n_reqs && i < 16; i++) {
         const dec_req_t *r = d->reqs[i];
         kvf_log_info("  held: request %llu epoch %llu, %s, %u blocks, %sreserved, %u generated",

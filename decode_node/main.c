@@ -5,6 +5,7 @@
 #include "kvf/auth.h"
 #include "kvf/backend_flags.h"
 #include "kvf/flags.h"
+#include "kvf/node_tiers.h"
 #include "kvf/kvcache.h"
 #include "kvf/log.h"
 #include "kvf/signals.h"
@@ -21,6 +22,8 @@ typedef struct {
     int max_running, threads;
     kvf_backend_flags_t bf;
     bool prefill_local, no_prefix_cache;
+    uint64_t kv_host_mem, kv_disk_size;
+    const char *kv_disk;
     int block_size, lease_ms, drain_timeout_ms, max_batch_tokens, stats_interval_ms;
     const char *xfer_mode, *cluster_key_file;
 } decode_opts_t;
@@ -55,6 +58,7 @@ static int parse_decode_flags(int argc, char **argv, decode_opts_t *o)
          "keep no prompt blocks for later requests (default: the full prompt blocks a "
          "prefill node shipped stay cached, and are not shipped again)",
          NULL},
+        KVF_NODE_TIERS_FLAG_ENTRIES(&o->kv_host_mem, &o->kv_disk, &o->kv_disk_size),
         {"block-size", KVF_FLAG_INT, &o->block_size, "N",
          "tokens per KV block, 1..256; must match the cluster", NULL},
         {"drain-timeout-ms", KVF_FLAG_INT, &o->drain_timeout_ms, "MS",
@@ -120,6 +124,12 @@ static int check_decode_opts(const decode_opts_t *o, kvf_decode_xfer_mode_t *mod
         kvf_log_error("--xfer-mode must be auto, rma or am, not '%s'", o->xfer_mode);
         return 2;
     }
+    kvf_node_tiers_config_t tc = {o->kv_host_mem, o->kv_disk, o->kv_disk_size};
+    const char *bad = kvf_node_tiers_check(&tc, o->no_prefix_cache);
+    if (bad) {
+        kvf_log_error("%s", bad);
+        return 2;
+    }
     return -1;
 }
 
@@ -136,6 +146,9 @@ static kvf_decode_config_t decode_config(const decode_opts_t *o, kvf_decode_xfer
         .backend = o->bf,
         .prefill_local = o->prefill_local,
         .no_prefix_cache = o->no_prefix_cache,
+        .kv_host_mem = o->kv_host_mem,
+        .kv_disk_dir = o->kv_disk,
+        .kv_disk_size = o->kv_disk_size,
         .block_size = o->block_size,
         .lease_ms = (uint32_t)o->lease_ms,
         .drain_timeout_ms = o->drain_timeout_ms > 0 ? (uint32_t)o->drain_timeout_ms : 1,

@@ -123,6 +123,8 @@ kvf_status_t dec_prefix_alloc(kvf_decode_t *d, dec_req_t *r, const dec_admit_spe
         return st;
     }
     r->prefilled = hit * d->block_size;
+    /* the next blocks may be in a KV tier: r waits for their copies */
+    r->tier_good = dec_tiers_promote(d, r, hit, most);
     return KVF_OK;
 }
 

@@ -65,8 +65,8 @@ static int gather_prefill_rows(kvf_decode_t *d, int n)
         budget = floor;
     for (size_t i = 0; i < d->n_reqs && n < cap && budget > 0; i++) {
         dec_req_t *r = d->reqs[i];
-        if (r->h.state != KVF_HANDOFF_PREFILLING)
-            continue;
+        if (r->h.state != KVF_HANDOFF_PREFILLING || r->tier_pending)
+            continue; /* (its blocks are being copied back from a KV tier) */
         uint32_t take = r->n_tokens - r->prefilled;
         if (take > budget)
             take = budget;
@@ -154,7 +154,7 @@ bool dec_has_work(const kvf_decode_t *d)
 {
     for (size_t i = 0; i < d->n_reqs; i++) {
         kvf_handoff_state_t s = d->reqs[i]->h.state;
-        if (s == KVF_HANDOFF_DECODING || s == KVF_HANDOFF_PREFILLING)
+        if (s == KVF_HANDOFF_DECODING || (s == KVF_HANDOFF_PREFILLING && !d->reqs[i]->tier_pending))
             return true;
     }
     return false;

@@ -5,6 +5,7 @@
 #include "kvf/auth.h"
 #include "kvf/backend_flags.h"
 #include "kvf/flags.h"
+#include "kvf/node_tiers.h"
 #include "kvf/log.h"
 #include "kvf/signals.h"
 
@@ -55,14 +56,7 @@ static int parse_prefill_flags(int argc, char **argv, prefill_opts_t *o)
          "compute every prompt from its first token (default: a prompt whose leading "
          "blocks an earlier one computed reuses their K/V)",
          NULL},
-        {"kv-host-mem", KVF_FLAG_SIZE, &o->kv_host_mem, "BYTES",
-         "KV tier 1: host RAM that keeps the cached blocks the pool evicts (default 0: none)",
-         NULL},
-        {"kv-disk", KVF_FLAG_STRING, &o->kv_disk, "DIR",
-         "KV tier 2: a file in DIR that keeps the blocks tier 1 evicts (needs --kv-disk-size)",
-         NULL},
-        {"kv-disk-size", KVF_FLAG_SIZE, &o->kv_disk_size, "BYTES", "size of the tier 2 file",
-         NULL},
+        KVF_NODE_TIERS_FLAG_ENTRIES(&o->kv_host_mem, &o->kv_disk, &o->kv_disk_size),
         {"alloc-timeout-ms", KVF_FLAG_INT, &o->alloc_timeout_ms, "MS",
          "how long to wait for a decode node's KvAllocReply", NULL},
         {"stats-interval-ms", KVF_FLAG_INT, &o->stats_interval_ms, "MS",
@@ -104,12 +98,10 @@ static int check_prefill_opts(const prefill_opts_t *o)
                       "--stats-interval-ms not negative and --block-size in 1..256");
         return 2;
     }
-    if (!o->kv_disk != !o->kv_disk_size) {
-        kvf_log_error("--kv-disk DIR and --kv-disk-size BYTES go together");
-        return 2;
-    }
-    if (o->kv_disk && o->no_prefix_cache) {
-        kvf_log_error("the KV tiers keep prefix-cache blocks: --kv-disk needs the prefix cache");
+    kvf_node_tiers_config_t tc = {o->kv_host_mem, o->kv_disk, o->kv_disk_size};
+    const char *bad = kvf_node_tiers_check(&tc, o->no_prefix_cache);
+    if (bad) {
+        kvf_log_error("%s", bad);
         return 2;
     }
     return -1;

@@ -24,12 +24,7 @@ static void fill_load(void *arg, Kvf__Load *load)
     load->blocks_used = total - avail;
     load->blocks_total = total;
     load->blocks_cached = avail - kvf_kvpool_free_blocks(p->rt.pool);
-    if (p->tiers) {
-        kvf_kv_tiers_stats_t ts;
-        kvf_kv_tiers_stats(p->tiers, &ts);
-        load->tier_ram_blocks = ts.blocks_ram;
-        load->tier_disk_blocks = ts.blocks_disk;
-    }
+    kvf_node_tiers_load(&p->nt, load);
     uint32_t queued = 0, running = 0;
     uint64_t tokens = 0;
     for (const pf_req_t *r = p->head; r; r = r->next) {
@@ -119,7 +114,7 @@ static void log_stats(kvf_prefill_t *p, const char *what, bool force)
     p->logged_refused = refused;
     char auth_text[256], tiers[256];
     kvf_node_control_format(p->node, auth_text, sizeof(auth_text));
-    pf_tiers_describe(p, tiers, sizeof(tiers));
+    kvf_node_tiers_describe(&p->nt, tiers, sizeof(tiers));
     kvf_prefix_cache_stats_t pc = {0};
     if (p->pc.cache)
         kvf_prefix_cache_stats(p->pc.cache, &pc);
@@ -473,7 +468,7 @@ void kvf_prefill_destroy(kvf_prefill_t *p)
         pf_req_destroy(p, r);
     }
     pf_stash_free(p);
-    pf_tiers_destroy(p); /* before the pool: copies in flight write into it */
+    kvf_node_tiers_fini(&p->nt); /* before the pool: copies in flight write into it */
     kvf_evloop_destroy(p->loop); /* no timer of a request is left armed */
     kvf_node_destroy(p->node);
     kvf_node_prefix_fini(&p->pc); /* every request's references are gone */

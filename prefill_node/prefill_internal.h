@@ -25,7 +25,7 @@
 #include "kvf/kvcache.h"
 #include "kvf/msg.h"
 #include "kvf/node.h"
-#include "kvf/kv_tier.h"
+#include "kvf/node_tiers.h"
 #include "kvf/node_prefix.h"
 #include "kvf/prefix_cache.h"
 #include "kvf/sampling.h"
@@ -120,7 +120,7 @@ typedef struct pf_req {
 typedef struct {
     uint64_t requests, completed, failed, cancelled, refused;
     uint64_t stale_dropped, malformed_dropped, unexpected_dropped;
-    uint64_t prefix_hit_tokens, prompt_tokens, tier_hit_tokens;
+    uint64_t prefix_hit_tokens, prompt_tokens;
 } pf_counters_t;
 
 /* Scratch of one forward, kept between forwards (forward.c). */
@@ -138,10 +138,7 @@ struct kvf_prefill {
     char *router_url, *listen_url;
     kvf_engine_stack_t rt; /* model, backend, pool, engine */
     kvf_node_prefix_t pc; /* the prefix cache (pc.cache NULL: --no-prefix-cache) */
-    kvf_kv_tiers_t *tiers;   /* tiers.c: NULL without --kv-host-mem / --kv-disk */
-    size_t tier_block_bytes;
-    struct pf_fetch *fetches; /* (n_fetches) copies from a tier in flight */
-    uint32_t n_fetches;
+    kvf_node_tiers_t nt; /* the KV tiers (tiers.c; nt.tiers NULL: none) */
     kvf_xfer_t *xfer;
     kvf_node_t *node;
     kvf_kv_geometry_t geo;
@@ -178,15 +175,12 @@ static inline uint64_t pf_us_between(uint64_t from_ns, uint64_t to_ns)
 /* The tiers of cfg (none when it asks for none); a disk tier that cannot
  * be made leaves RAM only, with a warning. NOMEM. */
 kvf_status_t pf_tiers_create(kvf_prefill_t *p, const kvf_prefill_config_t *cfg);
-void pf_tiers_destroy(kvf_prefill_t *p);
 /* Starts copying r's prompt blocks [from, most) that a tier holds into
  * r's own blocks, up to the first a tier lacks; r waits for them
  * (r->tier_pending). Returns where the copies end. */
 uint32_t pf_tiers_promote(kvf_prefill_t *p, pf_req_t *r, uint32_t from, uint32_t most);
 /* forward.c: r computes from its first n blocks on (cache and tier hits). */
 void pf_req_set_cached(kvf_prefill_t *p, pf_req_t *r, uint32_t n);
-/* Appends the tiers' counters to a stats line. */
-void pf_tiers_describe(const kvf_prefill_t *p, char *buf, size_t len);
 
 /* ---- requests.c ---- */
 

@@ -7,6 +7,10 @@
  * its 18 reusable blocks in the tiers (8 in RAM, 10 on disk), computes
  * only its last 32 tokens, and its output equals the colocated cold run.
  *
+ * test_tiers_decode_local: the same on a decode node that prefills itself
+ * (--prefill-local, no prefill node): A again takes its blocks back from
+ * the decode node's tiers, output equal to the cold run.
+ *
  * test_tiers_corrupt: a disk tier alone; A's blocks go to disk when C
  * evicts them, a byte of every block on disk is flipped, and A again is
  * computed whole (every copy fails its checks and is dropped): the output
@@ -116,6 +120,61 @@ static void test_tiers_hit(void **state)
     assert_int_equal(rmdir(dir), 0); /* the node removed its file */
 }
 
+/* The RAM and disk hits of the last "kv tiers:" report in process i's log. */
+static void tier_hits(const h_cluster_t *c, int i, unsigned long long *ram_p,
+                      unsigned long long *disk_p)
+{
+    *ram_p = *disk_p = 0;
+    FILE *f = fopen(c->procs[i].log, "r");
+    if (!f)
+        return;
+    char line[2048];
+    while (fgets(line, sizeof(line), f)) {
+        const char *t = strstr(line, "kv tiers: ");
+        unsigned a, b;
+        if (t)
+            (void)sscanf(t, "kv tiers: %u ram + %u disk blocks, %llu ram + %llu disk hits", &a, &b,
+                         ram_p, disk_p);
+    }
+    fclose(f);
+}
+
+static void test_tiers_decode_local(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvf-test-tiers-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    h_gen_t g[4];
+    uint32_t *ref[4];
+    size_t n_ref[4];
+    make_prompts(g, ref, n_ref, 4);
+    h_cluster_t c;
+    h_cluster_init(&c, model_dir, "sm,self");
+    h_start_router(&c, NULL);
+    int dn = h_start_node(&c, "decode", "decode-0", "--prefill-local", "--kv-mem", "344K",
+                          "--kv-host-mem", "384K", "--kv-disk", dir, "--kv-disk-size", "2M",
+                          NULL);
+    h_wait_nodes(&c, 1, 120000);
+    for (int i = 0; i < 4; i++)
+        send_one(&c, g, ref, n_ref, i);
+    h_totals_t before, after;
+    h_totals(&c, &before);
+    send_one(&c, g, ref, n_ref, 0);
+    h_totals(&c, &after);
+    assert_int_equal(after.prefill_cached - before.prefill_cached, 18 * 16);
+    h_wait_no_blocks_used(&c, 30000);
+    assert_int_equal(h_terminate(&c, dn, 60000), 0);
+    unsigned long long ram = 0, disk = 0;
+    tier_hits(&c, dn, &ram, &disk);
+    if (ram + disk == 0) {
+        h_cluster_stop(&c, true);
+        fail_msg("the decode node took nothing from its tiers");
+    }
+    h_cluster_stop(&c, false);
+    h_gens_free(g, ref, 4);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 /* Slots written to the tier file (its header's magic at a 4 KiB edge). */
 static int slots_written(const char *path, long *offs, int max)
 {
@@ -199,6 +258,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_tiers_hit, h_teardown),
+        cmocka_unit_test_teardown(test_tiers_decode_local, h_teardown),
         cmocka_unit_test_teardown(test_tiers_corrupt, h_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,0 +1,44 @@
+/* kvf-decode's KV tiers (kvf/node_tiers.h, docs/kv-tiers.md): a local
+ * prefill whose next prompt blocks a tier holds waits for their copies (the
+ * loop and the decode batch do not) and then computes from the first block
+ * that failed its checks. Transferred requests use the pool's cache only. */
+#include "decode_internal.h"
+
+#include "kvf/log.h"
+
+uint32_t dec_tiers_promote(kvf_decode_t *d, dec_req_t *r, uint32_t from, uint32_t most)
+{
+    return kvf_node_tiers_promote(&d->nt, r->req_id, r->epoch, r->prefix_hashes, r->prompt,
+                                  d->block_size, r->blocks, from, most, &r->tier_pending);
+}
+
+static void on_copy(void *arg, uint64_t req_id, uint64_t epoch, uint32_t index, kvf_status_t st,
+                    int tier)
+{
+    kvf_decode_t *d = arg;
+    dec_req_t *r = dec_req_find(d, req_id, epoch);
+    if (!r || !r->tier_pending)
+        return; /* it ended meanwhile */
+    if (st != KVF_OK && index < r->tier_good) {
+        r->tier_good = index;
+        kvf_log_info("request %llu: a block from KV tier %d failed its checks (%s): computed "
+                     "again",
+                     (unsigned long long)req_id, tier, kvf_status_str(st));
+    }
+    if (--r->tier_pending)
+        return;
+    uint32_t from = r->cached_blocks, good = r->tier_good;
+    if (!kvf_node_tiers_settle(&d->nt, r->blocks + from, good - from, d->block_size))
+        good = from;
+    r->cached_blocks = good;
+    r->prefilled = good * d->block_size; /* computes from there */
+    d->prefix_hit_blocks += good - from;
+}
+
+kvf_status_t dec_tiers_open(kvf_decode_t *d)
+{
+    kvf_node_tiers_config_t tc = {.host_bytes = d->cfg.kv_host_mem,
+                                  .disk_dir = d->cfg.kv_disk_dir,
+                                  .disk_bytes = d->cfg.kv_disk_size};
+    return kvf_node_tiers_init(&d->nt, &tc, &d->pc, d->rt.pool, d->loop, on_copy, d);
+}
