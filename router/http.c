@@ -6,6 +6,7 @@
 #include "http.h"
 
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -385,9 +386,37 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
+/* libmicrohttpd's messages, at most LOG_BURST in LOG_WINDOW_NS: a client
+ * that opens and drops connections by the thousand must not flood the
+ * log. What was left out is counted in the next window's first line. */
+#define LOG_BURST     20
+#define LOG_WINDOW_NS (10ull * 1000000000ull)
+
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static uint64_t window_start;
+    static unsigned lines, dropped;
+    uint64_t now = kvf_clock_ns();
+    pthread_mutex_lock(&lock);
+    unsigned left_out = 0;
+    if (now - window_start >= LOG_WINDOW_NS) {
+        window_start = now;
+        left_out = dropped;
+        lines = dropped = 0;
+    }
+    bool show = lines < LOG_BURST;
+    if (show)
+        lines++;
+    else
+        dropped++;
+    pthread_mutex_unlock(&lock);
+    if (left_out)
+        kvf_log_warn("http: %u more messages left out in the last %llu s", left_out,
+                     LOG_WINDOW_NS / 1000000000ull);
+    if (!show)
+        return;
     char line[512];
     vsnprintf(line, sizeof(line), fmt, ap);
     size_t n = strlen(line);
