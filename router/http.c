@@ -6,6 +6,7 @@
 #include "http.h"
 
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -154,33 +155,40 @@ static void answer_metrics(kvf_router_t *r, kvf_exch_t *e, unsigned *code_p, cha
         *body_p = NULL;
 }
 
-/* Asks the loop and waits (bounded) for its answer. */
-static enum MHD_Result handle_query(kvf_http_t *h, struct MHD_Connection *c, bool metrics)
+/* Asks the loop and waits (parked, bounded) for its answer; again each
+ * time the parked connection resumes. */
+static enum MHD_Result handle_query(kvf_http_t *h, struct MHD_Connection *c, conn_req_t *cr,
+                                    bool metrics)
 {
-    kvf_exch_t *e = kvf_exch_create(&h->exchanges, metrics ? answer_metrics : answer_health);
-    if (!e)
-        return MHD_NO;
-    e->owner = h;
-    if (kvf_exch_post(e) != KVF_OK) {
-        kvf_exch_unref(e);
-        return kvf_http__respond_unavailable(h, c, MHD_HTTP_SERVICE_UNAVAILABLE, "out of memory");
+    if (!cr->ex) {
+        kvf_exch_t *e = kvf_exch_create(&h->exchanges, metrics ? answer_metrics : answer_health);
+        if (!e)
+            return MHD_NO;
+        e->owner = h;
+        cr->ex = e;
+        cr->wait = (kvf_http_waiter_t){.conn = c, .ex = e};
+        if (kvf_exch_post(e) != KVF_OK)
+            return kvf_http__respond_unavailable(h, c, MHD_HTTP_SERVICE_UNAVAILABLE,
+                                                 "out of memory");
     }
-    pthread_mutex_lock(&e->lock);
-    kvf_exch_wait_t w = kvf_exch_wait(e, kvf_exch_answered,
-                                      kvf_clock_ns() + (uint64_t)h->loop_wait_ms * 1000000ull);
-    unsigned code = e->code;
-    char *body = e->body;
-    size_t len = e->body_len;
-    if (w == KVF_EXCH_READY)
-        e->body = NULL;
-    pthread_mutex_unlock(&e->lock);
-    kvf_exch_unref(e);
-    if (w != KVF_EXCH_READY) {
+    kvf_exch_t *e = cr->ex;
+    kvf_http_await_t w = kvf_http__await(h, &cr->wait, kvf_exch_answered, h->loop_wait_ms);
+    if (w == KVF_HTTP_PARKED)
+        return MHD_YES;
+    if (w == KVF_HTTP_TIMEOUT) {
         char what[128];
         snprintf(what, sizeof(what), "the router's event loop did not answer in %u ms",
                  h->loop_wait_ms);
         return kvf_http__respond_unavailable(h, c, MHD_HTTP_SERVICE_UNAVAILABLE, what);
     }
+    if (w != KVF_HTTP_READY)
+        return MHD_NO;
+    pthread_mutex_lock(&e->lock);
+    unsigned code = e->code;
+    char *body = e->body;
+    size_t len = e->body_len;
+    e->body = NULL;
+    pthread_mutex_unlock(&e->lock);
     if (!body)
         return kvf_http__respond_unavailable(h, c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory");
     return respond(h, c, code,
@@ -312,9 +320,9 @@ static enum MHD_Result dispatch_request(kvf_http_t *h, struct MHD_Connection *c,
     case ROUTE_MODEL:
         return handle_models(h, c, url);
     case ROUTE_HEALTH:
-        return handle_query(h, c, false);
+        return handle_query(h, c, cr, false);
     case ROUTE_METRICS:
-        return handle_query(h, c, true);
+        return handle_query(h, c, cr, true);
     case ROUTE_NONE:
         break;
     }
@@ -336,11 +344,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cr->route = route_of(url);
         cr->post = !strcmp(method, "POST");
         kvf_strbuf_init(&cr->body);
+        /* The headers are in: from here on the connection may be idle as
+         * long as a request's body or response may take. */
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->idle_timeout_s);
         enum MHD_Result ret;
         if (check_headers(h, c, cr, method, &ret))
             return ret;
         return MHD_YES;
     }
+    kvf_http__unpark(&h->park, &cr->wait); /* run again after a resume */
     if (*upload_data_size) {
         if (cr->body.len + *upload_data_size > h->max_body)
             cr->too_big = true;
@@ -355,13 +367,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
-    (void)c;
+    kvf_http_t *h = cls;
     conn_req_t *cr = *con_cls;
     if (!cr)
         return;
+    kvf_http__unpark(&h->park, &cr->wait);
+    /* A kept-alive connection waits for its next request's headers. */
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->header_timeout_s);
     if (cr->ex) {
-        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        bool generate = cr->route == ROUTE_COMPLETIONS || cr->route == ROUTE_CHAT;
+        if (generate && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
             kvf_exch_cancel(cr->ex);
         kvf_exch_unref(cr->ex);
     }
@@ -370,9 +386,37 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
+/* libmicrohttpd's messages, at most LOG_BURST in LOG_WINDOW_NS: a client
+ * that opens and drops connections by the thousand must not flood the
+ * log. What was left out is counted in the next window's first line. */
+#define LOG_BURST     20
+#define LOG_WINDOW_NS (10ull * 1000000000ull)
+
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static uint64_t window_start;
+    static unsigned lines, dropped;
+    uint64_t now = kvf_clock_ns();
+    pthread_mutex_lock(&lock);
+    unsigned left_out = 0;
+    if (now - window_start >= LOG_WINDOW_NS) {
+        window_start = now;
+        left_out = dropped;
+        lines = dropped = 0;
+    }
+    bool show = lines < LOG_BURST;
+    if (show)
+        lines++;
+    else
+        dropped++;
+    pthread_mutex_unlock(&lock);
+    if (left_out)
+        kvf_log_warn("http: %u more messages left out in the last %llu s", left_out,
+                     LOG_WINDOW_NS / 1000000000ull);
+    if (!show)
+        return;
     char line[512];
     vsnprintf(line, sizeof(line), fmt, ap);
     size_t n = strlen(line);
@@ -493,17 +537,22 @@ static kvf_status_t start_daemon(kvf_http_t *h, const kvf_http_config_t *cfg)
                       cfg->listen);
         return KVF_ERR_INVAL;
     }
-    unsigned max_connections = cfg->max_connections ? cfg->max_connections : 512;
+    unsigned max_connections = cfg->max_connections ? cfg->max_connections : 8192;
+    unsigned per_ip = cfg->max_connections_per_ip ? cfg->max_connections_per_ip : 64;
+    unsigned threads = cfg->threads ? cfg->threads : 4;
     ensure_fd_room(max_connections);
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    /* Internal epoll threads: an idle connection or one parked while it
+     * waits for the loop costs a socket and memory, no thread. */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_ERROR_LOG;
     if (addr.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    h->daemon = MHD_start_daemon(flags, h->port, NULL, NULL, on_request, h,
-                                 MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_SOCK_ADDR,
-                                 (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
-                                 max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
+    h->daemon = MHD_start_daemon(
+        flags, h->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, threads,
+        MHD_OPTION_CONNECTION_LIMIT, max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, h->header_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, h, MHD_OPTION_END);
     if (!h->daemon) {
         kvf_log_error("http: cannot serve on %s (address in use?)", cfg->listen);
         return KVF_ERR_IO;
@@ -524,6 +573,8 @@ kvf_status_t kvf_http_create(kvf_router_t *router, const kvf_http_config_t *cfg,
     h->max_body = cfg->max_body ? cfg->max_body : (4u << 20);
     h->loop_wait_ms = cfg->loop_wait_ms ? cfg->loop_wait_ms : 5000;
     h->max_wait_ms = cfg->max_wait_ms ? cfg->max_wait_ms : 660000;
+    h->header_timeout_s = cfg->header_timeout_s ? cfg->header_timeout_s : 10;
+    h->idle_timeout_s = cfg->idle_timeout_s ? cfg->idle_timeout_s : 120;
     h->started = kvf_clock_unix_s();
     atomic_init(&h->next_id, 1);
     kvf_status_t st = kvf_exch_set_init(&h->exchanges, router);
@@ -532,15 +583,21 @@ kvf_status_t kvf_http_create(kvf_router_t *router, const kvf_http_config_t *cfg,
     st = configure(h, cfg);
     if (st != KVF_OK)
         goto fail_config;
-    st = start_daemon(h, cfg);
+    st = kvf_http__park_init(&h->park);
     if (st != KVF_OK)
         goto fail_config;
+    st = start_daemon(h, cfg);
+    if (st != KVF_OK)
+        goto fail_daemon;
     kvf_log_info("http: OpenAI API on %.*s:%u (model '%s', chat template %s%s)",
                  (int)(strrchr(cfg->listen, ':') - cfg->listen), cfg->listen, h->port,
                  h->model_name, kvf_chat_template_name(h->api.chat),
                  h->api_key ? ", API key required" : "");
     *http_p = h;
     return KVF_OK;
+fail_daemon:
+    kvf_http__park_stop(&h->park);
+    kvf_http__park_fini(&h->park);
 fail_config:
     free(h->api_key);
     kvf_exch_set_fini(&h->exchanges);
@@ -558,8 +615,10 @@ void kvf_http_destroy(kvf_http_t *h)
 {
     if (!h)
         return;
-    kvf_exch_set_stop(&h->exchanges); /* wakes every waiting connection thread */
-    MHD_stop_daemon(h->daemon);       /* joins every connection thread */
+    kvf_exch_set_stop(&h->exchanges); /* every waiting connection ends */
+    kvf_http__park_stop(&h->park);    /* none is left suspended */
+    MHD_stop_daemon(h->daemon);       /* joins the server's threads */
+    kvf_http__park_fini(&h->park);
     /* What is left was held by tasks and sinks of the loop, which no longer
      * runs. */
     kvf_exch_set_fini(&h->exchanges);

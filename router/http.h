@@ -2,20 +2,32 @@
  * chat completions, streaming as server-sent events), /v1/models, /health
  * and Prometheus /metrics, served by libmicrohttpd.
  *
- * Threads: libmicrohttpd runs one thread per connection. Those threads
+ * Threads: libmicrohttpd runs a few epoll threads (cfg->threads) for
+ * every connection; an idle connection costs no thread. Those threads
  * never touch router state: each request becomes an exchange (exchange.h:
  * shared, reference-counted) that is handed to the loop with
  * kvf_router_post(); on the loop, kvf_router_submit() gets a sink that
  * appends the output to the exchange under its mutex and signals its
- * eventfd; the connection thread sleeps on that eventfd and its client's
- * socket together (woken by output, a hang-up, the server stopping, or
- * its deadline) and writes the response. A client that disconnects or a
+ * eventfd. While a request waits for the loop its connection is suspended
+ * (parked, http_park.c): one thread watches every parked connection's
+ * eventfd and client socket together and resumes the connection on
+ * output, a hang-up, the server stopping or its deadline; its handler or
+ * streaming reader then writes what arrived. A client that disconnects or a
  * write that fails posts a cancel, which frees the request's KV blocks.
  * /health and /metrics are read the same way: a task posted to the loop
  * fills in the answer.
  *
+ * Limits: max_connections in all, max_connections_per_ip from one
+ * address (kept below the total so that one client cannot take /health
+ * and /metrics away from the others); a connection may be idle for
+ * header_timeout_s before its request's headers arrive, idle_timeout_s
+ * once they have (a parked connection is never timed out: its own wait
+ * is bounded by max_wait_ms). A malformed request line is answered 400 by
+ * libmicrohttpd itself (its own HTML body: it offers no hook for it).
+ *
  * Files: http.c (the server, routes, /v1/models, /health, /metrics),
- * http_generate.c (completions: whole or streamed), openai.c (the JSON),
+ * http_generate.c (completions: whole or streamed), http_park.c (parked
+ * connections), openai.c (the JSON),
  * exchange.c (the hand-over to the loop). */
 #ifndef KVF_HTTP_H
 #define KVF_HTTP_H
@@ -34,7 +46,11 @@ typedef struct {
     const char *api_key;           /* NULL or "": no authentication */
     const char *chat_template;     /* NULL or "": recognise the model's; or a name (chat.h) */
     size_t max_body;               /* request body limit in bytes (0: 4 MiB) */
-    unsigned max_connections;      /* concurrent connections (0: 512) */
+    unsigned max_connections;      /* concurrent connections (0: 8192) */
+    unsigned max_connections_per_ip; /* from one client address (0: 64) */
+    unsigned header_timeout_s;     /* a connection idle before its request's headers (0: 10) */
+    unsigned idle_timeout_s;       /* idle with a request in flight (0: 120); not while parked */
+    unsigned threads;              /* the server's epoll threads (0: 4) */
     unsigned loop_wait_ms;         /* longest wait for the loop's answer to a query (0: 5000) */
     unsigned max_wait_ms;          /* longest wait for a request's next output (0: 660000) */
 } kvf_http_config_t;

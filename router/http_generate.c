@@ -1,6 +1,7 @@
 /* A completion or chat request over HTTP: parsed (openai.c), handed to
  * the router's loop (exchange.c), then answered whole or streamed as
- * server-sent events. See http.h. */
+ * server-sent events. While it waits for the loop its connection is
+ * parked (http_park.c), holding no thread. See http.h. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,13 +13,46 @@
 
 #define HTTP_SSE_BLOCK 16384
 
-/* The streaming response's reader: blocks (this is a connection's own
- * thread) until the loop has produced more output. */
+/* The streaming response's reader's context, owned by the response. */
+typedef struct {
+    kvf_exch_t *e; /* a reference */
+    kvf_http_t *h;
+    kvf_http_waiter_t wait;
+} sse_ctx_t;
+
+/* Formats the output the loop left in the exchange as events. */
+static void take_output(kvf_exch_t *e)
+{
+    pthread_mutex_lock(&e->lock);
+    char *text = NULL;
+    size_t text_len = 0;
+    if (e->text.len)
+        kvf_strbuf_take(&e->text, &text, &text_len);
+    int finish = e->finish;
+    kvf_status_t status = e->status;
+    char error[sizeof(e->error)];
+    memcpy(error, e->error, sizeof(error));
+    uint32_t pt = e->prompt_tokens, ct = e->completion_tokens;
+    pthread_mutex_unlock(&e->lock);
+    if (text) {
+        kvf_openai_sse_chunk(&e->reply, &e->sse, text, text_len, 0, false);
+        free(text);
+    }
+    if (finish) {
+        kvf_openai_sse_end(&e->reply, &e->sse, finish, status, error, pt, ct);
+        e->sse_done = true;
+    }
+}
+
+/* The streaming response's reader: when the loop has produced nothing
+ * new, parks the connection and returns 0 (it runs again once resumed). */
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
-    kvf_exch_t *e = cls;
-    kvf_http_t *h = e->owner;
+    sse_ctx_t *s = cls;
+    kvf_exch_t *e = s->e;
+    kvf_http_t *h = s->h;
+    kvf_http__unpark(&h->park, &s->wait);
     for (;;) {
         if (e->sse.failed)
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -40,51 +74,44 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
             kvf_exch_cancel(e);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        pthread_mutex_lock(&e->lock);
-        kvf_exch_wait_t w = kvf_exch_wait(e, kvf_exch_has_output,
-                                          kvf_clock_ns() + (uint64_t)h->max_wait_ms * 1000000ull);
-        char *text = NULL;
-        size_t text_len = 0;
-        if (w == KVF_EXCH_READY && e->text.len)
-            kvf_strbuf_take(&e->text, &text, &text_len);
-        int finish = e->finish;
-        kvf_status_t status = e->status;
-        char error[sizeof(e->error)];
-        memcpy(error, e->error, sizeof(error));
-        uint32_t pt = e->prompt_tokens, ct = e->completion_tokens;
-        pthread_mutex_unlock(&e->lock);
-        if (w != KVF_EXCH_READY) {
-            if (w == KVF_EXCH_TIMEOUT)
+        kvf_http_await_t w = kvf_http__await(h, &s->wait, kvf_exch_has_output, h->max_wait_ms);
+        if (w == KVF_HTTP_PARKED)
+            return 0;
+        if (w != KVF_HTTP_READY) {
+            if (w == KVF_HTTP_TIMEOUT)
                 kvf_log_warn("http: %s: no output for %u ms; cancelled", e->id, h->max_wait_ms);
             kvf_exch_cancel(e);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        if (text) {
-            kvf_openai_sse_chunk(&e->reply, &e->sse, text, text_len, 0, false);
-            free(text);
-        }
-        if (finish) {
-            kvf_openai_sse_end(&e->reply, &e->sse, finish, status, error, pt, ct);
-            e->sse_done = true;
-        }
+        take_output(e);
     }
 }
 
 /* The response object is gone: drop the reader's reference. */
 static void sse_free(void *cls)
 {
-    kvf_exch_unref(cls);
+    sse_ctx_t *s = cls;
+    kvf_http__unpark(&s->h->park, &s->wait);
+    kvf_exch_unref(s->e);
+    free(s);
 }
 
 static enum MHD_Result start_stream(kvf_http_t *h, struct MHD_Connection *c, kvf_exch_t *e)
 {
     if (e->reply.chat)
         kvf_openai_sse_chunk(&e->reply, &e->sse, "", 0, 0, true);
+    sse_ctx_t *s = calloc(1, sizeof(*s));
+    if (!s) {
+        kvf_exch_cancel(e);
+        return MHD_NO;
+    }
     kvf_exch_ref(e); /* the reader's */
+    *s = (sse_ctx_t){.e = e, .h = h, .wait = {.conn = c, .ex = e}};
     struct MHD_Response *resp =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, HTTP_SSE_BLOCK, sse_read, e, sse_free);
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, HTTP_SSE_BLOCK, sse_read, s, sse_free);
     if (!resp) {
         kvf_exch_unref(e);
+        free(s);
         kvf_exch_cancel(e);
         return MHD_NO;
     }
@@ -129,9 +156,33 @@ static enum MHD_Result answer_generate(kvf_http_t *h, struct MHD_Connection *c, 
     return start_stream(h, c, e);
 }
 
-/* A completion or chat request whose body has arrived. */
+/* Waits (parked) for the request to finish or, streaming, to start. */
+static enum MHD_Result await_generate(kvf_http_t *h, struct MHD_Connection *c, conn_req_t *cr)
+{
+    kvf_exch_t *e = cr->ex;
+    kvf_http_await_t w = kvf_http__await(h, &cr->wait,
+                                         e->req.stream ? kvf_exch_started : kvf_exch_finished,
+                                         h->max_wait_ms);
+    if (w == KVF_HTTP_PARKED)
+        return MHD_YES;
+    if (w == KVF_HTTP_READY)
+        return answer_generate(h, c, e);
+    kvf_exch_cancel(e);
+    if (w == KVF_HTTP_TIMEOUT) {
+        kvf_openai_error_t err;
+        kvf_openai_set_error(&err, MHD_HTTP_GATEWAY_TIMEOUT, "server_error", NULL, "timeout",
+                             "no output within %u ms", h->max_wait_ms);
+        return kvf_http__respond_error(h, c, &err);
+    }
+    return MHD_NO; /* the client left, or the server stops: close */
+}
+
+/* A completion or chat request whose body has arrived; again each time
+ * its parked connection resumes. */
 enum MHD_Result kvf_http__handle_generate(kvf_http_t *h, struct MHD_Connection *c, conn_req_t *cr)
 {
+    if (cr->ex)
+        return await_generate(h, c, cr);
     kvf_exch_t *e = kvf_exch_create(&h->exchanges, NULL);
     if (!e)
         return MHD_NO;
@@ -153,19 +204,8 @@ enum MHD_Result kvf_http__handle_generate(kvf_http_t *h, struct MHD_Connection *
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     e->fd = ci ? ci->connect_fd : -1;
+    cr->wait = (kvf_http_waiter_t){.conn = c, .ex = e};
     if (kvf_exch_post(e) != KVF_OK)
         return kvf_http__respond_unavailable(h, c, MHD_HTTP_SERVICE_UNAVAILABLE, "out of memory");
-    pthread_mutex_lock(&e->lock);
-    kvf_exch_wait_t w = kvf_exch_wait(e, e->req.stream ? kvf_exch_started : kvf_exch_finished,
-                                      kvf_clock_ns() + (uint64_t)h->max_wait_ms * 1000000ull);
-    pthread_mutex_unlock(&e->lock);
-    if (w == KVF_EXCH_READY)
-        return answer_generate(h, c, e);
-    kvf_exch_cancel(e);
-    if (w == KVF_EXCH_TIMEOUT) {
-        kvf_openai_set_error(&err, MHD_HTTP_GATEWAY_TIMEOUT, "server_error", NULL, "timeout",
-                             "no output within %u ms", h->max_wait_ms);
-        return kvf_http__respond_error(h, c, &err);
-    }
-    return MHD_NO; /* the client left, or the server stops: close */
+    return await_generate(h, c, cr);
 }

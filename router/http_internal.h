@@ -3,6 +3,7 @@
 #ifndef KVF_HTTP_INTERNAL_H
 #define KVF_HTTP_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -15,6 +16,58 @@
 #include "http.h"
 #include "openai.h"
 #include "strbuf.h"
+
+/* A connection suspended while it waits for its exchange (http_park.c). */
+typedef struct kvf_http_waiter {
+    struct MHD_Connection *conn;
+    kvf_exch_t *ex;
+    uint64_t deadline_ns; /* of the wait in progress; 0: none */
+    bool armed;           /* (park lock) watched: in the epoll set and armed list */
+    bool suspended;       /* (park lock) suspended, not yet run again */
+    struct kvf_http_waiter *prev, *next; /* (park lock) the armed list */
+    struct kvf_http_waiter *resume_next; /* the park thread's own */
+} kvf_http_waiter_t;
+
+/* The thread that resumes parked connections. */
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t idle; /* suspended reached 0 */
+    int epfd, stop_fd;
+    kvf_http_waiter_t *armed; /* (lock) */
+    uint64_t next_check;      /* (lock) the earliest armed deadline, or later */
+    unsigned suspended;       /* (lock) */
+    bool stopped;             /* (lock) */
+} kvf_http_park_t;
+
+typedef enum {
+    KVF_HTTP_READY,
+    KVF_HTTP_PARKED, /* the connection is suspended until something changes */
+    KVF_HTTP_GONE,   /* the client hung up */
+    KVF_HTTP_TIMEOUT,
+    KVF_HTTP_STOPPING,
+} kvf_http_await_t;
+
+kvf_status_t kvf_http__park_init(kvf_http_park_t *p);
+/* Suspends w->conn and watches w->ex's eventfd, its client's socket and
+ * w->deadline_ns; the connection is resumed when one fires. False (not
+ * suspended) once the park stops or when the socket cannot be watched.
+ * Call it from the connection's handler or content reader only. */
+bool kvf_http__park(kvf_http_park_t *p, kvf_http_waiter_t *w);
+/* The handler or reader runs again (or the request ends): w is no longer
+ * suspended. Harmless when it was not. */
+void kvf_http__unpark(kvf_http_park_t *p, kvf_http_waiter_t *w);
+/* Resumes every parked connection, stops the thread, and returns once
+ * the server has run each of them again. The daemon still runs. */
+void kvf_http__park_stop(kvf_http_park_t *p);
+/* After MHD_stop_daemon. */
+void kvf_http__park_fini(kvf_http_park_t *p);
+
+/* Whether ready(w->ex) holds; if not, and the client is there, the server
+ * not stopping and the wait (wait_ms from its first call) not over, parks
+ * the connection. */
+kvf_http_await_t kvf_http__await(kvf_http_t *h, kvf_http_waiter_t *w,
+                                 bool (*ready)(const kvf_exch_t *), unsigned wait_ms);
 
 /* HTTP status codes counted one by one on /metrics (http.c). */
 #define HTTP_N_COUNTED 10
@@ -32,6 +85,8 @@ struct kvf_http {
     atomic_uint_fast64_t next_id;
     atomic_uint_fast64_t responses[HTTP_N_COUNTED + 1]; /* by counted_codes; last: other */
     kvf_exch_set_t exchanges;
+    kvf_http_park_t park;
+    unsigned header_timeout_s, idle_timeout_s;
 };
 
 /* Per HTTP request state, owned by the connection (freed on completion). */
@@ -51,6 +106,7 @@ typedef struct {
     bool too_big;
     kvf_strbuf_t body;
     kvf_exch_t *ex; /* the connection's reference, or NULL */
+    kvf_http_waiter_t wait; /* .ex: ex, once posted */
 } conn_req_t;
 
 /* Queues resp with code and counts it for /metrics. */
@@ -66,7 +122,8 @@ enum MHD_Result kvf_http__respond_error(kvf_http_t *h, struct MHD_Connection *c,
 enum MHD_Result kvf_http__respond_unavailable(kvf_http_t *h, struct MHD_Connection *c,
                                               unsigned code, const char *what);
 
-/* A completion or chat request whose body has arrived (http_generate.c). */
+/* A completion or chat request whose body has arrived (http_generate.c):
+ * called again, with cr->ex set, each time its parked connection resumes. */
 enum MHD_Result kvf_http__handle_generate(kvf_http_t *h, struct MHD_Connection *c, conn_req_t *cr);
 
 #endif

@@ -25,7 +25,8 @@ typedef struct {
     const char *route, *local_prefill;
     double prefill_weight, decode_weight, transfer_weight;
     uint64_t max_body;
-    int http_max_connections;
+    int http_max_connections, http_max_per_ip, http_header_timeout, http_idle_timeout;
+    int http_threads;
     bool http_seen; /* --http was given: it must work */
 } router_opts_t;
 
@@ -44,7 +45,11 @@ static void router_opts_defaults(router_opts_t *o)
         .stall_timeout_ms = 30000,
         .http_listen = "127.0.0.1:8000",
         .max_body = 4u << 20,
-        .http_max_connections = 512,
+        .http_max_connections = 8192,
+        .http_max_per_ip = 64,
+        .http_header_timeout = 10,
+        .http_idle_timeout = 120,
+        .http_threads = 4,
         .route = "kv",
         .local_prefill = "0",
         .prefill_weight = 1.0,
@@ -92,6 +97,18 @@ static int parse_router_flags(int argc, char **argv, router_opts_t *o)
         {"max-body", KVF_FLAG_SIZE, &o->max_body, "BYTES", "largest HTTP request body", NULL},
         {"http-max-connections", KVF_FLAG_INT, &o->http_max_connections, "N",
          "concurrent HTTP connections", NULL},
+        {"http-max-connections-per-ip", KVF_FLAG_INT, &o->http_max_per_ip, "N",
+         "concurrent HTTP connections from one client address (keep it below "
+         "--http-max-connections)",
+         NULL},
+        {"http-header-timeout", KVF_FLAG_INT, &o->http_header_timeout, "S",
+         "seconds an HTTP connection may be idle before its request's headers arrive", NULL},
+        {"http-idle-timeout", KVF_FLAG_INT, &o->http_idle_timeout, "S",
+         "seconds an HTTP connection may be idle once its headers arrived (not counting waits "
+         "for the model's output)",
+         NULL},
+        {"http-threads", KVF_FLAG_INT, &o->http_threads, "N", "the HTTP server's epoll threads",
+         NULL},
         {"route", KVF_FLAG_STRING, &o->route, "kv|load|random",
          "how a request's nodes are picked: kv = cost over cached prefixes and load "
          "(docs/prefix-cache.md), load = most room / least queued, random",
@@ -175,7 +192,9 @@ static int check_router_opts(const router_opts_t *o)
     if (o->heartbeat_ms < 50 || o->max_queue < 0 || o->queue_timeout_ms < 1 ||
         o->request_timeout_ms < 1 || o->max_attempts < 1 || o->default_max_tokens < 1 ||
         o->prefill_timeout_ms < 1 || o->stall_timeout_ms < 1 || o->max_body < 1 ||
-        o->max_body > (1ull << 32) || o->http_max_connections < 1) {
+        o->max_body > (1ull << 32) || o->http_max_connections < 1 ||
+        o->http_max_per_ip < 1 || o->http_header_timeout < 1 || o->http_idle_timeout < 1 ||
+        o->http_threads < 1 || o->http_threads > 64) {
         kvf_log_error("a numeric option is out of range (see --help)");
         return 2;
     }
@@ -226,6 +245,10 @@ static kvf_status_t start_http(kvf_router_t *router, const router_opts_t *o, kvf
         .chat_template = o->chat_template,
         .max_body = (size_t)o->max_body,
         .max_connections = (unsigned)o->http_max_connections,
+        .max_connections_per_ip = (unsigned)o->http_max_per_ip,
+        .header_timeout_s = (unsigned)o->http_header_timeout,
+        .idle_timeout_s = (unsigned)o->http_idle_timeout,
+        .threads = (unsigned)o->http_threads,
     };
     kvf_status_t st = kvf_http_create(router, &hc, http_p);
     if (st != KVF_OK && (o->http_seen || st != KVF_ERR_IO))
