@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,18 +31,34 @@ kvf_status_t kvf_model__read_json(const char *path, cJSON **root_p)
     return KVF_OK;
 }
 
+/* The largest integer a config field may hold. */
+#define CONFIG_INT_MAX 1000000000
+
 /* Integer field: -1 absent (keeps *v), 0 read, -2 present but not a
- * non-negative integer. */
+ * non-negative integer, -3 an integer above CONFIG_INT_MAX. */
 static int json_int(const cJSON *obj, const char *key, int *v)
 {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!it || cJSON_IsNull(it))
         return -1;
-    if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 1e9 ||
-        it->valuedouble != (double)(int)it->valuedouble)
+    double d = cJSON_IsNumber(it) ? it->valuedouble : -1;
+    if (!(d >= 0) || d != floor(d))
         return -2;
-    *v = (int)it->valuedouble;
+    if (d > CONFIG_INT_MAX)
+        return -3;
+    *v = (int)d;
     return 0;
+}
+
+/* Logs why json_int() refused obj's key (r < -1), with the limit. */
+static void log_int_error(const char *path, const cJSON *obj, const char *key, int r,
+                          const char *what)
+{
+    if (r == -3)
+        kvf_log_error("%s: \"%s\" %.0f exceeds the maximum of %d", path, key,
+                      cJSON_GetObjectItemCaseSensitive(obj, key)->valuedouble, CONFIG_INT_MAX);
+    else
+        kvf_log_error("%s: \"%s\" must be %s", path, key, what);
 }
 
 static int json_double(const cJSON *obj, const char *key, double *v)
@@ -95,23 +112,46 @@ bool kvf_model_is_eos(const kvf_model_config_t *cfg, int64_t id)
     return false;
 }
 
+/* The range of each size the model supports. */
+static bool check_ranges(const kvf_model_config_t *c, const char *source)
+{
+    const struct {
+        const char *name;
+        int value, max;
+    } sizes[] = {
+        {"num_hidden_layers", c->n_layers, 4096},
+        {"hidden_size", c->hidden, 1 << 20},
+        {"head_dim", c->head_dim, 1024},
+        {"intermediate_size", c->inter, 1 << 22},
+        {"vocab_size", c->vocab, 1 << 24},
+        {"max_position_embeddings", c->max_pos, INT32_MAX},
+        {"num_attention_heads", c->n_heads, 1 << 16},
+        {"num_key_value_heads", c->n_kv_heads, 1 << 16},
+    };
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        if (sizes[i].value <= 0) {
+            kvf_log_error("%s: %s is %d; it must be positive", source, sizes[i].name,
+                          sizes[i].value);
+            return false;
+        }
+        if (sizes[i].value > sizes[i].max) {
+            kvf_log_error("%s: %s %d exceeds the maximum of %d", source, sizes[i].name,
+                          sizes[i].value, sizes[i].max);
+            return false;
+        }
+    }
+    return true;
+}
+
 kvf_status_t kvf_model_config_validate(const kvf_model_config_t *c, const char *source)
 {
+    if (!check_ranges(c, source))
+        return KVF_ERR_FORMAT;
     const char *why = NULL;
-    if (c->n_layers <= 0 || c->n_layers > 4096)
-        why = "num_hidden_layers out of range";
-    else if (c->hidden <= 0 || c->hidden > (1 << 20))
-        why = "hidden_size out of range";
-    else if (c->n_heads <= 0 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0)
+    if (c->n_heads % c->n_kv_heads != 0)
         why = "num_attention_heads must be a positive multiple of num_key_value_heads";
-    else if (c->head_dim <= 0 || c->head_dim % 2 != 0 || c->head_dim > 1024)
-        why = "head_dim must be even and at most 1024";
-    else if (c->inter <= 0 || c->inter > (1 << 22))
-        why = "intermediate_size out of range";
-    else if (c->vocab <= 0 || c->vocab > (1 << 24))
-        why = "vocab_size out of range";
-    else if (c->max_pos <= 0)
-        why = "max_position_embeddings must be positive";
+    else if (c->head_dim % 2 != 0)
+        why = "head_dim must be even";
     else if (!(c->rope_theta > 0))
         why = "rope_theta must be positive";
     else if (!(c->rms_eps > 0))
@@ -217,9 +257,12 @@ static kvf_status_t parse_geometry(kvf_model_config_t *cfg, const cJSON *root, c
     };
     for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
         int r = json_int(root, ints[i].key, (int *)((char *)cfg + ints[i].off));
-        if (r == -2 || (r == -1 && ints[i].required)) {
-            kvf_log_error("%s: \"%s\" %s", path, ints[i].key,
-                          r == -1 ? "is missing" : "must be a non-negative integer");
+        if (r == -1 && ints[i].required) {
+            kvf_log_error("%s: \"%s\" is missing", path, ints[i].key);
+            return KVF_ERR_FORMAT;
+        }
+        if (r < -1) {
+            log_int_error(path, root, ints[i].key, r, "a non-negative integer");
             return KVF_ERR_FORMAT;
         }
     }
@@ -363,8 +406,8 @@ static kvf_status_t parse_sliding_window(kvf_model_config_t *cfg, const cJSON *r
     bool gemma = cfg->arch == KVF_ARCH_GEMMA2;
     int window = gemma ? 4096 : 0, first = 0, period = gemma ? 2 : 1;
     int r = json_int(root, "sliding_window", &window);
-    if (r == -2) {
-        kvf_log_error("%s: \"sliding_window\" must be null or a non-negative integer", path);
+    if (r < -1) {
+        log_int_error(path, root, "sliding_window", r, "null or a non-negative integer");
         return KVF_ERR_FORMAT;
     }
     bool qwen = cfg->arch == KVF_ARCH_QWEN2 || cfg->arch == KVF_ARCH_QWEN3;
@@ -378,8 +421,9 @@ static kvf_status_t parse_sliding_window(kvf_model_config_t *cfg, const cJSON *r
         return KVF_OK;
     if (qwen) {
         first = 28;
-        if (json_int(root, "max_window_layers", &first) == -2) {
-            kvf_log_error("%s: \"max_window_layers\" must be a non-negative integer", path);
+        r = json_int(root, "max_window_layers", &first);
+        if (r < -1) {
+            log_int_error(path, root, "max_window_layers", r, "a non-negative integer");
             return KVF_ERR_FORMAT;
         }
     }

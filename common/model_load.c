@@ -529,6 +529,8 @@ kvf_status_t kvf_model_load(const char *dir, kvf_model_t **model_p)
     st = alloc_slabs(m, dir, floats, mfloats);
     if (st == KVF_OK)
         st = find_weights(&shards, wants, nw, dir, found);
+    if (st == KVF_OK)
+        st = kvf_model__check_unused(shards.shards, shards.n_shards, found, nw, c, dir);
     if (st != KVF_OK)
         goto fail_load;
     convert_weights(m, wants, found, nw, dir);

@@ -2,6 +2,7 @@
 #include "kvf/auth.h"
 #include "kvf/clock.h"
 #include "kvf/crc32c.h"
+#include "kvf/identity.h"
 #include "kvf/log.h"
 
 #include <arpa/inet.h>
@@ -205,11 +206,16 @@ const char *kvf_envelope_body_name(const kvf_envelope_t *env)
 
 /* ---- sockets --------------------------------------------------------------- */
 
+/* Why an inbox dropped a frame (its bounded log, kvf/identity.h). */
+enum { DROP_TOO_BIG, DROP_FORMAT, DROP_VERSION, DROP_OTHER, DROP_N };
+static const char *const drop_names[DROP_N] = {"too_big", "format", "version", "other"};
+
 struct kvf_inbox {
     int sock;
     int fd;
     size_t max_len;
     uint64_t dropped;
+    kvf_refusals_t drops; /* the log of dropped frames: the first few, then a summary */
     char url[256];
 };
 
@@ -243,8 +249,14 @@ kvf_status_t kvf_inbox_create(const char *url, size_t max_len, kvf_inbox_t **inb
         kvf_log_error("inbox %s: nn_socket: %s", url, nn_strerror(nn_errno()));
         goto fail_socket;
     }
-    /* nanomsg drops larger messages itself, before they are buffered. */
-    int max_size = (int)(inbox->max_len > 0x7fffffff ? 0x7fffffff : inbox->max_len);
+    kvf_refusals_init(&inbox->drops, drop_names, DROP_N);
+    /* Frames up to KVF_MSG_OVERSIZE_FACTOR times the limit reach
+     * kvf_inbox_recv, which drops them with a log line; nanomsg cuts the
+     * connection of larger ones itself, before they are buffered. */
+    size_t hard = inbox->max_len > 0x7fffffff / KVF_MSG_OVERSIZE_FACTOR
+                      ? 0x7fffffff
+                      : inbox->max_len * KVF_MSG_OVERSIZE_FACTOR;
+    int max_size = (int)hard;
     nn_setsockopt(inbox->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &max_size, sizeof(max_size));
     kvf_nn_tcp_nodelay(inbox->sock);
     if (nn_bind(inbox->sock, url) < 0) {
@@ -317,9 +329,17 @@ kvf_status_t kvf_inbox_recv(kvf_inbox_t *inbox, int timeout_ms, kvf_envelope_t *
     if (st != KVF_OK) {
         inbox->dropped++;
         /* A refusal is logged (rate-limited) and counted by kvf/auth.h. */
-        if (st != KVF_ERR_AUTH)
-            kvf_log_warn("inbox %s: dropped a %d-byte message: %s", inbox->url, n,
-                         kvf_status_str(st));
+        if (st == KVF_ERR_TOO_BIG)
+            kvf_refusals_note(&inbox->drops, DROP_TOO_BIG,
+                              "inbox %s: dropped a %d-byte message: %s (the limit is %zu bytes)",
+                              inbox->url, n, kvf_status_str(st), inbox->max_len);
+        else if (st != KVF_ERR_AUTH)
+            kvf_refusals_note(&inbox->drops,
+                              st == KVF_ERR_FORMAT    ? DROP_FORMAT
+                              : st == KVF_ERR_VERSION ? DROP_VERSION
+                                                      : DROP_OTHER,
+                              "inbox %s: dropped a %d-byte message: %s", inbox->url, n,
+                              kvf_status_str(st));
     }
     return st;
 }

@@ -2,6 +2,7 @@
  * openai_reply.c). See openai.h. */
 #include "openai.h"
 #include "json_nul.h"
+#include "kvf/utf8.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -447,15 +448,23 @@ static bool parse_streaming(kvf_openai_request_t *req, const cJSON *root, kvf_op
         req->include_usage = false;
     /* cache_salt: requests share cached prompt blocks only with equal salts */
     const cJSON *salt = field(root, "cache_salt");
-    if (salt && (!cJSON_IsString(salt) || !*salt->valuestring ||
-                 strlen(salt->valuestring) > KVF_CACHE_SALT_MAX)) {
-        BAD_REQUEST(err, "cache_salt",
-                    "'cache_salt' must be a non-empty string of at most %d bytes",
-                    KVF_CACHE_SALT_MAX);
+    if (salt && (!cJSON_IsString(salt) || !*salt->valuestring)) {
+        BAD_REQUEST(err, "cache_salt", "'cache_salt' must be a non-empty string");
         return false;
     }
-    if (salt && !(req->cache_salt = strdup(salt->valuestring))) {
+    if (!salt)
+        return true;
+    /* Carried with its length: U+0000 in it (C0 80 here, json_nul.h) is
+     * one byte of the salt, not its end. */
+    if (!(req->cache_salt = strdup(salt->valuestring))) {
         OUT_OF_MEMORY(err);
+        return false;
+    }
+    req->cache_salt_len = kvf_json_nul_restore(req->cache_salt);
+    if (req->cache_salt_len > KVF_CACHE_SALT_MAX) {
+        BAD_REQUEST(err, "cache_salt",
+                    "'cache_salt' is %zu bytes, more than the maximum of %d bytes",
+                    req->cache_salt_len, KVF_CACHE_SALT_MAX);
         return false;
     }
     return true;
@@ -495,10 +504,18 @@ static bool check_model(const kvf_openai_server_t *srv, const cJSON *root, kvf_o
         BAD_REQUEST(err, "model", "'model' must be a string");
         return false;
     }
+    if (model && strstr(model->valuestring, "\xC0\x80")) {
+        BAD_REQUEST(err, "model", "'model' must not hold U+0000");
+        return false;
+    }
     if (model && strcmp(model->valuestring, srv->model_name)) {
+        /* at most 100 bytes of the name, cut between characters */
+        size_t n = strlen(model->valuestring);
+        int shown =
+            (int)kvf_utf8_valid_prefix((const uint8_t *)model->valuestring, n < 100 ? n : 100);
         kvf_openai_set_error(err, HTTP_BAD_REQUEST, "invalid_request_error", "model",
                              "model_not_found",
-                             "the model '%.100s' does not exist; this server serves '%s'",
+                             "the model '%.*s' does not exist; this server serves '%s'", shown,
                              model->valuestring, srv->model_name);
         return false;
     }
@@ -512,6 +529,14 @@ bool kvf_openai_parse(const kvf_openai_server_t *srv, bool chat, const char *bod
     kvf__sampling__init(&req->sampling);
     req->sampling.stop = req->stop;
     req->chat = chat;
+    /* JSON text is UTF-8 (RFC 8259): a body that is not, in a string or
+     * anywhere else, is refused rather than passed on to the tokenizer. */
+    size_t valid = body ? kvf_utf8_valid_prefix((const uint8_t *)body, len) : 0;
+    if (body && valid < len) {
+        BAD_REQUEST(err, NULL, "the request body is not valid UTF-8 (at byte %zu of %zu)", valid,
+                    len);
+        return false;
+    }
     cJSON *root;
     bool hidden; /* the body held \u0000: kvf_json_nul_parse */
     kvf_status_t st = kvf_json_nul_parse(body, len, &root, &hidden);
@@ -559,5 +584,5 @@ void kvf_openai_request_gen(const kvf_openai_request_t *req, kvf_router_gen_t *g
     gen_p->n_ids = req->n_ids;
     gen_p->sampling = &req->sampling;
     gen_p->cache_salt = (const uint8_t *)req->cache_salt;
-    gen_p->cache_salt_len = req->cache_salt ? strlen(req->cache_salt) : 0;
+    gen_p->cache_salt_len = req->cache_salt_len;
 }

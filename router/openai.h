@@ -65,7 +65,8 @@ typedef struct {
     /* The sampling parameters; sampling.stop points at stop (owned). */
     Kvf__Sampling sampling;
     char *stop[KVF_SAMPLING_MAX_STOP];
-    char *cache_salt; /* owned, or NULL: the request's prefix-cache salt */
+    char *cache_salt;      /* owned, or NULL: the request's prefix-cache salt */
+    size_t cache_salt_len; /* its bytes: it may hold U+0000 too */
 } kvf_openai_request_t;
 
 /* Parses the JSON body (len bytes) of POST /v1/completions (chat false) or

@@ -34,7 +34,10 @@ static int fetch_stats(kvf_client_t *client, const char *prog, const char *route
 {
     kvf_status_t st = kvf_client_stats(client, "kvf-stats", timeout_ms, in_p);
     if (st == KVF_ERR_TIMEOUT)
-        fprintf(stderr, "%s: no stats from %s\n", prog, router);
+        fprintf(stderr, "%s: no stats from %s%s\n", prog, router,
+                kvf_auth_enabled() ? ""
+                                   : " (a router with a cluster key answers only clients that "
+                                     "have it: --cluster-key-file)");
     else if (st != KVF_OK)
         fprintf(stderr, "%s: router at %s does not answer\n", prog, router);
     return st == KVF_OK ? 0 : 1;

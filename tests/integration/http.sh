@@ -98,6 +98,9 @@ expect_error 413 /v1/completions "$big"
 pass "413 above --max-body"
 expect_error 400 /v1/completions '{"prompt": "hi", ' invalid_request_error
 expect_error 400 /v1/completions '{"prompt": 3}'
+# JSON is UTF-8: a body that is not (here Latin-1 inside a string) is a 400.
+expect_error 400 /v1/completions $'{"prompt": "caf\xe9"}' invalid_request_error
+grep -q 'not valid UTF-8' "$work/err.json" || fail "invalid UTF-8: $(cat "$work/err.json")"
 expect_error 400 /v1/completions '{"prompt": "hi", "max_tokens": "8"}'
 expect_error 400 /v1/completions '{"prompt": "hi", "temperature": -1}'
 expect_error 400 /v1/completions '{"prompt": "hi", "n": 2}'
@@ -209,6 +212,26 @@ EOF
     [[ $(json "$work/c.json" 'd["usage"]["prompt_tokens"]') == $((prompt_tokens + 2)) ]] ||
         fail "id prompt usage: $(cat "$work/c.json")"
     pass "prompt as token ids, used exactly"
+
+    # A prompt holding U+0000 is carried whole, never cut at it: the usage
+    # counts the tokens of all of "he\0llo" (not of "he"), and the text
+    # equals that of its token ids; one that starts with it is no empty one.
+    nul_ids=$(printf '"he\\u0000llo"\n' | "$bin/kvf" tokenize --model "$model" --jsonl | tr -d '[]')
+    he_ids=$("$bin/kvf" tokenize --model "$model" --text he)
+    n_nul=$(python3 -c 'import sys; print(len(sys.argv[1].split(",")))' "$nul_ids")
+    (( n_nul > $(python3 -c 'import sys; print(len(sys.argv[1].split(",")))' "$he_ids") )) ||
+        fail "\"he\\u0000llo\" tokenizes as \"he\": $nul_ids"
+    body='{"prompt": "he\u0000llo", "max_tokens": 8, "temperature": 0, "ignore_eos": true}'
+    [[ $(post /v1/completions "$body" "$work/nul-in.json") == 200 ]] || fail "U+0000 prompt: $(cat "$work/nul-in.json")"
+    [[ $(json "$work/nul-in.json" 'd["usage"]["prompt_tokens"]') == "$n_nul" ]] ||
+        fail "U+0000 prompt: usage $(cat "$work/nul-in.json"), kvf tokenize: $nul_ids"
+    body="{\"prompt\": [$nul_ids], \"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true}"
+    [[ $(post /v1/completions "$body" "$work/nul-ids.json") == 200 ]] || fail "U+0000 ids: $(cat "$work/nul-ids.json")"
+    [[ $(json "$work/nul-in.json" 'd["choices"][0]["text"]') == $(json "$work/nul-ids.json" 'd["choices"][0]["text"]') ]] ||
+        fail "U+0000 prompt: $(cat "$work/nul-in.json") vs its ids: $(cat "$work/nul-ids.json")"
+    body='{"prompt": "\u0000hello", "max_tokens": 2, "temperature": 0, "ignore_eos": true}'
+    [[ $(post /v1/completions "$body" "$work/nul-in.json") == 200 ]] || fail "U+0000 first: $(cat "$work/nul-in.json")"
+    pass "a prompt holding U+0000 is served whole (usage $n_nul tokens, = its token ids)"
 
     # A stop string: the text ends before it, finish_reason stop.
     stop=$(python3 -c 'import sys; t=sys.argv[1]; print(t[len(t)//2:len(t)//2+2])' "$ref")

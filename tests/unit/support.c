@@ -240,3 +240,36 @@ void kvf_test_run_chunked(kvf_test_rig_t *r, kvf_block_table_t *bt, const uint32
     if (all && last)
         memcpy(last, all + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
 }
+
+/* ---- the log, captured ------------------------------------------------------ */
+
+static int saved_stderr = -1;
+static FILE *captured;
+
+void kvf_test_stderr_begin(void)
+{
+    fflush(stderr);
+    captured = tmpfile();
+    assert_non_null(captured);
+    saved_stderr = dup(STDERR_FILENO);
+    assert_true(saved_stderr >= 0);
+    assert_true(dup2(fileno(captured), STDERR_FILENO) >= 0);
+}
+
+char *kvf_test_stderr_end(void)
+{
+    fflush(stderr);
+    assert_true(dup2(saved_stderr, STDERR_FILENO) >= 0);
+    close(saved_stderr);
+    saved_stderr = -1;
+    long n = ftell(captured);
+    assert_true(n >= 0);
+    char *text = malloc((size_t)n + 1);
+    assert_non_null(text);
+    rewind(captured);
+    size_t got = fread(text, 1, (size_t)n, captured);
+    text[got] = '\0';
+    fclose(captured);
+    captured = NULL;
+    return text;
+}

@@ -95,4 +95,10 @@ void kvf_test_rig_close(kvf_test_rig_t *r);
 void kvf_test_run_chunked(kvf_test_rig_t *r, kvf_block_table_t *bt, const uint32_t *ids, int n,
                           int chunk, float *all, float *last);
 
+/* Sends this process's stderr (the log) to a temporary file until
+ * kvf_test_stderr_end(), which restores it and returns what was written
+ * (malloc'd, NUL-terminated; the caller frees it). Not nested. */
+void kvf_test_stderr_begin(void);
+char *kvf_test_stderr_end(void);
+
 #endif

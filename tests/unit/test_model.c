@@ -11,6 +11,7 @@
 #include "kvf/log.h"
 #include "kvf/model.h"
 #include "kvf/safetensors.h"
+#include "support.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -138,10 +139,9 @@ static void test_dtypes_and_shards(void **state)
     size_t len = (size_t)snprintf(index, sizeof(index), "{\"metadata\": {}, \"weight_map\": {");
     size_t half = n / 2;
     for (size_t i = 0; i < n; i++)
-        len += (size_t)snprintf(index + len, sizeof(index) - len, "%s\"%s\": \"%s\"",
-                                i ? ", " : "", w[i].name,
-                                i < half ? "model-00001-of-00002.safetensors"
-                                         : "model-00002-of-00002.safetensors");
+        len += (size_t)snprintf(
+            index + len, sizeof(index) - len, "%s\"%s\": \"%s\"", i ? ", " : "", w[i].name,
+            i < half ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors");
     snprintf(index + len, sizeof(index) - len, "}}");
     snprintf(path, sizeof(path), "%s/model-00001-of-00002.safetensors", g_dir);
     assert_int_equal(kvf_safetensors_write(path, w, half), KVF_OK);
@@ -292,6 +292,138 @@ static void test_malformed(void **state)
     assert_int_equal(kvf_model_config_load(g_dir, &cfg), KVF_ERR_NOT_FOUND);
 }
 
+/* Loads g_dir, which must fail with want; returns the error log
+ * (malloc'd). */
+static char *load_error_log(kvf_status_t want)
+{
+    kvf_log_set_level(KVF_LOG_ERROR);
+    kvf_test_stderr_begin();
+    kvf_model_t *m = NULL;
+    kvf_status_t st = kvf_model_load(g_dir, &m);
+    char *log = kvf_test_stderr_end();
+    kvf_log_set_level(KVF_LOG_OFF);
+    if (st != want)
+        fail_msg("status %s, want %s; log: %s", kvf_status_str(st), kvf_status_str(want), log);
+    assert_null(m);
+    return log;
+}
+
+static void expect_log(const char *log, const char *text)
+{
+    if (!strstr(log, text))
+        fail_msg("the log lacks \"%s\": %s", text, log);
+}
+
+/* A config whose limits are crossed names the field, the value and the
+ * limit. */
+static void test_config_limits(void **state)
+{
+    (void)state;
+    kvf_model_config_t c = small_config();
+    assert_int_equal(kvf_model_write_random(g_dir, &c, KVF_DTYPE_F32, 1), KVF_OK);
+    static const char *const head = "{\"architectures\": [\"LlamaForCausalLM\"], "
+                                    "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                                    "\"intermediate_size\": 48, ";
+    char text[512];
+    snprintf(text, sizeof(text), "%s\"hidden_size\": 32, \"vocab_size\": 1099511627776}", head);
+    write_text("config.json", text);
+    char *log = load_error_log(KVF_ERR_FORMAT);
+    expect_log(log, "\"vocab_size\" 1099511627776 exceeds the maximum of 1000000000");
+    free(log);
+    snprintf(text, sizeof(text), "%s\"hidden_size\": 32, \"vocab_size\": 16777217}", head);
+    write_text("config.json", text);
+    log = load_error_log(KVF_ERR_FORMAT);
+    expect_log(log, "vocab_size 16777217 exceeds the maximum of 16777216");
+    free(log);
+    snprintf(text, sizeof(text), "%s\"hidden_size\": 32, \"vocab_size\": -4}", head);
+    write_text("config.json", text);
+    log = load_error_log(KVF_ERR_FORMAT);
+    expect_log(log, "\"vocab_size\" must be a non-negative integer");
+    free(log);
+    snprintf(text, sizeof(text), "%s\"hidden_size\": 32, \"vocab_size\": 0}", head);
+    write_text("config.json", text);
+    log = load_error_log(KVF_ERR_FORMAT);
+    expect_log(log, "vocab_size is 0; it must be positive");
+    free(log);
+    snprintf(text, sizeof(text),
+             "%s\"hidden_size\": 32, \"vocab_size\": 64, "
+             "\"head_dim\": 2048}",
+             head);
+    write_text("config.json", text);
+    log = load_error_log(KVF_ERR_FORMAT);
+    expect_log(log, "head_dim 2048 exceeds the maximum of 1024");
+    free(log);
+}
+
+/* Sets config.json's num_hidden_layers to n. */
+static void set_config_layers(int n)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/config.json", g_dir);
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    char buf[8192];
+    size_t len = fread(buf, 1, sizeof(buf) - 1, fp);
+    fclose(fp);
+    buf[len] = '\0';
+    cJSON *root = cJSON_Parse(buf);
+    assert_non_null(root);
+    cJSON_ReplaceItemInObject(root, "num_hidden_layers", cJSON_CreateNumber(n));
+    char *text = cJSON_Print(root);
+    write_text("config.json", text);
+    free(text);
+    cJSON_Delete(root);
+}
+
+/* Tensors the config does not account for: a checkpoint of more layers
+ * than config.json says is refused, as is any other tensor the model
+ * would not use, each named (the first few, then a count); RoPE tables
+ * and a tied LM head are no weights and load. */
+static void test_unused_tensors(void **state)
+{
+    (void)state;
+    kvf_model_config_t c = small_config();
+    c.n_layers = 4;
+    assert_int_equal(kvf_model_write_random(g_dir, &c, KVF_DTYPE_F32, 1), KVF_OK);
+    set_config_layers(2);
+    char *log = load_error_log(KVF_ERR_FORMAT);
+    expect_log(log, "the checkpoint holds tensors of 4 layers, config.json's num_hidden_layers "
+                    "says 2: model.layers.2.");
+    expect_log(log, "(18 in all)"); /* 9 tensors a layer, 2 layers */
+    free(log);
+    set_config_layers(4);
+    kvf_model_t *m = NULL;
+    assert_int_equal(kvf_model_load(g_dir, &m), KVF_OK);
+    kvf_model_destroy(m);
+    /* a second shard beside it */
+    char from[256], to[256];
+    snprintf(from, sizeof(from), "%s/model.safetensors", g_dir);
+    snprintf(to, sizeof(to), "%s/model-00001-of-00002.safetensors", g_dir);
+    assert_int_equal(rename(from, to), 0);
+    snprintf(to, sizeof(to), "%s/model-00002-of-00002.safetensors", g_dir);
+    static const float zeros[32];
+    kvf_st_write_t extra[] = {
+        {"model.layers.0.self_attn.rotary_emb.inv_freq", KVF_DTYPE_F32, 1, {4}, zeros},
+        {"lm_head.weight", KVF_DTYPE_F32, 1, {4}, zeros},
+        {"model.layers.1.self_attn.q_proj.bias", KVF_DTYPE_F32, 1, {32}, zeros},
+    };
+    /* not tied: lm_head.weight is in the first shard, this one is extra */
+    assert_int_equal(kvf_safetensors_write(to, extra, 3), KVF_OK);
+    log = load_error_log(KVF_ERR_FORMAT);
+    expect_log(log, "2 tensors that config.json does not account for");
+    expect_log(log, "lm_head.weight");
+    expect_log(log, "model.layers.1.self_attn.q_proj.bias");
+    if (strstr(log, "inv_freq"))
+        fail_msg("a RoPE table was refused: %s", log);
+    free(log);
+    assert_int_equal(kvf_safetensors_write(to, extra, 1), KVF_OK);
+    assert_int_equal(kvf_model_load(g_dir, &m), KVF_OK);
+    kvf_model_destroy(m);
+    assert_int_equal(unlink(to), 0);
+    snprintf(to, sizeof(to), "%s/model-00001-of-00002.safetensors", g_dir);
+    assert_int_equal(rename(to, from), 0);
+}
+
 /* The window of each layer of a 3-layer config: extra is spliced into
  * config.json after the architecture. Returns the load status. */
 static kvf_status_t window_config(const char *arch, const char *extra, kvf_model_config_t *c)
@@ -366,11 +498,12 @@ static void test_qwen3_and_windows(void **state)
     assert_int_equal(window_config("LlamaForCausalLM", "\"sliding_window\": 8,", &c), KVF_OK);
     expect_windows(&c, 0, 0, 0);
     /* a pattern the config cannot hold, a bad window */
-    assert_int_equal(window_config("MistralForCausalLM",
-                                   "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
-                                   "\"full_attention\", \"sliding_attention\"],",
-                                   &c),
-                     KVF_ERR_UNSUPPORTED);
+    assert_int_equal(
+        window_config("MistralForCausalLM",
+                      "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
+                      "\"full_attention\", \"sliding_attention\"],",
+                      &c),
+        KVF_ERR_UNSUPPORTED);
     assert_int_equal(window_config("MistralForCausalLM", "\"sliding_window\": -3,", &c),
                      KVF_ERR_FORMAT);
 }
@@ -437,11 +570,12 @@ static void test_gemma2(void **state)
                      KVF_ERR_UNSUPPORTED);
     assert_int_equal(window_config("Gemma2ForCausalLM", "\"query_pre_attn_scalar\": 0,", &g),
                      KVF_ERR_FORMAT);
-    assert_int_equal(window_config("Gemma2ForCausalLM",
-                                   "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
-                                   "\"sliding_attention\", \"full_attention\"],",
-                                   &g),
-                     KVF_ERR_UNSUPPORTED);
+    assert_int_equal(
+        window_config("Gemma2ForCausalLM",
+                      "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
+                      "\"sliding_attention\", \"full_attention\"],",
+                      &g),
+        KVF_ERR_UNSUPPORTED);
 }
 
 /* generation_config.json eos lists merge with config.json's. */
@@ -465,12 +599,10 @@ static void test_eos_lists(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_golden_configs),
-        cmocka_unit_test(test_dtypes_and_shards),
-        cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_eos_lists),
-        cmocka_unit_test(test_gemma2),
-        cmocka_unit_test(test_qwen3_and_windows),
+        cmocka_unit_test(test_golden_configs), cmocka_unit_test(test_dtypes_and_shards),
+        cmocka_unit_test(test_malformed),      cmocka_unit_test(test_config_limits),
+        cmocka_unit_test(test_unused_tensors), cmocka_unit_test(test_eos_lists),
+        cmocka_unit_test(test_gemma2),         cmocka_unit_test(test_qwen3_and_windows),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

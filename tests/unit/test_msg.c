@@ -22,7 +22,9 @@
 
 #include "kvf/clock.h"
 #include "kvf/log.h"
+#include "kvf/identity.h"
 #include "kvf/msg.h"
+#include "support.h"
 
 #define N_MSGS 10000
 #define N_SENDERS 2
@@ -164,11 +166,12 @@ static void test_garbage_dropped_and_counted(void **state)
     assert_int_equal(kvf_inbox_recv(in, 5000, &env), KVF_ERR_FORMAT);
     assert_int_equal(kvf_inbox_dropped(in), 1);
 
-    /* An oversized frame never reaches us (nanomsg drops it at the size
-     * limit); the next valid one still does. */
-    uint8_t *big = calloc(1, 4096);
+    /* A frame far above the limit (beyond KVF_MSG_OVERSIZE_FACTOR times
+     * it) never reaches us (nanomsg drops it); the next valid one still
+     * does. */
+    uint8_t *big = calloc(1, 65536);
     assert_non_null(big);
-    assert_int_equal(kvf_outbox_send_frame(out, big, 4096, 5000), KVF_OK);
+    assert_int_equal(kvf_outbox_send_frame(out, big, 65536, 5000), KVF_OK);
     free(big);
     Kvf__Cancel cancel = KVF__CANCEL__INIT;
     cancel.req_id = 42;
@@ -191,6 +194,60 @@ static void test_garbage_dropped_and_counted(void **state)
     assert_int_equal(env->cancel->req_id, 42);
     assert_int_equal(env->cancel->epoch, 3);
     kvf_envelope_free(env);
+    kvf_outbox_destroy(out);
+    kvf_inbox_destroy(in);
+    unlink(url + strlen("ipc://"));
+}
+
+/* Counts the lines of log holding text. */
+static int count_lines(const char *log, const char *text)
+{
+    int n = 0;
+    for (const char *p = log; (p = strstr(p, text)); p += strlen(text))
+        n++;
+    return n;
+}
+
+/* A frame over the inbox's limit is dropped with a line giving its size
+ * and the limit; a flood of malformed frames logs the first
+ * KVF_REFUSALS_LOG_BURST only (the rest are counted for a summary). */
+static void test_drops_logged_with_a_bound(void **state)
+{
+    (void)state;
+    char url[128];
+    snprintf(url, sizeof(url), "ipc:///tmp/kvf-test-msg-d-%d.ipc", (int)getpid());
+    kvf_inbox_t *in;
+    assert_int_equal(kvf_inbox_create(url, 1024, &in), KVF_OK);
+    kvf_outbox_t *out;
+    assert_int_equal(kvf_outbox_create(url, &out), KVF_OK);
+    kvf_log_level_t level = kvf_log_level;
+    kvf_log_set_level(KVF_LOG_WARN);
+    kvf_test_stderr_begin();
+    uint8_t *big = calloc(1, 4096);
+    assert_non_null(big);
+    assert_int_equal(kvf_outbox_send_frame(out, big, 4096, 5000), KVF_OK);
+    free(big);
+    kvf_envelope_t *env = NULL;
+    kvf_status_t st = kvf_inbox_recv(in, 5000, &env);
+    const uint8_t junk[] = "not a kvferry frame";
+    for (int i = 0; i < 50; i++)
+        assert_int_equal(kvf_outbox_send_frame(out, junk, sizeof(junk), 5000), KVF_OK);
+    int format = 0;
+    for (int i = 0; i < 50; i++)
+        format += kvf_inbox_recv(in, 5000, &env) == KVF_ERR_FORMAT;
+    char *log = kvf_test_stderr_end();
+    kvf_log_set_level(level);
+    assert_int_equal(st, KVF_ERR_TOO_BIG);
+    assert_int_equal(format, 50);
+    assert_int_equal(kvf_inbox_dropped(in), 51);
+    if (!strstr(log, "dropped a 4096-byte message: ") || !strstr(log, "(the limit is 1024 bytes)"))
+        fail_msg("no line for the oversized frame: %s", log);
+    /* the burst of a window: the oversized frame and 4 malformed ones (a
+     * second window's burst if this ran across one, never all 51) */
+    int lines = count_lines(log, "dropped a ");
+    if (lines < KVF_REFUSALS_LOG_BURST || lines > 2 * KVF_REFUSALS_LOG_BURST)
+        fail_msg("%d lines, want %d: %s", lines, KVF_REFUSALS_LOG_BURST, log);
+    free(log);
     kvf_outbox_destroy(out);
     kvf_inbox_destroy(in);
     unlink(url + strlen("ipc://"));
@@ -223,6 +280,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tcp_two_processes),
         cmocka_unit_test(test_ipc_two_processes),
         cmocka_unit_test(test_garbage_dropped_and_counted),
+        cmocka_unit_test(test_drops_logged_with_a_bound),
         cmocka_unit_test(test_bad_urls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -225,6 +225,62 @@ static void test_cache_salt(void **state)
     snprintf(body, sizeof(body), "{\"prompt\": \"hi\", \"cache_salt\": \"%0*d\"}",
              KVF_CACHE_SALT_MAX + 1, 0);
     parse_refused(body, false, 400, "cache_salt");
+    /* U+0000 is one byte of the salt, which keeps its length */
+    parse_ok("{\"prompt\": \"hi\", \"cache_salt\": \"a\\u0000b\"}", false, &req);
+    kvf_openai_request_gen(&req, &gen);
+    assert_int_equal(gen.cache_salt_len, 3);
+    assert_memory_equal(gen.cache_salt, "a\0b", 3);
+    kvf_openai_request_fini(&req);
+}
+
+/* JSON is UTF-8: a body that is not (in a string or outside one) is a 400
+ * that says where; the strings a request names (the model) never hold
+ * U+0000 unnoticed. */
+static void test_invalid_utf8(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "{\"prompt\": \"caf\xe9\"}",               /* Latin-1 */
+        "{\"prompt\": \"ab\xc3\"}",                /* a cut character */
+        "{\"prompt\": \"\xc0\xaf\"}",              /* overlong */
+        "{\"prompt\": \"\xed\xa0\x80\"}",          /* a surrogate */
+        "{\"prompt\": \"\xf4\x90\x80\x80\"}",      /* above U+10FFFF */
+        "{\"prompt\": \"x\", \"stop\": \"\xff\"}", /* a stop string */
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"\x80\"}]}",
+        "{\"prompt\": \"x\", \"model\": \"m\xfe\"}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        kvf_openai_request_t req;
+        kvf_openai_error_t err;
+        bool chat = strstr(bad[i], "messages") != NULL;
+        if (kvf_openai_parse(&srv, chat, bad[i], strlen(bad[i]), &req, &err))
+            fail_msg("accepted: %s", bad[i]);
+        kvf_openai_request_fini(&req);
+        assert_int_equal(err.code, 400);
+        if (!strstr(err.message, "not valid UTF-8"))
+            fail_msg("%zu: %s", i, err.message);
+    }
+    /* where it is: the byte offset of the first bad byte */
+    kvf_openai_request_t req;
+    kvf_openai_error_t err;
+    const char *body = "{\"prompt\": \"caf\xe9\"}";
+    assert_false(kvf_openai_parse(&srv, false, body, strlen(body), &req, &err));
+    kvf_openai_request_fini(&req);
+    assert_non_null(strstr(err.message, "at byte 15 of 18"));
+    /* valid multi-byte text and escapes pass */
+    parse_ok("{\"prompt\": \"caf\xc3\xa9 \xf0\x9f\x98\x80 \\ud83d\\ude00\"}", false, &req);
+    assert_string_equal(req.prompt, "caf\xc3\xa9 \xf0\x9f\x98\x80 \xf0\x9f\x98\x80");
+    kvf_openai_request_fini(&req);
+    /* lone surrogate escapes are not JSON text cJSON takes */
+    parse_refused("{\"prompt\": \"\\ud800x\"}", false, 400, NULL);
+    parse_refused("{\"prompt\": \"\\udc00\"}", false, 400, NULL);
+    /* a model name holding U+0000 is refused as such, not cut at it */
+    kvf_openai_request_t r2;
+    body = "{\"prompt\": \"x\", \"model\": \"m\\u0000junk\"}";
+    assert_false(kvf_openai_parse(&srv, false, body, strlen(body), &r2, &err));
+    kvf_openai_request_fini(&r2);
+    assert_string_equal(err.param, "model");
+    assert_non_null(strstr(err.message, "U+0000"));
 }
 
 static void test_request_errors(void **state)
@@ -465,18 +521,13 @@ static void test_models(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),
-        cmocka_unit_test(test_sampling_fields),
-        cmocka_unit_test(test_chat),
-        cmocka_unit_test(test_prompt_with_nul),
-        cmocka_unit_test(test_refused),
-        cmocka_unit_test(test_request_errors),
-        cmocka_unit_test(test_completion),
-        cmocka_unit_test(test_stream_events),
-        cmocka_unit_test(test_text_with_nul),
-        cmocka_unit_test(test_json_string_as_cjson),
-        cmocka_unit_test(test_models),
-        cmocka_unit_test(test_cache_salt),
+        cmocka_unit_test(test_defaults),      cmocka_unit_test(test_sampling_fields),
+        cmocka_unit_test(test_chat),          cmocka_unit_test(test_prompt_with_nul),
+        cmocka_unit_test(test_refused),       cmocka_unit_test(test_request_errors),
+        cmocka_unit_test(test_completion),    cmocka_unit_test(test_stream_events),
+        cmocka_unit_test(test_text_with_nul), cmocka_unit_test(test_json_string_as_cjson),
+        cmocka_unit_test(test_models),        cmocka_unit_test(test_cache_salt),
+        cmocka_unit_test(test_invalid_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,6 +33,10 @@
 #define KVF_MSG_FRAME_HEADER_TAGGED (KVF_MSG_FRAME_HEADER + 32u) /* + the HMAC tag */
 /* Default largest accepted frame; a prefill request of 1M tokens fits. */
 #define KVF_MSG_MAX_DEFAULT (16u << 20)
+/* An inbox takes frames up to this many times its limit off the wire, to
+ * drop them with a log line; nanomsg cuts the connection of a larger one
+ * before buffering it, without a word. */
+#define KVF_MSG_OVERSIZE_FACTOR 8u
 
 typedef Kvf__Envelope kvf_envelope_t;
 
@@ -93,7 +97,11 @@ const char *kvf_inbox_url(const kvf_inbox_t *inbox);
  * forever). KVF_ERR_AGAIN/KVF_ERR_TIMEOUT when nothing came. A frame that
  * fails decoding or authentication (KVF_ERR_AUTH; the destination it was
  * signed for must be this inbox's URL) is dropped, counted and returned as
- * its error, so the caller keeps serving. */
+ * its error, so the caller keeps serving. Drops other than refusals
+ * (kvf/auth.h logs those) are logged with a bound: the first
+ * KVF_REFUSALS_LOG_BURST of each KVF_REFUSALS_WINDOW_MS window one by one
+ * (an oversized one with its size and the limit), the rest in a summary
+ * (kvf/identity.h). Not thread-safe: one receiving thread per inbox. */
 kvf_status_t kvf_inbox_recv(kvf_inbox_t *inbox, int timeout_ms, kvf_envelope_t **env_p);
 
 /* Frames dropped because they did not decode or authenticate. */
