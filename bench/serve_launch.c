@@ -3,6 +3,7 @@
 #include "serve_launch.h"
 #include "bench_util.h"
 
+#include "kvf/auth.h"
 #include "kvf/clientsock.h"
 #include "kvf/clock.h"
 #include "kvf/msg.h"
@@ -203,6 +204,16 @@ bool kvf_serve_launch(kvf_serve_launch_t *l, const char *bin_dir, const char *mo
                              .kv_mem = kv_mem,
                              .decode_prefill_local = colocated};
     return kvf_serve_launch_cluster(l, bin_dir, model, &c, run_dir);
+}
+
+bool kvf_serve_setup(const char *key_file, char *bin_dir, size_t len)
+{
+    if (kvf_auth_setup(key_file) != KVF_OK)
+        return false;
+    /* The processes a run starts take the same key from the environment. */
+    if (key_file && *key_file)
+        setenv(KVF_AUTH_KEY_ENV, key_file, 1);
+    return kvf_serve_bin_dir(bin_dir, len);
 }
 
 bool kvf_serve_bin_dir(char *bin_dir, size_t len)

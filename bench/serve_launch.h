@@ -59,6 +59,11 @@ void kvf_serve_launch_stop(kvf_serve_launch_t *l);
  * False when it cannot be read. */
 bool kvf_serve_bin_dir(char *bin_dir, size_t len);
 
+/* What a workload does before it starts anything: the cluster key of
+ * key_file (NULL or "": none) loaded here and handed to the processes it
+ * starts (the environment), and bin_dir found. False (said) on failure. */
+bool kvf_serve_setup(const char *key_file, char *bin_dir, size_t len);
+
 /* Catches the first SIGINT or SIGTERM (a second one ends the process) and
  * returns the flag it sets: a run sends no more requests, lets the ones
  * sent finish and reports on them. */

@@ -304,13 +304,8 @@ int kvf_bench_serve_multiturn(int argc, char **argv)
         rc = check_opts(argv[0], &o);
     if (rc >= 0)
         return rc;
-    if (kvf_auth_setup(o.cluster_key_file) != KVF_OK)
-        return 1;
-    /* The processes a run starts take the same key from the environment. */
-    if (o.cluster_key_file && *o.cluster_key_file)
-        setenv(KVF_AUTH_KEY_ENV, o.cluster_key_file, 1);
     char bin_dir[512];
-    if (!kvf_serve_bin_dir(bin_dir, sizeof(bin_dir)))
+    if (!kvf_serve_setup(o.cluster_key_file, bin_dir, sizeof(bin_dir)))
         return 1;
     kvf_multiturn_trace_t trace;
     if (kvf_multiturn_trace_init(&trace, &o.spec, &o.cfg) != KVF_OK) {

@@ -91,12 +91,23 @@ uint32_t kvf_node_tiers_promote(kvf_node_tiers_t *nt, uint64_t req_id, uint64_t 
     return i;
 }
 
-bool kvf_node_tiers_settle(kvf_node_tiers_t *nt, const uint32_t *blocks, uint32_t n,
-                           uint32_t block_size)
+bool kvf_node_tiers_copied(kvf_node_tiers_t *nt, uint64_t req_id, uint32_t index,
+                           kvf_status_t st, int tier, uint32_t *pending_p, uint32_t *good_p,
+                           const uint32_t *blocks, uint32_t from, uint32_t block_size)
 {
-    if (n && kvf_kvpool_upload(nt->pool, blocks, n) != KVF_OK)
+    if (st != KVF_OK && index < *good_p) {
+        *good_p = index;
+        kvf_log_info("request %llu: a block from KV tier %d failed its checks (%s): computed "
+                     "again",
+                     (unsigned long long)req_id, tier, kvf_status_str(st));
+    }
+    if (--*pending_p)
         return false;
-    nt->hit_tokens += (uint64_t)n * block_size;
+    uint32_t n = *good_p - from;
+    if (n && kvf_kvpool_upload(nt->pool, blocks + from, n) != KVF_OK)
+        *good_p = from;
+    else
+        nt->hit_tokens += (uint64_t)n * block_size;
     return true;
 }
 

@@ -191,8 +191,15 @@ void dec_prefix_list_all(kvf_decode_t *d, const dec_req_t *r)
     uint64_t *hashes = malloc((size_t)n_full * sizeof(uint64_t));
     if (!hashes)
         return;
-    uint64_t root = kvf_node_prefix_root(&d->pc, r->salt, r->salt_len);
-    n_full = kvf_block_hash_chain(&d->pc.key, root, r->seq_ids, r->kv_len, bs, hashes);
+    /* The prompt's leading hashes are known (checked or computed at
+     * admission, under this key): the chain goes on from the last one. */
+    uint32_t known = r->key_gen == d->pc.key_gen && r->n_prefix <= n_full ? r->n_prefix : 0;
+    if (known)
+        memcpy(hashes, r->prefix_hashes, (size_t)known * sizeof(uint64_t));
+    uint64_t parent =
+        known ? hashes[known - 1] : kvf_node_prefix_root(&d->pc, r->salt, r->salt_len);
+    n_full = known + kvf_block_hash_chain(&d->pc.key, parent, r->seq_ids + (size_t)known * bs,
+                                          r->kv_len - known * bs, bs, hashes + known);
     kvf_status_t st = kvf_prefix_cache_insert(d->pc.cache, hashes, r->seq_ids, r->blocks, n_full);
     if (st != KVF_OK)
         kvf_log_debug("request %llu: prefix cache keeps only part of it: %s",

@@ -4,7 +4,6 @@
  * that failed its checks. Transferred requests use the pool's cache only. */
 #include "decode_internal.h"
 
-#include "kvf/log.h"
 
 uint32_t dec_tiers_promote(kvf_decode_t *d, dec_req_t *r, uint32_t from, uint32_t most)
 {
@@ -19,20 +18,13 @@ static void on_copy(void *arg, uint64_t req_id, uint64_t epoch, uint32_t index, 
     dec_req_t *r = dec_req_find(d, req_id, epoch);
     if (!r || !r->tier_pending)
         return; /* it ended meanwhile */
-    if (st != KVF_OK && index < r->tier_good) {
-        r->tier_good = index;
-        kvf_log_info("request %llu: a block from KV tier %d failed its checks (%s): computed "
-                     "again",
-                     (unsigned long long)req_id, tier, kvf_status_str(st));
-    }
-    if (--r->tier_pending)
+    uint32_t from = r->cached_blocks;
+    if (!kvf_node_tiers_copied(&d->nt, req_id, index, st, tier, &r->tier_pending, &r->tier_good,
+                               r->blocks, from, d->block_size))
         return;
-    uint32_t from = r->cached_blocks, good = r->tier_good;
-    if (!kvf_node_tiers_settle(&d->nt, r->blocks + from, good - from, d->block_size))
-        good = from;
-    r->cached_blocks = good;
-    r->prefilled = good * d->block_size; /* computes from there */
-    d->prefix_hit_blocks += good - from;
+    r->cached_blocks = r->tier_good;
+    r->prefilled = r->tier_good * d->block_size; /* computes from there */
+    d->prefix_hit_blocks += r->tier_good - from;
 }
 
 kvf_status_t dec_tiers_open(kvf_decode_t *d)

@@ -4,7 +4,6 @@
  * every block after it is computed too. */
 #include "prefill_internal.h"
 
-#include "kvf/log.h"
 
 uint32_t pf_tiers_promote(kvf_prefill_t *p, pf_req_t *r, uint32_t from, uint32_t most)
 {
@@ -19,21 +18,10 @@ static void on_copy(void *arg, uint64_t req_id, uint64_t epoch, uint32_t index, 
 {
     kvf_prefill_t *p = arg;
     pf_req_t *r = pf_req_find(p, req_id, epoch);
-    if (!r || !r->tier_pending)
-        return; /* it ended meanwhile */
-    if (st != KVF_OK && index < r->tier_good) {
-        r->tier_good = index;
-        kvf_log_info("request %llu: a block from KV tier %d failed its checks (%s): computed "
-                     "again",
-                     (unsigned long long)req_id, tier, kvf_status_str(st));
-    }
-    if (--r->tier_pending)
-        return;
-    uint32_t from = r->cached_blocks, good = r->tier_good;
-    if (!kvf_node_tiers_settle(&p->nt, r->local.blocks + from, good - from,
-                               (uint32_t)p->geo.block_size))
-        good = from;
-    pf_req_set_cached(p, r, good);
+    if (r && r->tier_pending && /* (else it ended meanwhile) */
+        kvf_node_tiers_copied(&p->nt, req_id, index, st, tier, &r->tier_pending, &r->tier_good,
+                              r->local.blocks, r->cached_blocks, (uint32_t)p->geo.block_size))
+        pf_req_set_cached(p, r, r->tier_good);
 }
 
 kvf_status_t pf_tiers_create(kvf_prefill_t *p, const kvf_prefill_config_t *cfg)
