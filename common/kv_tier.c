@@ -94,6 +94,7 @@ static kvt_ram_entry_t *ram_find(const kvf_kv_tiers_t *t, uint64_t hash, const u
 
 static void ram_remove(kvf_kv_tiers_t *t, kvt_ram_entry_t *e)
 {
+    kvt_touch(t, e->hash);
     HASH_DELETE(hh, t->ram_table, e);
     kvt_lru_unlink(&t->ram_lru, &e->lru);
     e->next_free = t->ram_free;
@@ -129,6 +130,7 @@ static kvf_status_t ram_put(kvf_kv_tiers_t *t, uint64_t hash, const uint32_t *to
     e->crc = kvt_record_crc(hash, tokens, t->block_tokens, block, t->block_bytes);
     kvt_lru_push(&t->ram_lru, &e->lru);
     t->ram_n++;
+    kvt_touch(t, hash);
     return KVF_OK;
 }
 
@@ -206,6 +208,10 @@ kvf_status_t kvf_kv_tiers_create(const kvf_kv_tiers_config_t *cfg, kvf_kv_tiers_
         goto fail;
     }
     st = ram_create(t, cfg->host_bytes, why, why_len);
+    if (st == KVF_OK && kvt_changes_init(&t->changes, cfg->report_cap) != KVF_OK) {
+        snprintf(why, why_len, "kv tiers: out of memory");
+        st = KVF_ERR_NOMEM;
+    }
     if (st != KVF_OK)
         goto fail;
     if (cfg->disk_dir) {
@@ -229,6 +235,7 @@ void kvf_kv_tiers_destroy(kvf_kv_tiers_t *t)
         return;
     kvt_disk_close(t);
     HASH_CLEAR(hh, t->ram_table);
+    kvt_changes_fini(&t->changes);
     free(t->ram_entries);
     free(t->ram_tokens);
     free(t->ram_data);
@@ -332,6 +339,8 @@ void kvf_kv_tiers_stats(const kvf_kv_tiers_t *t, kvf_kv_tiers_stats_t *stats_p)
     *stats_p = t->stats;
     stats_p->blocks_ram = t->ram_n;
     stats_p->blocks_disk = t->disk.n_listed;
+    stats_p->io_threads = t->disk.on ? t->disk.n_threads : 0;
+    stats_p->slot_bytes = t->disk.slot_bytes;
 }
 
 size_t kvf_kv_tiers_slot_bytes(const kvf_kv_tiers_t *t)

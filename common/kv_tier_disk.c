@@ -18,6 +18,7 @@
  * when it is unlisted and no job uses it. */
 #include "kv_tier_internal.h"
 
+#include "kvf/clock.h"
 #include "kvf/crc32c.h"
 #include "kvf/log.h"
 
@@ -118,10 +119,12 @@ static kvf_status_t io_full(int fd, bool write_it, uint8_t *buf, size_t len, uin
 static void job_run(kvf_kv_tiers_t *t, kvt_job_t *j)
 {
     kvt_disk_t *d = &t->disk;
-    uint64_t off = slot_offset(d, j->slot);
+    uint64_t off = slot_offset(d, j->slot), start = kvf_clock_ns();
     j->status = io_full(d->fd, j->kind == KVT_JOB_WRITE, j->buf, d->slot_bytes, off);
     if (j->status == KVF_OK && j->kind == KVT_JOB_READ)
         j->status = slot_check(t, j->buf, j->slot, j->hash, j->seq, j->tokens, j->dst);
+    j->done_ns = kvf_clock_ns();
+    j->run_ns = j->done_ns - start;
 }
 
 static void *io_thread(void *arg)
@@ -157,6 +160,7 @@ static void *io_thread(void *arg)
 
 static void job_queue(kvt_disk_t *d, kvt_job_t *j)
 {
+    j->queued_ns = kvf_clock_ns();
     pthread_mutex_lock(&d->lock);
     j->state = KVT_JOB_QUEUED;
     j->next = NULL;
@@ -226,8 +230,10 @@ kvt_disk_entry_t *kvt_disk_find(const kvf_kv_tiers_t *t, uint64_t hash, const ui
     return e;
 }
 
-static void entry_unlist(kvt_disk_t *d, kvt_disk_entry_t *e)
+static void entry_unlist(kvf_kv_tiers_t *t, kvt_disk_entry_t *e)
 {
+    kvt_disk_t *d = &t->disk;
+    kvt_touch(t, e->hash);
     HASH_DELETE(hh, d->table, e);
     kvt_lru_unlink(&d->lru, &e->lru);
     e->listed = false;
@@ -237,7 +243,7 @@ static void entry_unlist(kvt_disk_t *d, kvt_disk_entry_t *e)
 void kvt_disk_drop(kvf_kv_tiers_t *t, kvt_disk_entry_t *e)
 {
     kvt_disk_t *d = &t->disk;
-    entry_unlist(d, e);
+    entry_unlist(t, e);
     if (e->io && e->io->kind == KVT_JOB_WRITE && job_cancel(d, e->io)) {
         write_job_free(d, e->io);
         e->io = NULL;
@@ -285,7 +291,7 @@ static kvt_job_t *write_job_take(kvf_kv_tiers_t *t)
             kvt_disk_entry_t *e = &d->entries[oldest->slot];
             e->io = NULL;
             if (e->listed)
-                entry_unlist(d, e);
+                entry_unlist(t, e);
             slot_free(d, e);
             write_job_free(d, oldest);
             t->stats.demotions_dropped++;
@@ -326,6 +332,7 @@ kvf_status_t kvt_disk_store(kvf_kv_tiers_t *t, uint64_t hash, const uint32_t *to
     e->io = j;
     kvt_lru_push(&d->lru, &e->lru);
     d->n_listed++;
+    kvt_touch(t, hash);
     memcpy(d->tokens + (size_t)e->slot * t->block_tokens, tokens,
            (size_t)t->block_tokens * sizeof(uint32_t));
     j->slot = e->slot;
@@ -363,7 +370,7 @@ kvf_status_t kvt_disk_fetch(kvf_kv_tiers_t *t, kvt_disk_entry_t *e, void *dst, u
     memcpy(j->tokens, tokens, (size_t)t->block_tokens * sizeof(uint32_t));
     j->dst = dst;
     j->tag = tag;
-    entry_unlist(d, e);
+    entry_unlist(t, e);
     e->io = j;
     t->stats.hits_disk++;
     job_queue(d, j);
@@ -382,9 +389,14 @@ static void reap_one(kvf_kv_tiers_t *t, kvt_job_t *j)
         t->stats.io_errors++;
     if (j->kind == KVT_JOB_WRITE) {
         if (j->status != KVF_OK && e->listed)
-            entry_unlist(d, e);
+            entry_unlist(t, e);
         write_job_free(d, j);
     } else {
+        if (j->status != KVF_ERR_IO) {
+            t->stats.reads++;
+            t->stats.read_ns += j->run_ns;
+            t->stats.read_wait_ns += j->done_ns - j->queued_ns;
+        }
         if (j->status == KVF_OK)
             t->stats.fetched++;
         else if (j->status == KVF_ERR_CORRUPT)

@@ -60,6 +60,22 @@ typedef struct kvt_ram_entry {
     UT_hash_handle hh;
 } kvt_ram_entry_t;
 
+/* ---- change tracking (kv_tier_report.c) ----------------------------- */
+
+/* A hash whose tier changed since the last report. */
+typedef struct kvt_change {
+    uint64_t hash;
+    struct kvt_change *next_free;
+    UT_hash_handle hh;
+} kvt_change_t;
+
+typedef struct {
+    kvt_change_t *nodes; /* (cap) */
+    kvt_change_t *free, *set;
+    uint32_t cap;
+    bool lost; /* changes were dropped: only a full listing is right */
+} kvt_changes_t;
+
 /* ---- tier 2 ---------------------------------------------------------- */
 
 enum { KVT_JOB_WRITE, KVT_JOB_READ };
@@ -76,6 +92,7 @@ typedef struct kvt_job {
     void *dst;          /* read: the caller's block_bytes */
     uint64_t tag;
     kvf_status_t status;
+    uint64_t queued_ns, run_ns, done_ns; /* read timing: queued at, in pread and check, done at */
     struct kvt_job *prev, *next; /* queue, done list, free lists */
 } kvt_job_t;
 
@@ -135,6 +152,7 @@ struct kvf_kv_tiers {
     kvf_kv_fetch_done_t *done_q;
     size_t done_head, done_len, done_cap;
     kvf_kv_tiers_stats_t stats;
+    kvt_changes_t changes;
 };
 
 /* CRC32C of a stored block: its hash, its bt token ids, then its n bytes. */
@@ -146,6 +164,13 @@ void kvt_wake(const kvf_kv_tiers_t *t);
 
 /* Appends a fetch result (room reserved by the fetch that started it). */
 void kvt_done_push(kvf_kv_tiers_t *t, uint64_t tag, kvf_status_t status, int tier);
+
+/* Change tracking (kv_tier_report.c). init: room for cap hashes (0: none
+ * tracked, every report is a full listing). touch: hash entered or left a
+ * tier (owner only). */
+kvf_status_t kvt_changes_init(kvt_changes_t *c, uint32_t cap);
+void kvt_changes_fini(kvt_changes_t *c);
+void kvt_touch(kvf_kv_tiers_t *t, uint64_t hash);
 
 /* Tier 2 (kv_tier_disk.c). open: creates the file and threads for cfg;
  * messages into why. close: undoes open (safe on a tier never opened). */

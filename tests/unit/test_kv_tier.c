@@ -266,6 +266,100 @@ static void test_demote_to_disk(void **state)
     kvf_kv_tiers_destroy(t);
 }
 
+/* Sorted copy of the n hashes in list, as block indices (-1: unknown). */
+static void indices(const uint64_t *list, uint32_t n, int *out)
+{
+    for (uint32_t k = 0; k < n; k++) {
+        out[k] = -1;
+        for (uint32_t i = 0; i < 64; i++)
+            if (hash_of(i) == list[k])
+                out[k] = (int)i;
+    }
+    for (uint32_t a = 0; a < n; a++)
+        for (uint32_t b = a + 1; b < n; b++)
+            if (out[b] < out[a]) {
+                int x = out[a];
+                out[a] = out[b];
+                out[b] = x;
+            }
+}
+
+/* The reports' changes: each hash whose tier changed is listed once, in
+ * the list of where it is now; a full listing clears them; more changes
+ * than report_cap are lost, and say so until a full listing. */
+static void test_tier_changes(void **state)
+{
+    fixture_t *f = *state;
+    kvf_kv_tiers_config_t c = config(f->dir, 2, 4);
+    c.report_cap = 4;
+    kvf_kv_tiers_t *t = make(&c);
+    uint64_t ram[8], disk[8], gone[8];
+    kvf_kv_tier_changes_t ch = {.ram = ram, .disk = disk, .gone = gone};
+    int ix[8];
+    assert_true(kvf_kv_tiers_changes(t, &ch, 8)); /* nothing listed yet */
+    uint32_t n_ram, n_disk;
+    assert_int_equal(kvf_kv_tiers_list(t, ram, &n_ram, disk, &n_disk, 8), 0);
+    assert_false(kvf_kv_tiers_changes(t, &ch, 8));
+    assert_int_equal(ch.n_ram + ch.n_disk + ch.n_gone, 0);
+    /* 0..2 in: 0 demoted to disk, 1 and 2 in RAM */
+    for (uint32_t i = 0; i < 3; i++)
+        assert_int_equal(put(t, i), KVF_OK);
+    assert_false(kvf_kv_tiers_changes(t, &ch, 8));
+    assert_int_equal(ch.n_ram, 2);
+    assert_int_equal(ch.n_disk, 1);
+    assert_int_equal(ch.n_gone, 0);
+    indices(ram, 2, ix);
+    assert_int_equal(ix[0], 1);
+    assert_int_equal(ix[1], 2);
+    assert_true(disk[0] == hash_of(0));
+    /* consumed */
+    assert_false(kvf_kv_tiers_changes(t, &ch, 8));
+    assert_int_equal(ch.n_ram + ch.n_disk + ch.n_gone, 0);
+    /* 1 fetched (gone), 3 put: 2 stays, nothing demoted */
+    assert_int_equal(fetch(t, 1).status, KVF_OK);
+    assert_int_equal(put(t, 3), KVF_OK);
+    assert_false(kvf_kv_tiers_changes(t, &ch, 8));
+    assert_int_equal(ch.n_gone, 1);
+    assert_true(gone[0] == hash_of(1));
+    assert_int_equal(ch.n_ram, 1);
+    assert_true(ram[0] == hash_of(3));
+    /* a list of cap 1 cannot hold both moves: nothing consumed */
+    assert_int_equal(put(t, 4), KVF_OK); /* 2 to disk, 4 in RAM */
+    assert_true(kvf_kv_tiers_changes(t, &ch, 0));
+    assert_false(kvf_kv_tiers_changes(t, &ch, 8));
+    assert_int_equal(ch.n_ram, 1);
+    assert_int_equal(ch.n_disk, 1);
+    /* five hashes changed, room for four: lost until listed */
+    for (uint32_t i = 5; i < 8; i++)
+        assert_int_equal(put(t, i), KVF_OK);
+    kvf_kv_tiers_flush(t);
+    assert_true(kvf_kv_tiers_changes(t, &ch, 8));
+    assert_true(kvf_kv_tiers_changes(t, &ch, 8));
+    /* 6, 7 in RAM; four of 0, 2, 3, 4, 5 on disk (4 slots; which depends on
+     * the writes done when 5 was demoted) */
+    assert_int_equal(kvf_kv_tiers_list(t, ram, &n_ram, disk, &n_disk, 8), 6);
+    assert_int_equal(n_ram, 2);
+    assert_int_equal(n_disk, 4);
+    indices(ram, 2, ix);
+    assert_int_equal(ix[0], 6);
+    assert_int_equal(ix[1], 7);
+    indices(disk, 4, ix);
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(lookup(t, (uint32_t)ix[k]), 2);
+    assert_int_equal(kvf_kv_tiers_list(t, ram, &n_ram, disk, &n_disk, 3), 6);
+    assert_int_equal(n_ram + n_disk, 3);
+    assert_false(kvf_kv_tiers_changes(t, &ch, 8));
+    assert_int_equal(ch.n_ram + ch.n_disk + ch.n_gone, 0);
+    /* disk reads are timed */
+    assert_int_equal(fetch(t, (uint32_t)ix[0]).status, KVF_OK);
+    kvf_kv_tiers_stats_t s = stats_of(t);
+    assert_int_equal(s.reads, 1);
+    assert_true(s.read_ns > 0 && s.read_wait_ns >= s.read_ns);
+    assert_int_equal(s.slot_bytes, SLOT);
+    assert_int_equal(s.io_threads, 2);
+    kvf_kv_tiers_destroy(t);
+}
+
 /* No tier 1: blocks go to disk at once; a fetch while the write is still
  * queued is served (checked) from the write's buffer. */
 static void test_disk_only(void **state)
@@ -534,6 +628,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wrong_tokens_miss, setup, teardown),
         cmocka_unit_test_setup_teardown(test_demote_to_disk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disk_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tier_changes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disk_corrupt, setup, teardown),
         cmocka_unit_test(test_ram_corrupt),
         cmocka_unit_test_setup_teardown(test_corrupt_before_demotion, setup, teardown),

@@ -56,6 +56,7 @@ typedef struct {
     uint32_t block_tokens; /* token ids per block (kept for the collision check) */
     unsigned io_threads;   /* disk I/O threads (0: 2) */
     unsigned max_inflight; /* disk writes in flight at most, and reads (0: 16 each) */
+    uint32_t report_cap;   /* hashes whose tier changed kept for kvf_kv_tiers_changes (0: none) */
 } kvf_kv_tiers_config_t;
 
 /* The name of the tier 2 file in disk_dir. One tiers object uses a
@@ -76,6 +77,12 @@ typedef struct {
     uint64_t dropped;                   /* blocks dropped at the bottom tier (LRU, or no tier 2) */
     uint64_t io_errors;                 /* failed disk reads or writes (blocks dropped) */
     uint64_t bytes_written, bytes_read; /* disk bytes, whole slots */
+    /* Disk reads completed (good or not, I/O errors aside): their time in
+     * pread and the check (read_ns), and from queued to checked
+     * (read_wait_ns: behind other I/O too), summed. */
+    uint64_t reads, read_ns, read_wait_ns;
+    unsigned io_threads; /* disk reads run at once at most (0: no tier 2) */
+    size_t slot_bytes;   /* bytes one disk read moves */
 } kvf_kv_tiers_stats_t;
 
 /* One fetch's result, from kvf_kv_tiers_poll. status: KVF_OK (dst holds
@@ -147,6 +154,29 @@ void kvf_kv_tiers_flush(kvf_kv_tiers_t *t);
 bool kvf_kv_tiers_direct_io(const kvf_kv_tiers_t *t);
 
 void kvf_kv_tiers_stats(const kvf_kv_tiers_t *t, kvf_kv_tiers_stats_t *stats_p);
+
+/* ---- reports: which hashes are where (common/kv_tier_report.c) ------- */
+
+/* Where hashes are now: ram, disk and gone (in neither tier), caller's
+ * arrays of cap hashes each, filled to n_*. */
+typedef struct {
+    uint64_t *ram, *disk, *gone;
+    uint32_t n_ram, n_disk, n_gone;
+} kvf_kv_tier_changes_t;
+
+/* The hashes whose tier changed since the last call (or list), each in
+ * the list of the tier that holds it now, up to cap per list. Returns true
+ * when some were lost (more changed than report_cap, or a list outgrew
+ * cap, or no report_cap): the caller then lists everything
+ * (kvf_kv_tiers_list); nothing is consumed. False consumes them. A hash
+ * that moved and came back is reported where it is (a harmless repeat). */
+bool kvf_kv_tiers_changes(kvf_kv_tiers_t *t, kvf_kv_tier_changes_t *ch, uint32_t cap);
+
+/* Every hash tier 1 holds into ram_p and tier 2 into disk_p, up to cap in
+ * all (RAM first); *n_ram_p / *n_disk_p their counts. Returns how many the
+ * tiers hold in total (may exceed cap). Clears the pending changes. */
+uint32_t kvf_kv_tiers_list(kvf_kv_tiers_t *t, uint64_t *ram_p, uint32_t *n_ram_p,
+                           uint64_t *disk_p, uint32_t *n_disk_p, uint32_t cap);
 
 /* ---- test hooks ------------------------------------------------------ */
 
