@@ -30,12 +30,43 @@ kvf_status_t kvf_node_prefix_init(kvf_node_prefix_t *np, kvf_kvpool_t *pool,
     return st;
 }
 
+static void tiers_scratch_free(kvf_node_prefix_t *np)
+{
+    free(np->tier_ram);
+    free(np->tier_disk);
+    free(np->tier_gone);
+    np->tier_ram = np->tier_disk = np->tier_gone = NULL;
+}
+
+kvf_status_t kvf_node_prefix_attach_tiers(kvf_node_prefix_t *np, kvf_kv_tiers_t *tiers)
+{
+    np->tiers = NULL;
+    np->want_full = true; /* the router's view of the tiers starts over */
+    if (!tiers) {
+        tiers_scratch_free(np);
+        return KVF_OK;
+    }
+    if (!np->tier_ram) {
+        np->tier_ram = malloc(KVF_NODE_PREFIX_REPORT_MAX * sizeof(uint64_t));
+        np->tier_disk = malloc(KVF_NODE_PREFIX_REPORT_MAX * sizeof(uint64_t));
+        np->tier_gone = malloc(KVF_NODE_PREFIX_DELTA_MAX * sizeof(uint64_t));
+    }
+    if (!np->tier_ram || !np->tier_disk || !np->tier_gone) {
+        tiers_scratch_free(np);
+        return KVF_ERR_NOMEM;
+    }
+    np->tiers = tiers;
+    return KVF_OK;
+}
+
 void kvf_node_prefix_fini(kvf_node_prefix_t *np)
 {
     kvf_prefix_cache_destroy(np->cache);
     free(np->added);
     free(np->removed);
+    tiers_scratch_free(np);
     np->cache = NULL;
+    np->tiers = NULL;
     np->added = np->removed = NULL;
 }
 
@@ -77,6 +108,33 @@ uint32_t kvf_node_prefix_available(const kvf_node_prefix_t *np)
     return np->cache ? kvf_prefix_cache_available(np->cache) : kvf_kvpool_free_blocks(np->pool);
 }
 
+/* The tiers' part of u: their changes (false when they were lost: the
+ * report must be a full one), or with u->full their whole listing. */
+static bool report_tiers(kvf_node_prefix_t *np, Kvf__PrefixUpdate *u)
+{
+    if (!np->tiers)
+        return true;
+    u->tier_ram = np->tier_ram;
+    u->tier_disk = np->tier_disk;
+    u->tier_gone = np->tier_gone;
+    if (u->full) {
+        uint32_t n_ram, n_disk;
+        uint32_t total = kvf_kv_tiers_list(np->tiers, np->tier_ram, &n_ram, np->tier_disk,
+                                           &n_disk, KVF_NODE_PREFIX_REPORT_MAX);
+        u->n_tier_ram = n_ram;
+        u->n_tier_disk = n_disk;
+        u->truncated = u->truncated || total > n_ram + n_disk;
+        return true;
+    }
+    kvf_kv_tier_changes_t ch = {.ram = np->tier_ram, .disk = np->tier_disk, .gone = np->tier_gone};
+    if (kvf_kv_tiers_changes(np->tiers, &ch, KVF_NODE_PREFIX_DELTA_MAX))
+        return false;
+    u->n_tier_ram = ch.n_ram;
+    u->n_tier_disk = ch.n_disk;
+    u->n_tier_gone = ch.n_gone;
+    return true;
+}
+
 void kvf_node_prefix_report(kvf_node_prefix_t *np)
 {
     if (!np->cache || !np->node || !kvf_node_registered(np->node) || !kvf_node_prefix_sync(np))
@@ -87,13 +145,16 @@ void kvf_node_prefix_report(kvf_node_prefix_t *np)
         kvf_prefix_cache_take_deltas(np->cache, np->added, &n_added, np->removed, &n_removed,
                                      KVF_NODE_PREFIX_DELTA_MAX))
         np->want_full = true;
+    if (!np->want_full && !report_tiers(np, &u))
+        np->want_full = true;
     if (np->want_full) {
         uint32_t total = kvf_prefix_cache_list(np->cache, np->added, KVF_NODE_PREFIX_REPORT_MAX);
         n_added = total < KVF_NODE_PREFIX_REPORT_MAX ? total : KVF_NODE_PREFIX_REPORT_MAX;
         n_removed = 0;
         u.full = true;
         u.truncated = total > n_added;
-    } else if (n_added == 0 && n_removed == 0) {
+        (void)report_tiers(np, &u);
+    } else if (n_added == 0 && n_removed == 0 && u.n_tier_ram + u.n_tier_disk + u.n_tier_gone == 0) {
         return;
     }
     u.node_id = (char *)kvf_node_id(np->node);

@@ -144,6 +144,7 @@ kvf_status_t kvf_node_tiers_init(kvf_node_tiers_t *nt, const kvf_node_tiers_conf
         .disk_bytes = cfg->disk_bytes,
         .block_bytes = nt->block_bytes,
         .block_tokens = (uint32_t)g->block_size,
+        .report_cap = KVF_NODE_PREFIX_DELTA_MAX,
     };
     char why[256] = "";
     kvf_status_t st = kvf_kv_tiers_create(&tc, &nt->tiers, why, sizeof(why));
@@ -162,6 +163,9 @@ kvf_status_t kvf_node_tiers_init(kvf_node_tiers_t *nt, const kvf_node_tiers_conf
         kvf_node_tiers_fini(nt);
         return st;
     }
+    if (kvf_node_prefix_attach_tiers(pc, nt->tiers) != KVF_OK)
+        kvf_log_warn("kv tiers: out of memory for their reports: the router will not see them");
+    nt->pc = pc;
     pc->on_evict = on_evict;
     pc->evict_arg = nt;
     kvf_prefix_cache_set_evict_hook(pc->cache, on_evict, nt);
@@ -177,6 +181,8 @@ void kvf_node_tiers_fini(kvf_node_tiers_t *nt)
     if (!nt->tiers)
         return;
     (void)kvf_evloop_remove_fd(nt->loop, kvf_kv_tiers_fd(nt->tiers));
+    if (nt->pc)
+        (void)kvf_node_prefix_attach_tiers(nt->pc, NULL);
     kvf_kv_tiers_destroy(nt->tiers); /* copies not reported never are */
     nt->tiers = NULL;
     for (uint32_t i = 0; i < nt->n_fetches; i++)
@@ -195,6 +201,12 @@ void kvf_node_tiers_load(const kvf_node_tiers_t *nt, Kvf__Load *load)
     kvf_kv_tiers_stats(nt->tiers, &s);
     load->tier_ram_blocks = s.blocks_ram;
     load->tier_disk_blocks = s.blocks_disk;
+    if (s.reads) {
+        load->tier_disk_read_ns = s.read_wait_ns / s.reads;
+        load->tier_disk_read_busy_ns = s.read_ns / s.reads;
+        load->tier_disk_read_bytes = s.slot_bytes;
+        load->tier_disk_io_threads = s.io_threads;
+    }
 }
 
 void kvf_node_tiers_describe(const kvf_node_tiers_t *nt, char *buf, size_t len)

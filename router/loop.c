@@ -284,8 +284,11 @@ static void config_defaults(kvf_router_config_t *cfg)
         cfg->prefill_timeout_ms = 60000;
     if (!cfg->stall_timeout_ms)
         cfg->stall_timeout_ms = 30000;
-    if (!cfg->prefill_weight && !cfg->decode_weight && !cfg->transfer_weight)
+    if (!cfg->prefill_weight && !cfg->decode_weight && !cfg->transfer_weight) {
         cfg->prefill_weight = cfg->decode_weight = cfg->transfer_weight = 1.0;
+        cfg->tier_ram_weight = KVF_ROUTER_TIER_RAM_WEIGHT;
+        cfg->tier_disk_weight = KVF_ROUTER_TIER_DISK_WEIGHT;
+    }
 }
 
 /* The loop, watching both sockets. */

@@ -24,6 +24,7 @@ typedef struct {
     const char *cluster_key_file;
     const char *route, *local_prefill;
     double prefill_weight, decode_weight, transfer_weight;
+    double tier_ram_weight, tier_disk_weight;
     uint64_t max_body;
     int http_max_connections, http_max_per_ip, http_header_timeout, http_idle_timeout;
     int http_threads;
@@ -55,6 +56,8 @@ static void router_opts_defaults(router_opts_t *o)
         .prefill_weight = 1.0,
         .decode_weight = 1.0,
         .transfer_weight = 1.0,
+        .tier_ram_weight = KVF_ROUTER_TIER_RAM_WEIGHT,
+        .tier_disk_weight = KVF_ROUTER_TIER_DISK_WEIGHT,
     };
 }
 
@@ -119,6 +122,14 @@ static int parse_router_flags(int argc, char **argv, router_opts_t *o)
          "kv cost: weight of a decode node's blocks in use", NULL},
         {"transfer-weight", KVF_FLAG_DOUBLE, &o->transfer_weight, "W",
          "kv cost: credit per prompt block a decode node holds already", NULL},
+        {"tier-ram-weight", KVF_FLAG_DOUBLE, &o->tier_ram_weight, "F",
+         "kv cost: credit of a prompt block in a prefill node's RAM KV tier, as a fraction of "
+         "a pool hit's (default 0.9)",
+         NULL},
+        {"tier-disk-weight", KVF_FLAG_DOUBLE, &o->tier_disk_weight, "F",
+         "kv cost: credit of a prompt block in a node's disk KV tier, as a fraction of a pool "
+         "hit's, given only past the measured break-even (default 0.5)",
+         NULL},
         {"local-prefill-max-tokens", KVF_FLAG_STRING, &o->local_prefill, "N|auto",
          "conditional disaggregation: a decode node with --prefill-local holding a "
          "request's prefix prefills it itself when at most N tokens are left (0: never; "
@@ -185,6 +196,11 @@ static int check_router_opts(const router_opts_t *o)
         kvf_log_error("the cost weights must be between 0 and 1e6");
         return 2;
     }
+    if (!(o->tier_ram_weight >= 0 && o->tier_ram_weight <= 1) ||
+        !(o->tier_disk_weight >= 0 && o->tier_disk_weight <= 1)) {
+        kvf_log_error("--tier-ram-weight and --tier-disk-weight are fractions, 0 to 1");
+        return 2;
+    }
     if (!o->model_dir) {
         kvf_log_error("--model DIR is required (see --help)");
         return 2;
@@ -225,6 +241,8 @@ static kvf_router_config_t router_config(const router_opts_t *o)
         .prefill_weight = o->prefill_weight,
         .decode_weight = o->decode_weight,
         .transfer_weight = o->transfer_weight,
+        .tier_ram_weight = o->tier_ram_weight,
+        .tier_disk_weight = o->tier_disk_weight,
         .local_prefill_max_tokens = max_local,
         .local_prefill_auto = local_auto,
     };

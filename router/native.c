@@ -115,6 +115,10 @@ static void load_of(const kvf_router_node_t *node, Kvf__Load *load)
     load->blocks_cached = node->blocks_cached;
     load->tier_ram_blocks = node->tier_ram_blocks;
     load->tier_disk_blocks = node->tier_disk_blocks;
+    load->tier_disk_read_ns = node->disk_read_ns;
+    load->tier_disk_read_busy_ns = node->disk_read_busy_ns;
+    load->tier_disk_read_bytes = node->disk_read_bytes;
+    load->tier_disk_io_threads = node->disk_io_threads;
 }
 
 static void on_stats(kvf_router_t *r, const Kvf__StatsRequest *sr, const kvf_client_hdr_t *hdr)
@@ -136,6 +140,7 @@ static void on_stats(kvf_router_t *r, const Kvf__StatsRequest *sr, const kvf_cli
         ns[n].inbox_url = node->inbox;
         ns[n].age_ms = (now - node->registered_ns) / 1000000u;
         ns[n].dispatched = node->dispatched;
+        ns[n].disk_break_even_tokens = kvf_router__disk_break_even(r, node);
         nsp[n] = &ns[n];
         n++;
     }

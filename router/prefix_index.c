@@ -1,6 +1,9 @@
 /* The router's prefix index: for each node, the hashes of the KV blocks it
  * reported cached (PrefixUpdate), so that route.c can send a request where
- * its prefix already is (docs/prefix-cache.md, "Routing").
+ * its prefix already is (docs/prefix-cache.md, "Routing"), and where the
+ * node holds each: its pool, or its RAM or disk KV tier (PrefixUpdate's
+ * tier lists; docs/kv-tiers.md, "Reports"), so that route.c can credit a
+ * hit by the tier it comes from.
  *
  * A node's listing starts with a full report and continues with deltas,
  * each applied only on top of the update before it (PrefixUpdate.seq). A
@@ -41,45 +44,80 @@ void kvf_router__prefix_drop(kvf_router_node_t *n)
     memset(&n->prefix, 0, sizeof(n->prefix));
 }
 
-static void set_add(kvf_node_prefix_index_t *ix, uint64_t hash)
+/* hash's places become (where & ~clear) | set (KVF_PREFIX_IN_*); an
+ * entry left in none is freed. */
+static void set_mark(kvf_node_prefix_index_t *ix, uint64_t hash, unsigned clear, unsigned set)
 {
     kvf_prefix_entry_t *e;
     HASH_FIND(hh, ix->set, &hash, sizeof(hash), e);
-    if (e)
+    if (!e && !set)
         return;
-    if (ix->n >= PREFIX_MAX_PER_NODE) {
-        ix->truncated = true;
-        return;
+    if (!e) {
+        if (ix->n >= PREFIX_MAX_PER_NODE) {
+            ix->truncated = true;
+            return;
+        }
+        e = malloc(sizeof(*e));
+        if (!e)
+            return; /* a hint lost: routing may miss this block, nothing else */
+        e->hash = hash;
+        e->where = 0;
+        HASH_ADD(hh, ix->set, hash, sizeof(e->hash), e);
+        ix->n++;
     }
-    e = malloc(sizeof(*e));
-    if (!e)
-        return; /* a hint lost: routing may miss this block, nothing else */
-    e->hash = hash;
-    HASH_ADD(hh, ix->set, hash, sizeof(e->hash), e);
-    ix->n++;
+    e->where = (uint8_t)((e->where & ~clear) | set);
+    if (!e->where) {
+        HASH_DEL(ix->set, e);
+        free(e);
+        ix->n--;
+    }
 }
 
-static void set_remove(kvf_node_prefix_index_t *ix, uint64_t hash)
+static void set_marks(kvf_node_prefix_index_t *ix, const uint64_t *hashes, size_t n,
+                      unsigned clear, unsigned set)
 {
-    kvf_prefix_entry_t *e;
-    HASH_FIND(hh, ix->set, &hash, sizeof(hash), e);
-    if (!e)
-        return;
-    HASH_DEL(ix->set, e);
-    free(e);
-    ix->n--;
+    for (size_t i = 0; i < n; i++)
+        set_mark(ix, hashes[i], clear, set);
+}
+
+/* Where n holds hash (KVF_PREFIX_IN_*; 0: nowhere). */
+static unsigned where(const kvf_router_node_t *n, uint64_t hash)
+{
+    const kvf_prefix_entry_t *e;
+    HASH_FIND(hh, n->prefix.set, &hash, sizeof(hash), e);
+    return e ? e->where : 0;
 }
 
 uint32_t kvf_router__prefix_hits(const kvf_router_node_t *n, const uint64_t *hashes, uint32_t count)
 {
     uint32_t i = 0;
-    for (; i < count; i++) {
-        const kvf_prefix_entry_t *e;
-        HASH_FIND(hh, n->prefix.set, &hashes[i], sizeof(hashes[i]), e);
-        if (!e)
+    while (i < count && (where(n, hashes[i]) & KVF_PREFIX_IN_POOL))
+        i++;
+    return i;
+}
+
+void kvf_router__prefix_hits_tiers(const kvf_router_node_t *n, const uint64_t *hashes,
+                                   uint32_t count, kvf_prefix_hits_t *hits_p)
+{
+    hits_p->pool = kvf_router__prefix_hits(n, hashes, count);
+    hits_p->ram = hits_p->disk = 0;
+    for (uint32_t i = hits_p->pool; i < count; i++) {
+        unsigned w = where(n, hashes[i]);
+        if (w & KVF_PREFIX_IN_RAM)
+            hits_p->ram++;
+        else if (w & KVF_PREFIX_IN_DISK)
+            hits_p->disk++;
+        else
             break;
     }
-    return i;
+}
+
+/* u's tier lists (absent from a node without tiers, or an older one). */
+static void apply_tiers(kvf_node_prefix_index_t *ix, const Kvf__PrefixUpdate *u)
+{
+    set_marks(ix, u->tier_ram, u->n_tier_ram, KVF_PREFIX_IN_TIERS, KVF_PREFIX_IN_RAM);
+    set_marks(ix, u->tier_disk, u->n_tier_disk, KVF_PREFIX_IN_TIERS, KVF_PREFIX_IN_DISK);
+    set_marks(ix, u->tier_gone, u->n_tier_gone, KVF_PREFIX_IN_TIERS, 0);
 }
 
 static kvf_router_node_t *node_by_id(kvf_router_t *r, const char *id)
@@ -124,13 +162,14 @@ void kvf_router__on_prefix_update(kvf_router_t *r, const Kvf__PrefixUpdate *u, c
     r->count.prefix_updates++;
     if (u->full) {
         set_clear(&n->prefix);
-        for (size_t i = 0; i < u->n_added; i++)
-            set_add(&n->prefix, u->added[i]);
+        n->prefix.truncated = false;
+        set_marks(&n->prefix, u->added, u->n_added, 0, KVF_PREFIX_IN_POOL);
+        apply_tiers(&n->prefix, u);
         n->prefix.synced = true;
-        n->prefix.truncated = u->truncated;
+        n->prefix.truncated = n->prefix.truncated || u->truncated;
         n->prefix.seq = u->seq;
         n->prefix.resync_asked_ns = 0;
-        kvf_log_debug("node %s: prefix listing of %u blocks%s", n->id, n->prefix.n,
+        kvf_log_debug("node %s: prefix listing of %u blocks (tiers included)%s", n->id, n->prefix.n,
                       u->truncated ? " (cut)" : "");
         return;
     }
@@ -140,9 +179,8 @@ void kvf_router__on_prefix_update(kvf_router_t *r, const Kvf__PrefixUpdate *u, c
         kvf_router__prefix_resync(r, n);
         return;
     }
-    for (size_t i = 0; i < u->n_removed; i++)
-        set_remove(&n->prefix, u->removed[i]);
-    for (size_t i = 0; i < u->n_added; i++)
-        set_add(&n->prefix, u->added[i]);
+    set_marks(&n->prefix, u->removed, u->n_removed, KVF_PREFIX_IN_POOL, 0);
+    set_marks(&n->prefix, u->added, u->n_added, 0, KVF_PREFIX_IN_POOL);
+    apply_tiers(&n->prefix, u);
     n->prefix.seq = u->seq;
 }

@@ -438,9 +438,15 @@ void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
         n->blocks_cached = hb->load->blocks_cached;
         n->tier_ram_blocks = hb->load->tier_ram_blocks;
         n->tier_disk_blocks = hb->load->tier_disk_blocks;
+        n->disk_read_ns = hb->load->tier_disk_read_ns;
+        n->disk_read_busy_ns = hb->load->tier_disk_read_busy_ns;
+        n->disk_read_bytes = hb->load->tier_disk_read_bytes;
+        n->disk_io_threads = hb->load->tier_disk_io_threads;
         n->running = hb->load->running;
         n->queued_requests = hb->load->queued_requests;
         n->queued_tokens = hb->load->queued_tokens;
+        if (n->disk_read_ns)
+            kvf_router__observe_disk_reads(r, n);
     }
     n->pending_blocks = n->pending_running = 0;
     n->pending_tokens = 0;

@@ -134,15 +134,92 @@ static double decode_cost(const kvf_router_t *r, const kvf_router_req_t *q,
     return r->cfg.decode_weight * load - r->cfg.transfer_weight * held;
 }
 
+/* The cluster's measured prefill compute per token: the fastest prefill
+ * node's running average; 0 before any reported. */
+static uint64_t cluster_prefill_ns(const kvf_router_t *r)
+{
+    uint64_t best = 0;
+    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
+        const kvf_router_node_t *n = &r->nodes.slots[i];
+        if (prefill_usable(n) && n->prefill_ns_per_token &&
+            (!best || n->prefill_ns_per_token < best))
+            best = n->prefill_ns_per_token;
+    }
+    return best;
+}
+
+/* n's measured prefill compute per token: a prefill node's own, a decode
+ * node's local prefills', the cluster's before either is measured. */
+static uint64_t node_prefill_ns(const kvf_router_t *r, const kvf_router_node_t *n)
+{
+    uint64_t own = n->role == KVF__ROLE__ROLE_DECODE ? n->local_ns_per_token
+                                                      : n->prefill_ns_per_token;
+    return own ? own : cluster_prefill_ns(r);
+}
+
+/* A disk hit of n blocks: the first arrives one read after the request
+ * asks (read_ns, queued behind the node's other I/O included), each next
+ * one a read's pread time later divided among the reads run at once; they
+ * cost the request less than computing them (n * block_size * per) from
+ * n = (read_ns - step) / (block_size * per - step) blocks on, and never
+ * when a step is as long as computing a block. */
+uint32_t kvf_router__disk_break_even(const kvf_router_t *r, const kvf_router_node_t *n)
+{
+    uint64_t per = node_prefill_ns(r, n), bs = n->block_size;
+    if (!per || !n->disk_read_ns || !bs)
+        return 0;
+    uint64_t step = n->disk_read_busy_ns / (n->disk_io_threads ? n->disk_io_threads : 1);
+    if (step >= bs * per)
+        return UINT32_MAX;
+    uint64_t first = n->disk_read_ns > step ? n->disk_read_ns - step : 0;
+    uint64_t blocks = (first + bs * per - step - 1) / (bs * per - step);
+    uint64_t tokens = (blocks ? blocks : 1) * bs;
+    return tokens >= UINT32_MAX ? UINT32_MAX - 1 : (uint32_t)tokens;
+}
+
+/* q's leading blocks n holds, pool then tiers, at most cap. */
+static void tier_hits(const kvf_router_node_t *n, const kvf_router_req_t *q, uint32_t cap,
+                      kvf_prefix_hits_t *h_p)
+{
+    uint32_t count = q->ask.n_hashes < cap ? q->ask.n_hashes : cap;
+    *h_p = (kvf_prefix_hits_t){0, 0, 0};
+    if (q->ask.hashes)
+        kvf_router__prefix_hits_tiers(n, q->ask.hashes, count, h_p);
+}
+
+/* Whether n's disk hits of h count: they reach n's break-even, or it is
+ * not measured yet (then the weight alone rates them). */
+static bool disk_pays(const kvf_router_t *r, const kvf_router_node_t *n,
+                      const kvf_prefix_hits_t *h)
+{
+    uint32_t be = kvf_router__disk_break_even(r, n);
+    return h->disk && (!be || (uint64_t)h->disk * n->block_size >= be);
+}
+
+/* The blocks of h n need not compute, weighed by where they are: a pool
+ * hit 1, a RAM tier hit tier_ram_weight, a disk tier hit tier_disk_weight
+ * when the disk run pays. */
+static double hit_credit(const kvf_router_t *r, const kvf_router_node_t *n,
+                         const kvf_prefix_hits_t *h)
+{
+    double credit = (double)h->pool + r->cfg.tier_ram_weight * h->ram;
+    if (disk_pays(r, n, h))
+        credit += r->cfg.tier_disk_weight * h->disk;
+    return credit;
+}
+
 /* The cost of q on prefill node n under the kv policy: q's blocks it must
- * compute (after its cached prefix) and the blocks queued before them. */
+ * compute (after its cached prefix, pool and tier hits credited by tier)
+ * and the blocks queued before them. */
 static double prefill_cost(const kvf_router_t *r, const kvf_router_req_t *q,
                            const kvf_router_node_t *n)
 {
     uint32_t bs = n->block_size, tokens = attempt_tokens(q);
-    uint32_t to_compute = kvf_router__blocks_for(tokens, bs) - hits(n, q, reuse_cap(tokens, bs));
+    kvf_prefix_hits_t h;
+    tier_hits(n, q, reuse_cap(tokens, bs), &h);
+    double to_compute = (double)kvf_router__blocks_for(tokens, bs) - hit_credit(r, n, &h);
     double queued = kvf_router__blocks_for((uint32_t)(n->queued_tokens + n->pending_tokens), bs);
-    return r->cfg.prefill_weight * ((double)to_compute + queued);
+    return r->cfg.prefill_weight * (to_compute + queued);
 }
 
 /* Scores every node that qualifies and keeps the best: lower is better
@@ -202,20 +279,6 @@ static kvf_router_node_t *pick_prefill(kvf_router_t *r, const kvf_router_req_t *
     return best;
 }
 
-/* The cluster's measured prefill compute per token: the fastest prefill
- * node's running average; 0 before any reported. */
-static uint64_t cluster_prefill_ns(const kvf_router_t *r)
-{
-    uint64_t best = 0;
-    for (int i = 0; i < ROUTER_MAX_NODES; i++) {
-        const kvf_router_node_t *n = &r->nodes.slots[i];
-        if (prefill_usable(n) && n->prefill_ns_per_token &&
-            (!best || n->prefill_ns_per_token < best))
-            best = n->prefill_ns_per_token;
-    }
-    return best;
-}
-
 /* The break-even of a local prefill on decode node d, in tokens: the
  * suffix d computes in the time the split path spends on a request beyond
  * its prefill compute (messages, the prefill node's queue, the transfer).
@@ -224,7 +287,7 @@ static uint64_t cluster_prefill_ns(const kvf_router_t *r)
  * measured, the cluster's prefill rate before; 0 while either is unknown. */
 static uint32_t break_even(const kvf_router_t *r, const kvf_router_node_t *d)
 {
-    uint64_t per = d->local_ns_per_token ? d->local_ns_per_token : cluster_prefill_ns(r);
+    uint64_t per = node_prefill_ns(r, d);
     if (!per || !r->remote_overhead_ns)
         return 0;
     uint64_t tokens = r->remote_overhead_ns / per;
@@ -239,7 +302,9 @@ static bool prefill_here(const kvf_router_t *r, const kvf_router_req_t *q,
     if (!d->prefill_local || (!r->cfg.local_prefill_max_tokens && !r->cfg.local_prefill_auto))
         return false;
     uint32_t tokens = attempt_tokens(q), bs = d->block_size;
-    uint32_t held = hits(d, q, reuse_cap(tokens, bs));
+    kvf_prefix_hits_t h; /* a local prefill takes tier hits too (decode_node/tiers.c) */
+    tier_hits(d, q, reuse_cap(tokens, bs), &h);
+    uint32_t held = h.pool + h.ram + (disk_pays(r, d, &h) ? h.disk : 0);
     if (held == 0)
         return false;
     uint32_t left = tokens - held * bs;
@@ -290,7 +355,7 @@ static void log_break_even(kvf_router_t *r, const kvf_router_node_t *d)
     if (!be || (last && moved <= (last >> ROUTE_LOG_SHIFT)))
         return;
     r->break_even_logged = be;
-    uint64_t per = d->local_ns_per_token ? d->local_ns_per_token : cluster_prefill_ns(r);
+    uint64_t per = node_prefill_ns(r, d);
     kvf_log_info("conditional disaggregation: break-even %llu tokens on %s (split path overhead "
                  "%.2f ms, %s prefill %.1f us/token)",
                  (unsigned long long)be, d->id, (double)r->remote_overhead_ns / 1e6,
@@ -335,8 +400,29 @@ void kvf_router__route_describe(const kvf_router_t *r)
         snprintf(local, sizeof(local), "auto (the break-even is measured on the first requests)");
     else if (r->cfg.local_prefill_max_tokens)
         snprintf(local, sizeof(local), "up to %u tokens", r->cfg.local_prefill_max_tokens);
-    kvf_log_info("routing: %s (prefill weight %.2f, decode weight %.2f, transfer weight %.2f); "
-                 "conditional disaggregation (decode nodes with --prefill-local): %s",
+    kvf_log_info("routing: %s (prefill weight %.2f, decode weight %.2f, transfer weight %.2f, "
+                 "KV tier hits: RAM %.2f, disk %.2f of a pool hit); conditional disaggregation "
+                 "(decode nodes with --prefill-local): %s",
                  kvf_route_policy_name(r->cfg.route), r->cfg.prefill_weight, r->cfg.decode_weight,
-                 r->cfg.transfer_weight, local);
+                 r->cfg.transfer_weight, r->cfg.tier_ram_weight, r->cfg.tier_disk_weight, local);
+}
+
+void kvf_router__observe_disk_reads(kvf_router_t *r, kvf_router_node_t *n)
+{
+    uint32_t be = kvf_router__disk_break_even(r, n), last = n->disk_break_even_logged;
+    uint32_t moved = be > last ? be - last : last - be;
+    if (!be || be == last || (last && last != UINT32_MAX && moved <= (last >> ROUTE_LOG_SHIFT)))
+        return;
+    n->disk_break_even_logged = be;
+    char what[48];
+    if (be == UINT32_MAX)
+        snprintf(what, sizeof(what), "none (the disk is slower than computing)");
+    else
+        snprintf(what, sizeof(what), "%u tokens", be);
+    double mbps = n->disk_read_busy_ns ? (double)n->disk_read_bytes * 1e3 / n->disk_read_busy_ns
+                                       : 0;
+    kvf_log_info("kv tiers: %s's disk hit break-even %s (a read %.3f ms queued to checked, "
+                 "%.0f MB/s each, %u at once; prefill %.1f us/token)",
+                 n->id, what, (double)n->disk_read_ns / 1e6, mbps, n->disk_io_threads,
+                 (double)node_prefill_ns(r, n) / 1e3);
 }

@@ -57,6 +57,10 @@ typedef struct {
     kvf_route_policy_t route;    /* KVF_ROUTE_KV (0) by default */
     /* The kv policy's cost weights; all three 0: 1, 1, 1. */
     double prefill_weight, decode_weight, transfer_weight;
+    /* The credit of a prompt block a prefill node holds in its RAM or disk
+     * KV tier, as a fraction of a pool hit's (docs/kv-tiers.md, "Routing");
+     * with all three weights above 0: 0.9 and 0.5. */
+    double tier_ram_weight, tier_disk_weight;
     /* Conditional disaggregation: a decode node with --prefill-local that
      * holds a request's prefix prefills it itself when at most this many
      * tokens are left to compute (0: never), or (local_prefill_auto) when
@@ -64,6 +68,12 @@ typedef struct {
     unsigned local_prefill_max_tokens;
     bool local_prefill_auto;
 } kvf_router_config_t;
+
+/* The tier weights' defaults (docs/kv-tiers.md, "Routing"): a RAM hit
+ * costs a memory copy, a little less than a pool hit; a disk hit a read,
+ * worth a pool hit's half once past the break-even. */
+#define KVF_ROUTER_TIER_RAM_WEIGHT  0.9
+#define KVF_ROUTER_TIER_DISK_WEIGHT 0.5
 
 /* Builds the router: loads tokenizer and configs, binds both sockets.
  * *router_p is owned by the caller: kvf_router_destroy(). */

@@ -58,12 +58,26 @@ typedef enum {
 typedef uint64_t kvf_node_ref_t;
 #define KVF_NODE_NONE ((kvf_node_ref_t)0)
 
+/* Where a node holds a block (kvf_prefix_entry_t.where): its pool's prefix
+ * cache, its RAM or disk KV tier (one of the two at most). */
+#define KVF_PREFIX_IN_POOL  1u
+#define KVF_PREFIX_IN_RAM   2u
+#define KVF_PREFIX_IN_DISK  4u
+#define KVF_PREFIX_IN_TIERS (KVF_PREFIX_IN_RAM | KVF_PREFIX_IN_DISK)
+
 /* One hash of the router's prefix index: a block a node reported cached
- * (prefix_index.c). */
+ * (prefix_index.c), and where. */
 typedef struct kvf_prefix_entry {
     uint64_t hash;
+    uint8_t where; /* KVF_PREFIX_IN_*; never 0 while indexed */
     UT_hash_handle hh;
 } kvf_prefix_entry_t;
+
+/* A prompt's leading blocks a node holds, the way it takes them: those in
+ * its pool, then those after them in its tiers, up to the first it lacks. */
+typedef struct {
+    uint32_t pool, ram, disk;
+} kvf_prefix_hits_t;
 
 /* What the router knows of a node's prefix cache (prefix_index.c). */
 typedef struct {
@@ -93,6 +107,11 @@ typedef struct {
     /* From the last heartbeat. */
     uint32_t blocks_free, blocks_used, blocks_total, blocks_cached, running, queued_requests;
     uint32_t tier_ram_blocks, tier_disk_blocks;
+    /* its disk tier's reads (Load.tier_disk_*): mean ns queued to checked,
+     * in pread alone, bytes each, at once; 0: none measured */
+    uint64_t disk_read_ns, disk_read_busy_ns, disk_read_bytes;
+    uint32_t disk_io_threads;
+    uint32_t disk_break_even_logged; /* the disk break-even last logged (tokens) */
     uint64_t queued_tokens;
     /* Work handed out since that heartbeat (not in its numbers yet). */
     uint32_t pending_blocks, pending_running;
@@ -345,6 +364,14 @@ void kvf_router__observe_prefill_done(kvf_router_t *r, kvf_router_req_t *q,
                                       const Kvf__PrefillDone *pd);
 /* Logs the routing set-up (policy, weights, conditional disaggregation). */
 void kvf_router__route_describe(const kvf_router_t *r);
+/* The shortest hit in n's disk tier that is cheaper than recomputing it,
+ * in tokens, from n's measured disk reads and prefill rate: 0 while either
+ * is unmeasured, UINT32_MAX when no length is (docs/kv-tiers.md,
+ * "Routing"). */
+uint32_t kvf_router__disk_break_even(const kvf_router_t *r, const kvf_router_node_t *n);
+/* A heartbeat brought n's disk read measurements: logs n's disk
+ * break-even when it is new or moved. */
+void kvf_router__observe_disk_reads(kvf_router_t *r, kvf_router_node_t *n);
 
 /* ---- prefix_index.c: which node caches which block ---------------------------- */
 
@@ -355,9 +382,13 @@ void kvf_router__on_prefix_update(kvf_router_t *r, const Kvf__PrefixUpdate *u,
 void kvf_router__prefix_resync(kvf_router_t *r, kvf_router_node_t *n);
 /* Forgets every hash n reported (it died, left or restarted). */
 void kvf_router__prefix_drop(kvf_router_node_t *n);
-/* How many of hashes[0..n) n holds, counting from the first (a prefix
- * is reusable only up to its first missing block). */
+/* How many of hashes[0..n) n holds in its pool, counting from the first
+ * (a prefix is reusable only up to its first missing block). */
 uint32_t kvf_router__prefix_hits(const kvf_router_node_t *n, const uint64_t *hashes, uint32_t count);
+/* hashes[0..count)'s leading blocks n holds in its pool, then in its KV
+ * tiers, per tier. */
+void kvf_router__prefix_hits_tiers(const kvf_router_node_t *n, const uint64_t *hashes,
+                                   uint32_t count, kvf_prefix_hits_t *hits_p);
 
 /* ---- native.c -------------------------------------------------------------- */
 

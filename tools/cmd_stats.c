@@ -1,4 +1,5 @@
 /* kvf stats --router URL [--json]: the cluster as the router sees it. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -55,12 +56,35 @@ static void print_node_json(const Kvf__NodeStats *n)
     printf(", \"blocks_used\": %u, \"blocks_total\": %u, \"blocks_free\": %u, "
            "\"running\": %u, \"queued_requests\": %u, \"queued_tokens\": %llu, "
            "\"age_ms\": %llu, \"dispatched\": %llu, \"blocks_cached\": %u, "
-           "\"tier_ram_blocks\": %u, \"tier_disk_blocks\": %u}",
+           "\"tier_ram_blocks\": %u, \"tier_disk_blocks\": %u, \"tier_disk_read_ns\": %llu, "
+           "\"tier_disk_read_busy_ns\": %llu, \"disk_break_even_tokens\": %u}",
            l ? l->blocks_used : 0, l ? l->blocks_total : 0, l ? l->blocks_free : 0,
            l ? l->running : 0, l ? l->queued_requests : 0,
            (unsigned long long)(l ? l->queued_tokens : 0), (unsigned long long)n->age_ms,
            (unsigned long long)n->dispatched, l ? l->blocks_cached : 0,
-           l ? l->tier_ram_blocks : 0, l ? l->tier_disk_blocks : 0);
+           l ? l->tier_ram_blocks : 0, l ? l->tier_disk_blocks : 0,
+           (unsigned long long)(l ? l->tier_disk_read_ns : 0),
+           (unsigned long long)(l ? l->tier_disk_read_busy_ns : 0), n->disk_break_even_tokens);
+}
+
+/* A node's KV tiers, when it has blocks in them or measured disk reads. */
+static void print_node_tiers(const Kvf__NodeStats *n)
+{
+    const Kvf__Load *l = n->load;
+    if (!l || (!l->tier_ram_blocks && !l->tier_disk_blocks && !l->tier_disk_read_ns))
+        return;
+    printf("  %s kv tiers: %u ram + %u disk blocks", n->node_id, l->tier_ram_blocks,
+           l->tier_disk_blocks);
+    if (l->tier_disk_read_ns && l->tier_disk_read_busy_ns)
+        printf("; disk reads %.3f ms queued to checked, %.0f MB/s each, %u at once",
+               (double)l->tier_disk_read_ns / 1e6,
+               (double)l->tier_disk_read_bytes * 1e3 / (double)l->tier_disk_read_busy_ns,
+               l->tier_disk_io_threads);
+    if (n->disk_break_even_tokens == UINT32_MAX)
+        printf("; no disk hit is cheaper than recomputing");
+    else if (n->disk_break_even_tokens)
+        printf("; disk hit break-even %u tokens", n->disk_break_even_tokens);
+    printf("\n");
 }
 
 /* --json: one object, the nodes and the request counts. */
@@ -97,6 +121,8 @@ static void print_stats_table(const Kvf__StatsReply *s)
         printf("%-28s %-8s %-9s %12s %8u %8u\n", n->node_id, role_name(n->role), n->state,
                blocks, l ? l->running : 0, l ? l->queued_requests : 0);
     }
+    for (size_t i = 0; i < s->n_nodes; i++)
+        print_node_tiers(s->nodes[i]);
     printf("requests: %llu total, %llu running, %llu queued, %llu failed, %llu cancelled\n",
            (unsigned long long)s->requests_total, (unsigned long long)s->requests_running,
            (unsigned long long)s->requests_queued, (unsigned long long)s->requests_failed,

@@ -12,6 +12,11 @@
  * hashes (then marked truncated). The router applies a delta only on top
  * of the update before it, so nothing lost goes unnoticed.
  *
+ * With KV tiers attached (kvf_node_prefix_attach_tiers), each report also
+ * says where the blocks below the pool are: the hashes whose tier changed
+ * (tier_ram, tier_disk, tier_gone), or in a full listing every hash each
+ * tier holds (docs/kv-tiers.md, "Reports").
+ *
  * Loop thread only, like the node runtime. */
 #ifndef KVF_NODE_PREFIX_H
 #define KVF_NODE_PREFIX_H
@@ -20,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvf/kv_tier.h"
 #include "kvf/kvcache.h"
 #include "kvf/msg.h"
 #include "kvf/node.h"
@@ -52,6 +58,11 @@ typedef struct {
      * where evicted blocks go (kvf_prefix_cache_set_evict_hook) */
     kvf_prefix_evict_fn on_evict;
     void *evict_arg;
+    /* the KV tiers whose contents the reports carry (borrowed), or NULL;
+     * scratch: tier_ram and tier_disk (KVF_NODE_PREFIX_REPORT_MAX each),
+     * tier_gone (KVF_NODE_PREFIX_DELTA_MAX) */
+    kvf_kv_tiers_t *tiers;
+    uint64_t *tier_ram, *tier_disk, *tier_gone;
 } kvf_node_prefix_t;
 
 /* A cache over pool (borrowed), or none when !enabled (np->cache NULL:
@@ -59,6 +70,11 @@ typedef struct {
  * hex fingerprint. The caller sets np->node once its node exists. NOMEM. */
 kvf_status_t kvf_node_prefix_init(kvf_node_prefix_t *np, kvf_kvpool_t *pool,
                                   const char *model_fingerprint, bool enabled);
+/* From the next report on, the reports carry where tiers (borrowed; NULL:
+ * none any more) holds its blocks. NOMEM (the reports then leave the
+ * tiers out). */
+kvf_status_t kvf_node_prefix_attach_tiers(kvf_node_prefix_t *np, kvf_kv_tiers_t *tiers);
+
 /* Frees the cache (dropping its references) and the scratch. */
 void kvf_node_prefix_fini(kvf_node_prefix_t *np);
 

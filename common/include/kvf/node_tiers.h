@@ -53,6 +53,7 @@ typedef struct {
     kvf_kv_tiers_t *tiers; /* NULL: no tiers (every call below is a no-op) */
     kvf_kvpool_t *pool;    /* borrowed */
     kvf_evloop_t *loop;    /* borrowed */
+    kvf_node_prefix_t *pc; /* borrowed: its reports carry the tiers' contents */
     size_t block_bytes;
     kvf_node_fetch_t *fetches; /* (n_fetches) copies in flight */
     uint32_t n_fetches;
