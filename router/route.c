@@ -414,9 +414,9 @@ void kvf_router__observe_disk_reads(kvf_router_t *r, kvf_router_node_t *n)
     if (!be || be == last || (last && last != UINT32_MAX && moved <= (last >> ROUTE_LOG_SHIFT)))
         return;
     n->disk_break_even_logged = be;
-    char what[48];
+    char what[64];
     if (be == UINT32_MAX)
-        snprintf(what, sizeof(what), "none (the disk is slower than computing)");
+        snprintf(what, sizeof(what), "none: its reads bring blocks slower than computing them");
     else
         snprintf(what, sizeof(what), "%u tokens", be);
     double mbps = n->disk_read_busy_ns ? (double)n->disk_read_bytes * 1e3 / n->disk_read_busy_ns

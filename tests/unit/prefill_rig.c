@@ -91,8 +91,10 @@ kvf_envelope_t *rig_next_msg(rig_t *r, int ms, bool *from_router_p)
         kvf_envelope_t *env = NULL;
         if (kvf_inbox_recv(r->router_in, 0, &env) == KVF_OK) {
             if (env->body_case == KVF__ENVELOPE__BODY_HEARTBEAT) {
-                if (env->heartbeat->load)
+                if (env->heartbeat->load) {
                     r->last_blocks_used = env->heartbeat->load->blocks_used;
+                    r->last_disk_read_ns = env->heartbeat->load->tier_disk_read_ns;
+                }
                 kvf_envelope_free(env);
                 continue;
             }
@@ -136,6 +138,12 @@ int rig_kill_child(void **state)
 
 void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *max_batch_tokens)
 {
+    rig_start_args(r, model_dir, kv_mem, max_batch_tokens, NULL);
+}
+
+void rig_start_args(rig_t *r, const char *model_dir, const char *kv_mem,
+                    const char *max_batch_tokens, const char *const *extra)
+{
     memset(r, 0, sizeof(*r));
     char dir[1024];
     if (model_dir)
@@ -176,11 +184,13 @@ void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *
     if (r->pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
         /* clang-format off */
-        const char *argv[] = {KVF_BIN_DIR "/kvf-prefill", "--router", r->router_url,
-                              "--listen", r->prefill_url, "--model", dir, "--threads", "1",
-                              "--kv-mem", kv_mem, "--max-batch-tokens", max_batch_tokens,
-                              "--node-id", "p-test", NULL};
+        const char *argv[32] = {KVF_BIN_DIR "/kvf-prefill", "--router", r->router_url,
+                                "--listen", r->prefill_url, "--model", dir, "--threads", "1",
+                                "--kv-mem", kv_mem, "--max-batch-tokens", max_batch_tokens,
+                                "--node-id", "p-test", NULL};
         /* clang-format on */
+        for (size_t i = 15; extra && *extra && i < 31; i++)
+            argv[i] = *extra++;
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
@@ -521,4 +531,51 @@ void rig_expect_no_blocks(rig_t *r)
             fail_msg("unexpected %s", kvf_envelope_body_name(env));
     }
     assert_int_equal(r->last_blocks_used, 0);
+}
+
+void rig_prefill_round(rig_t *r, uint64_t req_id, const uint32_t *ids, uint32_t n,
+                       uint32_t want_cached)
+{
+    rig_ref_t ref;
+    rig_reference(r, ids, n, NULL, &ref);
+    rig_send_prefill(r, req_id, 1, ids, n);
+    uint32_t *dblocks = NULL, dn = 0;
+    bool ready = false, done = false;
+    while (!ready || !done) {
+        bool from_router = false;
+        kvf_envelope_t *env = rig_next_msg(r, 20000, &from_router);
+        assert_non_null(env);
+        if (env->body_case == KVF__ENVELOPE__BODY_KV_ALLOC) {
+            const Kvf__KvAlloc *a = env->kv_alloc;
+            assert_int_equal(a->req_id, req_id);
+            assert_int_equal(a->cache_salt.len, r->send_salt ? strlen(r->send_salt) : 0);
+            if (r->send_salt)
+                assert_memory_equal(a->cache_salt.data, r->send_salt, a->cache_salt.len);
+            rig_answer_alloc(r, a, KVF_OK, 1, &dblocks, &dn);
+        } else if (env->body_case == KVF__ENVELOPE__BODY_KV_READY) {
+            assert_int_equal(env->kv_ready->req_id, req_id);
+            assert_int_equal(env->kv_ready->first_token, ref.first_token);
+            assert_true(rig_compare_kv(r, dblocks, &ref, n) == 0.0);
+            ready = true;
+        } else if (env->body_case == KVF__ENVELOPE__BODY_PREFILL_DONE) {
+            assert_int_equal(env->prefill_done->req_id, req_id);
+            assert_int_equal(env->prefill_done->cached_tokens, want_cached);
+            done = true;
+        } else {
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        }
+        kvf_envelope_free(env);
+    }
+    free(dblocks);
+    kvf_kvpool_destroy(ref.pool);
+}
+
+uint32_t rig_prompt_hashes(const rig_t *r, const uint32_t *ids, uint32_t n, uint64_t *hashes)
+{
+    uint64_t k[2];
+    memcpy(k, rig_prefix_key, sizeof(k));
+    kvf_block_hash_key_t key = {k[0], k[1]};
+    uint64_t root = kvf_block_hash_root(&key, strtoull(kvf_model_fingerprint(r->model), NULL, 16),
+                                        (int)r->geo.dtype, 16, NULL, 0);
+    return kvf_block_hash_chain(&key, root, ids, n, 16, hashes);
 }

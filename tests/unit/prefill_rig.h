@@ -44,6 +44,7 @@ typedef struct {
     int leases_seen; /* KvLease messages the decode side answered */
     uint64_t landed_bytes;
     uint32_t last_blocks_used; /* from the latest heartbeat */
+    uint64_t last_disk_read_ns; /* its Load.tier_disk_read_ns */
     bool deregistered;
     /* rig_answer_alloc claims this many leading prompt blocks are held
      * already (KvAllocReply.cached_blocks): it fills them with 0x5a and
@@ -90,6 +91,10 @@ int rig_kill_child(void **state);
 /* kv_mem: the prefill node's --kv-mem, or "N blocks" for a pool of N
  * blocks of the run's KV format ($KVF_KV_DTYPE). */
 void rig_start(rig_t *r, const char *model_dir, const char *kv_mem, const char *max_batch_tokens);
+/* The same with the NULL-terminated extra (NULL: none) after the node's
+ * other arguments (at most 16). */
+void rig_start_args(rig_t *r, const char *model_dir, const char *kv_mem,
+                    const char *max_batch_tokens, const char *const *extra);
 
 /* SIGTERM: the node deregisters and exits 0; frees the rig. */
 void rig_stop(rig_t *r);
@@ -156,5 +161,15 @@ uint32_t *rig_start_long_request(rig_t *r, char *dir, size_t dir_len, uint64_t r
 
 /* Waits until heartbeats say the prefill node holds no block. */
 void rig_expect_no_blocks(rig_t *r);
+
+/* One prompt through the node alone: its KV in the decode pool equals the
+ * colocated cold run's bit for bit, so does the first token, and
+ * PrefillDone says how many prompt tokens came from the prefix cache. */
+void rig_prefill_round(rig_t *r, uint64_t req_id, const uint32_t *ids, uint32_t n,
+                       uint32_t want_cached);
+
+/* The full blocks' hashes of ids[0..n) as the router computes them (the
+ * rig's key, no salt) into hashes (n / 16); returns how many. */
+uint32_t rig_prompt_hashes(const rig_t *r, const uint32_t *ids, uint32_t n, uint64_t *hashes);
 
 #endif

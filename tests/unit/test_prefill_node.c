@@ -190,46 +190,6 @@ static void test_prefill_handoff(void **state)
     rig_stop(&r);
 }
 
-/* One prompt through the node alone: its KV in the decode pool equals the
- * colocated cold run's bit for bit, so does the first token, and
- * PrefillDone says how many prompt tokens came from the prefix cache. */
-static void prefix_round(rig_t *r, uint64_t req_id, const uint32_t *ids, uint32_t n,
-                         uint32_t want_cached)
-{
-    rig_ref_t ref;
-    rig_reference(r, ids, n, NULL, &ref);
-    rig_send_prefill(r, req_id, 1, ids, n);
-    uint32_t *dblocks = NULL, dn = 0;
-    bool ready = false, done = false;
-    while (!ready || !done) {
-        bool from_router = false;
-        kvf_envelope_t *env = rig_next_msg(r, 20000, &from_router);
-        assert_non_null(env);
-        if (env->body_case == KVF__ENVELOPE__BODY_KV_ALLOC) {
-            const Kvf__KvAlloc *a = env->kv_alloc;
-            assert_int_equal(a->req_id, req_id);
-            assert_int_equal(a->cache_salt.len, r->send_salt ? strlen(r->send_salt) : 0);
-            if (r->send_salt)
-                assert_memory_equal(a->cache_salt.data, r->send_salt, a->cache_salt.len);
-            rig_answer_alloc(r, a, KVF_OK, 1, &dblocks, &dn);
-        } else if (env->body_case == KVF__ENVELOPE__BODY_KV_READY) {
-            assert_int_equal(env->kv_ready->req_id, req_id);
-            assert_int_equal(env->kv_ready->first_token, ref.first_token);
-            assert_true(rig_compare_kv(r, dblocks, &ref, n) == 0.0);
-            ready = true;
-        } else if (env->body_case == KVF__ENVELOPE__BODY_PREFILL_DONE) {
-            assert_int_equal(env->prefill_done->req_id, req_id);
-            assert_int_equal(env->prefill_done->cached_tokens, want_cached);
-            done = true;
-        } else {
-            fail_msg("unexpected %s", kvf_envelope_body_name(env));
-        }
-        kvf_envelope_free(env);
-    }
-    free(dblocks);
-    kvf_kvpool_destroy(ref.pool);
-}
-
 /* The prefix cache: a 100-token prompt, then prompts sharing its first k
  * blocks (16 k tokens) for every k, then the same prompt again. Each reuses
  * the cached blocks it can (at most (100 - 32) / 16 = 4: a hit leaves a
@@ -253,13 +213,8 @@ static void wait_listing(rig_t *r, uint32_t want)
  * would hash them (the rig's key, no salt). */
 static bool listed(const rig_t *r, const uint32_t *ids, uint32_t n)
 {
-    uint64_t k[2];
-    memcpy(k, rig_prefix_key, sizeof(k));
-    kvf_block_hash_key_t key = {k[0], k[1]};
-    uint64_t root = kvf_block_hash_root(&key, strtoull(kvf_model_fingerprint(r->model), NULL, 16),
-                                        (int)r->geo.dtype, 16, NULL, 0);
     uint64_t h[16];
-    uint32_t nb = kvf_block_hash_chain(&key, root, ids, n, 16, h);
+    uint32_t nb = rig_prompt_hashes(r, ids, n, h);
     for (uint32_t b = 0; b < nb; b++) {
         bool found = false;
         for (uint32_t i = 0; i < r->prefix.n && !found; i++)
@@ -278,17 +233,17 @@ static void test_prefill_prefix_cache(void **state)
     static uint32_t base[100], other[100], ids[100];
     rig_make_prompt(base, 100, 77);
     rig_make_prompt(other, 100, 78);
-    prefix_round(&r, 500, base, 100, 0);
+    rig_prefill_round(&r, 500, base, 100, 0);
     for (uint32_t k = 0; k <= 6; k++) {
         memcpy(ids, base, 16 * k * sizeof(uint32_t));
         memcpy(ids + 16 * k, other + 16 * k, (100 - 16 * k) * sizeof(uint32_t));
         if (k < 6)
             ids[16 * k] = base[16 * k] == 1 ? 2 : 1; /* the (k+1)th block differs */
-        prefix_round(&r, 501 + k, ids, 100, 16 * (k < 4 ? k : 4));
+        rig_prefill_round(&r, 501 + k, ids, 100, 16 * (k < 4 ? k : 4));
     }
-    prefix_round(&r, 520, base, 100, 64);
+    rig_prefill_round(&r, 520, base, 100, 64);
     /* a prompt too short to leave a tail after any hit computes it all */
-    prefix_round(&r, 521, base, 40, 0);
+    rig_prefill_round(&r, 521, base, 40, 0);
     /* The node told the router each block it caches (KV-aware routing):
      * base's 6 full blocks and, for each k < 6, the 6 - k blocks from the
      * one that differs on: 27, each hashed as the router hashes them. */
@@ -310,15 +265,15 @@ static void test_prefill_cache_salt(void **state)
     static uint32_t ids[100];
     rig_make_prompt(ids, 100, 93);
     r.send_salt = "tenant-a";
-    prefix_round(&r, 700, ids, 100, 0);
+    rig_prefill_round(&r, 700, ids, 100, 0);
     r.send_salt = "tenant-b";
-    prefix_round(&r, 701, ids, 100, 0);
+    rig_prefill_round(&r, 701, ids, 100, 0);
     r.send_salt = NULL;
-    prefix_round(&r, 702, ids, 100, 0);
+    rig_prefill_round(&r, 702, ids, 100, 0);
     r.send_salt = "tenant-a";
-    prefix_round(&r, 703, ids, 100, 64);
+    rig_prefill_round(&r, 703, ids, 100, 64);
     r.send_salt = NULL;
-    prefix_round(&r, 704, ids, 100, 64);
+    rig_prefill_round(&r, 704, ids, 100, 64);
     rig_expect_no_blocks(&r);
     rig_stop(&r);
 }

@@ -12,7 +12,12 @@
  *   prefill node that failed an attempt gets none of the later ones;
  * - conditional disaggregation: a decode node with --prefill-local that
  *   holds the prefix prefills a short suffix itself (a fixed bound, or
- *   the measured break-even), a long one goes to a prefill node. */
+ *   the measured break-even), a long one goes to a prefill node;
+ * - KV tiers (docs/kv-tiers.md, "Routing"): the index keeps which tier
+ *   each reported hash is in as blocks move, a RAM hit wins over a disk
+ *   hit and a pool hit over a RAM hit, and a disk hit shorter than the
+ *   break-even measured from the node's disk reads and prefill rate gets
+ *   no credit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -380,6 +385,191 @@ static int setup_auto(void **state)
     return set_policy(state, KVF_ROUTE_KV, 0, true);
 }
 
+/* A report with KV tier lists (each NULL-terminated by its count 0). */
+typedef struct {
+    uint64_t *pool, *removed, *ram, *disk, *gone;
+    uint32_t n_pool, n_removed, n_ram, n_disk, n_gone;
+} tier_report_t;
+
+static void report_tiers(fixture_t *fx, int node, uint64_t seq, bool full, const tier_report_t *t)
+{
+    Kvf__PrefixUpdate u = KVF__PREFIX_UPDATE__INIT;
+    u.node_id = (char *)names[node];
+    u.seq = seq;
+    u.full = full;
+    u.key_id = fx->r->hash_key_id;
+    u.added = t->pool;
+    u.n_added = t->n_pool;
+    u.removed = t->removed;
+    u.n_removed = t->n_removed;
+    u.tier_ram = t->ram;
+    u.n_tier_ram = t->n_ram;
+    u.tier_disk = t->disk;
+    u.n_tier_disk = t->n_disk;
+    u.tier_gone = t->gone;
+    u.n_tier_gone = t->n_gone;
+    kvf_router__on_prefix_update(fx->r, &u, names[node]);
+}
+
+static void assert_tier_hits(fixture_t *fx, int node, const uint64_t *h, uint32_t pool,
+                             uint32_t ram, uint32_t disk)
+{
+    kvf_prefix_hits_t got;
+    kvf_router__prefix_hits_tiers(rfx_node_named(fx, names[node]), h, 5, &got);
+    assert_int_equal(got.pool, pool);
+    assert_int_equal(got.ram, ram);
+    assert_int_equal(got.disk, disk);
+}
+
+/* The index keeps where each hash is as blocks move between the pool and
+ * the tiers; a report without tier lists touches no tier. */
+static void test_prefix_index_tiers(void **state)
+{
+    fixture_t *fx = *state;
+    join(fx, 0, false);
+    uint64_t h[8];
+    prompt_hashes(fx, h);
+    /* pool 0, 1; RAM 2; disk 3 */
+    report_tiers(fx, 0, 1, true,
+                 &(tier_report_t){.pool = h, .n_pool = 2, .ram = h + 2, .n_ram = 1,
+                                  .disk = h + 3, .n_disk = 1});
+    assert_int_equal(indexed(fx, 0), 4);
+    assert_tier_hits(fx, 0, h, 2, 1, 1);
+    assert_int_equal(kvf_router__prefix_hits(rfx_node_named(fx, "d1"), h, 5), 2);
+    /* 2 demoted to disk */
+    report_tiers(fx, 0, 2, false, &(tier_report_t){.disk = h + 2, .n_disk = 1});
+    assert_tier_hits(fx, 0, h, 2, 0, 2);
+    /* the pool evicts 1 into RAM */
+    report_tiers(fx, 0, 3, false,
+                 &(tier_report_t){.removed = h + 1, .n_removed = 1, .ram = h + 1, .n_ram = 1});
+    assert_int_equal(indexed(fx, 0), 4);
+    assert_tier_hits(fx, 0, h, 1, 1, 2);
+    /* 3 leaves the tiers (promoted, or dropped): the run ends before it */
+    report_tiers(fx, 0, 4, false, &(tier_report_t){.gone = h + 3, .n_gone = 1});
+    assert_int_equal(indexed(fx, 0), 3);
+    assert_tier_hits(fx, 0, h, 1, 1, 1);
+    /* 2 listed in the pool again while its disk copy stays: both places */
+    report_tiers(fx, 0, 5, false, &(tier_report_t){.pool = h + 2, .n_pool = 1});
+    assert_int_equal(indexed(fx, 0), 3);
+    assert_tier_hits(fx, 0, h, 1, 1, 1);
+    report_tiers(fx, 0, 6, false, &(tier_report_t){.removed = h + 2, .n_removed = 1});
+    assert_tier_hits(fx, 0, h, 1, 1, 1); /* still on disk */
+    report_tiers(fx, 0, 7, false, &(tier_report_t){.gone = h + 2, .n_gone = 1});
+    assert_tier_hits(fx, 0, h, 1, 1, 0);
+    /* RAM 1 moves to the pool (tier_gone and added in one delta); a gone
+     * hash the index never had changes nothing */
+    report_tiers(fx, 0, 8, false,
+                 &(tier_report_t){.pool = h + 1, .n_pool = 1, .gone = h + 1, .n_gone = 2});
+    assert_int_equal(indexed(fx, 0), 2);
+    assert_tier_hits(fx, 0, h, 2, 0, 0);
+    /* a full listing without tier lists (a node without tiers): pool only */
+    report_tiers(fx, 0, 9, true, &(tier_report_t){.pool = h + 4, .n_pool = 1});
+    assert_int_equal(indexed(fx, 0), 1);
+    assert_tier_hits(fx, 0, h, 0, 0, 0);
+    report_tiers(fx, 0, 10, true, &(tier_report_t){.disk = h, .n_disk = 3});
+    assert_tier_hits(fx, 0, h, 0, 0, 3);
+}
+
+/* Four nodes, idle, no listings. */
+static void cluster_bare(fixture_t *fx)
+{
+    for (int i = 0; i < RFX_NODES; i++)
+        join(fx, i, false);
+    beat_all(fx);
+}
+
+/* Prefill node p (2 or 3) lists the prompt's first n blocks in tier
+ * (KVF_PREFIX_IN_*), in a full report numbered seq. */
+static void holds(fixture_t *fx, int p, unsigned tier, uint32_t n, uint64_t seq)
+{
+    uint64_t h[8];
+    prompt_hashes(fx, h);
+    tier_report_t t = {0};
+    if (tier == KVF_PREFIX_IN_POOL)
+        t = (tier_report_t){.pool = h, .n_pool = n};
+    else if (tier == KVF_PREFIX_IN_RAM)
+        t = (tier_report_t){.ram = h, .n_ram = n};
+    else
+        t = (tier_report_t){.disk = h, .n_disk = n};
+    report_tiers(fx, p, seq, true, &t);
+}
+
+/* At equal load, the prefill node with the prefix in RAM beats the one
+ * with it on disk, and a pool hit beats a RAM hit, whichever comes first
+ * in the node table. */
+static void test_tier_credit(void **state)
+{
+    fixture_t *fx = *state;
+    cluster_bare(fx);
+    int d = -1;
+    holds(fx, 2, KVF_PREFIX_IN_DISK, 3, 1);
+    holds(fx, 3, KVF_PREFIX_IN_RAM, 3, 1);
+    assert_int_equal(route_once(fx, &d), 3);
+    holds(fx, 2, KVF_PREFIX_IN_RAM, 3, 2);
+    holds(fx, 3, KVF_PREFIX_IN_POOL, 3, 2);
+    assert_int_equal(route_once(fx, &d), 3);
+    /* the disk hit still beats no hit (no break-even measured: the weight) */
+    holds(fx, 2, KVF_PREFIX_IN_POOL, 0, 3);
+    holds(fx, 3, KVF_PREFIX_IN_DISK, 3, 3);
+    assert_int_equal(route_once(fx, &d), 3);
+    /* with the tier weights 0, tier hits count for nothing: p1 first */
+    fx->r->cfg.tier_disk_weight = 0;
+    assert_int_equal(route_once(fx, &d), 2);
+}
+
+/* p2's disk reads as its heartbeat reports them. */
+static void disk_beat(fixture_t *fx, uint64_t read_ns, uint64_t busy_ns, uint32_t threads)
+{
+    Kvf__Load load = KVF__LOAD__INIT;
+    load.blocks_free = load.blocks_total = 64;
+    load.tier_disk_read_ns = read_ns;
+    load.tier_disk_read_busy_ns = busy_ns;
+    load.tier_disk_read_bytes = 1u << 20;
+    load.tier_disk_io_threads = threads;
+    Kvf__Heartbeat hb = KVF__HEARTBEAT__INIT;
+    hb.node_id = "p2";
+    hb.inbox_url = fx->urls[2 + 3];
+    hb.state = "live";
+    hb.load = &load;
+    kvf_router__on_heartbeat(fx->r, &hb);
+}
+
+/* A disk hit shorter than p2's break-even gets no credit. p2 computes a
+ * token in 20 us (a block in 320 us); a read waits 2 ms and takes 500 us
+ * in pread, 2 at once (a block every 250 us): the first block costs 1750
+ * us more than its compute, each next one saves 70 us, so 25 blocks (400
+ * tokens) break even, and p2's one block on disk gets nothing. */
+static void test_disk_break_even(void **state)
+{
+    fixture_t *fx = *state;
+    cluster_bare(fx);
+    kvf_router_node_t *p2 = rfx_node_named(fx, "p2");
+    p2->prefill_ns_per_token = 20000;
+    holds(fx, 3, KVF_PREFIX_IN_DISK, 1, 1);
+    int d = -1;
+    assert_int_equal(kvf_router__disk_break_even(fx->r, p2), 0); /* not measured */
+    assert_int_equal(route_once(fx, &d), 3);
+    disk_beat(fx, 2000000, 500000, 2);
+    assert_int_equal(p2->disk_read_ns, 2000000);
+    assert_int_equal(kvf_router__disk_break_even(fx->r, p2), 400);
+    assert_int_equal(p2->disk_break_even_logged, 400);
+    assert_int_equal(route_once(fx, &d), 2);
+    /* a faster disk: a read waits 300 us, 100 us in pread (a block every
+     * 50): one block breaks even */
+    disk_beat(fx, 300000, 100000, 2);
+    assert_int_equal(kvf_router__disk_break_even(fx->r, p2), BS);
+    assert_int_equal(route_once(fx, &d), 3);
+    /* a disk slower than the compute (a block every 500 us): never */
+    disk_beat(fx, 2000000, 1000000, 2);
+    assert_int_equal(kvf_router__disk_break_even(fx->r, p2), UINT32_MAX);
+    assert_int_equal(route_once(fx, &d), 2);
+    /* without its own rate, p2's break-even uses the cluster's (p1's) */
+    p2->prefill_ns_per_token = 0;
+    rfx_node_named(fx, "p1")->prefill_ns_per_token = 20000;
+    disk_beat(fx, 300000, 100000, 2);
+    assert_int_equal(kvf_router__disk_break_even(fx->r, p2), BS);
+}
+
 static void test_policy_names(void **state)
 {
     (void)state;
@@ -406,6 +596,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_random_policy, setup_random, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_local_prefill_bound, setup_local, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_local_prefill_auto, setup_auto, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_prefix_index_tiers, setup, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_tier_credit, setup_kv, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_disk_break_even, setup_kv, rfx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
