@@ -43,6 +43,16 @@ void *kvf_backend_host_alloc(const kvf_backend_t *be, size_t bytes)
     return malloc(bytes);
 }
 
+void *kvf_backend_host_alloc_hook(void *be, size_t bytes)
+{
+    return kvf_backend_host_alloc(be, bytes);
+}
+
+void kvf_backend_host_free_hook(void *be, void *p)
+{
+    kvf_backend_host_free(be, p);
+}
+
 void kvf_backend_host_free(const kvf_backend_t *be, void *p)
 {
     if (!p)

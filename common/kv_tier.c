@@ -153,15 +153,28 @@ static void ram_fetch(kvf_kv_tiers_t *t, kvt_ram_entry_t *e, void *dst, uint64_t
     kvt_wake(t);
 }
 
-static kvf_status_t ram_create(kvf_kv_tiers_t *t, uint64_t host_bytes, char *why, size_t why_len)
+static kvf_status_t ram_create(kvf_kv_tiers_t *t, const kvf_kv_tiers_config_t *cfg, char *why,
+                               size_t why_len)
 {
-    uint64_t cap = host_bytes / t->block_bytes;
+    uint64_t host_bytes = cfg->host_bytes, cap = host_bytes / t->block_bytes;
     if (cap > UINT32_MAX - 1)
         cap = UINT32_MAX - 1;
     t->ram_cap = (uint32_t)cap;
     if (!cap)
         return KVF_OK;
-    t->ram_data = malloc((size_t)cap * t->block_bytes);
+    size_t bytes = (size_t)cap * t->block_bytes;
+    if (cfg->host_alloc && cfg->host_free) {
+        t->ram_data = cfg->host_alloc(cfg->host_arg, bytes);
+        if (t->ram_data) {
+            t->host_free = cfg->host_free;
+            t->host_arg = cfg->host_arg;
+        } else {
+            kvf_log_warn("kv host tier: the allocator given cannot make %zu bytes: plain "
+                         "memory instead", bytes);
+        }
+    }
+    if (!t->ram_data)
+        t->ram_data = malloc(bytes);
     t->ram_tokens = malloc((size_t)cap * t->block_tokens * sizeof(uint32_t));
     t->ram_entries = calloc((size_t)cap, sizeof(*t->ram_entries));
     if (!t->ram_data || !t->ram_tokens || !t->ram_entries) {
@@ -207,7 +220,7 @@ kvf_status_t kvf_kv_tiers_create(const kvf_kv_tiers_config_t *cfg, kvf_kv_tiers_
         snprintf(why, why_len, "kv tiers: eventfd: %s", strerror(errno));
         goto fail;
     }
-    st = ram_create(t, cfg->host_bytes, why, why_len);
+    st = ram_create(t, cfg, why, why_len);
     if (st == KVF_OK && kvt_changes_init(&t->changes, cfg->report_cap) != KVF_OK) {
         snprintf(why, why_len, "kv tiers: out of memory");
         st = KVF_ERR_NOMEM;
@@ -238,7 +251,10 @@ void kvf_kv_tiers_destroy(kvf_kv_tiers_t *t)
     kvt_changes_fini(&t->changes);
     free(t->ram_entries);
     free(t->ram_tokens);
-    free(t->ram_data);
+    if (t->host_free)
+        t->host_free(t->host_arg, t->ram_data);
+    else
+        free(t->ram_data);
     free(t->done_q);
     if (t->event_fd >= 0)
         close(t->event_fd);

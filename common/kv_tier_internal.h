@@ -141,7 +141,9 @@ struct kvf_kv_tiers {
     int event_fd;
     /* tier 1 */
     uint32_t ram_cap;
-    uint8_t *ram_data;    /* (ram_cap, block_bytes) */
+    uint8_t *ram_data;    /* (ram_cap, block_bytes), from host_alloc when set */
+    void (*host_free)(void *host_arg, void *p);
+    void *host_arg;
     uint32_t *ram_tokens; /* (ram_cap, block_tokens) */
     kvt_ram_entry_t *ram_entries, *ram_free, *ram_table;
     kvt_lru_t ram_lru;

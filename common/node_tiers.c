@@ -145,6 +145,9 @@ kvf_status_t kvf_node_tiers_init(kvf_node_tiers_t *nt, const kvf_node_tiers_conf
         .block_bytes = nt->block_bytes,
         .block_tokens = (uint32_t)g->block_size,
         .report_cap = KVF_NODE_PREFIX_DELTA_MAX,
+        .host_alloc = cfg->host_alloc,
+        .host_free = cfg->host_free,
+        .host_arg = cfg->host_arg,
     };
     char why[256] = "";
     kvf_status_t st = kvf_kv_tiers_create(&tc, &nt->tiers, why, sizeof(why));

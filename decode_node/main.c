@@ -124,7 +124,8 @@ static int check_decode_opts(const decode_opts_t *o, kvf_decode_xfer_mode_t *mod
         kvf_log_error("--xfer-mode must be auto, rma or am, not '%s'", o->xfer_mode);
         return 2;
     }
-    kvf_node_tiers_config_t tc = {o->kv_host_mem, o->kv_disk, o->kv_disk_size};
+    kvf_node_tiers_config_t tc = {
+        .host_bytes = o->kv_host_mem, .disk_dir = o->kv_disk, .disk_bytes = o->kv_disk_size};
     const char *bad = kvf_node_tiers_check(&tc, o->no_prefix_cache);
     if (bad) {
         kvf_log_error("%s", bad);

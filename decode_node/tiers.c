@@ -29,8 +29,12 @@ static void on_copy(void *arg, uint64_t req_id, uint64_t epoch, uint32_t index, 
 
 kvf_status_t dec_tiers_open(kvf_decode_t *d)
 {
+    /* the RAM tier in the backend's host memory: pinned on a GPU node */
     kvf_node_tiers_config_t tc = {.host_bytes = d->cfg.kv_host_mem,
                                   .disk_dir = d->cfg.kv_disk_dir,
-                                  .disk_bytes = d->cfg.kv_disk_size};
+                                  .disk_bytes = d->cfg.kv_disk_size,
+                                  .host_alloc = kvf_backend_host_alloc_hook,
+                                  .host_free = kvf_backend_host_free_hook,
+                                  .host_arg = &d->rt.backend};
     return kvf_node_tiers_init(&d->nt, &tc, &d->pc, d->rt.pool, d->loop, on_copy, d);
 }

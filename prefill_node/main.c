@@ -98,7 +98,8 @@ static int check_prefill_opts(const prefill_opts_t *o)
                       "--stats-interval-ms not negative and --block-size in 1..256");
         return 2;
     }
-    kvf_node_tiers_config_t tc = {o->kv_host_mem, o->kv_disk, o->kv_disk_size};
+    kvf_node_tiers_config_t tc = {
+        .host_bytes = o->kv_host_mem, .disk_dir = o->kv_disk, .disk_bytes = o->kv_disk_size};
     const char *bad = kvf_node_tiers_check(&tc, o->no_prefix_cache);
     if (bad) {
         kvf_log_error("%s", bad);

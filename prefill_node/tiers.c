@@ -26,8 +26,12 @@ static void on_copy(void *arg, uint64_t req_id, uint64_t epoch, uint32_t index, 
 
 kvf_status_t pf_tiers_create(kvf_prefill_t *p, const kvf_prefill_config_t *cfg)
 {
+    /* the RAM tier in the backend's host memory: pinned on a GPU node */
     kvf_node_tiers_config_t tc = {.host_bytes = cfg->kv_host_mem,
                                   .disk_dir = cfg->kv_disk_dir,
-                                  .disk_bytes = cfg->kv_disk_size};
+                                  .disk_bytes = cfg->kv_disk_size,
+                                  .host_alloc = kvf_backend_host_alloc_hook,
+                                  .host_free = kvf_backend_host_free_hook,
+                                  .host_arg = &p->rt.backend};
     return kvf_node_tiers_init(&p->nt, &tc, &p->pc, p->rt.pool, p->loop, on_copy, p);
 }

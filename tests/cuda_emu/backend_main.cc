@@ -10,6 +10,11 @@
 //    back to launched kernels with a warning, which the tests cannot tell);
 //  - nothing leaked: every device and pinned allocation, stream, event,
 //    graph and cuBLAS handle the tests created was destroyed.
+// It checks the KV tiers' RAM slab on a node's backend
+// (kvf_backend_host_alloc_hook, as kvf-prefill and kvf-decode give it): on
+// the CUDA backend it is one pinned allocation, freed with the tiers, and a
+// block put from the pool's host mirror comes back through it into another
+// block and uploads; on the CPU backend it is plain memory.
 // Then, with deferred streams (emu_runtime.h), it checks what a GPU test
 // cannot reach: the backend's error paths, and when its layer hooks run. A
 // session (create, pool, prefills, decodes from graphs, growing buffers,
@@ -32,6 +37,7 @@
 
 #include "kvf/backend.h"
 #include "kvf/engine.h"
+#include "kvf/kv_tier.h"
 #include "kvf/kvcache.h"
 #include "kvf/log.h"
 #include "kvf/model.h"
@@ -296,6 +302,77 @@ int check_allocation_failures()
     return problems;
 }
 
+// One backend's tiers (see the top): true when the slab was pinned as
+// want_pinned says and a block made the round trip.
+bool tier_slab_on(kvf_model_t *model, bool cuda, bool want_pinned)
+{
+    kvf_backend_t be;
+    memset(&be, 0, sizeof(be));
+    kvf_kvpool_t *pool = nullptr;
+    kvf_kv_geometry_t g = kvf_engine_kv_geometry(model, 16, KVF_KV_F32);
+    kvf_cuda_config_t cc = kvf_cuda_config_default();
+    kvf_status_t st = cuda ? kvf_backend_cuda_create(&cc, model, &be)
+                           : kvf_backend_cpu_create(1, &be);
+    if (st == KVF_OK)
+        st = cuda ? kvf_backend_cuda_kvpool_create(&be, &g, 4, true, &pool)
+                  : kvf_kvpool_create(&g, 4, &pool);
+    bool ok = st == KVF_OK;
+    size_t bb = kvf_kv_block_bytes(&g);
+    kvf_kv_tiers_config_t tc = {};
+    tc.host_bytes = 2 * bb;
+    tc.block_bytes = bb;
+    tc.block_tokens = 16;
+    tc.host_alloc = kvf_backend_host_alloc_hook;
+    tc.host_free = kvf_backend_host_free_hook;
+    tc.host_arg = &be;
+    kvf_emu::runtime_stats before = kvf_emu::get_runtime_stats();
+    kvf_kv_tiers_t *t = nullptr;
+    ok = ok && kvf_kv_tiers_create(&tc, &t, nullptr, 0) == KVF_OK;
+    kvf_emu::runtime_stats during = kvf_emu::get_runtime_stats();
+    size_t pinned = want_pinned ? 1 : 0;
+    if (ok && (during.pinned_allocations != before.pinned_allocations + pinned ||
+               during.pinned_bytes != before.pinned_bytes + pinned * 2 * bb)) {
+        fprintf(stderr, "test_cuda_backend_emu: the %s tier slab is %s pinned memory\n",
+                cuda ? "cuda" : "cpu", want_pinned ? "not" : "in");
+        ok = false;
+    }
+    uint8_t *base = ok ? (uint8_t *)kvf_kvpool_base(pool) : nullptr;
+    std::vector<uint32_t> tokens(16, 7);
+    if (ok) {
+        for (size_t i = 0; i < bb; i++)
+            base[i] = (uint8_t)(i * 13 + 1);
+        kvf_kv_fetch_done_t d = {};
+        uint32_t dst = 1;
+        ok = kvf_kv_tiers_put(t, 42, tokens.data(), base) == KVF_OK &&
+             kvf_kv_tiers_fetch(t, 42, tokens.data(), base + bb, 9) == KVF_OK &&
+             kvf_kv_tiers_poll(t, &d, 1) == 1 && d.status == KVF_OK &&
+             memcmp(base, base + bb, bb) == 0 && kvf_kvpool_upload(pool, &dst, 1) == KVF_OK;
+        if (!ok)
+            fprintf(stderr, "test_cuda_backend_emu: a block did not come back from the %s "
+                            "tier slab\n", cuda ? "cuda" : "cpu");
+    }
+    kvf_kv_tiers_destroy(t);
+    if (kvf_emu::get_runtime_stats().pinned_allocations != before.pinned_allocations) {
+        fprintf(stderr, "test_cuda_backend_emu: the tier slab was not freed\n");
+        ok = false;
+    }
+    kvf_kvpool_destroy(pool);
+    kvf_backend_destroy(&be);
+    return ok;
+}
+
+int check_tier_slab()
+{
+    kvf_model_t *model = small_model();
+    if (!model) {
+        fprintf(stderr, "test_cuda_backend_emu: cannot write the test model\n");
+        return 1;
+    }
+    int problems = !tier_slab_on(model, true, true) + !tier_slab_on(model, false, false);
+    kvf_model_destroy(model);
+    return problems;
+}
+
 } // namespace
 
 int main(void)
@@ -329,7 +406,7 @@ int main(void)
         fprintf(stderr, "test_cuda_backend_emu: CUDA resources leaked (listed above)\n");
         return 1;
     }
-    if (check_allocation_failures() != 0)
+    if (check_allocation_failures() != 0 || check_tier_slab() != 0)
         rc = 1;
     if (kvf_emu::faults() != 0) {
         fprintf(stderr, "test_cuda_backend_emu: %llu emulator faults (printed above)\n",

@@ -360,6 +360,60 @@ static void test_tier_changes(void **state)
     kvf_kv_tiers_destroy(t);
 }
 
+/* A counting allocator for tier 1's slab (what a GPU node's pinned one
+ * stands in for here): the slab comes from it and goes back to it. */
+typedef struct {
+    int allocs, frees;
+    size_t bytes;
+    void *last;
+    bool refuse;
+} slab_alloc_t;
+
+static void *slab_alloc(void *arg, size_t bytes)
+{
+    slab_alloc_t *a = arg;
+    if (a->refuse)
+        return NULL;
+    a->allocs++;
+    a->bytes = bytes;
+    a->last = malloc(bytes);
+    return a->last;
+}
+
+static void slab_free(void *arg, void *p)
+{
+    slab_alloc_t *a = arg;
+    assert_ptr_equal(p, a->last);
+    a->frees++;
+    free(p);
+}
+
+static void test_ram_allocator(void **state)
+{
+    (void)state;
+    slab_alloc_t a = {0};
+    kvf_kv_tiers_config_t c = config(NULL, 3, 0);
+    c.host_alloc = slab_alloc;
+    c.host_free = slab_free;
+    c.host_arg = &a;
+    kvf_kv_tiers_t *t = make(&c);
+    assert_int_equal(a.allocs, 1);
+    assert_int_equal(a.bytes, 3 * BB);
+    assert_int_equal(put(t, 7), KVF_OK);
+    uint8_t *held = kvf_kv_tiers_test_ram_block(t, hash_of(7));
+    assert_true(held >= (uint8_t *)a.last && held + BB <= (uint8_t *)a.last + a.bytes);
+    assert_int_equal(fetch(t, 7).status, KVF_OK);
+    kvf_kv_tiers_destroy(t);
+    assert_int_equal(a.frees, 1);
+    /* an allocator that cannot: plain memory, never freed through it */
+    a = (slab_alloc_t){.refuse = true};
+    t = make(&c);
+    assert_int_equal(put(t, 8), KVF_OK);
+    assert_int_equal(fetch(t, 8).status, KVF_OK);
+    kvf_kv_tiers_destroy(t);
+    assert_int_equal(a.frees, 0);
+}
+
 /* No tier 1: blocks go to disk at once; a fetch while the write is still
  * queued is served (checked) from the write's buffer. */
 static void test_disk_only(void **state)
@@ -635,6 +689,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bounded_inflight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_accounting_under_load, setup, teardown),
         cmocka_unit_test(test_poll_and_fd),
+        cmocka_unit_test(test_ram_allocator),
         cmocka_unit_test_setup_teardown(test_create_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart_discards, setup, teardown),
     };

@@ -281,6 +281,10 @@ size_t kvf_backend_cuda_weight_bytes(const kvf_backend_t *be);
  * kvf_backend_host_free() on the same backend, before it is destroyed. */
 void *kvf_backend_host_alloc(const kvf_backend_t *be, size_t bytes);
 void kvf_backend_host_free(const kvf_backend_t *be, void *p);
+/* The same with the backend as a void *, for allocator hooks (e.g. the KV
+ * tiers' host_alloc / host_free, kvf/kv_tier.h). */
+void *kvf_backend_host_alloc_hook(void *be, size_t bytes);
+void kvf_backend_host_free_hook(void *be, void *p);
 
 /* One line for start-up logs: "cpu (avx512 kernels, 2 threads, bf16
  * weights)" or "cuda". */

@@ -57,6 +57,12 @@ typedef struct {
     unsigned io_threads;   /* disk I/O threads (0: 2) */
     unsigned max_inflight; /* disk writes in flight at most, and reads (0: 16 each) */
     uint32_t report_cap;   /* hashes whose tier changed kept for kvf_kv_tiers_changes (0: none) */
+    /* Where tier 1's slab comes from (NULL: malloc and free): a GPU
+     * node's pinned host memory (kvf_backend_host_alloc_hook), which the
+     * device copies to and from by DMA; host_arg is given to both. */
+    void *(*host_alloc)(void *host_arg, size_t bytes);
+    void (*host_free)(void *host_arg, void *p);
+    void *host_arg;
 } kvf_kv_tiers_config_t;
 
 /* The name of the tier 2 file in disk_dir. One tiers object uses a

@@ -30,6 +30,11 @@ typedef struct {
     uint64_t host_bytes;  /* --kv-host-mem; 0: no RAM tier */
     const char *disk_dir; /* --kv-disk; NULL: no disk tier */
     uint64_t disk_bytes;  /* --kv-disk-size */
+    /* tier 1's allocator (kvf_kv_tiers_config_t): the node's backend's
+     * host memory, pinned on a GPU (NULL: malloc) */
+    void *(*host_alloc)(void *host_arg, size_t bytes);
+    void (*host_free)(void *host_arg, void *p);
+    void *host_arg;
 } kvf_node_tiers_config_t;
 
 /* The three flags of kvf_node_tiers_config_t for a node's kvf_flag_t
