@@ -53,16 +53,12 @@ static uint32_t attempt_tokens(const kvf_router_req_t *q)
     return q->ask.n_prompt + q->out.n;
 }
 
-/* Full blocks of an n-token prompt a node reuses at most. */
-static uint32_t reuse_cap(uint32_t n_tokens, uint32_t block_size)
+uint32_t kvf_router__reuse_cap(uint32_t n_tokens, uint32_t block_size)
 {
     return n_tokens > ROUTE_MIN_TAIL && block_size ? (n_tokens - ROUTE_MIN_TAIL) / block_size : 0;
 }
 
-/* q's prompt block hashes, as every node computes them (computed once;
- * none before a node registered the cluster's geometry, or without
- * memory). */
-static void req_hashes(kvf_router_t *r, kvf_router_req_t *q)
+void kvf_router__req_hashes(kvf_router_t *r, kvf_router_req_t *q)
 {
     uint32_t bs = r->nodes.have_geometry ? r->nodes.geometry.block_size : 0;
     if (q->ask.hashes || !bs || q->ask.n_prompt < bs)
@@ -140,7 +136,8 @@ static double prefill_cost(const kvf_router_t *r, const kvf_router_req_t *q,
                            const kvf_router_node_t *n)
 {
     uint32_t bs = n->block_size, tokens = attempt_tokens(q);
-    uint32_t to_compute = kvf_router__blocks_for(tokens, bs) - hits(n, q, reuse_cap(tokens, bs));
+    uint32_t to_compute =
+        kvf_router__blocks_for(tokens, bs) - hits(n, q, kvf_router__reuse_cap(tokens, bs));
     double queued = kvf_router__blocks_for((uint32_t)(n->queued_tokens + n->pending_tokens), bs);
     return r->cfg.prefill_weight * ((double)to_compute + queued);
 }
@@ -239,7 +236,7 @@ static bool prefill_here(const kvf_router_t *r, const kvf_router_req_t *q,
     if (!d->prefill_local || (!r->cfg.local_prefill_max_tokens && !r->cfg.local_prefill_auto))
         return false;
     uint32_t tokens = attempt_tokens(q), bs = d->block_size;
-    uint32_t held = hits(d, q, reuse_cap(tokens, bs));
+    uint32_t held = hits(d, q, kvf_router__reuse_cap(tokens, bs));
     if (held == 0)
         return false;
     uint32_t left = tokens - held * bs;
@@ -250,7 +247,7 @@ static bool prefill_here(const kvf_router_t *r, const kvf_router_req_t *q,
 bool kvf_router__pick(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t **p_p,
                       kvf_router_node_t **d_p)
 {
-    req_hashes(r, q);
+    kvf_router__req_hashes(r, q);
     kvf_router_node_t *d = pick_decode(r, q);
     if (!d)
         return false;

@@ -347,6 +347,13 @@ uint32_t kvf_router__blocks_for(uint32_t tokens, uint32_t block_size);
  * generate. */
 uint32_t kvf_router__tokens_needed(const kvf_router_req_t *q);
 
+/* Full blocks of an n-token prompt a node reuses at most (a hit leaves
+ * the last tokens to compute, the prefill nodes' rule). */
+uint32_t kvf_router__reuse_cap(uint32_t n_tokens, uint32_t block_size);
+/* q's prompt block hashes, as every node computes them, into
+ * q->ask.hashes (computed once; none before a node registered the
+ * cluster's geometry, or without memory). */
+void kvf_router__req_hashes(kvf_router_t *r, kvf_router_req_t *q);
 /* The nodes for q's next attempt under the configured policy: *d_p the
  * decode node, *p_p the prefill node (the decode node itself for a local
  * prefill: q->place.local then says why). False when no decode node has

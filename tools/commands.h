@@ -18,5 +18,7 @@ int kvf_cmd_stats(int argc, char **argv);
 int kvf_cmd_generate(int argc, char **argv);
 int kvf_cmd_logits(int argc, char **argv);
 int kvf_cmd_keygen(int argc, char **argv);
+int kvf_cmd_simulate(int argc, char **argv);
+int kvf_cmd_plan(int argc, char **argv);
 
 #endif
