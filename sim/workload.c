@@ -2,6 +2,7 @@
  * distributions and Poisson gaps, bench/serve_trace.c) or a trace file.
  * See sim.h. */
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,7 +70,7 @@ static bool parse_number(const char *text, double lo, double hi, bool integer, d
     double v = strtod(text, &end);
     while (isspace((unsigned char)*end))
         end++;
-    if (*end || v != v || v < lo || v > hi || (integer && v != (double)(uint64_t)v))
+    if (*end || v != v || v < lo || v > hi || (integer && v != floor(v)))
         return false;
     *v_p = v;
     return true;
