@@ -147,6 +147,37 @@ kvf_status_t kvf_sim_router_cached(kvf_sim_router_t *sr, int node, const uint32_
 bool kvf_sim_router_pick(kvf_sim_router_t *sr, const uint32_t *ids, uint32_t n,
                          uint32_t max_tokens, const char **prefill_p, const char **decode_p);
 
+/* ---- the planner (plan.c) ------------------------------------------------------ */
+
+#define SIM_PLAN_MAX_NODES 64
+
+/* One cluster the planner tried, at the workload's rate. */
+typedef struct {
+    int n_prefill, n_decode, n_colocated, gpus;
+    bool meets;               /* both p99s within their SLOs, nothing refused */
+    double ttft_p99, tpot_p99; /* ms */
+    size_t refused;
+    double shortfall;         /* the larger p99 / SLO; > 1: missed; INFINITY: requests lost */
+    double goodput;           /* the highest rate it meets the SLOs at, req/s */
+    double goodput_per_gpu;
+} kvf_sim_candidate_t;
+
+typedef struct {
+    double rate;              /* the workload's arrival rate */
+    kvf_sim_candidate_t split, colocated; /* the cheapest meeting, or the closest, of each */
+    const kvf_sim_candidate_t *best;    /* the cheaper of those that meet; NULL: none */
+    const kvf_sim_candidate_t *closest; /* the smaller shortfall of the two */
+    size_t tried;             /* simulations of the size search */
+} kvf_sim_plan_t;
+
+/* Searches clusters of base's model, hardware and settings up to
+ * max_nodes nodes under w (its arrivals set the rate): for split P:D and
+ * for colocated, the fewest nodes meeting base's SLOs (slo_ttft_ms and
+ * slo_tpot_ms bound the p99s), then each one's goodput. plan's pointers
+ * point into plan. */
+kvf_status_t kvf_sim_plan(const kvf_sim_config_t *base, const kvf_sim_workload_t *w,
+                          int max_nodes, kvf_sim_plan_t *plan, char *err, size_t err_len);
+
 /* ---- output (report.c) ------------------------------------------------------ */
 
 /* The table for people, on stdout. */
