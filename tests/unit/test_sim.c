@@ -6,7 +6,9 @@
  * - traces: CSV and JSONL read, malformed ones refused with file and line;
  * - runs: the same seed gives the same output, another seed another one;
  *   a split cluster ships every prompt's KV, a colocated one none; shared
- *   prefixes are computed once per node. */
+ *   prefixes are computed once per node;
+ * - the planner: the cheapest cluster meeting reachable SLOs, none (with
+ *   the closest and its shortfall) for an unreachable one. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -280,12 +282,54 @@ static void test_split_and_colocated(void **state)
     kvf_sim_workload_fini(&w);
 }
 
+/* The planner: a reachable SLO gets the cheapest cluster that meets it
+ * (and a smaller one of that kind does not); a TPOT below one decode
+ * step of the weights (8B on H200: 16 GB / 3.84 TB/s, 4.2 ms) gets none,
+ * with the closest cluster and its shortfall. */
+static void test_plan(void **state)
+{
+    (void)state;
+    kvf_sim_config_t cfg;
+    chat_config(&cfg, 0, 0, 0);
+    cfg.slo_ttft_ms = 500;
+    cfg.slo_tpot_ms = 8;
+    kvf_sim_workload_t w;
+    kvf_sim_gen_t g = {.n = 300, .seed = 5, .rate = 10, .prompt_len = {1024, 4096},
+                       .output_len = {100, 500}};
+    assert_int_equal(kvf_sim_workload_generate(&g, &w), KVF_OK);
+    kvf_sim_plan_t pl;
+    char err[512];
+    assert_int_equal(kvf_sim_plan(&cfg, &w, 8, &pl, err, sizeof(err)), KVF_OK);
+    assert_non_null(pl.best);
+    assert_true(pl.best->meets && pl.best->shortfall <= 1);
+    assert_true(pl.best->ttft_p99 <= 500 && pl.best->tpot_p99 <= 8);
+    assert_true(pl.best->goodput >= pl.rate * 0.99);
+    /* one node fewer of the colocated kind misses */
+    if (pl.colocated.meets && pl.colocated.n_colocated > 1) {
+        kvf_sim_config_t smaller = cfg;
+        smaller.n_colocated = pl.colocated.n_colocated - 1;
+        kvf_sim_result_t r;
+        run(&smaller, &w, &r);
+        assert_true(r.n_done < r.n || r.ttft[2] > 500 || r.tpot[2] > 8);
+        kvf_sim_result_fini(&r);
+    }
+    cfg.slo_tpot_ms = 3;
+    assert_int_equal(kvf_sim_plan(&cfg, &w, 4, &pl, err, sizeof(err)), KVF_OK);
+    assert_null(pl.best);
+    assert_non_null(pl.closest);
+    assert_true(pl.closest->shortfall > 4.2 / 3 && pl.closest->tpot_p99 > 4.2);
+    assert_false(pl.split.meets || pl.colocated.meets);
+    assert_int_equal(kvf_sim_plan(&cfg, &w, 0, &pl, err, sizeof(err)), KVF_ERR_INVAL);
+    kvf_sim_workload_fini(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_shape),      cmocka_unit_test(test_step_times),
         cmocka_unit_test(test_profiles),         cmocka_unit_test(test_traces),
         cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_split_and_colocated),
+        cmocka_unit_test(test_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
