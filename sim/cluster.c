@@ -149,12 +149,34 @@ static void schedule(sim_t *s, sim_req_t *r)
     queue_push(s, r);
 }
 
+/* The tokens of r whose block hashes routing needs: its shared prefix
+ * and the first block past it. No other request has that block, and a
+ * node lists only prefixes (node.c), so every lookup of a later block
+ * misses: the routing is the same as with the whole chain, and a
+ * 32k-token prompt is not hashed to no purpose. */
+static uint32_t hashed_tokens(const sim_t *s, const sim_req_t *r)
+{
+    uint32_t bs = s->cfg->block_size, shared = r->prefix >= 0 ? r->w->prefix_tokens : 0;
+    uint32_t upto = (shared / bs + 1) * bs;
+    return upto < r->w->n_prompt ? upto : r->w->n_prompt;
+}
+
+/* r's block hashes over those tokens, by the router's code. */
+static void hash_prompt(sim_t *s, sim_req_t *r, uint32_t n_hashed)
+{
+    r->q.ask.n_prompt = n_hashed;
+    kvf_router__req_hashes(s->sr->r, &r->q);
+    r->q.ask.n_prompt = r->w->n_prompt;
+}
+
 static void arrive(sim_t *s, size_t i)
 {
     sim_req_t *r = &s->reqs[i];
     r->t_arrive = s->now;
-    kvf_sim_prompt_fill(r->w, i, s->prompt);
     kvf_sim__req_init(&r->q, &r->sampling, i + 1, s->prompt, r->w->n_prompt, r->w->n_output);
+    uint32_t n_hashed = hashed_tokens(s, r);
+    kvf_sim_prompt_fill(r->w, i, s->prompt, n_hashed);
+    hash_prompt(s, r, n_hashed);
     schedule(s, r);
     r->q.ask.prompt = NULL; /* read once, for the block hashes */
     if (i + 1 < s->w->n) {

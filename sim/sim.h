@@ -60,10 +60,10 @@ kvf_status_t kvf_sim_workload_load(const char *path, uint32_t default_prefix_tok
                                    kvf_sim_workload_t *w, char *err, size_t err_len);
 void kvf_sim_workload_fini(kvf_sim_workload_t *w);
 
-/* The prompt of request i of a workload as the simulated nodes and
- * router see it: the prefix id's tokens, then ones no other request has.
- * ids holds r->n_prompt. */
-void kvf_sim_prompt_fill(const kvf_sim_req_t *r, size_t i, uint32_t *ids);
+/* The first n (<= r->n_prompt) tokens of the prompt of request i of a
+ * workload as the simulated nodes and router see it: the prefix id's
+ * tokens, then ones no other request has. ids holds n. */
+void kvf_sim_prompt_fill(const kvf_sim_req_t *r, size_t i, uint32_t *ids, uint32_t n);
 
 /* ---- the cluster (cluster.c) ---------------------------------------------- */
 

@@ -47,14 +47,16 @@ void kvf_sim_workload_fini(kvf_sim_workload_t *w)
     w->n = 0;
 }
 
-void kvf_sim_prompt_fill(const kvf_sim_req_t *r, size_t i, uint32_t *ids)
+void kvf_sim_prompt_fill(const kvf_sim_req_t *r, size_t i, uint32_t *ids, uint32_t n)
 {
     uint32_t shared = r->prefix_id >= 0 ? r->prefix_tokens : 0;
+    if (shared > n)
+        shared = n;
     /* a prefix's tokens depend on its id alone; the rest start with the
      * request's index, so no two requests share a block past the prefix */
     for (uint32_t k = 0; k < shared; k++)
         ids[k] = (uint32_t)(((uint64_t)r->prefix_id * 2654435761u + k) & 0x3fffffff);
-    for (uint32_t k = shared; k < r->n_prompt; k++)
+    for (uint32_t k = shared; k < n && k < r->n_prompt; k++)
         ids[k] = (uint32_t)((0x40000000u | (i * 7919u + (k - shared))) & 0x7fffffff);
 }
 
