@@ -31,15 +31,15 @@
 static const kvf_sim_profile_t builtin[] = {
     {"h100-sxm", "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): 80 GB HBM3, 3.35 TB/s, "
                  "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
-     80e9, 3.35e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_MEMORY, KV_MEM_FRACTION,
+     80e9, 3.35e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY, KV_MEM_FRACTION,
      TRANSFER_FIXED_S, STEP_OVERHEAD_S},
     {"h200-sxm", "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): 141 GB HBM3e, 4.8 TB/s, "
                  "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
-     141e9, 4.8e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_MEMORY, KV_MEM_FRACTION,
+     141e9, 4.8e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY, KV_MEM_FRACTION,
      TRANSFER_FIXED_S, STEP_OVERHEAD_S},
     {"a100-sxm-80gb", "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): 80 GB HBM2e, "
                       "2,039 GB/s, BF16 624 TFLOPS with sparsity, NVLink 600 GB/s",
-     80e9, 2.039e12, 312e12, 300e9, NET_NDR_BW, EFF_COMPUTE, EFF_MEMORY, KV_MEM_FRACTION,
+     80e9, 2.039e12, 312e12, 300e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY, KV_MEM_FRACTION,
      TRANSFER_FIXED_S, STEP_OVERHEAD_S},
 };
 #define N_BUILTIN (sizeof(builtin) / sizeof(builtin[0]))
@@ -88,6 +88,8 @@ static const profile_field_t fields[] = {
     {"nvlink_gb_s", 1e9, FIELD_POSITIVE, true, offsetof(kvf_sim_profile_t, nvlink_bw)},
     {"net_gb_s", 1e9, FIELD_POSITIVE, true, offsetof(kvf_sim_profile_t, net_bw)},
     {"compute_eff", 1, FIELD_FRACTION, false, offsetof(kvf_sim_profile_t, compute_eff)},
+    {"decode_compute_eff", 1, FIELD_FRACTION, false,
+     offsetof(kvf_sim_profile_t, decode_compute_eff)},
     {"mem_eff", 1, FIELD_FRACTION, false, offsetof(kvf_sim_profile_t, mem_eff)},
     {"kv_mem_fraction", 1, FIELD_FRACTION, false, offsetof(kvf_sim_profile_t, kv_mem_fraction)},
     {"transfer_fixed_us", 1e-6, FIELD_TIME, false, offsetof(kvf_sim_profile_t, transfer_fixed_s)},
@@ -119,7 +121,8 @@ static bool take(const cJSON *o, const profile_field_t *f, kvf_sim_profile_t *p,
 static bool profile_base(const cJSON *root, kvf_sim_profile_t *p, char *err, size_t err_len)
 {
     const cJSON *base = cJSON_GetObjectItemCaseSensitive(root, "base");
-    *p = (kvf_sim_profile_t){.compute_eff = EFF_COMPUTE, .mem_eff = EFF_MEMORY,
+    *p = (kvf_sim_profile_t){.compute_eff = EFF_COMPUTE, .decode_compute_eff = 0,
+                             .mem_eff = EFF_MEMORY,
                              .kv_mem_fraction = KV_MEM_FRACTION,
                              .transfer_fixed_s = TRANSFER_FIXED_S,
                              .step_overhead_s = STEP_OVERHEAD_S};
@@ -166,6 +169,10 @@ kvf_status_t kvf_sim_profile_load(const char *path, kvf_sim_profile_t *profile_p
             goto done;
         }
     }
+    /* without its own, decode tokens reach what prompt tokens do */
+    if (!cJSON_GetObjectItemCaseSensitive(root, "decode_compute_eff") &&
+        (!has_base || cJSON_GetObjectItemCaseSensitive(root, "compute_eff")))
+        p.decode_compute_eff = p.compute_eff;
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(root, "name");
     snprintf(p.name, sizeof(p.name), "%s", cJSON_IsString(name) ? name->valuestring : "file");
     p.source = "a profile file";
@@ -220,12 +227,21 @@ void kvf_sim_step_add_chunk(kvf_sim_step_t *s, uint32_t start, uint32_t n, bool 
     s->prefill_ends += last;
 }
 
+/* The FLOPs of s's decode tokens and of its prompt tokens. */
+static void step_flops(const kvf_sim_model_t *m, const kvf_sim_step_t *s, double *decode_p,
+                       double *prefill_p)
+{
+    *decode_p = (m->layer_flops + m->head_flops) * s->decode_seqs +
+                m->attn_flops * (double)s->decode_ctx;
+    *prefill_p = m->layer_flops * s->prefill_tokens + m->head_flops * s->prefill_ends +
+                 m->attn_flops * (double)s->prefill_pairs;
+}
+
 double kvf_sim_step_flops(const kvf_sim_model_t *m, const kvf_sim_step_t *s)
 {
-    double tokens = (double)s->decode_seqs + s->prefill_tokens;
-    double logits = (double)s->decode_seqs + s->prefill_ends;
-    double pairs = (double)s->decode_ctx + (double)s->prefill_pairs;
-    return m->layer_flops * tokens + m->head_flops * logits + m->attn_flops * pairs;
+    double d, p;
+    step_flops(m, s, &d, &p);
+    return d + p;
 }
 
 double kvf_sim_step_bytes(const kvf_sim_model_t *m, const kvf_sim_step_t *s)
@@ -240,7 +256,9 @@ double kvf_sim_step_bytes(const kvf_sim_model_t *m, const kvf_sim_step_t *s)
 double kvf_sim_step_time(const kvf_sim_profile_t *hw, const kvf_sim_model_t *m,
                          const kvf_sim_step_t *s)
 {
-    double compute = kvf_sim_step_flops(m, s) / (hw->flops * hw->compute_eff * m->tp);
+    double d, p;
+    step_flops(m, s, &d, &p);
+    double compute = (d / hw->decode_compute_eff + p / hw->compute_eff) / (hw->flops * m->tp);
     double memory = kvf_sim_step_bytes(m, s) / (hw->hbm_bw * hw->mem_eff * m->tp);
     double t = compute > memory ? compute : memory;
     if (m->tp > 1) {

@@ -30,7 +30,8 @@ typedef struct {
     double flops;           /* dense bf16 tensor FLOP/s per GPU */
     double nvlink_bw;       /* NVLink per GPU and direction, bytes/s (tensor parallel) */
     double net_bw;          /* network per GPU (one NIC each), bytes/s (KV transfers) */
-    double compute_eff;     /* fraction of flops a step reaches (assumed) */
+    double compute_eff;     /* fraction of flops prompt tokens reach (assumed) */
+    double decode_compute_eff; /* the same for decode tokens (small batches: less) */
     double mem_eff;         /* fraction of hbm_bw a step reaches (assumed) */
     double kv_mem_fraction; /* of HBM, what weights and the KV pool may take */
     double transfer_fixed_s; /* a transfer's fixed cost */
@@ -44,7 +45,8 @@ bool kvf_sim_profile_builtin(const char *name, kvf_sim_profile_t *profile_p);
 const char *kvf_sim_profile_names(void);
 /* A profile from a JSON file: {"base": "h200", "hbm_gb": ..., "hbm_tb_s": ...,
  * "tflops": ..., "nvlink_gb_s": ..., "net_gb_s": ..., "compute_eff": ...,
- * "mem_eff": ..., "kv_mem_fraction": ..., "transfer_fixed_us": ...,
+ * "decode_compute_eff": ..., "mem_eff": ..., "kv_mem_fraction": ...,
+ * "transfer_fixed_us": ...,
  * "step_overhead_us": ...}: fields absent keep the base's (without a base:
  * all but the efficiencies are required). A problem is described in
  * err. */
@@ -90,8 +92,9 @@ void kvf_sim_step_add_chunk(kvf_sim_step_t *s, uint32_t start, uint32_t n, bool 
 double kvf_sim_step_flops(const kvf_sim_model_t *m, const kvf_sim_step_t *s);
 double kvf_sim_step_bytes(const kvf_sim_model_t *m, const kvf_sim_step_t *s);
 /* The time of s: max(flops / compute, bytes / bandwidth) over the
- * instance's tp GPUs, plus the all-reduces (two per layer, ring over
- * NVLink) and the step overhead. */
+ * instance's tp GPUs (the decode tokens' FLOPs at decode_compute_eff,
+ * the prompt tokens' at compute_eff), plus the all-reduces (two per
+ * layer, ring over NVLink) and the step overhead. */
 double kvf_sim_step_time(const kvf_sim_profile_t *hw, const kvf_sim_model_t *m,
                          const kvf_sim_step_t *s);
 /* The time of a transfer of bytes between instances of tp GPUs, each GPU

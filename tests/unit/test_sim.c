@@ -92,6 +92,12 @@ static void test_step_times(void **state)
     assert_float_equal(kvf_sim_step_time(&hw, &m, &both), 20.538368e-3, 1e-12);
     assert_true(kvf_sim_step_time(&hw, &m, &both) > 8 * kvf_sim_step_time(&hw, &m, &dec));
 
+    /* decode tokens at half the compute efficiency of prompt tokens:
+     * 634368 / 0.5 + 19904000 FLOPs at 1 GFLOP/s */
+    hw.decode_compute_eff = 0.5;
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &both), 21.172736e-3, 1e-12);
+    hw.decode_compute_eff = 1;
+
     /* Tensor parallel 2: half the time, plus 2 all-reduces a layer of
      * 3 x 128 bytes, ring factor 1, over 0.1 GB/s: 15.36 us. */
     kvf_sim_model_init(&c, 2, KVF_KV_BF16, 2, &m);
