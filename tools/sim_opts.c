@@ -6,6 +6,7 @@
 
 #include "kvf/dtype.h"
 #include "kvf/kvcache.h"
+#include "sim_measure.h"
 
 /* The tensor-parallel sizes tried when --tp is not given. */
 static const int tp_sizes[] = {1, 2, 4, 8};
@@ -15,22 +16,26 @@ static const int tp_sizes[] = {1, 2, 4, 8};
 
 size_t kvf_sim_opts_flags(kvf_sim_opts_t *o, kvf_flag_t *flags)
 {
-    *o = (kvf_sim_opts_t){.profile = "h200", .kv_dtype = "bf16", .weight_dtype = "bf16",
+    *o = (kvf_sim_opts_t){.profile = "h200", .kv_dtype = "bf16", .weight_dtype = "config",
                           .route = "kv", .prompt_len = "1024:4096", .output_len = "100:500",
                           .requests = 1000, .rate = 4, .seed = 1, .prefix_tokens = 1024,
                           .block_size = 16, .chunk_tokens = 2048, .max_batch = 256,
-                          .prefix_cache = 64, .heartbeat_ms = 500, .max_queue = 256};
+                          .prefix_cache = 64, .heartbeat_ms = 500, .max_queue = 256, .measure_threads = 1};
     const kvf_flag_t shared[] = {
         {"model", KVF_FLAG_STRING, &o->model_dir, "DIR", "the model's config.json (any HF one)",
          NULL},
-        {"profile", KVF_FLAG_STRING, &o->profile, "NAME|FILE",
-         "hardware: h100, h200, a100, or a JSON profile (docs/simulator.md)", NULL},
+        {"profile", KVF_FLAG_STRING, &o->profile, "NAME|FILE|measure",
+         "hardware: h100, h200, a100, a JSON profile, or measure: this machine's (kvf bench "
+         "engine and transfer, about 25 s)",
+         NULL},
+        {"measure-threads", KVF_FLAG_INT, &o->measure_threads, "N",
+         "--profile measure: CPU threads per node", NULL},
         {"tp", KVF_FLAG_INT, &o->tp, "N", "GPUs per node, tensor parallel (0: fewest that fit)",
          NULL},
         {"kv-dtype", KVF_FLAG_STRING, &o->kv_dtype, "f32|f16|bf16|fp8|int8", "KV cache format",
          NULL},
-        {"weight-dtype", KVF_FLAG_STRING, &o->weight_dtype, "bf16|f16|f32",
-         "the weights' element type", NULL},
+        {"weight-dtype", KVF_FLAG_STRING, &o->weight_dtype, "config|bf16|f16|f32",
+         "the weights' element type (config: its torch_dtype, f32 without)", NULL},
         {"trace", KVF_FLAG_STRING, &o->trace, "FILE",
          "requests from FILE (CSV, or JSONL by name): arrival_s, prompt_tokens, output_tokens, "
          "prefix_id, prefix_tokens",
@@ -95,9 +100,10 @@ static int resolve_model(const char *prog, const kvf_sim_opts_t *o, kvf_sim_conf
                 kvf_status_str(st));
         return 2;
     }
-    kvf_dtype_t wd;
+    kvf_dtype_t wd = cfg->model_cfg.dtype;
     if (kvf_kv_dtype_parse(o->kv_dtype, &cfg->kv_dtype) != KVF_OK ||
-        kvf_dtype_parse(o->weight_dtype, &wd) != KVF_OK) {
+        (strcmp(o->weight_dtype, "config") && kvf_dtype_parse(o->weight_dtype, &wd) != KVF_OK) ||
+        !kvf_dtype_size(wd)) {
         fprintf(stderr, "%s: unknown --kv-dtype '%s' or --weight-dtype '%s'\n", prog,
                 o->kv_dtype, o->weight_dtype);
         return 2;
@@ -167,9 +173,23 @@ int kvf_sim_opts_resolve(const char *prog, const kvf_sim_opts_t *o, kvf_sim_conf
     cfg->seed = o->seed;
     cfg->slo_ttft_ms = o->slo_ttft_ms;
     cfg->slo_tpot_ms = o->slo_tpot_ms;
-    int rc = resolve_profile(prog, o->profile, &cfg->hw);
+    /* a measured profile is fitted to the model, on one node's threads */
+    bool measured = !strcmp(o->profile, "measure");
+    if (measured && (o->tp > 1 || o->measure_threads < 1)) {
+        fprintf(stderr, "%s: --profile measure is one CPU node: no --tp, --measure-threads >= 1\n",
+                prog);
+        return 2;
+    }
+    int rc = -1;
+    if (measured)
+        cfg->hw = (kvf_sim_profile_t){.hbm_bytes = 1e18, .kv_mem_fraction = 1}; /* tp 1 */
+    else
+        rc = resolve_profile(prog, o->profile, &cfg->hw);
     if (rc < 0)
         rc = resolve_model(prog, o, cfg);
+    if (rc < 0 && measured)
+        rc = kvf_sim_measure_profile(prog, o->model_dir, o->measure_threads, &cfg->model,
+                                     &cfg->hw);
     if (rc < 0)
         rc = resolve_workload(prog, o, w);
     return rc;

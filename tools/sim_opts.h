@@ -16,7 +16,7 @@ typedef struct {
     double rate;
     uint64_t seed;
     int block_size, chunk_tokens, max_batch, prefix_cache, heartbeat_ms, max_queue;
-    int local_prefill_max;
+    int local_prefill_max, measure_threads;
     double slo_ttft_ms, slo_tpot_ms;
 } kvf_sim_opts_t;
 
