@@ -19,14 +19,15 @@ extern char **environ;
 #define MEASURE_DECODE_BATCH 32
 #define MEASURE_DECODE_CTX   256
 
-/* Runs this kvf with argv ("kvf", "bench", ...), its output into log.
- * True when it exited 0. */
-static bool run_kvf(const char *prog, char *const *argv, const char *log)
+bool kvf_sim_run_kvf(const char *prog, char *const *argv, const char *log)
 {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+    if (log) {
+        posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log, O_WRONLY | O_CREAT | O_TRUNC,
+                                         0644);
+        posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+    }
     pid_t pid;
     int rc = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -38,7 +39,8 @@ static bool run_kvf(const char *prog, char *const *argv, const char *log)
     while (waitpid(pid, &status, 0) < 0)
         ;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "%s: kvf %s %s failed (its output: %s)\n", prog, argv[1], argv[2], log);
+        fprintf(stderr, "%s: kvf %s %s failed%s%s%s\n", prog, argv[1], argv[2],
+                log ? " (its output: " : "", log ? log : "", log ? ")" : "");
         return false;
     }
     return true;
@@ -110,7 +112,7 @@ static bool measure(const char *prog, const char *dir, const char *model_dir, in
     char *engine[] = {"kvf", "bench", "engine", "--model", (char *)model_dir, "--threads", th,
                       "--quick", "--json", ej, NULL};
     char *xfer[] = {"kvf", "bench", "transfer", "--tls", "shm", "--quick", "--json", xj, NULL};
-    if (!run_kvf(prog, engine, el) || !run_kvf(prog, xfer, xl))
+    if (!kvf_sim_run_kvf(prog, engine, el) || !kvf_sim_run_kvf(prog, xfer, xl))
         return false;
     *engine_p = read_json(prog, ej);
     *xfer_p = read_json(prog, xj);

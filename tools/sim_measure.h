@@ -16,4 +16,9 @@
 int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads,
                             const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p);
 
+/* Runs this kvf (/proc/self/exe) with argv ("kvf", "bench", ...), its
+ * output into the file log (NULL: this process's stdout and stderr).
+ * True when it exited 0; false after a message on stderr. */
+bool kvf_sim_run_kvf(const char *prog, char *const *argv, const char *log);
+
 #endif
