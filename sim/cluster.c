@@ -191,8 +191,7 @@ static void arrive(sim_t *s, size_t i)
 static void beat(sim_t *s, int i)
 {
     sim_node_t *n = &s->nodes[i];
-    kvf_sim_load_t load = {n->blocks_free, n->blocks_total, n->reserved, n->fifo_n,
-                           n->fifo_tokens};
+    kvf_sim_load_t load = {n->blocks_free, n->blocks_total, n->reserved, n->fifo_n, n->fifo_tokens};
     kvf_sim_router_beat(s->sr, i, &load);
     uint64_t timeout = (uint64_t)s->cfg->queue_timeout_ms * 1000000ull;
     while (s->queue) {
@@ -206,9 +205,8 @@ static void beat(sim_t *s, int i)
             break;
         sim_node_start(s, queue_pop(s), p, d);
     }
-    if (s->n_ended < s->w->n &&
-        sim_push(s, s->now + (uint64_t)s->cfg->heartbeat_ms * 1000000ull, EV_BEAT,
-                 (uint32_t)i) != KVF_OK)
+    if (s->n_ended < s->w->n && sim_push(s, s->now + (uint64_t)s->cfg->heartbeat_ms * 1000000ull,
+                                         EV_BEAT, (uint32_t)i) != KVF_OK)
         s->failed = true;
 }
 
@@ -281,15 +279,19 @@ static kvf_status_t sim_init(sim_t *s, const kvf_sim_config_t *cfg, const kvf_si
     if ((cfg->n_colocated && (cfg->n_prefill || cfg->n_decode)) ||
         (!cfg->n_colocated && (cfg->n_prefill <= 0 || cfg->n_decode <= 0)) || n > SIM_MAX_NODES ||
         !cfg->chunk_tokens || !cfg->block_size || !cfg->max_batch || !cfg->heartbeat_ms) {
-        snprintf(err, err_len, "a cluster is --prefill N --decode M (both >= 1) or --colocated N, "
-                 "at most %d nodes", SIM_MAX_NODES);
+        snprintf(err, err_len,
+                 "a cluster is --prefill N --decode M (both >= 1) or --colocated N, "
+                 "at most %d nodes",
+                 SIM_MAX_NODES);
         return KVF_ERR_INVAL;
     }
     uint32_t capacity = kvf_sim_capacity_blocks(&cfg->hw, &cfg->model, cfg->block_size);
     if (!capacity) {
-        snprintf(err, err_len, "the weights (%.1f GB) do not fit in %d x %.0f GB of %s with room "
-                 "for KV: raise --tp", cfg->model.weight_bytes / 1e9, cfg->model.tp,
-                 cfg->hw.hbm_bytes / 1e9, cfg->hw.name);
+        snprintf(err, err_len,
+                 "the weights (%.1f GB) do not fit in %d x %.0f GB of %s with room "
+                 "for KV: raise --tp",
+                 cfg->model.weight_bytes / 1e9, cfg->model.tp, cfg->hw.hbm_bytes / 1e9,
+                 cfg->hw.name);
         return KVF_ERR_INVAL;
     }
     s->block_bytes = cfg->model.kv_bytes_per_token * cfg->block_size;
@@ -370,8 +372,11 @@ static bool within_slo(const kvf_sim_config_t *cfg, double ttft_ms, double tpot_
 static kvf_status_t collect(const sim_t *s, kvf_sim_result_t *res)
 {
     size_t n = s->w->n;
-    *res = (kvf_sim_result_t){.n = n, .steps = s->steps, .transfers = s->transfers,
-                              .kv_bytes = s->kv_bytes, .cached_tokens = s->cached_tokens};
+    *res = (kvf_sim_result_t){.n = n,
+                              .steps = s->steps,
+                              .transfers = s->transfers,
+                              .kv_bytes = s->kv_bytes,
+                              .cached_tokens = s->cached_tokens};
     res->ttft_ms = malloc((n ? n : 1) * sizeof(double));
     res->tpot_ms = malloc((n ? n : 1) * sizeof(double));
     double *e2e = malloc((n ? n : 1) * sizeof(double));

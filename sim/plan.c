@@ -28,9 +28,8 @@ static double shortfall(const kvf_sim_config_t *cfg, const kvf_sim_result_t *r)
 
 /* Runs cfg with arrivals rate_factor times as fast as w's: c's p99s and
  * shortfall. */
-static kvf_status_t try_rate(kvf_sim_config_t cfg, const kvf_sim_workload_t *w,
-                             double rate_factor, kvf_sim_candidate_t *c, char *err,
-                             size_t err_len)
+static kvf_status_t try_rate(kvf_sim_config_t cfg, const kvf_sim_workload_t *w, double rate_factor,
+                             kvf_sim_candidate_t *c, char *err, size_t err_len)
 {
     cfg.arrival_scale = 1.0 / rate_factor;
     kvf_sim_result_t r;
@@ -96,7 +95,8 @@ static kvf_status_t cheapest(const kvf_sim_config_t *base, const kvf_sim_workloa
     for (int n = split ? 2 : 1; n <= max_nodes; n++) {
         kvf_sim_candidate_t met = {.shortfall = INFINITY};
         for (int p = split ? 1 : 0; p <= (split ? n - 1 : 0); p++) {
-            kvf_sim_candidate_t c = {.n_prefill = split ? p : 0, .n_decode = split ? n - p : 0,
+            kvf_sim_candidate_t c = {.n_prefill = split ? p : 0,
+                                     .n_decode = split ? n - p : 0,
                                      .n_colocated = split ? 0 : n};
             kvf_sim_config_t cfg = *base;
             set_shape(&cfg, &c);
@@ -127,13 +127,15 @@ static double workload_rate(const kvf_sim_workload_t *w)
     return span > 0 ? (double)(w->n - 1) / span : 0;
 }
 
-kvf_status_t kvf_sim_plan(const kvf_sim_config_t *base, const kvf_sim_workload_t *w,
-                          int max_nodes, kvf_sim_plan_t *plan, char *err, size_t err_len)
+kvf_status_t kvf_sim_plan(const kvf_sim_config_t *base, const kvf_sim_workload_t *w, int max_nodes,
+                          kvf_sim_plan_t *plan, char *err, size_t err_len)
 {
     *plan = (kvf_sim_plan_t){.rate = workload_rate(w)};
     if (max_nodes < 1 || max_nodes > SIM_PLAN_MAX_NODES || plan->rate <= 0) {
-        snprintf(err, err_len, "needs 1 <= --max-nodes <= %d and a workload of at least two "
-                 "arrivals apart", SIM_PLAN_MAX_NODES);
+        snprintf(err, err_len,
+                 "needs 1 <= --max-nodes <= %d and a workload of at least two "
+                 "arrivals apart",
+                 SIM_PLAN_MAX_NODES);
         return KVF_ERR_INVAL;
     }
     kvf_sim_candidate_t *kinds[2] = {&plan->split, &plan->colocated};
@@ -142,8 +144,8 @@ kvf_status_t kvf_sim_plan(const kvf_sim_config_t *base, const kvf_sim_workload_t
             plan->split.shortfall = INFINITY;
             continue;
         }
-        kvf_status_t st = cheapest(base, w, max_nodes, k == 0, kinds[k], &plan->tried, err,
-                                   err_len);
+        kvf_status_t st =
+            cheapest(base, w, max_nodes, k == 0, kinds[k], &plan->tried, err, err_len);
         if (st == KVF_OK && !isinf(kinds[k]->shortfall)) {
             kvf_sim_config_t cfg = *base;
             set_shape(&cfg, kinds[k]);
@@ -154,9 +156,10 @@ kvf_status_t kvf_sim_plan(const kvf_sim_config_t *base, const kvf_sim_workload_t
     }
     const kvf_sim_candidate_t *s = &plan->split, *c = &plan->colocated;
     if (s->meets && c->meets)
-        plan->best = s->gpus < c->gpus || (s->gpus == c->gpus &&
-                                           s->goodput_per_gpu > c->goodput_per_gpu)
-                         ? s : c;
+        plan->best =
+            s->gpus < c->gpus || (s->gpus == c->gpus && s->goodput_per_gpu > c->goodput_per_gpu)
+                ? s
+                : c;
     else
         plan->best = s->meets ? s : c->meets ? c : NULL;
     plan->closest = s->shortfall < c->shortfall ? s : c;

@@ -46,8 +46,8 @@ void kvf_sim_report_print(const kvf_sim_config_t *cfg, const kvf_sim_result_t *r
                100 * res->util_decode);
     printf("work         %llu steps, %llu transfers (%.2f GB), %llu prompt tokens from prefix "
            "caches\n",
-           (unsigned long long)res->steps, (unsigned long long)res->transfers,
-           res->kv_bytes / 1e9, (unsigned long long)res->cached_tokens);
+           (unsigned long long)res->steps, (unsigned long long)res->transfers, res->kv_bytes / 1e9,
+           (unsigned long long)res->cached_tokens);
 }
 
 static void add_pcts(cJSON *o, const char *key, const double v[3])
@@ -57,8 +57,8 @@ static void add_pcts(cJSON *o, const char *key, const double v[3])
         cJSON_AddNumberToObject(p, pct_names[i], isnan(v[i]) ? 0 : v[i]);
 }
 
-int kvf_sim_report_json(const kvf_sim_config_t *cfg, const kvf_sim_result_t *res,
-                        const char *path, const char *prog)
+int kvf_sim_report_json(const kvf_sim_config_t *cfg, const kvf_sim_result_t *res, const char *path,
+                        const char *prog)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON *c = cJSON_AddObjectToObject(root, "cluster");
@@ -111,8 +111,10 @@ static void svg_panel(FILE *f, int ox, const char *title, const double *v, size_
         top = 1;
     int x0 = ox + SVG_PAD, y0 = SVG_H - SVG_PAD, w = SVG_W - 2 * SVG_PAD, h = SVG_H - 2 * SVG_PAD;
     fprintf(f, "<text x=\"%d\" y=\"24\" font-size=\"14\">%s CDF</text>\n", x0, title);
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
-               "stroke=\"#888\"/>\n", x0, SVG_PAD, w, h);
+    fprintf(f,
+            "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
+            "stroke=\"#888\"/>\n",
+            x0, SVG_PAD, w, h);
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\">0</text>\n", x0, y0 + 16);
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\" text-anchor=\"end\">%.1f ms</text>\n",
             x0 + w, y0 + 16, top);
@@ -120,8 +122,10 @@ static void svg_panel(FILE *f, int ox, const char *title, const double *v, size_
             SVG_PAD + 4);
     if (slo > 0) {
         int sx = x0 + (int)(w * slo / top);
-        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#c33\" "
-                   "stroke-dasharray=\"4\"/>\n", sx, SVG_PAD, sx, y0);
+        fprintf(f,
+                "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#c33\" "
+                "stroke-dasharray=\"4\"/>\n",
+                sx, SVG_PAD, sx, y0);
         fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\" fill=\"#c33\">SLO</text>\n", sx + 3,
                 SVG_PAD + 14);
     }
@@ -136,8 +140,8 @@ static void svg_panel(FILE *f, int ox, const char *title, const double *v, size_
     fprintf(f, "\"/>\n");
 }
 
-int kvf_sim_report_svg(const kvf_sim_config_t *cfg, const kvf_sim_result_t *res,
-                       const char *path, const char *prog)
+int kvf_sim_report_svg(const kvf_sim_config_t *cfg, const kvf_sim_result_t *res, const char *path,
+                       const char *prog)
 {
     FILE *f = fopen(path, "w");
     if (!f) {
@@ -146,13 +150,17 @@ int kvf_sim_report_svg(const kvf_sim_config_t *cfg, const kvf_sim_result_t *res,
     }
     char name[64];
     cluster_name(cfg, name, sizeof(name));
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-               "font-family=\"sans-serif\">\n", 2 * SVG_W, SVG_H + 20);
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+            "font-family=\"sans-serif\">\n",
+            2 * SVG_W, SVG_H + 20);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
     svg_panel(f, 0, "TTFT", res->ttft_ms, res->n_ttft, cfg->slo_ttft_ms);
     svg_panel(f, SVG_W, "TPOT", res->tpot_ms, res->n_tpot, cfg->slo_tpot_ms);
-    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\">%s on %s: %zu requests, goodput %.2f "
-               "req/s</text>\n", SVG_PAD, SVG_H + 10, name, cfg->hw.name, res->n, res->goodput);
+    fprintf(f,
+            "<text x=\"%d\" y=\"%d\" font-size=\"12\">%s on %s: %zu requests, goodput %.2f "
+            "req/s</text>\n",
+            SVG_PAD, SVG_H + 10, name, cfg->hw.name, res->n, res->goodput);
     fprintf(f, "</svg>\n");
     bool bad = ferror(f);
     if (fclose(f) != 0 || bad) {

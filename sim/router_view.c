@@ -13,8 +13,8 @@
 #define SIM_FINGERPRINT "51a1"
 
 /* Registers node i as the router's slot i, the way on_register fills it. */
-static void register_node(kvf_sim_router_t *sr, const kvf_sim_config_t *cfg, int i,
-                          Kvf__Role role, bool prefill_local, uint32_t capacity)
+static void register_node(kvf_sim_router_t *sr, const kvf_sim_config_t *cfg, int i, Kvf__Role role,
+                          bool prefill_local, uint32_t capacity)
 {
     const kvf_model_config_t *m = &cfg->model_cfg;
     Kvf__KvGeometry g = KVF__KV_GEOMETRY__INIT;
@@ -64,10 +64,13 @@ kvf_status_t kvf_sim_router_create(const kvf_sim_config_t *cfg, uint32_t capacit
         bool prefill = !cfg->n_colocated && i < cfg->n_prefill;
         int k = prefill || cfg->n_colocated ? i : i - cfg->n_prefill;
         snprintf(sr->names[i], sizeof(sr->names[i]), "%c%d",
-                 cfg->n_colocated ? 'c' : prefill ? 'p' : 'd', k);
+                 cfg->n_colocated ? 'c'
+                 : prefill        ? 'p'
+                                  : 'd',
+                 k);
         bool local = cfg->n_colocated || (!prefill && cfg->local_prefill_max_tokens);
-        register_node(sr, cfg, i, prefill ? KVF__ROLE__ROLE_PREFILL : KVF__ROLE__ROLE_DECODE,
-                      local, capacity_blocks);
+        register_node(sr, cfg, i, prefill ? KVF__ROLE__ROLE_PREFILL : KVF__ROLE__ROLE_DECODE, local,
+                      capacity_blocks);
     }
     *sr_p = sr;
     return KVF_OK;
@@ -147,8 +150,8 @@ uint32_t kvf_sim__hits(const kvf_sim_router_t *sr, int node, const kvf_router_re
     return kvf_router__prefix_hits(&sr->r->nodes.slots[node], q->ask.hashes, count);
 }
 
-kvf_status_t kvf_sim_router_cached(kvf_sim_router_t *sr, int node, const uint32_t *ids,
-                                   uint32_t n, uint32_t n_blocks)
+kvf_status_t kvf_sim_router_cached(kvf_sim_router_t *sr, int node, const uint32_t *ids, uint32_t n,
+                                   uint32_t n_blocks)
 {
     kvf_router_req_t q = {0};
     Kvf__Sampling s;
@@ -163,8 +166,8 @@ kvf_status_t kvf_sim_router_cached(kvf_sim_router_t *sr, int node, const uint32_
     return KVF_OK;
 }
 
-bool kvf_sim_router_pick(kvf_sim_router_t *sr, const uint32_t *ids, uint32_t n,
-                         uint32_t max_tokens, const char **prefill_p, const char **decode_p)
+bool kvf_sim_router_pick(kvf_sim_router_t *sr, const uint32_t *ids, uint32_t n, uint32_t max_tokens,
+                         const char **prefill_p, const char **decode_p)
 {
     kvf_router_req_t q = {0};
     Kvf__Sampling s;

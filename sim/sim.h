@@ -75,37 +75,38 @@ typedef struct {
     /* n_prefill + n_decode (split) or n_colocated (decode nodes that
      * prefill: --prefill-local), not both */
     int n_prefill, n_decode, n_colocated;
-    uint32_t block_size;     /* tokens per KV block (16) */
-    uint32_t chunk_tokens;   /* prompt tokens one step computes at most (2048) */
-    uint32_t max_batch;      /* sequences per decode node (256) */
-    uint32_t prefix_cache;   /* prefixes a node keeps cached (LRU), 0: none */
-    unsigned heartbeat_ms;   /* node load reports (500, the router's default) */
-    unsigned max_queue;      /* the router's wait queue (256) */
+    uint32_t block_size;       /* tokens per KV block (16) */
+    uint32_t chunk_tokens;     /* prompt tokens one step computes at most (2048) */
+    uint32_t max_batch;        /* sequences per decode node (256) */
+    uint32_t prefix_cache;     /* prefixes a node keeps cached (LRU), 0: none */
+    unsigned heartbeat_ms;     /* node load reports (500, the router's default) */
+    unsigned max_queue;        /* the router's wait queue (256) */
     unsigned queue_timeout_ms; /* the longest wait in it (30000) */
     kvf_route_policy_t route;
     uint32_t local_prefill_max_tokens; /* split: decode nodes prefill short suffixes */
-    uint64_t seed;           /* the router's draws and hash key */
-    double arrival_scale;    /* arrival times multiplied by this (1) */
-    double slo_ttft_ms, slo_tpot_ms; /* goodput counts requests within both */
+    uint64_t seed;                     /* the router's draws and hash key */
+    double arrival_scale;              /* arrival times multiplied by this (1) */
+    double slo_ttft_ms, slo_tpot_ms;   /* goodput counts requests within both */
 } kvf_sim_config_t;
 
-/* The defaults above, for cfg's model, hardware and KV format. */
+/* Sets the defaults named above; hardware, model, KV format and the
+ * cluster's sizes are the caller's to set. */
 void kvf_sim_config_defaults(kvf_sim_config_t *cfg);
 
 /* What a run measured. Times in ms, percentiles p50, p90, p99. */
 typedef struct {
     size_t n, n_done, n_refused;
-    double duration_s;          /* first arrival to last completion */
+    double duration_s; /* first arrival to last completion */
     double ttft[3], tpot[3], e2e[3];
-    double goodput;             /* requests within both SLOs per second */
-    double attainment;          /* their share of all requests */
+    double goodput;    /* requests within both SLOs per second */
+    double attainment; /* their share of all requests */
     double req_per_s, tok_per_s;
     double util_prefill, util_decode; /* busy share of each pool's nodes (colocated: decode) */
-    double *ttft_ms, *tpot_ms;  /* (n_ttft, n_tpot) sorted, for the plot */
+    double *ttft_ms, *tpot_ms;        /* (n_ttft, n_tpot) sorted, for the plot */
     size_t n_ttft, n_tpot;
     uint64_t steps, transfers;
-    double kv_bytes;            /* shipped from prefill to decode nodes */
-    uint64_t cached_tokens;     /* prompt tokens prefix caches spared */
+    double kv_bytes;        /* shipped from prefill to decode nodes */
+    uint64_t cached_tokens; /* prompt tokens prefix caches spared */
 } kvf_sim_result_t;
 
 /* Runs w through the cluster cfg describes. res is the caller's:
@@ -139,13 +140,13 @@ typedef struct {
 /* Applies node `node`'s (index into the router's nodes) heartbeat. */
 void kvf_sim_router_beat(kvf_sim_router_t *sr, int node, const kvf_sim_load_t *load);
 /* Node `node` reports the first n_blocks blocks of prompt ids[0..n) cached. */
-kvf_status_t kvf_sim_router_cached(kvf_sim_router_t *sr, int node, const uint32_t *ids,
-                                   uint32_t n, uint32_t n_blocks);
+kvf_status_t kvf_sim_router_cached(kvf_sim_router_t *sr, int node, const uint32_t *ids, uint32_t n,
+                                   uint32_t n_blocks);
 /* The router's pick for a request of prompt ids[0..n) and max_tokens:
  * the names of its prefill and decode nodes (the same for a local
  * prefill); false when it would wait. Names are valid until destroy. */
-bool kvf_sim_router_pick(kvf_sim_router_t *sr, const uint32_t *ids, uint32_t n,
-                         uint32_t max_tokens, const char **prefill_p, const char **decode_p);
+bool kvf_sim_router_pick(kvf_sim_router_t *sr, const uint32_t *ids, uint32_t n, uint32_t max_tokens,
+                         const char **prefill_p, const char **decode_p);
 
 /* ---- the planner (plan.c) ------------------------------------------------------ */
 
@@ -154,20 +155,20 @@ bool kvf_sim_router_pick(kvf_sim_router_t *sr, const uint32_t *ids, uint32_t n,
 /* One cluster the planner tried, at the workload's rate. */
 typedef struct {
     int n_prefill, n_decode, n_colocated, gpus;
-    bool meets;               /* both p99s within their SLOs, nothing refused */
+    bool meets;                /* both p99s within their SLOs, nothing refused */
     double ttft_p99, tpot_p99; /* ms */
     size_t refused;
-    double shortfall;         /* the larger p99 / SLO; > 1: missed; INFINITY: requests lost */
-    double goodput;           /* the highest rate it meets the SLOs at, req/s */
+    double shortfall; /* the larger p99 / SLO; > 1: missed; INFINITY: requests lost */
+    double goodput;   /* the highest rate it meets the SLOs at, req/s */
     double goodput_per_gpu;
 } kvf_sim_candidate_t;
 
 typedef struct {
-    double rate;              /* the workload's arrival rate */
+    double rate;                          /* the workload's arrival rate */
     kvf_sim_candidate_t split, colocated; /* the cheapest meeting, or the closest, of each */
-    const kvf_sim_candidate_t *best;    /* the cheaper of those that meet; NULL: none */
-    const kvf_sim_candidate_t *closest; /* the smaller shortfall of the two */
-    size_t tried;             /* simulations of the size search */
+    const kvf_sim_candidate_t *best;      /* the cheaper of those that meet; NULL: none */
+    const kvf_sim_candidate_t *closest;   /* the smaller shortfall of the two */
+    size_t tried;                         /* simulations of the size search */
 } kvf_sim_plan_t;
 
 /* Searches clusters of base's model, hardware and settings up to
@@ -175,18 +176,18 @@ typedef struct {
  * for colocated, the fewest nodes meeting base's SLOs (slo_ttft_ms and
  * slo_tpot_ms bound the p99s), then each one's goodput. plan's pointers
  * point into plan. */
-kvf_status_t kvf_sim_plan(const kvf_sim_config_t *base, const kvf_sim_workload_t *w,
-                          int max_nodes, kvf_sim_plan_t *plan, char *err, size_t err_len);
+kvf_status_t kvf_sim_plan(const kvf_sim_config_t *base, const kvf_sim_workload_t *w, int max_nodes,
+                          kvf_sim_plan_t *plan, char *err, size_t err_len);
 
 /* ---- output (report.c) ------------------------------------------------------ */
 
 /* The table for people, on stdout. */
 void kvf_sim_report_print(const kvf_sim_config_t *cfg, const kvf_sim_result_t *res);
 /* res as JSON into path; 0, or 1 after a message on stderr. */
-int kvf_sim_report_json(const kvf_sim_config_t *cfg, const kvf_sim_result_t *res,
-                        const char *path, const char *prog);
+int kvf_sim_report_json(const kvf_sim_config_t *cfg, const kvf_sim_result_t *res, const char *path,
+                        const char *prog);
 /* TTFT and TPOT CDFs as an SVG into path; 0, or 1 after a message. */
-int kvf_sim_report_svg(const kvf_sim_config_t *cfg, const kvf_sim_result_t *res,
-                       const char *path, const char *prog);
+int kvf_sim_report_svg(const kvf_sim_config_t *cfg, const kvf_sim_result_t *res, const char *path,
+                       const char *prog);
 
 #endif

@@ -29,18 +29,21 @@
  * figure; NVLink bandwidth is their bidirectional total, halved for one
  * direction. */
 static const kvf_sim_profile_t builtin[] = {
-    {"h100-sxm", "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): 80 GB HBM3, 3.35 TB/s, "
-                 "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
-     80e9, 3.35e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY, KV_MEM_FRACTION,
-     TRANSFER_FIXED_S, STEP_OVERHEAD_S},
-    {"h200-sxm", "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): 141 GB HBM3e, 4.8 TB/s, "
-                 "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
-     141e9, 4.8e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY, KV_MEM_FRACTION,
-     TRANSFER_FIXED_S, STEP_OVERHEAD_S},
-    {"a100-sxm-80gb", "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): 80 GB HBM2e, "
-                      "2,039 GB/s, BF16 624 TFLOPS with sparsity, NVLink 600 GB/s",
-     80e9, 2.039e12, 312e12, 300e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY, KV_MEM_FRACTION,
-     TRANSFER_FIXED_S, STEP_OVERHEAD_S},
+    {"h100-sxm",
+     "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): 80 GB HBM3, 3.35 TB/s, "
+     "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
+     80e9, 3.35e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S},
+    {"h200-sxm",
+     "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): 141 GB HBM3e, 4.8 TB/s, "
+     "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
+     141e9, 4.8e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S},
+    {"a100-sxm-80gb",
+     "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): 80 GB HBM2e, "
+     "2,039 GB/s, BF16 624 TFLOPS with sparsity, NVLink 600 GB/s",
+     80e9, 2.039e12, 312e12, 300e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S},
 };
 #define N_BUILTIN (sizeof(builtin) / sizeof(builtin[0]))
 
@@ -54,9 +57,8 @@ static const struct {
     const char *name;
     size_t index;
 } aliases[] = {
-    {"h100", 0},     {"h100-sxm", 0},      {"h100-sxm5", 0},      {"h200", 1},
-    {"h200-sxm", 1}, {"a100", 2},          {"a100-sxm", 2},       {"a100-80gb", 2},
-    {"a100-sxm-80gb", 2},
+    {"h100", 0}, {"h100-sxm", 0}, {"h100-sxm5", 0}, {"h200", 1},          {"h200-sxm", 1},
+    {"a100", 2}, {"a100-sxm", 2}, {"a100-80gb", 2}, {"a100-sxm-80gb", 2},
 };
 
 bool kvf_sim_profile_builtin(const char *name, kvf_sim_profile_t *profile_p)
@@ -96,8 +98,7 @@ static const profile_field_t fields[] = {
     {"step_overhead_us", 1e-6, FIELD_TIME, false, offsetof(kvf_sim_profile_t, step_overhead_s)},
 };
 
-static const char *const kind_rule[] = {"a positive number", "a number in (0, 1]",
-                                        "a number >= 0"};
+static const char *const kind_rule[] = {"a positive number", "a number in (0, 1]", "a number >= 0"};
 
 /* Field f of o, when present, into the profile at p; false when present
  * and breaking its kind's rule. */
@@ -121,7 +122,8 @@ static bool take(const cJSON *o, const profile_field_t *f, kvf_sim_profile_t *p,
 static bool profile_base(const cJSON *root, kvf_sim_profile_t *p, char *err, size_t err_len)
 {
     const cJSON *base = cJSON_GetObjectItemCaseSensitive(root, "base");
-    *p = (kvf_sim_profile_t){.compute_eff = EFF_COMPUTE, .decode_compute_eff = 0,
+    *p = (kvf_sim_profile_t){.compute_eff = EFF_COMPUTE,
+                             .decode_compute_eff = 0,
                              .mem_eff = EFF_MEMORY,
                              .kv_mem_fraction = KV_MEM_FRACTION,
                              .transfer_fixed_s = TRANSFER_FIXED_S,
@@ -191,8 +193,11 @@ void kvf_sim_model_init(const kvf_model_config_t *cfg, double weight_elem_bytes,
     /* q, k, v, o projections and the gated MLP (gate, up, down) */
     double layer_params = h * q + 2 * h * kv + q * h + 3 * h * cfg->inter;
     double params = cfg->n_layers * layer_params + v * h * (cfg->tie_embeddings ? 1 : 2);
-    kvf_kv_geometry_t geo = {.n_layers = cfg->n_layers, .n_kv_heads = cfg->n_kv_heads,
-                             .head_dim = cfg->head_dim, .block_size = 1, .dtype = kv_dtype};
+    kvf_kv_geometry_t geo = {.n_layers = cfg->n_layers,
+                             .n_kv_heads = cfg->n_kv_heads,
+                             .head_dim = cfg->head_dim,
+                             .block_size = 1,
+                             .dtype = kv_dtype};
     *model_p = (kvf_sim_model_t){
         .n_layers = cfg->n_layers,
         .hidden = cfg->hidden,
@@ -231,8 +236,8 @@ void kvf_sim_step_add_chunk(kvf_sim_step_t *s, uint32_t start, uint32_t n, bool 
 static void step_flops(const kvf_sim_model_t *m, const kvf_sim_step_t *s, double *decode_p,
                        double *prefill_p)
 {
-    *decode_p = (m->layer_flops + m->head_flops) * s->decode_seqs +
-                m->attn_flops * (double)s->decode_ctx;
+    *decode_p =
+        (m->layer_flops + m->head_flops) * s->decode_seqs + m->attn_flops * (double)s->decode_ctx;
     *prefill_p = m->layer_flops * s->prefill_tokens + m->head_flops * s->prefill_ends +
                  m->attn_flops * (double)s->prefill_pairs;
 }
@@ -248,8 +253,8 @@ double kvf_sim_step_bytes(const kvf_sim_model_t *m, const kvf_sim_step_t *s)
 {
     /* KV read (what each attends to before it) and written (one row per
      * token computed) */
-    double kv_tokens = (double)s->decode_ctx + (double)s->prefill_kv_read + s->decode_seqs +
-                       s->prefill_tokens;
+    double kv_tokens =
+        (double)s->decode_ctx + (double)s->prefill_kv_read + s->decode_seqs + s->prefill_tokens;
     return m->weight_bytes + m->kv_bytes_per_token * kv_tokens;
 }
 

@@ -24,18 +24,18 @@
  * software gets. */
 typedef struct {
     char name[32];
-    const char *source;     /* where the numbers come from (static text) */
-    double hbm_bytes;       /* memory per GPU */
-    double hbm_bw;          /* memory bandwidth per GPU, bytes/s */
-    double flops;           /* dense bf16 tensor FLOP/s per GPU */
-    double nvlink_bw;       /* NVLink per GPU and direction, bytes/s (tensor parallel) */
-    double net_bw;          /* network per GPU (one NIC each), bytes/s (KV transfers) */
-    double compute_eff;     /* fraction of flops prompt tokens reach (assumed) */
+    const char *source;        /* where the numbers come from (static text) */
+    double hbm_bytes;          /* memory per GPU */
+    double hbm_bw;             /* memory bandwidth per GPU, bytes/s */
+    double flops;              /* dense bf16 tensor FLOP/s per GPU */
+    double nvlink_bw;          /* NVLink per GPU and direction, bytes/s (tensor parallel) */
+    double net_bw;             /* network per GPU (one NIC each), bytes/s (KV transfers) */
+    double compute_eff;        /* fraction of flops prompt tokens reach (assumed) */
     double decode_compute_eff; /* the same for decode tokens (small batches: less) */
-    double mem_eff;         /* fraction of hbm_bw a step reaches (assumed) */
-    double kv_mem_fraction; /* of HBM, what weights and the KV pool may take */
-    double transfer_fixed_s; /* a transfer's fixed cost */
-    double step_overhead_s;  /* a forward step's fixed cost (launches, scheduling) */
+    double mem_eff;            /* fraction of hbm_bw a step reaches (assumed) */
+    double kv_mem_fraction;    /* of HBM, what weights and the KV pool may take */
+    double transfer_fixed_s;   /* a transfer's fixed cost */
+    double step_overhead_s;    /* a forward step's fixed cost (launches, scheduling) */
 } kvf_sim_profile_t;
 
 /* The built-in profile named name ("h100", "h200", "a100", any case, with

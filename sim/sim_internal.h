@@ -9,8 +9,8 @@
 #define SIM_MAX_NODES 128
 
 struct kvf_sim_router {
-    kvf_router_t *r;    /* owned: kvf_router__detached_create */
-    int n_nodes;        /* node i is the router's slot i */
+    kvf_router_t *r;             /* owned: kvf_router__detached_create */
+    int n_nodes;                 /* node i is the router's slot i */
     uint64_t seq[SIM_MAX_NODES]; /* each node's last PrefixUpdate */
     char names[SIM_MAX_NODES][16];
 };
@@ -39,22 +39,29 @@ uint32_t kvf_sim__hits(const kvf_sim_router_t *sr, int node, const kvf_router_re
 
 /* ---- the cluster's state (cluster.c, node.c) ------------------------------- */
 
-typedef enum { REQ_WAITING, REQ_IN_QUEUE, REQ_PREFILLING, REQ_SHIPPING, REQ_DECODING,
-               REQ_FINISHED, REQ_REFUSED } sim_req_state_t;
+typedef enum {
+    REQ_WAITING,
+    REQ_IN_QUEUE,
+    REQ_PREFILLING,
+    REQ_SHIPPING,
+    REQ_DECODING,
+    REQ_FINISHED,
+    REQ_REFUSED
+} sim_req_state_t;
 
 typedef struct sim_req sim_req_t;
 struct sim_req {
-    kvf_router_req_t q;      /* the router's view of it */
-    Kvf__Sampling sampling;  /* q's */
-    const kvf_sim_req_t *w;  /* what the workload asked */
+    kvf_router_req_t q;     /* the router's view of it */
+    Kvf__Sampling sampling; /* q's */
+    const kvf_sim_req_t *w; /* what the workload asked */
     sim_req_state_t state;
-    int p, d;                /* its nodes (equal: a local prefill) */
-    int32_t prefix;          /* dense index of its prefix id, -1: none */
-    uint32_t known;          /* prompt tokens in KV (cached or computed) */
-    uint32_t out;            /* tokens produced */
-    uint32_t blocks;         /* reserved on d */
+    int p, d;                           /* its nodes (equal: a local prefill) */
+    int32_t prefix;                     /* dense index of its prefix id, -1: none */
+    uint32_t known;                     /* prompt tokens in KV (cached or computed) */
+    uint32_t out;                       /* tokens produced */
+    uint32_t blocks;                    /* reserved on d */
     uint64_t t_arrive, t_first, t_done; /* ns */
-    sim_req_t *next;         /* in the wait queue or a node's prefill FIFO */
+    sim_req_t *next;                    /* in the wait queue or a node's prefill FIFO */
 };
 
 /* A part of a step: n tokens of r's prompt. */
@@ -64,19 +71,19 @@ typedef struct {
 } sim_piece_t;
 
 typedef struct {
-    bool prefills, decodes;    /* a prefill node, a decode node, or both */
-    bool busy;                 /* a step in flight */
+    bool prefills, decodes;      /* a prefill node, a decode node, or both */
+    bool busy;                   /* a step in flight */
     sim_req_t *fifo, *fifo_tail; /* prompts to compute, oldest first */
     uint32_t fifo_n;
-    uint64_t fifo_tokens;      /* their tokens left to compute */
-    sim_req_t **batch;         /* (n_batch) decoding, in joining order */
+    uint64_t fifo_tokens; /* their tokens left to compute */
+    sim_req_t **batch;    /* (n_batch) decoding, in joining order */
     uint32_t n_batch, cap_batch;
-    uint64_t batch_ctx;        /* tokens they attend to, summed */
+    uint64_t batch_ctx; /* tokens they attend to, summed */
     uint32_t blocks_free, blocks_total, reserved;
-    sim_piece_t *pieces;       /* (n_pieces) the step's prompt chunks; chunk_tokens max */
+    sim_piece_t *pieces;            /* (n_pieces) the step's prompt chunks; chunk_tokens max */
     uint32_t n_pieces, step_decode; /* the step's first step_decode batch members decode */
     uint64_t busy_ns, link_free_ns;
-    int32_t *lru;              /* (n_lru) dense prefix indices cached, newest first */
+    int32_t *lru; /* (n_lru) dense prefix indices cached, newest first */
     uint32_t n_lru;
 } sim_node_t;
 
@@ -93,21 +100,21 @@ typedef struct {
     kvf_sim_router_t *sr;
     sim_node_t nodes[SIM_MAX_NODES];
     int n_nodes;
-    sim_req_t *reqs;           /* (w->n) */
-    sim_prefix_t *prefixes;    /* (n_prefixes) sorted by id */
+    sim_req_t *reqs;        /* (w->n) */
+    sim_prefix_t *prefixes; /* (n_prefixes) sorted by id */
     size_t n_prefixes;
-    struct sim_event *heap;    /* (n_heap) of cap_heap: a binary min-heap */
+    struct sim_event *heap; /* (n_heap) of cap_heap: a binary min-heap */
     size_t n_heap, cap_heap;
-    uint64_t seq;              /* events pushed: ties go in pushing order */
-    uint64_t now;              /* ns */
+    uint64_t seq;                  /* events pushed: ties go in pushing order */
+    uint64_t now;                  /* ns */
     sim_req_t *queue, *queue_tail; /* the router's wait queue */
     unsigned queue_len;
-    size_t n_ended;            /* finished or refused */
-    uint32_t *prompt;          /* scratch for a prompt (longest of w) */
+    size_t n_ended;   /* finished or refused */
+    uint32_t *prompt; /* scratch for a prompt (longest of w) */
     double block_bytes;
     uint64_t steps, transfers, cached_tokens;
     double kv_bytes;
-    bool failed;               /* out of memory: the run is void */
+    bool failed; /* out of memory: the run is void */
 } sim_t;
 
 typedef enum { EV_ARRIVE, EV_STEP, EV_SHIPPED, EV_BEAT } sim_event_kind_t;

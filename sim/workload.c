@@ -78,21 +78,22 @@ static bool parse_number(const char *text, double lo, double hi, bool integer, d
     return true;
 }
 
-static const char *const trace_keys[] = {"arrival_s", "prompt_tokens", "output_tokens",
-                                         "prefix_id", "prefix_tokens"};
+static const char *const trace_keys[] = {"arrival_s", "prompt_tokens", "output_tokens", "prefix_id",
+                                         "prefix_tokens"};
 
 /* Field k of a request from its text; err says what is wrong. */
 static bool set_field(kvf_sim_req_t *r, int k, const char *text, char *err, size_t err_len)
 {
     double v;
-    bool ok = k == 0 ? parse_number(text, 0, 1e9, false, &v)
+    bool ok = k == 0   ? parse_number(text, 0, 1e9, false, &v)
               : k == 3 ? parse_number(text, -1, 2147483647.0, true, &v)
                        : parse_number(text, k == 4 ? 0 : 1, TRACE_TOKENS_MAX, true, &v);
     if (!ok) {
         snprintf(err, err_len, "%s must be %s, not '%s'", trace_keys[k],
-                 k == 0 ? "a number of seconds >= 0"
+                 k == 0   ? "a number of seconds >= 0"
                  : k == 3 ? "an integer >= -1 (-1: none)"
-                          : k == 4 ? "an integer >= 0" : "an integer >= 1",
+                 : k == 4 ? "an integer >= 0"
+                          : "an integer >= 1",
                  text);
         return false;
     }
@@ -118,16 +119,19 @@ static bool parse_csv(char *line, kvf_sim_req_t *r, bool *prefix_len_p, char *er
         if (next)
             *next++ = '\0';
         if (k >= 5) {
-            snprintf(err, err_len, "more than 5 fields (arrival_s,prompt_tokens,output_tokens"
-                                   "[,prefix_id[,prefix_tokens]])");
+            snprintf(err, err_len,
+                     "more than 5 fields (arrival_s,prompt_tokens,output_tokens"
+                     "[,prefix_id[,prefix_tokens]])");
             return false;
         }
         if (!set_field(r, k, field, err, err_len))
             return false;
     }
     if (k < 3) {
-        snprintf(err, err_len, "%d field%s, expected arrival_s,prompt_tokens,output_tokens"
-                 "[,prefix_id[,prefix_tokens]]", k, k == 1 ? "" : "s");
+        snprintf(err, err_len,
+                 "%d field%s, expected arrival_s,prompt_tokens,output_tokens"
+                 "[,prefix_id[,prefix_tokens]]",
+                 k, k == 1 ? "" : "s");
         return false;
     }
     *prefix_len_p = k == 5;

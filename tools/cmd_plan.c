@@ -69,8 +69,8 @@ static void print_row(const char *what, const kvf_sim_candidate_t *c)
     char s[32];
     shape(c, s, sizeof(s));
     if (isinf(c->shortfall)) {
-        printf("%-11s %-14s %4d  none meets: requests refused even at the largest size\n", what,
-               s, c->gpus);
+        printf("%-11s %-14s %4d  none meets: requests refused even at the largest size\n", what, s,
+               c->gpus);
         return;
     }
     printf("%-11s %-14s %4d  %-5s %10.1f %10.2f %10.2f %12.3f\n", what, s, c->gpus,
@@ -86,8 +86,8 @@ static int verdict(const char *prog, const kvf_sim_config_t *cfg, const kvf_sim_
     if (s->goodput_per_gpu > 0 && c->goodput_per_gpu > 0) {
         double ratio = s->goodput_per_gpu / c->goodput_per_gpu;
         printf("disaggregation %s colocation for this workload: goodput per GPU %.3f vs %.3f "
-               "req/s (%.2fx)\n", ratio > 1 ? "beats" : "loses to", s->goodput_per_gpu,
-               c->goodput_per_gpu, ratio);
+               "req/s (%.2fx)\n",
+               ratio > 1 ? "beats" : "loses to", s->goodput_per_gpu, c->goodput_per_gpu, ratio);
     }
     if (pl->best) {
         char b[32];
@@ -99,14 +99,17 @@ static int verdict(const char *prog, const kvf_sim_config_t *cfg, const kvf_sim_
     char b[32];
     shape(x, b, sizeof(b));
     if (isinf(x->shortfall)) {
-        fprintf(stderr, "%s: no cluster of at most %d nodes meets the SLOs at %.2f req/s: even "
-                "the largest refuses requests\n", prog, max_nodes, pl->rate);
+        fprintf(stderr,
+                "%s: no cluster of at most %d nodes meets the SLOs at %.2f req/s: even "
+                "the largest refuses requests\n",
+                prog, max_nodes, pl->rate);
         return 1;
     }
-    fprintf(stderr, "%s: no cluster of at most %d nodes meets TTFT p99 <= %g ms and TPOT p99 <= "
+    fprintf(stderr,
+            "%s: no cluster of at most %d nodes meets TTFT p99 <= %g ms and TPOT p99 <= "
             "%g ms at %.2f req/s; the closest, %s (%d GPUs), has TTFT p99 %.1f ms (%+.0f%%) and "
-            "TPOT p99 %.2f ms (%+.0f%%): %.0f%% over\n", prog, max_nodes, cfg->slo_ttft_ms,
-            cfg->slo_tpot_ms, pl->rate, b, x->gpus, x->ttft_p99,
+            "TPOT p99 %.2f ms (%+.0f%%): %.0f%% over\n",
+            prog, max_nodes, cfg->slo_ttft_ms, cfg->slo_tpot_ms, pl->rate, b, x->gpus, x->ttft_p99,
             100 * (x->ttft_p99 / cfg->slo_ttft_ms - 1), x->tpot_p99,
             100 * (x->tpot_p99 / cfg->slo_tpot_ms - 1), 100 * (x->shortfall - 1));
     return 1;
@@ -133,11 +136,12 @@ static int write_files(const char *prog, const plan_opts_t *o, const kvf_sim_can
             fprintf(f, "PREFILL=%d\nDECODE=%d\n%s", n_prefill, n_decode,
                     b->n_colocated ? "DECODE_ARGS=--prefill-local\n" : "");
         else
-            fprintf(f, "# add to deploy/k8s/kustomization.yaml%s\nreplicas:\n"
-                       "  - name: kvf-prefill\n    count: %d\n  - name: kvf-decode\n"
-                       "    count: %d\n",
-                    b->n_colocated ? " (and --prefill-local in decode.yaml's args)" : "",
-                    n_prefill, n_decode);
+            fprintf(f,
+                    "# add to deploy/k8s/kustomization.yaml%s\nreplicas:\n"
+                    "  - name: kvf-prefill\n    count: %d\n  - name: kvf-decode\n"
+                    "    count: %d\n",
+                    b->n_colocated ? " (and --prefill-local in decode.yaml's args)" : "", n_prefill,
+                    n_decode);
         if (fclose(f) != 0) {
             fprintf(stderr, "%s: cannot write %s\n", prog, paths[k]);
             return 1;
@@ -165,8 +169,9 @@ int kvf_cmd_plan(int argc, char **argv)
         return 2;
     }
     printf("%s on %s (tp %d), %zu requests at %.2f req/s, SLOs TTFT p99 <= %g ms, TPOT p99 <= "
-           "%g ms; %zu sizes simulated\n", o.sim.model_dir, cfg.hw.name, cfg.model.tp, w.n,
-           pl.rate, cfg.slo_ttft_ms, cfg.slo_tpot_ms, pl.tried);
+           "%g ms; %zu sizes simulated\n",
+           o.sim.model_dir, cfg.hw.name, cfg.model.tp, w.n, pl.rate, cfg.slo_ttft_ms,
+           cfg.slo_tpot_ms, pl.tried);
     printf("%-11s %-14s %4s  %-5s %10s %10s %10s %12s\n", "kind", "cluster", "GPUs", "meets",
            "TTFT p99", "TPOT p99", "goodput", "goodput/GPU");
     if (o.max_nodes >= 2)

@@ -43,28 +43,34 @@ typedef struct {
 
 static int parse(int argc, char **argv, check_opts_t *o)
 {
-    *o = (check_opts_t){.rates = "1,3", .prompt_len = "128:512", .output_len = "32:128",
-                        .requests = 16, .threads = 1, .seed = 1, .slo_ttft = 2000,
+    *o = (check_opts_t){.rates = "1,3",
+                        .prompt_len = "128:512",
+                        .output_len = "32:128",
+                        .requests = 16,
+                        .threads = 1,
+                        .seed = 1,
+                        .slo_ttft = 2000,
                         .slo_tpot = 200};
     const kvf_flag_t flags[] = {
         {"model", KVF_FLAG_STRING, &o->model, "DIR", "the model both run (kvf mkmodel's)", NULL},
         {"rate", KVF_FLAG_STRING, &o->rates, "R[,R...]", "Poisson rates, req/s", NULL},
         {"requests", KVF_FLAG_INT, &o->requests, "N", "requests per rate", NULL},
-        {"threads", KVF_FLAG_INT, &o->threads, "N", "threads per split node (colocated: 2N)",
-         NULL},
+        {"threads", KVF_FLAG_INT, &o->threads, "N", "threads per split node (colocated: 2N)", NULL},
         {"prompt-len", KVF_FLAG_STRING, &o->prompt_len, "N|A:B", "prompt tokens", NULL},
         {"output-len", KVF_FLAG_STRING, &o->output_len, "N|A:B", "output tokens", NULL},
         {"seed", KVF_FLAG_UINT64, &o->seed, "S", "the trace's seed", NULL},
         {"slo-ttft", KVF_FLAG_DOUBLE, &o->slo_ttft, "MS", "goodput's TTFT bound", NULL},
         {"slo-tpot", KVF_FLAG_DOUBLE, &o->slo_tpot, "MS", "goodput's TPOT bound", NULL},
     };
-    kvf_flagset_t set = {.prog = argv[0], .usage = "--model DIR [--rate 1,3] [--requests 16]",
+    kvf_flagset_t set = {.prog = argv[0],
+                         .usage = "--model DIR [--rate 1,3] [--requests 16]",
                          .summary = "Predicted (kvf simulate on this machine's measured "
                                     "profile) against measured (kvf bench serve "
                                     "--compare-colocated): every percentile, every rate, the "
                                     "winner. Exit 1 when p50 is off by more than 20%, p99 by "
                                     "more than 30%, or a winner differs.",
-                         .flags = flags, .n_flags = KVF_NFLAGS(flags)};
+                         .flags = flags,
+                         .n_flags = KVF_NFLAGS(flags)};
     int rc = kvf_flags_parse(&set, argc, argv);
     if (rc == KVF_FLAGS_EXIT)
         return 0;
@@ -83,8 +89,10 @@ static int parse(int argc, char **argv, check_opts_t *o)
     }
     if (!o->model || !o->n_rates || *end || o->requests < 1 || o->threads < 1 ||
         !kvf_len_dist_parse(o->prompt_len, &o->pl) || !kvf_len_dist_parse(o->output_len, &o->ol)) {
-        fprintf(stderr, "%s: needs --model DIR, --rate R[,R...] (at most %d, > 0), "
-                "--requests N >= 1, lengths as N or A:B\n", argv[0], CHECK_MAX_RATES);
+        fprintf(stderr,
+                "%s: needs --model DIR, --rate R[,R...] (at most %d, > 0), "
+                "--requests N >= 1, lengths as N or A:B\n",
+                argv[0], CHECK_MAX_RATES);
         return 2;
     }
     return -1;
@@ -119,8 +127,8 @@ static bool serve_row(const cJSON *root, const char *config, check_row_t *row)
  * run the rates share a cluster, and the later ones find the same
  * prompts in its prefix caches, which a fresh simulation does not.
  * Returns -1 or the exit code. */
-static int measure_serve(const char *prog, const check_opts_t *o, double rate,
-                         check_row_t *split, check_row_t *colo)
+static int measure_serve(const char *prog, const check_opts_t *o, double rate, check_row_t *split,
+                         check_row_t *colo)
 {
     char dir[] = "/tmp/kvf-sim-check-XXXXXX";
     if (!mkdtemp(dir)) {
@@ -135,10 +143,30 @@ static int measure_serve(const char *prog, const check_opts_t *o, double rate,
     snprintf(seed, sizeof(seed), "%llu", (unsigned long long)o->seed);
     snprintf(st, sizeof(st), "%g", o->slo_ttft);
     snprintf(sp, sizeof(sp), "%g", o->slo_tpot);
-    char *argv[] = {"kvf", "bench", "serve", "--model", (char *)o->model, "--rate", r,
-                    "--requests", n, "--threads", th, "--prompt-len",
-                    (char *)o->prompt_len, "--output-len", (char *)o->output_len, "--seed", seed,
-                    "--slo-ttft", st, "--slo-tpot", sp, "--compare-colocated", "--json", json,
+    char *argv[] = {"kvf",
+                    "bench",
+                    "serve",
+                    "--model",
+                    (char *)o->model,
+                    "--rate",
+                    r,
+                    "--requests",
+                    n,
+                    "--threads",
+                    th,
+                    "--prompt-len",
+                    (char *)o->prompt_len,
+                    "--output-len",
+                    (char *)o->output_len,
+                    "--seed",
+                    seed,
+                    "--slo-ttft",
+                    st,
+                    "--slo-tpot",
+                    sp,
+                    "--compare-colocated",
+                    "--json",
+                    json,
                     NULL};
     int rc = kvf_sim_run_kvf(prog, argv, NULL) ? -1 : 1;
     char *text = NULL;
@@ -166,16 +194,17 @@ static kvf_status_t trace_workload(const check_opts_t *o, const kvf_model_config
                                    double rate, kvf_sim_workload_t *w)
 {
     kvf_serve_trace_t t;
-    kvf_status_t st =
-        kvf_serve_trace_init(&t, (size_t)o->requests, o->seed, &o->pl, &o->ol, cfg);
+    kvf_status_t st = kvf_serve_trace_init(&t, (size_t)o->requests, o->seed, &o->pl, &o->ol, cfg);
     if (st == KVF_OK) {
         kvf_serve_trace_schedule(&t, rate);
         w->n = t.n;
         w->reqs = calloc(t.n, sizeof(*w->reqs));
         st = w->reqs ? KVF_OK : KVF_ERR_NOMEM;
         for (size_t i = 0; st == KVF_OK && i < t.n; i++)
-            w->reqs[i] = (kvf_sim_req_t){.at_s = t.reqs[i].at_s, .n_prompt = t.reqs[i].n_prompt,
-                                         .n_output = t.reqs[i].max_tokens, .prefix_id = -1};
+            w->reqs[i] = (kvf_sim_req_t){.at_s = t.reqs[i].at_s,
+                                         .n_prompt = t.reqs[i].n_prompt,
+                                         .n_output = t.reqs[i].max_tokens,
+                                         .prefix_id = -1};
     }
     kvf_serve_trace_fini(&t);
     return st;
@@ -230,7 +259,10 @@ static bool compare_rows(const char *config, double rate, const check_row_t *pre
             if (k != 1)
                 ok = ok && in;
             printf("%-10s %6.2f %-4s %-3s %12.2f %12.2f %+9.1f%% %s\n", config, rate, metric[m],
-                   pct[k], p, x, 100 * err, k == 1 ? "" : in ? "ok" : "OUT");
+                   pct[k], p, x, 100 * err,
+                   k == 1 ? ""
+                   : in   ? "ok"
+                          : "OUT");
         }
     return ok;
 }
@@ -257,13 +289,14 @@ static int check(const check_opts_t *o, const kvf_sim_config_t *split_cfg,
         int wp = winner(&ps, &pc), wm = winner(&ms[i], &mc[i]);
         agree += wp == wm;
         printf("rate %.2f: winner predicted %s, measured %s (goodput %.2f / %.2f predicted, %.2f / "
-               "%.2f measured)\n", o->rate[i], wp ? "colocated" : "split",
-               wm ? "colocated" : "split", ps.goodput, pc.goodput, ms[i].goodput, mc[i].goodput);
+               "%.2f measured)\n",
+               o->rate[i], wp ? "colocated" : "split", wm ? "colocated" : "split", ps.goodput,
+               pc.goodput, ms[i].goodput, mc[i].goodput);
     }
     ok = ok && agree == o->n_rates;
     printf("sim-check: %s (p50 within %.0f%%, p99 within %.0f%%, the same winner at %d of %d "
-           "rates)\n", ok ? "pass" : "FAIL", 100 * CHECK_P50_TOL, 100 * CHECK_P99_TOL, agree,
-           o->n_rates);
+           "rates)\n",
+           ok ? "pass" : "FAIL", 100 * CHECK_P50_TOL, 100 * CHECK_P99_TOL, agree, o->n_rates);
     return ok ? 0 : 1;
 }
 

@@ -109,8 +109,8 @@ static bool measure(const char *prog, const char *dir, const char *model_dir, in
     snprintf(xj, sizeof(xj), "%s/transfer.json", dir);
     snprintf(xl, sizeof(xl), "%s/transfer.log", dir);
     snprintf(th, sizeof(th), "%d", threads);
-    char *engine[] = {"kvf", "bench", "engine", "--model", (char *)model_dir, "--threads", th,
-                      "--quick", "--json", ej, NULL};
+    char *engine[] = {"kvf",     "bench",  "engine", "--model", (char *)model_dir, "--threads", th,
+                      "--quick", "--json", ej,       NULL};
     char *xfer[] = {"kvf", "bench", "transfer", "--tls", "shm", "--quick", "--json", xj, NULL};
     if (!kvf_sim_run_kvf(prog, engine, el) || !kvf_sim_run_kvf(prog, xfer, xl))
         return false;
@@ -131,8 +131,10 @@ int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads
         fprintf(stderr, "%s: cannot make a temporary directory: %m\n", prog);
         return 1;
     }
-    fprintf(stderr, "%s: measuring this machine (kvf bench engine --quick --threads %d, kvf bench "
-            "transfer --quick)...\n", prog, threads);
+    fprintf(stderr,
+            "%s: measuring this machine (kvf bench engine --quick --threads %d, kvf bench "
+            "transfer --quick)...\n",
+            prog, threads);
     cJSON *engine = NULL, *xfer = NULL;
     bool ok = measure(prog, dir, model_dir, threads, &engine, &xfer);
     rmdir(dir);

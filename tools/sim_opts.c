@@ -16,11 +16,23 @@ static const int tp_sizes[] = {1, 2, 4, 8};
 
 size_t kvf_sim_opts_flags(kvf_sim_opts_t *o, kvf_flag_t *flags)
 {
-    *o = (kvf_sim_opts_t){.profile = "h200", .kv_dtype = "bf16", .weight_dtype = "config",
-                          .route = "kv", .prompt_len = "1024:4096", .output_len = "100:500",
-                          .requests = 1000, .rate = 4, .seed = 1, .prefix_tokens = 1024,
-                          .block_size = 16, .chunk_tokens = 2048, .max_batch = 256,
-                          .prefix_cache = 64, .heartbeat_ms = 500, .max_queue = 256, .measure_threads = 1};
+    *o = (kvf_sim_opts_t){.profile = "h200",
+                          .kv_dtype = "bf16",
+                          .weight_dtype = "config",
+                          .route = "kv",
+                          .prompt_len = "1024:4096",
+                          .output_len = "100:500",
+                          .requests = 1000,
+                          .rate = 4,
+                          .seed = 1,
+                          .prefix_tokens = 1024,
+                          .block_size = 16,
+                          .chunk_tokens = 2048,
+                          .max_batch = 256,
+                          .prefix_cache = 64,
+                          .heartbeat_ms = 500,
+                          .max_queue = 256,
+                          .measure_threads = 1};
     const kvf_flag_t shared[] = {
         {"model", KVF_FLAG_STRING, &o->model_dir, "DIR", "the model's config.json (any HF one)",
          NULL},
@@ -45,24 +57,21 @@ size_t kvf_sim_opts_flags(kvf_sim_opts_t *o, kvf_flag_t *flags)
         {"seed", KVF_FLAG_UINT64, &o->seed, "S", "the workload's and the router's draws", NULL},
         {"prompt-len", KVF_FLAG_STRING, &o->prompt_len, "N|A:B", "prompt tokens", NULL},
         {"output-len", KVF_FLAG_STRING, &o->output_len, "N|A:B", "output tokens", NULL},
-        {"prefixes", KVF_FLAG_INT, &o->prefixes, "N",
-         "requests share one of N prefixes (0: none)", NULL},
-        {"prefix-tokens", KVF_FLAG_INT, &o->prefix_tokens, "N", "tokens of a shared prefix",
+        {"prefixes", KVF_FLAG_INT, &o->prefixes, "N", "requests share one of N prefixes (0: none)",
          NULL},
+        {"prefix-tokens", KVF_FLAG_INT, &o->prefix_tokens, "N", "tokens of a shared prefix", NULL},
         {"route", KVF_FLAG_STRING, &o->route, "kv|load|random", "the router's policy", NULL},
         {"block-size", KVF_FLAG_INT, &o->block_size, "N", "tokens per KV block", NULL},
         {"chunk-tokens", KVF_FLAG_INT, &o->chunk_tokens, "N",
          "prompt tokens one step computes at most", NULL},
         {"max-batch", KVF_FLAG_INT, &o->max_batch, "N", "sequences per decode node", NULL},
-        {"prefix-cache", KVF_FLAG_INT, &o->prefix_cache, "N", "prefixes a node keeps cached",
-         NULL},
+        {"prefix-cache", KVF_FLAG_INT, &o->prefix_cache, "N", "prefixes a node keeps cached", NULL},
         {"heartbeat-ms", KVF_FLAG_INT, &o->heartbeat_ms, "MS", "nodes' load reports", NULL},
         {"max-queue", KVF_FLAG_INT, &o->max_queue, "N", "the router's wait queue", NULL},
         {"local-prefill-max", KVF_FLAG_INT, &o->local_prefill_max, "N",
          "split: decode nodes prefill a cached prompt's last N tokens themselves", NULL},
         {"slo-ttft-ms", KVF_FLAG_DOUBLE, &o->slo_ttft_ms, "MS", "time-to-first-token SLO", NULL},
-        {"slo-tpot-ms", KVF_FLAG_DOUBLE, &o->slo_tpot_ms, "MS", "time-per-output-token SLO",
-         NULL},
+        {"slo-tpot-ms", KVF_FLAG_DOUBLE, &o->slo_tpot_ms, "MS", "time-per-output-token SLO", NULL},
     };
     memcpy(flags, shared, sizeof(shared));
     return sizeof(shared) / sizeof(shared[0]);
@@ -74,8 +83,8 @@ static int resolve_profile(const char *prog, const char *name, kvf_sim_profile_t
     if (kvf_sim_profile_builtin(name, hw))
         return -1;
     if (!strchr(name, '/') && !strstr(name, ".json")) {
-        fprintf(stderr, "%s: unknown hardware profile '%s' (built in: %s; or a JSON file)\n",
-                prog, name, kvf_sim_profile_names());
+        fprintf(stderr, "%s: unknown hardware profile '%s' (built in: %s; or a JSON file)\n", prog,
+                name, kvf_sim_profile_names());
         return 2;
     }
     char err[512];
@@ -104,8 +113,8 @@ static int resolve_model(const char *prog, const kvf_sim_opts_t *o, kvf_sim_conf
     if (kvf_kv_dtype_parse(o->kv_dtype, &cfg->kv_dtype) != KVF_OK ||
         (strcmp(o->weight_dtype, "config") && kvf_dtype_parse(o->weight_dtype, &wd) != KVF_OK) ||
         !kvf_dtype_size(wd)) {
-        fprintf(stderr, "%s: unknown --kv-dtype '%s' or --weight-dtype '%s'\n", prog,
-                o->kv_dtype, o->weight_dtype);
+        fprintf(stderr, "%s: unknown --kv-dtype '%s' or --weight-dtype '%s'\n", prog, o->kv_dtype,
+                o->weight_dtype);
         return 2;
     }
     double wbytes = (double)kvf_dtype_size(wd);
@@ -131,14 +140,18 @@ static int resolve_workload(const char *prog, const kvf_sim_opts_t *o, kvf_sim_w
         }
         return -1;
     }
-    kvf_sim_gen_t g = {.n = (size_t)o->requests, .seed = o->seed, .rate = o->rate,
+    kvf_sim_gen_t g = {.n = (size_t)o->requests,
+                       .seed = o->seed,
+                       .rate = o->rate,
                        .n_prefixes = (uint32_t)o->prefixes,
                        .prefix_tokens = (uint32_t)o->prefix_tokens};
     if (o->requests <= 0 || o->rate <= 0 || o->prefixes < 0 || o->prefix_tokens < 0 ||
         !kvf_len_dist_parse(o->prompt_len, &g.prompt_len) ||
         !kvf_len_dist_parse(o->output_len, &g.output_len)) {
-        fprintf(stderr, "%s: needs --requests N > 0, --rate R > 0, --prompt-len and "
-                        "--output-len as N or A:B\n", prog);
+        fprintf(stderr,
+                "%s: needs --requests N > 0, --rate R > 0, --prompt-len and "
+                "--output-len as N or A:B\n",
+                prog);
         return 2;
     }
     if (kvf_sim_workload_generate(&g, w) != KVF_OK) {
@@ -188,8 +201,7 @@ int kvf_sim_opts_resolve(const char *prog, const kvf_sim_opts_t *o, kvf_sim_conf
     if (rc < 0)
         rc = resolve_model(prog, o, cfg);
     if (rc < 0 && measured)
-        rc = kvf_sim_measure_profile(prog, o->model_dir, o->measure_threads, &cfg->model,
-                                     &cfg->hw);
+        rc = kvf_sim_measure_profile(prog, o->model_dir, o->measure_threads, &cfg->model, &cfg->hw);
     if (rc < 0)
         rc = resolve_workload(prog, o, w);
     return rc;

@@ -26,8 +26,13 @@
  * 16 (q 64), 2 KV heads (kv 32), MLP 128, vocab 100, untied. */
 static kvf_model_config_t hand_config(void)
 {
-    return (kvf_model_config_t){.n_layers = 2, .hidden = 64, .n_heads = 4, .n_kv_heads = 2,
-                                .head_dim = 16, .inter = 128, .vocab = 100};
+    return (kvf_model_config_t){.n_layers = 2,
+                                .hidden = 64,
+                                .n_heads = 4,
+                                .n_kv_heads = 2,
+                                .head_dim = 16,
+                                .inter = 128,
+                                .vocab = 100};
 }
 
 static kvf_sim_profile_t unit_profile(void)
@@ -191,8 +196,12 @@ static void chat_config(kvf_sim_config_t *cfg, int n_prefill, int n_decode, int 
 
 static void chat_workload(kvf_sim_workload_t *w, uint64_t seed, uint32_t n_prefixes)
 {
-    kvf_sim_gen_t g = {.n = 2000, .seed = seed, .rate = 20, .prompt_len = {1024, 4096},
-                       .output_len = {100, 500}, .n_prefixes = n_prefixes,
+    kvf_sim_gen_t g = {.n = 2000,
+                       .seed = seed,
+                       .rate = 20,
+                       .prompt_len = {1024, 4096},
+                       .output_len = {100, 500},
+                       .n_prefixes = n_prefixes,
                        .prefix_tokens = 1024};
     assert_int_equal(kvf_sim_workload_generate(&g, w), KVF_OK);
 }
@@ -300,8 +309,8 @@ static void test_plan(void **state)
     cfg.slo_ttft_ms = 500;
     cfg.slo_tpot_ms = 8;
     kvf_sim_workload_t w;
-    kvf_sim_gen_t g = {.n = 300, .seed = 5, .rate = 10, .prompt_len = {1024, 4096},
-                       .output_len = {100, 500}};
+    kvf_sim_gen_t g = {
+        .n = 300, .seed = 5, .rate = 10, .prompt_len = {1024, 4096}, .output_len = {100, 500}};
     assert_int_equal(kvf_sim_workload_generate(&g, &w), KVF_OK);
     kvf_sim_plan_t pl;
     char err[512];
@@ -332,9 +341,9 @@ static void test_plan(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_model_shape),      cmocka_unit_test(test_step_times),
-        cmocka_unit_test(test_profiles),         cmocka_unit_test(test_traces),
-        cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_split_and_colocated),
+        cmocka_unit_test(test_model_shape),   cmocka_unit_test(test_step_times),
+        cmocka_unit_test(test_profiles),      cmocka_unit_test(test_traces),
+        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_split_and_colocated),
         cmocka_unit_test(test_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

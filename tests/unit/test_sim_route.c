@@ -21,10 +21,10 @@
 #include "router_internal.h"
 #include "sim.h"
 
-#define BS       16
-#define N_NODES  4 /* p0, p1, d0, d1: the simulator's names and order */
-#define CAPACITY 64
-#define N_CASES  300
+#define BS         16
+#define N_NODES    4 /* p0, p1, d0, d1: the simulator's names and order */
+#define CAPACITY   64
+#define N_CASES    300
 #define MAX_PROMPT 200
 
 static const char *const names[N_NODES] = {"p0", "p1", "d0", "d1"};
