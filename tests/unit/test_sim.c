@@ -338,13 +338,42 @@ static void test_plan(void **state)
     kvf_sim_workload_fini(&w);
 }
 
+/* Conditional disaggregation (the router's --local-prefill-max-tokens):
+ * decode nodes holding a prompt's prefix prefill its short rest
+ * themselves, so almost no KV travels; without it every prompt's does. */
+static void test_local_prefill(void **state)
+{
+    (void)state;
+    kvf_sim_workload_t w;
+    kvf_sim_gen_t g = {.n = 300,
+                       .seed = 9,
+                       .rate = 10,
+                       .prompt_len = {1100, 1400},
+                       .output_len = {50, 100},
+                       .n_prefixes = 2,
+                       .prefix_tokens = 1024};
+    assert_int_equal(kvf_sim_workload_generate(&g, &w), KVF_OK);
+    kvf_sim_config_t cfg;
+    chat_config(&cfg, 1, 2, 0);
+    kvf_sim_result_t split, local;
+    run(&cfg, &w, &split);
+    cfg.local_prefill_max_tokens = 1200;
+    run(&cfg, &w, &local);
+    assert_int_equal(split.transfers, w.n);
+    assert_true(local.transfers < w.n / 10);
+    assert_int_equal(local.n_done, w.n);
+    kvf_sim_result_fini(&split);
+    kvf_sim_result_fini(&local);
+    kvf_sim_workload_fini(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_shape),   cmocka_unit_test(test_step_times),
         cmocka_unit_test(test_profiles),      cmocka_unit_test(test_traces),
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_split_and_colocated),
-        cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_plan),          cmocka_unit_test(test_local_prefill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
