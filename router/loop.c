@@ -270,7 +270,7 @@ kvf_metrics_t *kvf_router_metrics(kvf_router_t *r)
 
 /* ---- lifecycle --------------------------------------------------------------------- */
 
-static void config_defaults(kvf_router_config_t *cfg)
+void kvf_router__config_defaults(kvf_router_config_t *cfg)
 {
     if (!cfg->heartbeat_ms)
         cfg->heartbeat_ms = 500;
@@ -307,13 +307,22 @@ static kvf_status_t loop_create(kvf_router_t *r)
     return st;
 }
 
+void kvf_router__keys_set(kvf_router_t *r)
+{
+    /* as the nodes take it from RegisterReply (kvf_node_prefix_key) */
+    uint64_t k[2];
+    memcpy(k, r->prefix_key, sizeof(k));
+    r->hash_key = (kvf_block_hash_key_t){k[0], k[1]};
+    r->hash_key_id = kvf_block_hash_key_id(&r->hash_key);
+}
+
 kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **router_p)
 {
     kvf_router_t *r = calloc(1, sizeof(*r));
     if (!r)
         return KVF_ERR_NOMEM;
     r->cfg = *cfg;
-    config_defaults(&r->cfg);
+    kvf_router__config_defaults(&r->cfg);
     r->next_req_id = 1;
     if (getrandom(&r->seed_state, sizeof(r->seed_state), GRND_NONBLOCK) !=
         (ssize_t)sizeof(r->seed_state))
@@ -326,11 +335,7 @@ kvf_status_t kvf_router_create(const kvf_router_config_t *cfg, kvf_router_t **ro
         uint64_t k[2] = {r->seed_state * 0x9e3779b97f4a7c15ull, kvf_clock_ns()};
         memcpy(r->prefix_key, k, sizeof(r->prefix_key));
     }
-    /* as the nodes take it from RegisterReply (kvf_node_prefix_key) */
-    uint64_t k[2];
-    memcpy(k, r->prefix_key, sizeof(k));
-    r->hash_key = (kvf_block_hash_key_t){k[0], k[1]};
-    r->hash_key_id = kvf_block_hash_key_id(&r->hash_key);
+    kvf_router__keys_set(r);
     r->route_rng = r->seed_state ^ 0x5851f42d4c957f2dull;
     pthread_mutex_init(&r->post_lock, NULL);
     kvf_status_t st = kvf_model_config_load(cfg->model_dir, &r->model);

@@ -288,6 +288,12 @@ static bool node_fill(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Register
         return false;
     }
     n->xfer_desc_len = reg->xfer_desc.len;
+    kvf_router__node_take(r, n, reg);
+    return true;
+}
+
+void kvf_router__node_take(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Register *reg)
+{
     n->used = true;
     if (++r->nodes.last_gen == 0) /* 0 is no generation (KVF_NODE_NONE) */
         r->nodes.last_gen = 1;
@@ -310,7 +316,6 @@ static bool node_fill(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Register
     }
     if (!r->nodes.fingerprint[0])
         snprintf(r->nodes.fingerprint, sizeof(r->nodes.fingerprint), "%s", reg->model_fingerprint);
-    return true;
 }
 
 /* Whether reg may take over n, the live registration of its id: it
@@ -418,6 +423,27 @@ static void refuse_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
     kvf_router__send(r, hb->inbox_url, &env);
 }
 
+void kvf_router__node_load(kvf_router_node_t *n, const Kvf__Load *load)
+{
+    if (load) {
+        n->blocks_free = load->blocks_free;
+        n->blocks_used = load->blocks_used;
+        n->blocks_total = load->blocks_total;
+        n->blocks_cached = load->blocks_cached;
+        n->tier_ram_blocks = load->tier_ram_blocks;
+        n->tier_disk_blocks = load->tier_disk_blocks;
+        n->disk_read_ns = load->tier_disk_read_ns;
+        n->disk_read_busy_ns = load->tier_disk_read_busy_ns;
+        n->disk_read_bytes = load->tier_disk_read_bytes;
+        n->disk_io_threads = load->tier_disk_io_threads;
+        n->running = load->running;
+        n->queued_requests = load->queued_requests;
+        n->queued_tokens = load->queued_tokens;
+    }
+    n->pending_blocks = n->pending_running = 0;
+    n->pending_tokens = 0;
+}
+
 void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
 {
     kvf_router_node_t *n = node_find(r, hb->node_id);
@@ -431,25 +457,9 @@ void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
         return;
     }
     node_seen(r, n); /* armed while live: re-arming cannot fail */
-    if (hb->load) {
-        n->blocks_free = hb->load->blocks_free;
-        n->blocks_used = hb->load->blocks_used;
-        n->blocks_total = hb->load->blocks_total;
-        n->blocks_cached = hb->load->blocks_cached;
-        n->tier_ram_blocks = hb->load->tier_ram_blocks;
-        n->tier_disk_blocks = hb->load->tier_disk_blocks;
-        n->disk_read_ns = hb->load->tier_disk_read_ns;
-        n->disk_read_busy_ns = hb->load->tier_disk_read_busy_ns;
-        n->disk_read_bytes = hb->load->tier_disk_read_bytes;
-        n->disk_io_threads = hb->load->tier_disk_io_threads;
-        n->running = hb->load->running;
-        n->queued_requests = hb->load->queued_requests;
-        n->queued_tokens = hb->load->queued_tokens;
-        if (n->disk_read_ns)
-            kvf_router__observe_disk_reads(r, n);
-    }
-    n->pending_blocks = n->pending_running = 0;
-    n->pending_tokens = 0;
+    kvf_router__node_load(n, hb->load);
+    if (hb->load && n->disk_read_ns)
+        kvf_router__observe_disk_reads(r, n);
     /* A heartbeat sent after the failed transfer shows the node alive. */
     if (n->suspect_since_ns &&
         kvf_clock_ns() - n->suspect_since_ns >= (uint64_t)r->cfg.heartbeat_ms * 1000000ull)

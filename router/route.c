@@ -53,16 +53,12 @@ static uint32_t attempt_tokens(const kvf_router_req_t *q)
     return q->ask.n_prompt + q->out.n;
 }
 
-/* Full blocks of an n-token prompt a node reuses at most. */
-static uint32_t reuse_cap(uint32_t n_tokens, uint32_t block_size)
+uint32_t kvf_router__reuse_cap(uint32_t n_tokens, uint32_t block_size)
 {
     return n_tokens > ROUTE_MIN_TAIL && block_size ? (n_tokens - ROUTE_MIN_TAIL) / block_size : 0;
 }
 
-/* q's prompt block hashes, as every node computes them (computed once;
- * none before a node registered the cluster's geometry, or without
- * memory). */
-static void req_hashes(kvf_router_t *r, kvf_router_req_t *q)
+void kvf_router__req_hashes(kvf_router_t *r, kvf_router_req_t *q)
 {
     uint32_t bs = r->nodes.have_geometry ? r->nodes.geometry.block_size : 0;
     if (q->ask.hashes || !bs || q->ask.n_prompt < bs)
@@ -216,7 +212,7 @@ static double prefill_cost(const kvf_router_t *r, const kvf_router_req_t *q,
 {
     uint32_t bs = n->block_size, tokens = attempt_tokens(q);
     kvf_prefix_hits_t h;
-    tier_hits(n, q, reuse_cap(tokens, bs), &h);
+    tier_hits(n, q, kvf_router__reuse_cap(tokens, bs), &h);
     double to_compute = (double)kvf_router__blocks_for(tokens, bs) - hit_credit(r, n, &h);
     double queued = kvf_router__blocks_for((uint32_t)(n->queued_tokens + n->pending_tokens), bs);
     return r->cfg.prefill_weight * (to_compute + queued);
@@ -303,7 +299,7 @@ static bool prefill_here(const kvf_router_t *r, const kvf_router_req_t *q,
         return false;
     uint32_t tokens = attempt_tokens(q), bs = d->block_size;
     kvf_prefix_hits_t h; /* a local prefill takes tier hits too (decode_node/tiers.c) */
-    tier_hits(d, q, reuse_cap(tokens, bs), &h);
+    tier_hits(d, q, kvf_router__reuse_cap(tokens, bs), &h);
     uint32_t held = h.pool + h.ram + (disk_pays(r, d, &h) ? h.disk : 0);
     if (held == 0)
         return false;
@@ -315,7 +311,7 @@ static bool prefill_here(const kvf_router_t *r, const kvf_router_req_t *q,
 bool kvf_router__pick(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t **p_p,
                       kvf_router_node_t **d_p)
 {
-    req_hashes(r, q);
+    kvf_router__req_hashes(r, q);
     kvf_router_node_t *d = pick_decode(r, q);
     if (!d)
         return false;

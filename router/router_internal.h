@@ -281,6 +281,15 @@ void kvf_router__refuse(kvf_router_t *r, kvf_router_msg_refusal_t why, const cha
 void kvf_router__on_register(kvf_router_t *r, const Kvf__Register *reg,
                              ProtobufCBinaryData token);
 void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb);
+/* Fills free slot n from reg (checked already): identity, role, pool,
+ * a new generation; the first node's geometry and fingerprint become the
+ * cluster's. No message, no timer: on_register's bookkeeping, shared with
+ * the socketless router (detached.c). */
+void kvf_router__node_take(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Register *reg);
+/* What a heartbeat tells of n's load (load NULL: nothing but the reset):
+ * its numbers replace the last ones, and the work handed out since that
+ * beat (pending_*) is counted in them from now on. */
+void kvf_router__node_load(kvf_router_node_t *n, const Kvf__Load *load);
 /* loop.c: takes what waits in the node inbox (a bounded burst). */
 void kvf_router__recv_nodes(kvf_router_t *r);
 void kvf_router__on_deregister(kvf_router_t *r, const Kvf__Deregister *d);
@@ -312,6 +321,12 @@ void kvf_router__requests_fini(kvf_router_t *r);
 /* Places q: dispatches it when a decode and a prefill node can take it,
  * queues it otherwise, or finishes it with an error. */
 void kvf_router__schedule(kvf_router_t *r, kvf_router_req_t *q);
+/* Takes p and d (kvf_router__pick's) for q's next attempt: a new epoch,
+ * and the blocks, sequence and tokens it adds to their load until their
+ * next heartbeat. Sends nothing, arms nothing: dispatch's bookkeeping,
+ * shared with the socketless router (detached.c). */
+void kvf_router__claim(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
+                       kvf_router_node_t *d);
 /* Dispatches queued requests, oldest first, while nodes have room. */
 void kvf_router__drain_queue(kvf_router_t *r);
 /* Sends q again (new epoch) after its nodes failed it. */
@@ -351,6 +366,13 @@ uint32_t kvf_router__blocks_for(uint32_t tokens, uint32_t block_size);
  * generate. */
 uint32_t kvf_router__tokens_needed(const kvf_router_req_t *q);
 
+/* Full blocks of an n-token prompt a node reuses at most (a hit leaves
+ * the last tokens to compute, the prefill nodes' rule). */
+uint32_t kvf_router__reuse_cap(uint32_t n_tokens, uint32_t block_size);
+/* q's prompt block hashes, as every node computes them, into
+ * q->ask.hashes (computed once; none before a node registered the
+ * cluster's geometry, or without memory). */
+void kvf_router__req_hashes(kvf_router_t *r, kvf_router_req_t *q);
 /* The nodes for q's next attempt under the configured policy: *d_p the
  * decode node, *p_p the prefill node (the decode node itself for a local
  * prefill: q->place.local then says why). False when no decode node has
@@ -389,6 +411,28 @@ uint32_t kvf_router__prefix_hits(const kvf_router_node_t *n, const uint64_t *has
  * tiers, per tier. */
 void kvf_router__prefix_hits_tiers(const kvf_router_node_t *n, const uint64_t *hashes,
                                    uint32_t count, kvf_prefix_hits_t *hits_p);
+
+/* ---- loop.c, detached.c: lifecycle ------------------------------------------- */
+
+/* The defaults of the fields cfg leaves 0 (heartbeat, attempts, weights...). */
+void kvf_router__config_defaults(kvf_router_config_t *cfg);
+/* Derives hash_key and hash_key_id from prefix_key. */
+void kvf_router__keys_set(kvf_router_t *r);
+
+/* A router with no socket, no loop and no tokenizer, for the cluster
+ * simulator (sim/): its state (registry, prefix index, routing
+ * counters) is built and driven by the caller on its own thread through
+ * the functions above (kvf_router__node_take, kvf_router__node_load,
+ * kvf_router__on_prefix_update, kvf_router__pick, kvf_router__claim);
+ * nothing that sends a message or arms a timer may be called on it.
+ * model is copied; seed fixes the prefix-hash key and every draw, so the
+ * same seed routes the same way. *router_p is owned by the caller:
+ * kvf_router__detached_destroy(). */
+kvf_status_t kvf_router__detached_create(const kvf_router_config_t *cfg,
+                                         const kvf_model_config_t *model, uint64_t seed,
+                                         kvf_router_t **router_p);
+/* Frees its nodes' prefix listings and the router; NULL is a no-op. */
+void kvf_router__detached_destroy(kvf_router_t *r);
 
 /* ---- native.c -------------------------------------------------------------- */
 

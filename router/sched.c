@@ -209,9 +209,8 @@ void kvf_router__queue_remove(kvf_router_t *r, kvf_router_req_t *q)
 
 /* ---- dispatch ---------------------------------------------------------------------- */
 
-/* Sends q's current epoch to prefill node p and decode node d. */
-static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
-                     kvf_router_node_t *d)
+void kvf_router__claim(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
+                       kvf_router_node_t *d)
 {
     uint32_t n_tokens = q->ask.n_prompt + q->out.n;
     q->place.epoch++;
@@ -222,7 +221,6 @@ static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
     q->place.expected_prefill_ms = expected_prefill_ms(p, n_tokens);
     q->place.dispatched_ns = kvf_clock_ns();
     q->place.n_tokens = n_tokens;
-    arm_phase(r, q);
     uint32_t remaining = kvf_sampling_msg_remaining(q->ask.sampling, q->out.n);
     d->pending_blocks += kvf_router__blocks_for(n_tokens + remaining, d->block_size);
     d->pending_running++;
@@ -232,6 +230,15 @@ static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
         p->dispatched++;
     probe_sent(d);
     probe_sent(p);
+}
+
+/* Sends q's current epoch to prefill node p and decode node d. */
+static void dispatch(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *p,
+                     kvf_router_node_t *d)
+{
+    kvf_router__claim(r, q, p, d);
+    arm_phase(r, q);
+    uint32_t n_tokens = q->place.n_tokens;
 
     uint32_t *ids = malloc((size_t)n_tokens * sizeof(*ids));
     if (!ids) {

@@ -1,6 +1,7 @@
 /* kvf bench: benchmarks, each measuring its own ceiling in the same run
  * (docs/DESIGN.md, "Measuring performance"). The code of each lives in bench/;
- * this file only dispatches `kvf bench NAME` to it. */
+ * this file only dispatches `kvf bench NAME` to it (sim-check, which needs
+ * the simulator, lives in tools/cmd_simcheck.c). */
 #include "bench_engine.h"
 #include "bench_kv_accuracy.h"
 #include "bench_serve.h"
@@ -20,6 +21,8 @@ static const kvf_command_t bench_commands[] = {
     {"transfer", "KV block transfer vs ucx_perftest (shm, tcp)", kvf_bench_transfer},
     {"tiers", "disk KV tier read/write vs a sequential O_DIRECT read and dd", kvf_bench_tiers},
     {"serve", "serving load: latency, throughput, goodput (split vs colocated)", kvf_bench_serve},
+    {"sim-check", "kvf simulate's prediction vs kvf bench serve on this machine",
+     kvf_cmd_bench_sim_check},
     {"tokenizer-load", "tokenizer.json load time (median of N loads)", kvf_bench_tokenizer_load},
     {NULL, NULL, NULL},
 };

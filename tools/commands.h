@@ -18,5 +18,9 @@ int kvf_cmd_stats(int argc, char **argv);
 int kvf_cmd_generate(int argc, char **argv);
 int kvf_cmd_logits(int argc, char **argv);
 int kvf_cmd_keygen(int argc, char **argv);
+int kvf_cmd_simulate(int argc, char **argv);
+int kvf_cmd_plan(int argc, char **argv);
+/* kvf bench sim-check (tools/cmd_simcheck.c): the simulator against kvf bench serve. */
+int kvf_cmd_bench_sim_check(int argc, char **argv);
 
 #endif

@@ -14,6 +14,9 @@ static const kvf_command_t kvf_commands[] = {
     {"kvcalc", "KV cache bytes per token, request and batch", kvf_cmd_kvcalc},
     {"bench", "benchmarks (engine, transfer, serve)", kvf_cmd_bench},
     {"stats", "nodes, load and requests of a running cluster", kvf_cmd_stats},
+    {"simulate", "simulate a cluster under a workload (cost model, the router's policy)",
+     kvf_cmd_simulate},
+    {"plan", "the cheapest P:D or colocated cluster that meets the SLOs", kvf_cmd_plan},
     {"keygen", "write a new cluster key file (--cluster-key-file)", kvf_cmd_keygen},
     {NULL, NULL, NULL},
 };

@@ -1,0 +1,249 @@
+/* The simulated nodes: a prefill node's FIFO of prompts computed in
+ * chunks, a decode node's batch producing one token per sequence and
+ * step, both on a colocated node (one step carries the decode batch and a
+ * prefill chunk), the KV transfer between them, and the prefixes each
+ * node caches (reported to the router as PrefixUpdate). Step and
+ * transfer times come from the cost model (sim_cost.h). See
+ * sim_internal.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim_internal.h"
+
+static uint64_t to_ns(double s)
+{
+    uint64_t ns = (uint64_t)(s * 1e9 + 0.5);
+    return ns ? ns : 1;
+}
+
+static uint32_t blocks_for(const sim_t *s, uint32_t tokens)
+{
+    return kvf_router__blocks_for(tokens, s->cfg->block_size);
+}
+
+/* ---- prefix caches ------------------------------------------------------------ */
+
+static sim_prefix_t *prefix_of(sim_t *s, const sim_req_t *r)
+{
+    return r->prefix >= 0 ? &s->prefixes[r->prefix] : NULL;
+}
+
+/* Node i now holds r's prefix: it moves to the front of i's LRU, or joins
+ * it (the oldest leaving when full), and the router hears of the change. */
+static void cache_prefix(sim_t *s, int i, sim_req_t *r)
+{
+    sim_node_t *n = &s->nodes[i];
+    sim_prefix_t *px = prefix_of(s, r);
+    uint32_t cap = s->cfg->prefix_cache;
+    if (!px || !cap)
+        return;
+    if (!px->hashes && r->q.ask.hashes) {
+        uint32_t nb = r->w->prefix_tokens / s->cfg->block_size;
+        px->n = nb < r->q.ask.n_hashes ? nb : r->q.ask.n_hashes;
+        px->hashes = px->n ? malloc(px->n * sizeof(uint64_t)) : NULL;
+        if (!px->hashes) {
+            px->n = 0;
+            return;
+        }
+        memcpy(px->hashes, r->q.ask.hashes, px->n * sizeof(uint64_t));
+    }
+    if (!px->n)
+        return;
+    uint32_t at = 0;
+    while (at < n->n_lru && n->lru[at] != r->prefix)
+        at++;
+    if (at < n->n_lru) { /* known: to the front */
+        memmove(n->lru + 1, n->lru, at * sizeof(*n->lru));
+        n->lru[0] = r->prefix;
+        return;
+    }
+    if (n->n_lru == cap) {
+        sim_prefix_t *old = &s->prefixes[n->lru[--n->n_lru]];
+        kvf_sim__report(s->sr, i, NULL, 0, old->hashes, old->n);
+    }
+    memmove(n->lru + 1, n->lru, n->n_lru * sizeof(*n->lru));
+    n->lru[0] = r->prefix;
+    n->n_lru++;
+    kvf_sim__report(s->sr, i, px->hashes, px->n, NULL, 0);
+}
+
+/* ---- placing a request ------------------------------------------------------------ */
+
+void sim_node_start(sim_t *s, sim_req_t *r, int p, int d)
+{
+    sim_node_t *dn = &s->nodes[d], *pn = &s->nodes[p];
+    r->p = p;
+    r->d = d;
+    r->state = REQ_PREFILLING;
+    r->blocks = blocks_for(s, r->w->n_prompt + r->w->n_output);
+    dn->blocks_free = dn->blocks_free > r->blocks ? dn->blocks_free - r->blocks : 0;
+    dn->reserved++;
+    /* what p holds of the prompt it need not compute (the nodes' rule) */
+    uint32_t cap = kvf_router__reuse_cap(r->w->n_prompt, s->cfg->block_size);
+    r->known = kvf_sim__hits(s->sr, p, &r->q, cap) * s->cfg->block_size;
+    s->cached_tokens += r->known;
+    r->next = NULL;
+    if (pn->fifo_tail)
+        pn->fifo_tail->next = r;
+    else
+        pn->fifo = r;
+    pn->fifo_tail = r;
+    pn->fifo_n++;
+    pn->fifo_tokens += r->w->n_prompt - r->known;
+    sim_node_kick(s, p);
+}
+
+/* ---- steps --------------------------------------------------------------------------- */
+
+/* The prompt chunks of node n's next step: from the FIFO's head, at most
+ * chunk_tokens in all. */
+static void take_chunks(sim_t *s, sim_node_t *n, kvf_sim_step_t *step)
+{
+    uint32_t budget = s->cfg->chunk_tokens;
+    n->n_pieces = 0;
+    for (sim_req_t *r = n->fifo; r && budget; r = r->next) {
+        uint32_t left = r->w->n_prompt - r->known;
+        uint32_t take = left < budget ? left : budget;
+        n->pieces[n->n_pieces++] = (sim_piece_t){r, take};
+        kvf_sim_step_add_chunk(step, r->known, take, take == left);
+        budget -= take;
+    }
+}
+
+void sim_node_kick(sim_t *s, int i)
+{
+    sim_node_t *n = &s->nodes[i];
+    if (n->busy)
+        return;
+    kvf_sim_step_t step = {0};
+    if (n->prefills)
+        take_chunks(s, n, &step);
+    n->step_decode = n->decodes ? n->n_batch : 0;
+    step.decode_seqs = n->step_decode;
+    step.decode_ctx = n->step_decode ? n->batch_ctx : 0;
+    if (!n->n_pieces && !n->step_decode)
+        return; /* idle until work arrives */
+    uint64_t took = to_ns(kvf_sim_step_time(&s->cfg->hw, &s->cfg->model, &step));
+    n->busy = true;
+    n->busy_ns += took;
+    s->steps++;
+    if (sim_push(s, s->now + took, EV_STEP, (uint32_t)i) != KVF_OK)
+        s->failed = true;
+}
+
+/* r joins decode node n's batch with its first token produced. */
+static void join_batch(sim_t *s, sim_node_t *n, sim_req_t *r)
+{
+    r->state = REQ_DECODING;
+    r->out = 1;
+    r->t_first = s->now;
+    if (r->w->n_output <= 1) {
+        sim_end(s, r, false);
+        return;
+    }
+    if (n->n_batch == n->cap_batch) {
+        uint32_t cap = n->cap_batch ? n->cap_batch * 2 : 64;
+        sim_req_t **grown = realloc(n->batch, cap * sizeof(*grown));
+        if (!grown) {
+            s->failed = true;
+            return;
+        }
+        n->batch = grown;
+        n->cap_batch = cap;
+    }
+    n->batch[n->n_batch++] = r;
+    n->batch_ctx += r->w->n_prompt + r->out;
+}
+
+/* r's prompt is computed on its prefill node: it decodes there (a local
+ * prefill) or its KV goes to its decode node, less the blocks that node
+ * caches (the last block always travels), once both links are free. */
+static void prompt_done(sim_t *s, sim_req_t *r)
+{
+    cache_prefix(s, r->p, r);
+    if (r->p == r->d) {
+        join_batch(s, &s->nodes[r->d], r);
+        return;
+    }
+    r->state = REQ_SHIPPING;
+    uint32_t nb = blocks_for(s, r->w->n_prompt);
+    uint32_t held = kvf_sim__hits(s->sr, r->d, &r->q, nb ? nb - 1 : 0);
+    double bytes = (double)(nb - held) * s->block_bytes;
+    sim_node_t *pn = &s->nodes[r->p], *dn = &s->nodes[r->d];
+    uint64_t start = s->now;
+    if (pn->link_free_ns > start)
+        start = pn->link_free_ns;
+    if (dn->link_free_ns > start)
+        start = dn->link_free_ns;
+    uint64_t end = start + to_ns(kvf_sim_transfer_time(&s->cfg->hw, s->cfg->model.tp, bytes));
+    pn->link_free_ns = dn->link_free_ns = end;
+    s->kv_bytes += bytes;
+    s->transfers++;
+    if (sim_push(s, end, EV_SHIPPED, (uint32_t)(r - s->reqs)) != KVF_OK)
+        s->failed = true;
+}
+
+void sim_node_shipped(sim_t *s, sim_req_t *r)
+{
+    sim_node_t *dn = &s->nodes[r->d];
+    cache_prefix(s, r->d, r);
+    join_batch(s, dn, r);
+    sim_node_kick(s, r->d);
+}
+
+/* The step's chunks are computed: finished prompts leave the FIFO. */
+static void chunks_done(sim_t *s, sim_node_t *n)
+{
+    for (uint32_t k = 0; k < n->n_pieces; k++) {
+        sim_req_t *r = n->pieces[k].r;
+        r->known += n->pieces[k].n;
+        n->fifo_tokens -= n->pieces[k].n;
+        if (r->known < r->w->n_prompt)
+            continue;
+        n->fifo = r->next; /* chunks come from the head, in order */
+        if (!n->fifo)
+            n->fifo_tail = NULL;
+        n->fifo_n--;
+        r->next = NULL;
+        prompt_done(s, r);
+    }
+    n->n_pieces = 0;
+}
+
+/* The step's decoding sequences have their next token; the finished ones
+ * leave the batch (the others keep their order). */
+static void tokens_done(sim_t *s, sim_node_t *n)
+{
+    uint32_t kept = 0;
+    for (uint32_t k = 0; k < n->n_batch; k++) {
+        sim_req_t *r = n->batch[k];
+        if (k < n->step_decode) {
+            r->out++;
+            n->batch_ctx++;
+            if (r->out >= r->w->n_output) {
+                n->batch_ctx -= r->w->n_prompt + r->out;
+                sim_end(s, r, false);
+                continue;
+            }
+        }
+        n->batch[kept++] = r;
+    }
+    n->n_batch = kept;
+    n->step_decode = 0;
+}
+
+void sim_node_step_done(sim_t *s, int i)
+{
+    sim_node_t *n = &s->nodes[i];
+    n->busy = false;
+    tokens_done(s, n);
+    chunks_done(s, n);
+    sim_node_kick(s, i);
+}
+
+void sim_node_fini(sim_node_t *n)
+{
+    free(n->batch);
+    free(n->pieces);
+    free(n->lru);
+}

@@ -1,0 +1,379 @@
+/* The cluster simulator (sim/; docs/simulator.md):
+ * - the cost model against hand-computed cases: a prefill chunk, a
+ *   decode step, a colocated step carrying both, tensor parallel, a
+ *   transfer, a node's KV capacity, and a Llama-3-8B-shaped model's sizes;
+ * - profiles: the built-ins, a file, a bad file, an unknown name;
+ * - traces: CSV and JSONL read, malformed ones refused with file and line;
+ * - runs: the same seed gives the same output, another seed another one;
+ *   a split cluster ships every prompt's KV, a colocated one none; shared
+ *   prefixes are computed once per node;
+ * - the planner: the cheapest cluster meeting reachable SLOs, none (with
+ *   the closest and its shortfall) for an unreachable one. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "sim.h"
+
+#define DATA KVF_TEST_DATA "/sim"
+
+/* A model small enough to count by hand: 2 layers, hidden 64, 4 heads of
+ * 16 (q 64), 2 KV heads (kv 32), MLP 128, vocab 100, untied. */
+static kvf_model_config_t hand_config(void)
+{
+    return (kvf_model_config_t){.n_layers = 2,
+                                .hidden = 64,
+                                .n_heads = 4,
+                                .n_kv_heads = 2,
+                                .head_dim = 16,
+                                .inter = 128,
+                                .vocab = 100};
+}
+
+static kvf_sim_profile_t unit_profile(void)
+{
+    kvf_sim_profile_t hw;
+    char err[256];
+    assert_int_equal(kvf_sim_profile_load(DATA "/profile-unit.json", &hw, err, sizeof(err)),
+                     KVF_OK);
+    return hw;
+}
+
+static void test_model_shape(void **state)
+{
+    (void)state;
+    kvf_model_config_t c = hand_config();
+    kvf_sim_model_t m;
+    kvf_sim_model_init(&c, 2, KVF_KV_BF16, 1, &m);
+    /* a layer: q 64x64 + k, v 2x64x32 + o 64x64 + MLP 3x64x128 = 36864 */
+    assert_true(m.layer_flops == 2.0 * 2 * 36864);
+    assert_true(m.head_flops == 2.0 * 100 * 64);
+    assert_true(m.attn_flops == 4.0 * 2 * 64);
+    /* 2 layers + embedding and lm_head (100 x 64 each), 2 bytes */
+    assert_true(m.weight_bytes == 2.0 * (2 * 36864 + 2 * 6400));
+    /* K and V, 2 layers, 2 heads, 16 x 2 bytes */
+    assert_true(m.kv_bytes_per_token == 256);
+
+    kvf_model_config_t l8;
+    assert_int_equal(kvf_model_config_load(DATA "/llama3-8b", &l8), KVF_OK);
+    kvf_sim_model_init(&l8, 2, KVF_KV_BF16, 1, &m);
+    assert_true(m.kv_bytes_per_token == 131072); /* 2 x 32 x 8 x 128 x 2 */
+    double params = m.weight_bytes / 2;
+    assert_true(params > 8.02e9 && params < 8.04e9); /* Llama-3-8B: 8.03 B */
+}
+
+static void test_step_times(void **state)
+{
+    (void)state;
+    kvf_sim_profile_t hw = unit_profile(); /* 1 GFLOP/s, 0.1 GB/s, no overhead */
+    kvf_model_config_t c = hand_config();
+    kvf_sim_model_t m;
+    kvf_sim_model_init(&c, 2, KVF_KV_BF16, 1, &m);
+
+    /* 100 prompt tokens after 50 cached: 100 x 50 + 5050 pairs, one logit.
+     * FLOPs 147456 x 100 + 12800 + 512 x 10050 = 19904000: 19.904 ms;
+     * bytes 173056 + 256 x 150 = 211456: 2.11 ms. Compute-bound. */
+    kvf_sim_step_t chunk = {0};
+    kvf_sim_step_add_chunk(&chunk, 50, 100, true);
+    assert_true(kvf_sim_step_flops(&m, &chunk) == 19904000.0);
+    assert_true(kvf_sim_step_bytes(&m, &chunk) == 211456.0);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &chunk), 19.904e-3, 1e-12);
+
+    /* 3 sequences attending to 300 tokens: FLOPs 634368 (0.63 ms), bytes
+     * 173056 + 256 x 303 = 250624: 2.50624 ms. Memory-bound. */
+    kvf_sim_step_t dec = {.decode_seqs = 3, .decode_ctx = 300};
+    assert_true(kvf_sim_step_flops(&m, &dec) == 634368.0);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 2.50624e-3, 1e-12);
+
+    /* A colocated step carries both: FLOPs 147456 x 103 + 12800 x 4 +
+     * 512 x 10350 = 20538368; the decode sequences wait for the chunk. */
+    kvf_sim_step_t both = dec;
+    kvf_sim_step_add_chunk(&both, 50, 100, true);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &both), 20.538368e-3, 1e-12);
+    assert_true(kvf_sim_step_time(&hw, &m, &both) > 8 * kvf_sim_step_time(&hw, &m, &dec));
+
+    /* decode tokens at half the compute efficiency of prompt tokens:
+     * 634368 / 0.5 + 19904000 FLOPs at 1 GFLOP/s */
+    hw.decode_compute_eff = 0.5;
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &both), 21.172736e-3, 1e-12);
+    hw.decode_compute_eff = 1;
+
+    /* Tensor parallel 2: half the time, plus 2 all-reduces a layer of
+     * 3 x 128 bytes, ring factor 1, over 0.1 GB/s: 15.36 us. */
+    kvf_sim_model_init(&c, 2, KVF_KV_BF16, 2, &m);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 2.50624e-3 / 2 + 15.36e-6, 1e-12);
+
+    /* a transfer: 1 ms + 1 MB over 2 NICs of 0.1 GB/s */
+    assert_float_equal(kvf_sim_transfer_time(&hw, 2, 1e6), 6e-3, 1e-12);
+    /* capacity: 1 MB x 0.5 - 173056 bytes of weights, 4096-byte blocks */
+    kvf_sim_model_init(&c, 2, KVF_KV_BF16, 1, &m);
+    assert_int_equal(kvf_sim_capacity_blocks(&hw, &m, 16), 79);
+    /* step overhead adds once */
+    hw.step_overhead_s = 1e-3;
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 3.50624e-3, 1e-12);
+}
+
+static void test_profiles(void **state)
+{
+    (void)state;
+    kvf_sim_profile_t hw;
+    assert_true(kvf_sim_profile_builtin("H200", &hw));
+    assert_true(hw.hbm_bw == 4.8e12 && hw.hbm_bytes == 141e9 && hw.flops == 989.5e12);
+    assert_non_null(strstr(hw.source, "datasheet"));
+    assert_true(kvf_sim_profile_builtin("h100-sxm", &hw));
+    assert_true(hw.hbm_bw == 3.35e12 && hw.hbm_bytes == 80e9);
+    assert_true(kvf_sim_profile_builtin("a100", &hw));
+    assert_true(hw.hbm_bw == 2.039e12 && hw.flops == 312e12);
+    assert_true(hw.net_bw == 50e9); /* NDR 400 Gb/s */
+    assert_false(kvf_sim_profile_builtin("h300", &hw));
+    char err[256] = "";
+    assert_int_equal(kvf_sim_profile_load(DATA "/profile-bad.json", &hw, err, sizeof(err)),
+                     KVF_ERR_FORMAT);
+    assert_non_null(strstr(err, "compute_eff"));
+    assert_int_equal(kvf_sim_profile_load(DATA "/no-such.json", &hw, err, sizeof(err)),
+                     KVF_ERR_NOT_FOUND);
+}
+
+static void test_traces(void **state)
+{
+    (void)state;
+    kvf_sim_workload_t w;
+    char err[512];
+    assert_int_equal(kvf_sim_workload_load(DATA "/traces/good.csv", 128, &w, err, sizeof(err)),
+                     KVF_OK);
+    assert_int_equal(w.n, 4);
+    assert_int_equal(w.reqs[1].prefix_id, 3);
+    assert_int_equal(w.reqs[1].prefix_tokens, 128); /* the default */
+    assert_int_equal(w.reqs[2].prefix_tokens, 64);
+    assert_int_equal(w.reqs[3].prefix_id, -1);
+    assert_true(w.reqs[3].at_s == 1.25 && w.reqs[3].n_output == 1);
+    kvf_sim_workload_fini(&w);
+    assert_int_equal(kvf_sim_workload_load(DATA "/traces/good.jsonl", 128, &w, err, sizeof(err)),
+                     KVF_OK);
+    assert_int_equal(w.n, 2);
+    assert_int_equal(w.reqs[1].n_prompt, 200);
+    kvf_sim_workload_fini(&w);
+
+    static const struct {
+        const char *file, *says;
+    } bad[] = {
+        {"bad-number.csv", "bad-number.csv:3: prompt_tokens must be"},
+        {"bad-order.csv", "bad-order.csv:3: arrival 0.500000 s is before"},
+        {"bad-fields.csv", "bad-fields.csv:1: 2 fields"},
+        {"bad-key.jsonl", "bad-key.jsonl:2: no \"output_tokens\""},
+        {"bad-prefix.csv", "bad-prefix.csv:1: prefix_tokens 500 is longer"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char path[512];
+        snprintf(path, sizeof(path), DATA "/traces/%s", bad[i].file);
+        err[0] = '\0';
+        assert_int_equal(kvf_sim_workload_load(path, 128, &w, err, sizeof(err)), KVF_ERR_FORMAT);
+        if (!strstr(err, bad[i].says))
+            fail_msg("%s: '%s' does not say '%s'", bad[i].file, err, bad[i].says);
+    }
+}
+
+/* An 8B-shaped cluster on H200 under chat-like load. */
+static void chat_config(kvf_sim_config_t *cfg, int n_prefill, int n_decode, int n_colocated)
+{
+    *cfg = (kvf_sim_config_t){0};
+    kvf_sim_config_defaults(cfg);
+    assert_true(kvf_sim_profile_builtin("h200", &cfg->hw));
+    assert_int_equal(kvf_model_config_load(DATA "/llama3-8b", &cfg->model_cfg), KVF_OK);
+    cfg->kv_dtype = KVF_KV_BF16;
+    kvf_sim_model_init(&cfg->model_cfg, 2, cfg->kv_dtype, 1, &cfg->model);
+    cfg->n_prefill = n_prefill;
+    cfg->n_decode = n_decode;
+    cfg->n_colocated = n_colocated;
+    cfg->slo_ttft_ms = 500;
+    cfg->slo_tpot_ms = 20;
+}
+
+static void chat_workload(kvf_sim_workload_t *w, uint64_t seed, uint32_t n_prefixes)
+{
+    kvf_sim_gen_t g = {.n = 2000,
+                       .seed = seed,
+                       .rate = 20,
+                       .prompt_len = {1024, 4096},
+                       .output_len = {100, 500},
+                       .n_prefixes = n_prefixes,
+                       .prefix_tokens = 1024};
+    assert_int_equal(kvf_sim_workload_generate(&g, w), KVF_OK);
+}
+
+static void run(const kvf_sim_config_t *cfg, const kvf_sim_workload_t *w, kvf_sim_result_t *res)
+{
+    char err[512];
+    kvf_status_t st = kvf_sim_run(cfg, w, res, err, sizeof(err));
+    if (st != KVF_OK)
+        fail_msg("kvf_sim_run: %s", err);
+}
+
+/* Everything a run reports, compared bit for bit. */
+static bool same_result(const kvf_sim_result_t *a, const kvf_sim_result_t *b)
+{
+    return a->n_done == b->n_done && a->n_refused == b->n_refused && a->steps == b->steps &&
+           a->transfers == b->transfers && a->cached_tokens == b->cached_tokens &&
+           !memcmp(a->ttft, b->ttft, sizeof(a->ttft)) &&
+           !memcmp(a->tpot, b->tpot, sizeof(a->tpot)) && !memcmp(a->e2e, b->e2e, sizeof(a->e2e)) &&
+           a->duration_s == b->duration_s && a->goodput == b->goodput &&
+           a->util_prefill == b->util_prefill && a->util_decode == b->util_decode &&
+           a->n_ttft == b->n_ttft && a->n_tpot == b->n_tpot &&
+           !memcmp(a->ttft_ms, b->ttft_ms, a->n_ttft * sizeof(double)) &&
+           !memcmp(a->tpot_ms, b->tpot_ms, a->n_tpot * sizeof(double));
+}
+
+static void test_deterministic(void **state)
+{
+    (void)state;
+    kvf_sim_config_t cfg;
+    chat_config(&cfg, 2, 4, 0);
+    kvf_sim_workload_t w1, w2, w3;
+    chat_workload(&w1, 7, 8);
+    chat_workload(&w2, 7, 8);
+    chat_workload(&w3, 8, 8);
+    kvf_sim_result_t a, b, c;
+    run(&cfg, &w1, &a);
+    run(&cfg, &w2, &b);
+    run(&cfg, &w3, &c);
+    assert_int_equal(a.n_done, 2000);
+    assert_true(same_result(&a, &b));
+    assert_false(same_result(&a, &c)); /* another seed, another workload */
+    kvf_sim_result_fini(&a);
+    kvf_sim_result_fini(&b);
+    kvf_sim_result_fini(&c);
+    /* the router's seed alone, with the random policy: other draws */
+    cfg.route = KVF_ROUTE_RANDOM;
+    run(&cfg, &w1, &a);
+    cfg.seed = 2;
+    run(&cfg, &w1, &b);
+    assert_false(same_result(&a, &b));
+    kvf_sim_result_fini(&a);
+    kvf_sim_result_fini(&b);
+    kvf_sim_workload_fini(&w1);
+    kvf_sim_workload_fini(&w2);
+    kvf_sim_workload_fini(&w3);
+}
+
+static void test_split_and_colocated(void **state)
+{
+    (void)state;
+    kvf_sim_workload_t w;
+    chat_workload(&w, 3, 4);
+    kvf_sim_config_t split, colo;
+    chat_config(&split, 2, 4, 0);
+    chat_config(&colo, 0, 0, 6);
+    kvf_sim_result_t rs, rc;
+    run(&split, &w, &rs);
+    run(&colo, &w, &rc);
+    assert_int_equal(rs.n_done, w.n);
+    assert_int_equal(rc.n_done, w.n);
+    assert_int_equal(rs.transfers, w.n); /* every prompt's KV to its decode node */
+    assert_int_equal(rc.transfers, 0);
+    /* 4 prefixes of 1024 tokens: a node computes each about once (those
+     * arriving while the first is computed compute it too); the others
+     * reuse at least 62 blocks of it, the reuse cap of the shortest
+     * prompt (1024 tokens, the last 32 computed) */
+    assert_true(rs.cached_tokens >= (w.n - 50) * 992);
+    assert_true(rc.cached_tokens >= (w.n - 50) * 992);
+    /* the same work done: TPOT carries the prefill chunks on colocated
+     * nodes, not on decode nodes */
+    assert_true(rc.tpot[2] > rs.tpot[2]);
+    kvf_sim_result_fini(&rs);
+    kvf_sim_result_fini(&rc);
+    /* a cluster that cannot hold the model */
+    kvf_sim_config_t big;
+    chat_config(&big, 1, 1, 0);
+    assert_int_equal(kvf_model_config_load(DATA "/llama3-70b", &big.model_cfg), KVF_OK);
+    kvf_sim_model_init(&big.model_cfg, 2, big.kv_dtype, 1, &big.model);
+    char err[512] = "";
+    assert_int_equal(kvf_sim_run(&big, &w, &rs, err, sizeof(err)), KVF_ERR_INVAL);
+    assert_non_null(strstr(err, "raise --tp"));
+    kvf_sim_workload_fini(&w);
+}
+
+/* The planner: a reachable SLO gets the cheapest cluster that meets it
+ * (and a smaller one of that kind does not); a TPOT below one decode
+ * step of the weights (8B on H200: 16 GB / 3.84 TB/s, 4.2 ms) gets none,
+ * with the closest cluster and its shortfall. */
+static void test_plan(void **state)
+{
+    (void)state;
+    kvf_sim_config_t cfg;
+    chat_config(&cfg, 0, 0, 0);
+    cfg.slo_ttft_ms = 500;
+    cfg.slo_tpot_ms = 8;
+    kvf_sim_workload_t w;
+    kvf_sim_gen_t g = {
+        .n = 300, .seed = 5, .rate = 10, .prompt_len = {1024, 4096}, .output_len = {100, 500}};
+    assert_int_equal(kvf_sim_workload_generate(&g, &w), KVF_OK);
+    kvf_sim_plan_t pl;
+    char err[512];
+    assert_int_equal(kvf_sim_plan(&cfg, &w, 8, &pl, err, sizeof(err)), KVF_OK);
+    assert_non_null(pl.best);
+    assert_true(pl.best->meets && pl.best->shortfall <= 1);
+    assert_true(pl.best->ttft_p99 <= 500 && pl.best->tpot_p99 <= 8);
+    assert_true(pl.best->goodput >= pl.rate * 0.99);
+    /* one node fewer of the colocated kind misses */
+    if (pl.colocated.meets && pl.colocated.n_colocated > 1) {
+        kvf_sim_config_t smaller = cfg;
+        smaller.n_colocated = pl.colocated.n_colocated - 1;
+        kvf_sim_result_t r;
+        run(&smaller, &w, &r);
+        assert_true(r.n_done < r.n || r.ttft[2] > 500 || r.tpot[2] > 8);
+        kvf_sim_result_fini(&r);
+    }
+    cfg.slo_tpot_ms = 3;
+    assert_int_equal(kvf_sim_plan(&cfg, &w, 4, &pl, err, sizeof(err)), KVF_OK);
+    assert_null(pl.best);
+    assert_non_null(pl.closest);
+    assert_true(pl.closest->shortfall > 4.2 / 3 && pl.closest->tpot_p99 > 4.2);
+    assert_false(pl.split.meets || pl.colocated.meets);
+    assert_int_equal(kvf_sim_plan(&cfg, &w, 0, &pl, err, sizeof(err)), KVF_ERR_INVAL);
+    kvf_sim_workload_fini(&w);
+}
+
+/* Conditional disaggregation (the router's --local-prefill-max-tokens):
+ * decode nodes holding a prompt's prefix prefill its short rest
+ * themselves, so almost no KV travels; without it every prompt's does. */
+static void test_local_prefill(void **state)
+{
+    (void)state;
+    kvf_sim_workload_t w;
+    kvf_sim_gen_t g = {.n = 300,
+                       .seed = 9,
+                       .rate = 10,
+                       .prompt_len = {1100, 1400},
+                       .output_len = {50, 100},
+                       .n_prefixes = 2,
+                       .prefix_tokens = 1024};
+    assert_int_equal(kvf_sim_workload_generate(&g, &w), KVF_OK);
+    kvf_sim_config_t cfg;
+    chat_config(&cfg, 1, 2, 0);
+    kvf_sim_result_t split, local;
+    run(&cfg, &w, &split);
+    cfg.local_prefill_max_tokens = 1200;
+    run(&cfg, &w, &local);
+    assert_int_equal(split.transfers, w.n);
+    assert_true(local.transfers < w.n / 10);
+    assert_int_equal(local.n_done, w.n);
+    kvf_sim_result_fini(&split);
+    kvf_sim_result_fini(&local);
+    kvf_sim_workload_fini(&w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_shape),   cmocka_unit_test(test_step_times),
+        cmocka_unit_test(test_profiles),      cmocka_unit_test(test_traces),
+        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_split_and_colocated),
+        cmocka_unit_test(test_plan),          cmocka_unit_test(test_local_prefill),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,346 @@
+/* kvf bench sim-check: the simulator against this machine. It measures
+ * the profile of a node (kvf simulate --profile measure: one node's
+ * threads for the split cluster's nodes, twice that for the colocated
+ * node), runs kvf bench serve --compare-colocated on the model, simulates
+ * the same trace (kvf bench serve's generator, bench/serve_trace.c) on
+ * 1 prefill + 1 decode and on 1 colocated node, and prints predicted
+ * against measured for every percentile of TTFT, TPOT and e2e at every
+ * rate, and each rate's winner by goodput (docs/simulator.md,
+ * "Calibration"). Exit 0 when every p50 is within 20%, every p99 within
+ * 30% and the winner agrees at every rate; else 1. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "kvf/backend_flags.h"
+#include "kvf/file.h"
+#include "kvf/flags.h"
+#include "sim_measure.h"
+
+#define CHECK_MAX_RATES 8
+#define CHECK_P50_TOL   0.20
+#define CHECK_P99_TOL   0.30
+
+typedef struct {
+    const char *model, *rates, *prompt_len, *output_len;
+    int requests, threads;
+    uint64_t seed;
+    double slo_ttft, slo_tpot;
+    double rate[CHECK_MAX_RATES];
+    int n_rates;
+    kvf_len_dist_t pl, ol;
+} check_opts_t;
+
+/* One run's percentiles (ms) and goodput. */
+typedef struct {
+    double v[3][3]; /* TTFT, TPOT, e2e x p50, p90, p99 */
+    double goodput;
+} check_row_t;
+
+static int parse(int argc, char **argv, check_opts_t *o)
+{
+    *o = (check_opts_t){.rates = "1,3",
+                        .prompt_len = "128:512",
+                        .output_len = "32:128",
+                        .requests = 16,
+                        .threads = 1,
+                        .seed = 1,
+                        .slo_ttft = 2000,
+                        .slo_tpot = 200};
+    const kvf_flag_t flags[] = {
+        {"model", KVF_FLAG_STRING, &o->model, "DIR", "the model both run (kvf mkmodel's)", NULL},
+        {"rate", KVF_FLAG_STRING, &o->rates, "R[,R...]", "Poisson rates, req/s", NULL},
+        {"requests", KVF_FLAG_INT, &o->requests, "N", "requests per rate", NULL},
+        {"threads", KVF_FLAG_INT, &o->threads, "N", "threads per split node (colocated: 2N)", NULL},
+        {"prompt-len", KVF_FLAG_STRING, &o->prompt_len, "N|A:B", "prompt tokens", NULL},
+        {"output-len", KVF_FLAG_STRING, &o->output_len, "N|A:B", "output tokens", NULL},
+        {"seed", KVF_FLAG_UINT64, &o->seed, "S", "the trace's seed", NULL},
+        {"slo-ttft", KVF_FLAG_DOUBLE, &o->slo_ttft, "MS", "goodput's TTFT bound", NULL},
+        {"slo-tpot", KVF_FLAG_DOUBLE, &o->slo_tpot, "MS", "goodput's TPOT bound", NULL},
+    };
+    kvf_flagset_t set = {.prog = argv[0],
+                         .usage = "--model DIR [--rate 1,3] [--requests 16]",
+                         .summary = "Predicted (kvf simulate on this machine's measured "
+                                    "profile) against measured (kvf bench serve "
+                                    "--compare-colocated): every percentile, every rate, the "
+                                    "winner. Exit 1 when p50 is off by more than 20%, p99 by "
+                                    "more than 30%, or a winner differs.",
+                         .flags = flags,
+                         .n_flags = KVF_NFLAGS(flags)};
+    int rc = kvf_flags_parse(&set, argc, argv);
+    if (rc == KVF_FLAGS_EXIT)
+        return 0;
+    if (rc < 0)
+        return 2;
+    char *end;
+    const char *p = o->rates;
+    while (o->n_rates < CHECK_MAX_RATES) {
+        double r = strtod(p, &end);
+        if (end == p || r <= 0)
+            break;
+        o->rate[o->n_rates++] = r;
+        if (*end != ',')
+            break;
+        p = end + 1;
+    }
+    if (!o->model || !o->n_rates || *end || o->requests < 1 || o->threads < 1 ||
+        !kvf_len_dist_parse(o->prompt_len, &o->pl) || !kvf_len_dist_parse(o->output_len, &o->ol)) {
+        fprintf(stderr,
+                "%s: needs --model DIR, --rate R[,R...] (at most %d, > 0), "
+                "--requests N >= 1, lengths as N or A:B\n",
+                argv[0], CHECK_MAX_RATES);
+        return 2;
+    }
+    return -1;
+}
+
+/* ---- measured ------------------------------------------------------------------- */
+
+/* kvf bench serve's JSON result of config (its one rate) into row. */
+static bool serve_row(const cJSON *root, const char *config, check_row_t *row)
+{
+    static const char *const keys[3] = {"ttft_ms", "tpot_ms", "e2e_ms"};
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, config);
+    if (cJSON_GetArraySize(arr) != 1)
+        return false;
+    const cJSON *r = cJSON_GetArrayItem(arr, 0);
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(r, "goodput");
+    if (!cJSON_IsNumber(g))
+        return false;
+    row->goodput = g->valuedouble;
+    for (int m = 0; m < 3; m++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(r, keys[m]);
+        if (cJSON_GetArraySize(v) != 3)
+            return false;
+        for (int k = 0; k < 3; k++)
+            row->v[m][k] = cJSON_GetArrayItem(v, k)->valuedouble;
+    }
+    return true;
+}
+
+/* Runs kvf bench serve --compare-colocated at one rate (its table on our
+ * stdout) and reads both configurations' rows. One run a rate: within a
+ * run the rates share a cluster, and the later ones find the same
+ * prompts in its prefix caches, which a fresh simulation does not.
+ * Returns -1 or the exit code. */
+static int measure_serve(const char *prog, const check_opts_t *o, double rate, check_row_t *split,
+                         check_row_t *colo)
+{
+    char dir[] = "/tmp/kvf-sim-check-XXXXXX";
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "%s: cannot make a temporary directory: %m\n", prog);
+        return 1;
+    }
+    char json[512], n[16], th[16], seed[32], st[32], sp[32], r[32];
+    snprintf(r, sizeof(r), "%g", rate);
+    snprintf(json, sizeof(json), "%s/serve.json", dir);
+    snprintf(n, sizeof(n), "%d", o->requests);
+    snprintf(th, sizeof(th), "%d", o->threads);
+    snprintf(seed, sizeof(seed), "%llu", (unsigned long long)o->seed);
+    snprintf(st, sizeof(st), "%g", o->slo_ttft);
+    snprintf(sp, sizeof(sp), "%g", o->slo_tpot);
+    char *argv[] = {"kvf",
+                    "bench",
+                    "serve",
+                    "--model",
+                    (char *)o->model,
+                    "--rate",
+                    r,
+                    "--requests",
+                    n,
+                    "--threads",
+                    th,
+                    "--prompt-len",
+                    (char *)o->prompt_len,
+                    "--output-len",
+                    (char *)o->output_len,
+                    "--seed",
+                    seed,
+                    "--slo-ttft",
+                    st,
+                    "--slo-tpot",
+                    sp,
+                    "--compare-colocated",
+                    "--json",
+                    json,
+                    NULL};
+    int rc = kvf_sim_run_kvf(prog, argv, NULL) ? -1 : 1;
+    char *text = NULL;
+    size_t len;
+    if (rc < 0 && kvf_file_read(json, 1u << 20, &text, &len) != KVF_OK)
+        rc = 1;
+    cJSON *root = text ? cJSON_ParseWithLength(text, len) : NULL;
+    if (rc < 0 && (!serve_row(root, "split", split) || !serve_row(root, "colocated", colo))) {
+        fprintf(stderr, "%s: kvf bench serve's JSON (%s) lacks a configuration's row\n", prog,
+                json);
+        rc = 1;
+    }
+    cJSON_Delete(root);
+    free(text);
+    unlink(json);
+    rmdir(dir);
+    return rc;
+}
+
+/* ---- predicted ------------------------------------------------------------------ */
+
+/* The serve trace (the same requests kvf bench serve sends) as a
+ * workload at rate. */
+static kvf_status_t trace_workload(const check_opts_t *o, const kvf_model_config_t *cfg,
+                                   double rate, kvf_sim_workload_t *w)
+{
+    kvf_serve_trace_t t;
+    kvf_status_t st = kvf_serve_trace_init(&t, (size_t)o->requests, o->seed, &o->pl, &o->ol, cfg);
+    if (st == KVF_OK) {
+        kvf_serve_trace_schedule(&t, rate);
+        w->n = t.n;
+        w->reqs = calloc(t.n, sizeof(*w->reqs));
+        st = w->reqs ? KVF_OK : KVF_ERR_NOMEM;
+        for (size_t i = 0; st == KVF_OK && i < t.n; i++)
+            w->reqs[i] = (kvf_sim_req_t){.at_s = t.reqs[i].at_s,
+                                         .n_prompt = t.reqs[i].n_prompt,
+                                         .n_output = t.reqs[i].max_tokens,
+                                         .prefix_id = -1};
+    }
+    kvf_serve_trace_fini(&t);
+    return st;
+}
+
+static kvf_status_t predict(const kvf_sim_config_t *cfg, const kvf_sim_workload_t *w,
+                            check_row_t *row)
+{
+    kvf_sim_result_t r;
+    char err[512];
+    kvf_status_t st = kvf_sim_run(cfg, w, &r, err, sizeof(err));
+    if (st != KVF_OK) {
+        fprintf(stderr, "kvf bench sim-check: %s\n", err);
+        return st;
+    }
+    for (int k = 0; k < 3; k++) {
+        row->v[0][k] = r.ttft[k];
+        row->v[1][k] = r.tpot[k];
+        row->v[2][k] = r.e2e[k];
+    }
+    row->goodput = r.goodput;
+    kvf_sim_result_fini(&r);
+    return KVF_OK;
+}
+
+/* ---- the comparison --------------------------------------------------------------- */
+
+/* 0: split wins, 1: colocated: more goodput, among equals (within 1%)
+ * the lower e2e p99. */
+static int winner(const check_row_t *split, const check_row_t *colo)
+{
+    double g = fmax(split->goodput, colo->goodput);
+    if (fabs(split->goodput - colo->goodput) > 0.01 * g)
+        return split->goodput > colo->goodput ? 0 : 1;
+    return split->v[2][2] <= colo->v[2][2] ? 0 : 1;
+}
+
+/* Prints one configuration's rows at one rate; false when an error is
+ * out of its bound. */
+static bool compare_rows(const char *config, double rate, const check_row_t *pred,
+                         const check_row_t *meas)
+{
+    static const char *const metric[3] = {"TTFT", "TPOT", "e2e"};
+    static const char *const pct[3] = {"p50", "p90", "p99"};
+    bool ok = true;
+    for (int m = 0; m < 3; m++)
+        for (int k = 0; k < 3; k++) {
+            double p = pred->v[m][k], x = meas->v[m][k];
+            double err = x > 0 ? p / x - 1 : NAN;
+            double tol = k == 0 ? CHECK_P50_TOL : k == 2 ? CHECK_P99_TOL : INFINITY;
+            bool in = isfinite(err) ? fabs(err) <= tol : false;
+            if (k != 1)
+                ok = ok && in;
+            printf("%-10s %6.2f %-4s %-3s %12.2f %12.2f %+9.1f%% %s\n", config, rate, metric[m],
+                   pct[k], p, x, 100 * err,
+                   k == 1 ? ""
+                   : in   ? "ok"
+                          : "OUT");
+        }
+    return ok;
+}
+
+static int check(const check_opts_t *o, const kvf_sim_config_t *split_cfg,
+                 const kvf_sim_config_t *colo_cfg, const check_row_t *ms, const check_row_t *mc)
+{
+    printf("\n%-10s %6s %-4s %-3s %12s %12s %10s\n", "config", "rate", "", "", "predicted",
+           "measured", "error");
+    bool ok = true;
+    int agree = 0;
+    for (int i = 0; i < o->n_rates; i++) {
+        kvf_sim_workload_t w = {0};
+        check_row_t ps, pc;
+        kvf_model_config_t mc_cfg = split_cfg->model_cfg;
+        if (trace_workload(o, &mc_cfg, o->rate[i], &w) != KVF_OK ||
+            predict(split_cfg, &w, &ps) != KVF_OK || predict(colo_cfg, &w, &pc) != KVF_OK) {
+            kvf_sim_workload_fini(&w);
+            return 1;
+        }
+        kvf_sim_workload_fini(&w);
+        ok &= compare_rows("split", o->rate[i], &ps, &ms[i]);
+        ok &= compare_rows("colocated", o->rate[i], &pc, &mc[i]);
+        int wp = winner(&ps, &pc), wm = winner(&ms[i], &mc[i]);
+        agree += wp == wm;
+        printf("rate %.2f: winner predicted %s, measured %s (goodput %.2f / %.2f predicted, %.2f / "
+               "%.2f measured)\n",
+               o->rate[i], wp ? "colocated" : "split", wm ? "colocated" : "split", ps.goodput,
+               pc.goodput, ms[i].goodput, mc[i].goodput);
+    }
+    ok = ok && agree == o->n_rates;
+    printf("sim-check: %s (p50 within %.0f%%, p99 within %.0f%%, the same winner at %d of %d "
+           "rates)\n",
+           ok ? "pass" : "FAIL", 100 * CHECK_P50_TOL, 100 * CHECK_P99_TOL, agree, o->n_rates);
+    return ok ? 0 : 1;
+}
+
+/* The simulated clusters: 1P+1D on the T-thread profile, one colocated
+ * node on the 2T-thread one, as kvf bench serve starts them. Returns -1
+ * or the exit code. */
+static int clusters(const char *prog, const check_opts_t *o, kvf_sim_config_t *split,
+                    kvf_sim_config_t *colo)
+{
+    *split = (kvf_sim_config_t){0};
+    kvf_sim_config_defaults(split);
+    if (kvf_model_config_load(o->model, &split->model_cfg) != KVF_OK) {
+        fprintf(stderr, "%s: cannot read %s/config.json\n", prog, o->model);
+        return 2;
+    }
+    split->kv_dtype = KVF_KV_DTYPE_DEFAULT_CPU;
+    split->seed = o->seed;
+    split->slo_ttft_ms = o->slo_ttft;
+    split->slo_tpot_ms = o->slo_tpot;
+    split->n_prefill = split->n_decode = 1;
+    double wbytes = (double)kvf_dtype_size(split->model_cfg.dtype);
+    kvf_sim_model_init(&split->model_cfg, wbytes, split->kv_dtype, 1, &split->model);
+    *colo = *split;
+    colo->n_prefill = colo->n_decode = 0;
+    colo->n_colocated = 1;
+    int rc = kvf_sim_measure_profile(prog, o->model, o->threads, &split->model, &split->hw);
+    if (rc < 0)
+        rc = kvf_sim_measure_profile(prog, o->model, 2 * o->threads, &colo->model, &colo->hw);
+    return rc;
+}
+
+int kvf_cmd_bench_sim_check(int argc, char **argv)
+{
+    check_opts_t o;
+    int rc = parse(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    kvf_sim_config_t split, colo;
+    rc = clusters(argv[0], &o, &split, &colo);
+    if (rc >= 0)
+        return rc;
+    check_row_t ms[CHECK_MAX_RATES], mc[CHECK_MAX_RATES];
+    for (int i = 0; i < o.n_rates; i++)
+        if ((rc = measure_serve(argv[0], &o, o.rate[i], &ms[i], &mc[i])) >= 0)
+            return rc;
+    return check(&o, &split, &colo, ms, mc);
+}

@@ -1,0 +1,156 @@
+/* See sim_measure.h. */
+#include "sim_measure.h"
+
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kvf/file.h"
+
+extern char **environ;
+
+/* The decode benchmark's batch and context whose step fits the decode
+ * efficiency (bench/bench_engine.c: batches 1, 8, 32 of DEC_CTX 256). */
+#define MEASURE_DECODE_BATCH 32
+#define MEASURE_DECODE_CTX   256
+
+bool kvf_sim_run_kvf(const char *prog, char *const *argv, const char *log)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (log) {
+        posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log, O_WRONLY | O_CREAT | O_TRUNC,
+                                         0644);
+        posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+    }
+    pid_t pid;
+    int rc = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+        fprintf(stderr, "%s: cannot start kvf %s: %s\n", prog, argv[1], strerror(rc));
+        return false;
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        ;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "%s: kvf %s %s failed%s%s%s\n", prog, argv[1], argv[2],
+                log ? " (its output: " : "", log ? log : "", log ? ")" : "");
+        return false;
+    }
+    return true;
+}
+
+static cJSON *read_json(const char *prog, const char *path)
+{
+    char *text;
+    size_t len;
+    if (kvf_file_read(path, 16u << 20, &text, &len) != KVF_OK) {
+        fprintf(stderr, "%s: cannot read %s\n", prog, path);
+        return NULL;
+    }
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!root)
+        fprintf(stderr, "%s: %s is not JSON\n", prog, path);
+    return root;
+}
+
+/* A positive number at o's key (sub: in the object at key), or 0. */
+static double number(const cJSON *o, const char *key, const char *sub)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (sub)
+        v = cJSON_GetObjectItemCaseSensitive(v, sub);
+    return cJSON_IsNumber(v) && v->valuedouble > 0 ? v->valuedouble : 0;
+}
+
+static double at_most_1(double v)
+{
+    return v > 1 ? 1 : v;
+}
+
+/* The engine's numbers into hw: the ceilings, and the efficiencies that
+ * put m's decode step at batch 1 and 32 and its longest prefill where
+ * the benchmark measured them. */
+static bool from_engine(const cJSON *e, const kvf_sim_model_t *m, kvf_sim_profile_t *hw)
+{
+    hw->hbm_bw = number(e, "bandwidth_gbs", NULL) * 1e9;
+    hw->flops = number(e, "sgemm_gflops", NULL) * 1e9;
+    hw->mem_eff = at_most_1(number(e, "decode_b1_roofline_ratio", NULL));
+    for (const cJSON *it = e->child; it; it = it->next) { /* the longest prompt's */
+        unsigned n;
+        char tail[32];
+        if (sscanf(it->string, "prefill_%u_sgemm_%31s", &n, tail) == 2 && !strcmp(tail, "ratio") &&
+            cJSON_IsNumber(it) && it->valuedouble > 0)
+            hw->compute_eff = at_most_1(it->valuedouble);
+    }
+    double step_s = number(e, "decode_b32_step_ms", NULL) / 1e3;
+    kvf_sim_step_t dec = {.decode_seqs = MEASURE_DECODE_BATCH,
+                          .decode_ctx = (uint64_t)MEASURE_DECODE_BATCH * MEASURE_DECODE_CTX};
+    if (step_s > 0 && hw->flops > 0)
+        hw->decode_compute_eff = at_most_1(kvf_sim_step_flops(m, &dec) / (step_s * hw->flops));
+    return hw->hbm_bw > 0 && hw->flops > 0 && hw->mem_eff > 0 && hw->compute_eff > 0 &&
+           hw->decode_compute_eff > 0;
+}
+
+/* Runs both benchmarks into dir; false after a message. */
+static bool measure(const char *prog, const char *dir, const char *model_dir, int threads,
+                    cJSON **engine_p, cJSON **xfer_p)
+{
+    char ej[512], el[512], xj[512], xl[512], th[16];
+    snprintf(ej, sizeof(ej), "%s/engine.json", dir);
+    snprintf(el, sizeof(el), "%s/engine.log", dir);
+    snprintf(xj, sizeof(xj), "%s/transfer.json", dir);
+    snprintf(xl, sizeof(xl), "%s/transfer.log", dir);
+    snprintf(th, sizeof(th), "%d", threads);
+    char *engine[] = {"kvf",     "bench",  "engine", "--model", (char *)model_dir, "--threads", th,
+                      "--quick", "--json", ej,       NULL};
+    char *xfer[] = {"kvf", "bench", "transfer", "--tls", "shm", "--quick", "--json", xj, NULL};
+    if (!kvf_sim_run_kvf(prog, engine, el) || !kvf_sim_run_kvf(prog, xfer, xl))
+        return false;
+    *engine_p = read_json(prog, ej);
+    *xfer_p = read_json(prog, xj);
+    unlink(ej);
+    unlink(el);
+    unlink(xj);
+    unlink(xl);
+    return *engine_p && *xfer_p;
+}
+
+int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads,
+                            const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p)
+{
+    char dir[] = "/tmp/kvf-sim-measure-XXXXXX";
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "%s: cannot make a temporary directory: %m\n", prog);
+        return 1;
+    }
+    fprintf(stderr,
+            "%s: measuring this machine (kvf bench engine --quick --threads %d, kvf bench "
+            "transfer --quick)...\n",
+            prog, threads);
+    cJSON *engine = NULL, *xfer = NULL;
+    bool ok = measure(prog, dir, model_dir, threads, &engine, &xfer);
+    rmdir(dir);
+    kvf_sim_profile_t hw = {.kv_mem_fraction = 0.9};
+    snprintf(hw.name, sizeof(hw.name), "measured-%dt", threads);
+    hw.source = "kvf bench engine and kvf bench transfer on this machine";
+    hw.hbm_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    hw.net_bw = hw.nvlink_bw = number(xfer, "fit_gbps", "shm") * 1e9;
+    hw.transfer_fixed_s = number(xfer, "fixed_cost_us", "shm") / 1e6;
+    ok = ok && from_engine(engine, m, &hw) && hw.net_bw > 0;
+    if (engine && xfer && !ok)
+        fprintf(stderr, "%s: the benchmarks' JSON lacks a number the profile needs\n", prog);
+    cJSON_Delete(engine);
+    cJSON_Delete(xfer);
+    if (!ok)
+        return 1;
+    *hw_p = hw;
+    return -1;
+}
