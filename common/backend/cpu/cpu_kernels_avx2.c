@@ -189,6 +189,7 @@ decode1_avx2(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
     }
     const __m256 sv = _mm256_set1_ps(scale);
     int i = 0;
+    _Pragma("GCC unroll 16")
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, load_kv(dt, src, i, sv));
     for (; i < n; i++)

@@ -175,6 +175,7 @@ decode1_avx512(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *ou
     }
     const __m512 sv = _mm512_set1_ps(scale);
     int i = 0;
+    _Pragma("GCC unroll 16")
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(out + i, load_kv(dt, src, i, sv));
     for (; i < n; i++)

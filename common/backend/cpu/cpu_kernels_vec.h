@@ -225,7 +225,7 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
             _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
                 a[r][u] = V_MUL(V_LOAD(acc[r] + c + u * VL), al);
         }
-        for (int j = 0; j < nj; j++) {
+        _Pragma("GCC unroll 2") for (int j = 0; j < nj; j++) {
             const void *row = SIDE_ROW(v, j);
             const vf sv = V_SET1(vsc[j]);
             const vf v0 = PV_LOAD(DT, row, c, sv), v1 = PV_LOAD(DT, row, c + VL, sv),
