@@ -128,9 +128,12 @@ typedef void (*kvf_cpu_decode_fn)(kvf_kv_dtype_t dt, const void *src, const floa
                                   int n_rows, int n, float *out, int ld_out);
 
 /* The attention scratch: per row its numerator (hdp floats), running max
- * and sum; the decoded keys and values of one chunk (16 rows of hdp). */
+ * and sum; the decoded keys and values of one chunk (16 rows of hdp); per
+ * row the scores of two chunks (s: 2 x rows x 16), one chunk's
+ * probabilities (p: rows x 16) and its rescale factor (alpha). */
 typedef struct {
     float *acc, *m, *l, *kbuf, *vbuf;
+    float *s, *p, *alpha;
     int hdp;
 } kvf_cpu_attn_scratch_t;
 
@@ -149,6 +152,9 @@ static inline kvf_cpu_attn_scratch_t kvf_cpu_attn_scratch(float *s, int head_dim
     sc.acc = s + (size_t)2 * KVF_CPU_KEY_CHUNK * hdp;
     sc.m = sc.acc + (size_t)rows * hdp;
     sc.l = sc.m + rp;
+    sc.alpha = sc.l + rp;
+    sc.s = sc.alpha + rp;
+    sc.p = sc.s + (size_t)2 * rp * KVF_CPU_KEY_CHUNK;
     return sc;
 }
 
@@ -240,7 +246,14 @@ static inline void kvf_cpu_attn_prefetch(const kvf_cpu_attn_tile_t *t, int j0, i
             const int r1 = b == b_last ? (j0 + n - 1) % bs : bs - 1;
             const char *d = (const char *)(kv ? t->values[b] : t->keys[b]) + (size_t)r0 * row_bytes;
             const size_t bytes = (size_t)(r1 - r0 + 1) * row_bytes;
-            for (size_t o = 0; o < bytes; o += 64)
+            size_t o = 0;
+            for (; o + 256 <= bytes; o += 256) {
+                kvf_cpu_prefetch(d + o);
+                kvf_cpu_prefetch(d + o + 64);
+                kvf_cpu_prefetch(d + o + 128);
+                kvf_cpu_prefetch(d + o + 192);
+            }
+            for (; o < bytes; o += 64)
                 kvf_cpu_prefetch(d + o);
             if (kvf_kv_scaled(t->dtype))
                 kvf_cpu_prefetch((kv ? t->vscales[b] : t->kscales[b]) + r0);

@@ -60,22 +60,48 @@ static inline __attribute__((always_inline)) float dot16(const float *q, const f
 }
 #define DOT16(q, k, hd) dot16((q), (k), (hd))
 
-/* dot16 of q with 8 key rows at once, out[j] = dot16(q, k[j], hd): lanes
+/* The largest of s[ja .. nj-1] (16 floats), NaN ignored, -inf if none
+ * (as the AVX-512 kernels). */
+static inline __attribute__((always_inline)) float hmax16(const float *s, int ja, int nj)
+{
+    const __m256 idx0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 idx1 = _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256 lo = _mm256_set1_ps((float)ja), hi = _mm256_set1_ps((float)nj);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 v0 = _mm256_loadu_ps(s), v1 = _mm256_loadu_ps(s + 8);
+    const __m256 in0 = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(idx0, lo, _CMP_GE_OQ),
+                                                   _mm256_cmp_ps(idx0, hi, _CMP_LT_OQ)),
+                                     _mm256_cmp_ps(v0, v0, _CMP_ORD_Q));
+    const __m256 in1 = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(idx1, lo, _CMP_GE_OQ),
+                                                   _mm256_cmp_ps(idx1, hi, _CMP_LT_OQ)),
+                                     _mm256_cmp_ps(v1, v1, _CMP_ORD_Q));
+    const __m256 r = _mm256_max_ps(_mm256_blendv_ps(ninf, v0, in0), _mm256_blendv_ps(ninf, v1, in1));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+#define HMAX16(s, ja, nj) hmax16((s), (ja), (nj))
+#define TREE16P(p) tree16(_mm256_loadu_ps(p), _mm256_loadu_ps((p) + 8))
+
+/* dot16 of q with 8 key rows at once, out[j] = dot16(q, k[j], hd) (k
+ * NULL: rows base + j * ld): lanes
  * l + l+8 by one add a key, then the 8 vectors are reduced together by
  * shuffles that pair exactly the lanes the tree pairs. The rows enter in
  * the order that leaves key j in lane j. */
 static inline __attribute__((always_inline)) void dot16x8(const float *q, const float *const *k,
-                                                          int hd, float *out)
+                                                          const float *base, size_t ld, int hd,
+                                                          float *out)
 {
     static const int order[8] = {1, 5, 0, 4, 3, 7, 2, 6};
+#define KROW(i) (k ? k[order[i]] : base + (size_t)order[i] * ld)
     __m256 lo[8], hi[8];
     _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) lo[i] = hi[i] = _mm256_setzero_ps();
     int d = 0;
     for (; d + 16 <= hd; d += 16) {
         const __m256 q0 = _mm256_loadu_ps(q + d), q1 = _mm256_loadu_ps(q + d + 8);
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            lo[i] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k[order[i]] + d), lo[i]);
-            hi[i] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k[order[i]] + d + 8), hi[i]);
+            lo[i] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(KROW(i) + d), lo[i]);
+            hi[i] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(KROW(i) + d + 8), hi[i]);
         }
     }
     if (d < hd) {
@@ -84,11 +110,12 @@ static inline __attribute__((always_inline)) void dot16x8(const float *q, const 
         const __m256 q0 = _mm256_loadu_ps(qa), q1 = _mm256_loadu_ps(qa + 8);
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             float ka[16] = {0};
-            memcpy(ka, k[order[i]] + d, (size_t)(hd - d) * sizeof(float));
+            memcpy(ka, KROW(i) + d, (size_t)(hd - d) * sizeof(float));
             lo[i] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(ka), lo[i]);
             hi[i] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(ka + 8), hi[i]);
         }
     }
+#undef KROW
     __m256 a[8], b[4], c[2];
     _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) a[i] = _mm256_add_ps(lo[i], hi[i]);
     /* l + l+4: two keys a vector */
@@ -105,68 +132,100 @@ static inline __attribute__((always_inline)) void dot16x8(const float *q, const 
 }
 #define DOT16X16(q, k, hd, out)                                                                    \
     do {                                                                                           \
-        dot16x8((q), (k), (hd), (out));                                                            \
-        dot16x8((q), (k) + 8, (hd), (out) + 8);                                                    \
+        dot16x8((q), (k), NULL, 0, (hd), (out));                                                   \
+        dot16x8((q), (k) + 8, NULL, 0, (hd), (out) + 8);                                           \
+    } while (0)
+#define DOT16X16S(q, base, ld, hd, out)                                                            \
+    do {                                                                                           \
+        dot16x8((q), NULL, (base), (ld), (hd), (out));                                             \
+        dot16x8((q), NULL, (base) + 8 * (size_t)(ld), (ld), (hd), (out) + 8);                      \
     } while (0)
 
-/* The exact KV decodes of kvf/kv_format.h, 8 elements a step (as the
- * AVX-512 kernels: bf16 a shift, f16 by F16C, int8 a convert and one
- * multiply, fp8 E4M3 bits placed in an f32 with the exponent rebased, subnormals
- * as mantissa x 2^-9, NaN set apart). */
+/* The exact KV decodes of kvf/kv_format.h, 8 elements at element i of a
+ * row of dt (as the AVX-512 kernels: bf16 a shift, f16 by F16C, int8 a
+ * convert and one multiply, fp8 E4M3 bits placed in an f32 with the
+ * exponent rebased, subnormals as mantissa x 2^-9, NaN set apart). */
+static inline __attribute__((always_inline)) __m256 load_kv(kvf_kv_dtype_t dt, const void *src,
+                                                            int i, __m256 sv)
+{
+    switch (dt) {
+    case KVF_KV_BF16:
+        return V_LOAD_BF16((const uint16_t *)src + i);
+    case KVF_KV_F16:
+        return V_LOAD_F16((const uint16_t *)src + i);
+    case KVF_KV_INT8: {
+        __m256i v = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)src + i)));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(v), sv);
+    }
+    case KVF_KV_FP8: {
+        __m256i v = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64((const __m128i *)(const void *)((const uint8_t *)src + i)));
+        __m256i a = _mm256_and_si256(v, _mm256_set1_epi32(0x7f));
+        __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
+        __m256 mag = _mm256_castsi256_ps(
+            _mm256_add_epi32(_mm256_slli_epi32(a, 20), _mm256_set1_epi32(120 << 23)));
+        __m256 sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), a));
+        __m256 small = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(0x1p-9f));
+        mag = _mm256_blendv_ps(mag, small, sub);
+        __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, _mm256_set1_epi32(0x7f)));
+        mag = _mm256_blendv_ps(mag, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan);
+        __m256 x = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(mag), sign));
+        return _mm256_mul_ps(x, sv);
+    }
+    default:
+        return _mm256_loadu_ps((const float *)src + i);
+    }
+}
+#define V_LOAD_KV(dt, src, i, sv) load_kv((dt), (src), (i), (sv))
+#define KV_FUSED 1
+
 static inline __attribute__((always_inline)) void
 decode1_avx2(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
 {
-    const __m256 sv = _mm256_set1_ps(scale);
-    int i = 0;
-    switch (dt) {
-    case KVF_KV_F32:
+    if (dt == KVF_KV_F32) {
         memcpy(out, src, (size_t)n * sizeof(float));
         return;
-    case KVF_KV_BF16:
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(out + i, V_LOAD_BF16((const uint16_t *)src + i));
-        break;
-    case KVF_KV_F16:
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(out + i, V_LOAD_F16((const uint16_t *)src + i));
-        break;
-    case KVF_KV_INT8:
-        for (; i + 8 <= n; i += 8) {
-            __m256i v = _mm256_cvtepi8_epi32(
-                _mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)src + i)));
-            _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(v), sv));
-        }
-        break;
-    case KVF_KV_FP8:
-        for (; i + 8 <= n; i += 8) {
-            __m256i v = _mm256_cvtepu8_epi32(
-                _mm_loadl_epi64((const __m128i *)(const void *)((const uint8_t *)src + i)));
-            __m256i a = _mm256_and_si256(v, _mm256_set1_epi32(0x7f));
-            __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
-            __m256 mag = _mm256_castsi256_ps(
-                _mm256_add_epi32(_mm256_slli_epi32(a, 20), _mm256_set1_epi32(120 << 23)));
-            __m256 sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), a));
-            __m256 small = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(0x1p-9f));
-            mag = _mm256_blendv_ps(mag, small, sub);
-            __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, _mm256_set1_epi32(0x7f)));
-            mag = _mm256_blendv_ps(mag, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan);
-            __m256 x = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(mag), sign));
-            _mm256_storeu_ps(out + i, _mm256_mul_ps(x, sv));
-        }
-        break;
     }
+    const __m256 sv = _mm256_set1_ps(scale);
+    int i = 0;
+    _Pragma("GCC unroll 16")
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, load_kv(dt, src, i, sv));
     for (; i < n; i++)
         out[i] = kvf_kv_decode_one(dt, src, i, scale);
 }
 
-/* Rows of a run, each with its scale. */
-static void decode_row_avx2(kvf_kv_dtype_t dt, const void *src, const float *scales,
-                            int n_rows, int n, float *out, int ld_out)
+/* Rows of a run, each with its scale; dt a constant in each copy. */
+static inline __attribute__((always_inline)) void
+decode_rows_dt_avx2(const void *src, const float *scales, int n_rows, int n, float *out, int ld_out,
+                  const kvf_kv_dtype_t dt)
 {
     const size_t row_bytes = (size_t)n * kvf_kv_elem_bytes(dt);
     for (int r = 0; r < n_rows; r++)
         decode1_avx2(dt, (const char *)src + (size_t)r * row_bytes, scales ? scales[r] : 1.0f, n,
                    out + (size_t)r * (size_t)ld_out);
+}
+
+static inline __attribute__((always_inline)) void
+decode_rows_avx2(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows, int n,
+                float *out, int ld_out)
+{
+    switch (dt) {
+    case KVF_KV_BF16: decode_rows_dt_avx2(src, scales, n_rows, n, out, ld_out, KVF_KV_BF16); break;
+    case KVF_KV_F16: decode_rows_dt_avx2(src, scales, n_rows, n, out, ld_out, KVF_KV_F16); break;
+    case KVF_KV_FP8: decode_rows_dt_avx2(src, scales, n_rows, n, out, ld_out, KVF_KV_FP8); break;
+    case KVF_KV_INT8: decode_rows_dt_avx2(src, scales, n_rows, n, out, ld_out, KVF_KV_INT8); break;
+    default: decode_rows_dt_avx2(src, scales, n_rows, n, out, ld_out, KVF_KV_F32); break;
+    }
+}
+#define DECODE_ROWS(dt, src, scales, n_rows, n, out, ld) \
+    decode_rows_avx2((dt), (src), (scales), (n_rows), (n), (out), (ld))
+
+static void decode_row_avx2(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows,
+                           int n, float *out, int ld_out)
+{
+    decode_rows_avx2(dt, src, scales, n_rows, n, out, ld_out);
 }
 
 /* 16 ymm registers: decode rows x 1-2 panels (4 accumulators a row and

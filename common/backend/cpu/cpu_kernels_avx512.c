@@ -58,28 +58,44 @@ static inline __attribute__((always_inline)) float dot16(const float *q, const f
 }
 #define DOT16(q, k, hd) dot16((q), (k), (hd))
 
-/* dot16 of q with 16 key rows at once, out[j] = dot16(q, k[j], hd): the 16
- * lane vectors are reduced together by shuffles that pair exactly the
- * lanes the tree pairs. The rows enter in the order that leaves key j in
- * lane j. */
-static inline __attribute__((always_inline)) void dot16x16(const float *q,
-                                                           const float *const *k, int hd,
-                                                           float *out)
+/* The largest of s[ja .. nj-1] (16 floats), NaN ignored, -inf if none:
+ * the value of the sequential scan of cpu_kernels_scalar.c (a zero's
+ * sign aside, which no later step can see). */
+static inline __attribute__((always_inline)) float hmax16(const float *s, int ja, int nj)
+{
+    const __m512 v = _mm512_loadu_ps(s);
+    const __mmask16 in = (__mmask16)(((1u << nj) - 1) & ~((1u << ja) - 1)) &
+                         _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
+    return _mm512_reduce_max_ps(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), in, v));
+}
+#define HMAX16(s, ja, nj) hmax16((s), (ja), (nj))
+#define TREE16P(p) tree16(_mm512_loadu_ps(p))
+
+/* dot16 of q with 16 key rows at once, out[j] = dot16(q, k[j], hd) (k
+ * NULL: rows base + j * ld): the 16 lane vectors are reduced together by
+ * shuffles that pair exactly the lanes the tree pairs. The rows enter in
+ * the order that leaves key j in lane j. */
+static inline __attribute__((always_inline)) void dot16x16_at(const float *q,
+                                                              const float *const *k,
+                                                              const float *base, size_t ld,
+                                                              int hd, float *out)
 {
     static const int order[16] = {1, 5, 9, 13, 0, 4, 8, 12, 3, 7, 11, 15, 2, 6, 10, 14};
+#define KROW(i) (k ? k[order[i]] : base + (size_t)order[i] * ld)
     __m512 v[16];
     _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) v[i] = _mm512_setzero_ps();
     int d = 0;
     for (; d + 16 <= hd; d += 16) {
         const __m512 qv = _mm512_loadu_ps(q + d);
         _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
-            v[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[order[i]] + d), v[i]);
+            v[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(KROW(i) + d), v[i]);
     }
     if (d < hd) {
         const __mmask16 mk = (__mmask16)((1u << (hd - d)) - 1);
         const __m512 qv = _mm512_maskz_loadu_ps(mk, q + d);
         _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
-            v[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, k[order[i]] + d), v[i]);
+            v[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, KROW(i) + d), v[i]);
+#undef KROW
     }
     /* lanes l + l+8 (128-bit chunks 0+2, 1+3), two keys a vector */
     __m512 s1[8], s2[4], s3[2];
@@ -99,69 +115,103 @@ static inline __attribute__((always_inline)) void dot16x16(const float *q,
     _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(0, 2, 0, 2)),
                                         _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(1, 3, 1, 3))));
 }
+static inline __attribute__((always_inline)) void dot16x16(const float *q,
+                                                           const float *const *k, int hd,
+                                                           float *out)
+{
+    dot16x16_at(q, k, NULL, 0, hd, out);
+}
 #define DOT16X16(q, k, hd, out) dot16x16((q), (k), (hd), (out))
+#define DOT16X16S(q, base, ld, hd, out) dot16x16_at((q), NULL, (base), (ld), (hd), (out))
 
-/* The exact KV decodes of kvf/kv_format.h, 16 elements a step: bf16 a
- * shift, f16 by F16C (exact, subnormals included), int8 a convert and
- * the scale's one multiply, fp8 E4M3 by placing its bits in an f32 with
- * the exponent rebased (subnormals: the mantissa times 2^-9), NaN (0x7f)
- * set apart, then the scale. */
+/* The exact KV decodes of kvf/kv_format.h, 16 elements at element i of
+ * a row of dt (not f32): bf16 a shift, f16 by F16C (exact, subnormals
+ * included), int8 a convert and the scale's one multiply, fp8 E4M3 by
+ * placing its bits in an f32 with the exponent rebased (subnormals: the
+ * mantissa times 2^-9), NaN (0x7f) set apart, then the scale. */
+static inline __attribute__((always_inline)) __m512 load_kv(kvf_kv_dtype_t dt, const void *src,
+                                                            int i, __m512 sv)
+{
+    switch (dt) {
+    case KVF_KV_BF16:
+        return V_LOAD_BF16((const uint16_t *)src + i);
+    case KVF_KV_F16:
+        return V_LOAD_F16((const uint16_t *)src + i);
+    case KVF_KV_INT8: {
+        __m512i v = _mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(const void *)((const int8_t *)src + i)));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(v), sv);
+    }
+    case KVF_KV_FP8: {
+        __m512i v = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128((const __m128i *)(const void *)((const uint8_t *)src + i)));
+        __m512i a = _mm512_and_si512(v, _mm512_set1_epi32(0x7f));
+        __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
+        /* normal: the bits rebased by 120 in the exponent; subnormal
+         * (exponent 0): mantissa x 2^-9; both exact, no f32 subnormal
+         * on the way (they are slow on some CPUs) */
+        __m512 mag = _mm512_castsi512_ps(
+            _mm512_add_epi32(_mm512_slli_epi32(a, 20), _mm512_set1_epi32(120 << 23)));
+        mag = _mm512_mask_mov_ps(mag, _mm512_cmplt_epi32_mask(a, _mm512_set1_epi32(8)),
+                                 _mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(0x1p-9f)));
+        mag = _mm512_mask_mov_ps(mag, _mm512_cmpeq_epi32_mask(a, _mm512_set1_epi32(0x7f)),
+                                 _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+        __m512 x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
+        return _mm512_mul_ps(x, sv);
+    }
+    default:
+        return _mm512_loadu_ps((const float *)src + i);
+    }
+}
+#define V_LOAD_KV(dt, src, i, sv) load_kv((dt), (src), (i), (sv))
+#define KV_FUSED 1
+
 static inline __attribute__((always_inline)) void
 decode1_avx512(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
 {
-    const __m512 sv = _mm512_set1_ps(scale);
-    int i = 0;
-    switch (dt) {
-    case KVF_KV_F32:
+    if (dt == KVF_KV_F32) {
         memcpy(out, src, (size_t)n * sizeof(float));
         return;
-    case KVF_KV_BF16:
-        for (; i + 16 <= n; i += 16)
-            _mm512_storeu_ps(out + i, V_LOAD_BF16((const uint16_t *)src + i));
-        break;
-    case KVF_KV_F16:
-        for (; i + 16 <= n; i += 16)
-            _mm512_storeu_ps(out + i, V_LOAD_F16((const uint16_t *)src + i));
-        break;
-    case KVF_KV_INT8:
-        for (; i + 16 <= n; i += 16) {
-            __m512i v = _mm512_cvtepi8_epi32(
-                _mm_loadu_si128((const __m128i *)(const void *)((const int8_t *)src + i)));
-            _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_cvtepi32_ps(v), sv));
-        }
-        break;
-    case KVF_KV_FP8:
-        for (; i + 16 <= n; i += 16) {
-            __m512i v = _mm512_cvtepu8_epi32(
-                _mm_loadu_si128((const __m128i *)(const void *)((const uint8_t *)src + i)));
-            __m512i a = _mm512_and_si512(v, _mm512_set1_epi32(0x7f));
-            __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
-            /* normal: the bits rebased by 120 in the exponent; subnormal
-             * (exponent 0): mantissa x 2^-9; both exact, no f32
-             * subnormal on the way (they are slow on some CPUs) */
-            __m512 mag = _mm512_castsi512_ps(
-                _mm512_add_epi32(_mm512_slli_epi32(a, 20), _mm512_set1_epi32(120 << 23)));
-            mag = _mm512_mask_mov_ps(mag, _mm512_cmplt_epi32_mask(a, _mm512_set1_epi32(8)),
-                                     _mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(0x1p-9f)));
-            mag = _mm512_mask_mov_ps(mag, _mm512_cmpeq_epi32_mask(a, _mm512_set1_epi32(0x7f)),
-                                     _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
-            __m512 x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
-            _mm512_storeu_ps(out + i, _mm512_mul_ps(x, sv));
-        }
-        break;
     }
+    const __m512 sv = _mm512_set1_ps(scale);
+    int i = 0;
+    _Pragma("GCC unroll 16")
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, load_kv(dt, src, i, sv));
     for (; i < n; i++)
         out[i] = kvf_kv_decode_one(dt, src, i, scale);
 }
 
-/* Rows of a run, each with its scale. */
-static void decode_row_avx512(kvf_kv_dtype_t dt, const void *src, const float *scales,
-                              int n_rows, int n, float *out, int ld_out)
+/* Rows of a run, each with its scale; dt a constant in each copy. */
+static inline __attribute__((always_inline)) void
+decode_rows_dt_avx512(const void *src, const float *scales, int n_rows, int n, float *out, int ld_out,
+                  const kvf_kv_dtype_t dt)
 {
     const size_t row_bytes = (size_t)n * kvf_kv_elem_bytes(dt);
     for (int r = 0; r < n_rows; r++)
         decode1_avx512(dt, (const char *)src + (size_t)r * row_bytes, scales ? scales[r] : 1.0f, n,
                    out + (size_t)r * (size_t)ld_out);
+}
+
+static inline __attribute__((always_inline)) void
+decode_rows_avx512(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows, int n,
+                float *out, int ld_out)
+{
+    switch (dt) {
+    case KVF_KV_BF16: decode_rows_dt_avx512(src, scales, n_rows, n, out, ld_out, KVF_KV_BF16); break;
+    case KVF_KV_F16: decode_rows_dt_avx512(src, scales, n_rows, n, out, ld_out, KVF_KV_F16); break;
+    case KVF_KV_FP8: decode_rows_dt_avx512(src, scales, n_rows, n, out, ld_out, KVF_KV_FP8); break;
+    case KVF_KV_INT8: decode_rows_dt_avx512(src, scales, n_rows, n, out, ld_out, KVF_KV_INT8); break;
+    default: decode_rows_dt_avx512(src, scales, n_rows, n, out, ld_out, KVF_KV_F32); break;
+    }
+}
+#define DECODE_ROWS(dt, src, scales, n_rows, n, out, ld) \
+    decode_rows_avx512((dt), (src), (scales), (n_rows), (n), (out), (ld))
+
+static void decode_row_avx512(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows,
+                           int n, float *out, int ld_out)
+{
+    decode_rows_avx512(dt, src, scales, n_rows, n, out, ld_out);
 }
 
 /* 32 zmm registers: decode rows x 4 panels (8 accumulators a row), and

@@ -59,10 +59,26 @@ static inline __attribute__((always_inline)) float dot16(const float *q, const f
     return tree16(v0, v1, v2, v3);
 }
 #define DOT16(q, k, hd) dot16((q), (k), (hd))
+
+/* The largest of s[ja .. nj-1], NaN ignored, -inf if none. */
+static inline __attribute__((always_inline)) float hmax16(const float *s, int ja, int nj)
+{
+    float mc = -INFINITY;
+    for (int j = ja; j < nj; j++)
+        mc = s[j] > mc ? s[j] : mc;
+    return mc;
+}
+#define HMAX16(s, ja, nj) hmax16((s), (ja), (nj))
+#define TREE16P(p) tree16(vld1q_f32(p), vld1q_f32((p) + 4), vld1q_f32((p) + 8), vld1q_f32((p) + 12))
 #define DOT16X16(q, k, hd, out)                                                                    \
     do {                                                                                           \
         for (int j_ = 0; j_ < 16; j_++)                                                            \
             (out)[j_] = dot16((q), (k)[j_], (hd));                                                 \
+    } while (0)
+#define DOT16X16S(q, base, ld, hd, out)                                                            \
+    do {                                                                                           \
+        for (int j_ = 0; j_ < 16; j_++)                                                            \
+            (out)[j_] = dot16((q), (base) + (size_t)j_ * (ld), (hd));                              \
     } while (0)
 
 /* The KV decodes: kvf/kv_format.h's own, element by element. */
@@ -74,6 +90,9 @@ static void decode_row_neon(kvf_kv_dtype_t dt, const void *src, const float *sca
         kvf_kv_decode_row(dt, (const char *)src + (size_t)r * row_bytes, scales ? scales[r] : 1.0f,
                           n, out + (size_t)r * (size_t)ld_out);
 }
+
+#define DECODE_ROWS(dt, src, scales, n_rows, n, out, ld) \
+    decode_row_neon((dt), (src), (scales), (n_rows), (n), (out), (ld))
 
 /* 32 q registers: decode rows x 1-2 panels (8 accumulators a row and
  * panel), and 4 rows x half a panel (16) for larger batches. */

@@ -59,7 +59,8 @@ static float dot16_scalar(const float *q, const float *k, int hd)
 size_t kvf_cpu_attn_scratch_floats(int head_dim, int rows)
 {
     const size_t hdp = (size_t)kvf_cpu_attn_hdp(head_dim);
-    return (2 * KVF_CPU_KEY_CHUNK + (size_t)rows) * hdp + 2 * (((size_t)rows + 15) & ~(size_t)15);
+    const size_t rp = ((size_t)rows + 15) & ~(size_t)15;
+    return (2 * KVF_CPU_KEY_CHUNK + (size_t)rows) * hdp + 3 * rp + 3 * rp * KVF_CPU_KEY_CHUNK;
 }
 
 static void decode_row_scalar(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows,

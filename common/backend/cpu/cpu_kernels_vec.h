@@ -10,6 +10,10 @@
  *   V_LOAD_BF16(p) V_LOAD_F16(p)   VL 16-bit weights widened exactly
  *   DOT16(q, k, hd)      the canonical head_dim dot product
  *   DOT16X16(q, k, hd, out)  the same for 16 key rows k[0..15] at once
+ *   HMAX16(s, ja, nj)    the largest of s[ja..nj-1] (NaN ignored; -inf if none)
+ *   TREE16P(p)           cpu_canon.h's 16-lane tree of p[0..15]
+ *   V_LOAD_KV(dt, row, i, sv), KV_FUSED   where defined: VL exactly decoded
+ *                        elements of a KV row (value rows then stay in the pool)
  *   SMALL_M SMALL_P(m)   batches of m <= SMALL_M rows: tiles of
  *                        SMALL_P(m) panels x all rows
  *   BIG_MR BIG_P BIG_NV  larger batches: tiles of BIG_MR rows x BIG_P
@@ -182,13 +186,37 @@ static void KFN(gemm)(const kvf_cpu_gemm_t *g, int p0, int p1, float *scratch)
 
 /* ---- attention ------------------------------------------------------- */
 
+/* The value rows of an instruction set that decodes them in registers
+ * (KV_FUSED) are the pool's; the others decode them into the scratch
+ * first and read f32. */
+#if defined(KV_FUSED)
+#define PV_LOAD(DT, row, i, sv) V_LOAD_KV((DT), (row), (i), (sv))
+#define PV_DECODE false
+#else
+#define PV_LOAD(DT, row, i, sv) V_LOAD((const float *)(row) + (i))
+#define PV_DECODE true
+#endif
+
+/* One side of a chunk's 16 keys: key j's row is base + j * stride bytes,
+ * of format dt, with scale scales[j] (1 for an unscaled format). */
+typedef struct {
+    const char *base;
+    size_t stride;
+    const float *scales;
+    kvf_kv_dtype_t dt;
+} kv_side_t;
+
+#define SIDE_ROW(sd, j) ((const void *)((sd)->base + (size_t)(j) * (sd)->stride))
+
 /* acc(hd) = acc * alpha, then acc = fma(p[j], v_j, acc) for j < nj, for
- * NR (1 or 2) rows at once: each value vector is loaded once for both
- * rows, and the rows' FMA chains (each in its canonical key order)
- * interleave, so their latencies overlap. */
-INLINE void pv_rows(float *const *acc, const float *const *vrows, const float *const *p, int nj,
-                    int hd, const float *alpha, const int NR)
+ * NR (1 or 2) rows at once: each value vector is loaded (and decoded from
+ * DT, exactly: kvf/kv_format.h's values) once for both rows, and the
+ * rows' FMA chains (each in its canonical key order) interleave, so their
+ * latencies overlap. */
+INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p, int nj, int hd,
+                    const float *alpha, const int NR, const kvf_kv_dtype_t DT)
 {
+    const float *vsc = v->scales;
     int c = 0;
     for (; c + 4 * VL <= hd; c += 4 * VL) {
         vf a[2][4];
@@ -197,10 +225,11 @@ INLINE void pv_rows(float *const *acc, const float *const *vrows, const float *c
             _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
                 a[r][u] = V_MUL(V_LOAD(acc[r] + c + u * VL), al);
         }
-        for (int j = 0; j < nj; j++) {
-            const float *v = vrows[j] + c;
-            const vf v0 = V_LOAD(v), v1 = V_LOAD(v + VL), v2 = V_LOAD(v + 2 * VL),
-                     v3 = V_LOAD(v + 3 * VL);
+        _Pragma("GCC unroll 2") for (int j = 0; j < nj; j++) {
+            const void *row = SIDE_ROW(v, j);
+            const vf sv = V_SET1(vsc[j]);
+            const vf v0 = PV_LOAD(DT, row, c, sv), v1 = PV_LOAD(DT, row, c + VL, sv),
+                     v2 = PV_LOAD(DT, row, c + 2 * VL, sv), v3 = PV_LOAD(DT, row, c + 3 * VL, sv);
             _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
                 const vf pj = V_SET1(p[r][j]);
                 a[r][0] = V_FMA(pj, v0, a[r][0]);
@@ -217,40 +246,50 @@ INLINE void pv_rows(float *const *acc, const float *const *vrows, const float *c
         _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
             vf a0 = V_MUL(V_LOAD(acc[r] + c), V_SET1(alpha[r]));
             for (int j = 0; j < nj; j++)
-                a0 = V_FMA(V_SET1(p[r][j]), V_LOAD(vrows[j] + c), a0);
+                a0 = V_FMA(V_SET1(p[r][j]), PV_LOAD(DT, SIDE_ROW(v, j), c, V_SET1(vsc[j])), a0);
             V_STORE(acc[r] + c, a0);
         }
     for (; c < hd; c++)
         for (int r = 0; r < NR; r++) {
             float a = acc[r][c] * alpha[r];
             for (int j = 0; j < nj; j++)
-                a = fmaf(p[r][j], vrows[j][c], a);
+                a = fmaf(p[r][j], kvf_kv_decode_one(DT, SIDE_ROW(v, j), c, vsc[j]), a);
             acc[r][c] = a;
         }
 }
 
-/* The scores of a query row over keys j0+ja .. j0+nj-1 and the online-
- * softmax step on its running max and sum: p (16, zero outside ja..nj)
+/* pv_rows for the format dt of the value rows (a constant in each copy). */
+INLINE void pv_rows_dt(float *const *acc, const kv_side_t *v, const float *const *p, int nj,
+                       int hd, const float *alpha, const int NR, kvf_kv_dtype_t dt)
+{
+    switch (dt) {
+    case KVF_KV_BF16: pv_rows(acc, v, p, nj, hd, alpha, NR, KVF_KV_BF16); break;
+    case KVF_KV_F16: pv_rows(acc, v, p, nj, hd, alpha, NR, KVF_KV_F16); break;
+    case KVF_KV_FP8: pv_rows(acc, v, p, nj, hd, alpha, NR, KVF_KV_FP8); break;
+    case KVF_KV_INT8: pv_rows(acc, v, p, nj, hd, alpha, NR, KVF_KV_INT8); break;
+    default: pv_rows(acc, v, p, nj, hd, alpha, NR, KVF_KV_F32); break;
+    }
+}
+
+/* A query row's keys in the chunk at j0: ja .. nj-1 (ja > 0: keys before
+ * the window's first); false when the row sees none. */
+INLINE bool row_keys(const kvf_cpu_attn_tile_t *t, int i, int j0, int *ja_p, int *nj_p)
+{
+    const int pos = t->pos[i], lo = kvf_cpu_attn_first_key(t->window, pos);
+    if (j0 > pos || j0 + KVF_CPU_KEY_CHUNK <= lo)
+        return false;
+    *nj_p = pos - j0 + 1 < KVF_CPU_KEY_CHUNK ? pos - j0 + 1 : KVF_CPU_KEY_CHUNK;
+    *ja_p = lo > j0 ? lo - j0 : 0;
+    return true;
+}
+
+/* The online-softmax step of a row on its chunk scores s (16, keys ja ..
+ * nj-1): its running max and sum updated, p (16, zero outside ja..nj)
  * and the factor alpha its numerator must be scaled by. */
-INLINE void softmax_step(const kvf_cpu_attn_tile_t *t, const float *q, float *m_p, float *l_p,
-                         const float *const *krows, int hd, int ja, int nj, float *p,
+INLINE void softmax_step(float *s, float *m_p, float *l_p, int ja, int nj, float *p,
                          float *alpha_p)
 {
-    float s[KVF_CPU_KEY_CHUNK];
-    float mc = -INFINITY;
-    if (nj == KVF_CPU_KEY_CHUNK || nj > 4) {
-        DOT16X16(q, krows, hd, s);
-        for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
-            V_STORE(s + j, V_MUL(V_LOAD(s + j), V_SET1(t->scale)));
-    } else {
-        for (int j = 0; j < nj; j++)
-            s[j] = DOT16(q, krows[j], hd) * t->scale;
-    }
-    if (t->softcap > 0)
-        for (int j = ja; j < nj; j++)
-            s[j] = kvf_det_softcap(s[j], t->softcap);
-    for (int j = ja; j < nj; j++)
-        mc = s[j] > mc ? s[j] : mc;
+    const float mc = HMAX16(s, ja, nj);
     const float mn = mc > *m_p ? mc : *m_p;
     const float alpha = kvf_cpu_rescale(*m_p, mn);
     for (int j = 0; j < ja; j++)
@@ -264,15 +303,134 @@ INLINE void softmax_step(const kvf_cpu_attn_tile_t *t, const float *q, float *m_
         p[j] = 0;
     for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
         p[j] = 0;
-    *l_p = *l_p * alpha + kvf_cpu_tree16(p);
+    *l_p = *l_p * alpha + TREE16P(p);
     *m_p = mn;
     *alpha_p = alpha;
 }
 
-static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
+/* Scale 1 for each key of a chunk of an unscaled format. */
+static const float kv_ones[KVF_CPU_KEY_CHUNK] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+
+/* One side (kv 0: keys, 1: values) of the chunk at j0, keys j0 .. last.
+ * A chunk inside one block (the usual case) stays in the pool, unless
+ * decode asks for it in f32: then it is decoded into buf (16 rows of hdp
+ * floats); its rows past last, in the block, are read but never used. A
+ * chunk across blocks is decoded (f32: copied) into buf, run by run, its
+ * rows past last copies of its first. */
+INLINE kv_side_t chunk_side(const kvf_cpu_attn_tile_t *t, int j0, int last, int kv, bool decode,
+                            float *buf, int hd, int hdp)
 {
-    const int hd = t->head_dim, rows = t->n_tok * t->group;
-    const kvf_cpu_attn_scratch_t sc = kvf_cpu_attn_scratch(scratch, hd, rows);
+    const int bs = t->block_size;
+    const int n = last - j0 + 1 < KVF_CPU_KEY_CHUNK ? last - j0 + 1 : KVF_CPU_KEY_CHUNK;
+    const kvf_kv_dtype_t dt = t->dtype;
+    const size_t row_bytes = (size_t)hd * kvf_kv_elem_bytes(dt);
+    const bool scaled = kvf_kv_scaled(dt);
+    const void *const *data = kv ? t->values : t->keys;
+    const float *const *scales = kv ? t->vscales : t->kscales;
+    const kv_side_t f32 = {(const char *)buf, (size_t)hdp * sizeof(float), kv_ones, KVF_KV_F32};
+    int b = j0 / bs, r = j0 % bs;
+    if (bs - r >= KVF_CPU_KEY_CHUNK) {
+        const char *d = (const char *)data[b] + (size_t)r * row_bytes;
+        const float *sc = scaled ? scales[b] + r : NULL;
+        if (dt == KVF_KV_F32 || !decode)
+            return (kv_side_t){d, row_bytes, sc ? sc : kv_ones, dt};
+        DECODE_ROWS(dt, d, sc, KVF_CPU_KEY_CHUNK, hd, buf, hdp);
+        return f32;
+    }
+    for (int j = 0; j < n;) {
+        const int run = bs - r < n - j ? bs - r : n - j; /* keys j.. in block b */
+        DECODE_ROWS(dt, (const char *)data[b] + (size_t)r * row_bytes,
+                    scaled ? scales[b] + r : NULL, run, hd, buf + (size_t)j * hdp, hdp);
+        j += run;
+        b++;
+        r = 0;
+    }
+    for (int j = n; j < KVF_CPU_KEY_CHUNK; j++)
+        memcpy(buf + (size_t)j * hdp, buf, (size_t)hd * sizeof(float));
+    return f32;
+}
+
+/* The keys of the chunk at j0 (decoded into the scratch unless f32) and
+ * every row's scaled (and soft-capped) scores over them, into s (rows x
+ * 16, keys ja .. nj-1 of each row meaningful). */
+INLINE void tile_scores(const kvf_cpu_attn_tile_t *t, int j0, int last,
+                        const kvf_cpu_attn_scratch_t *sc, float *s, const int HD)
+{
+    const kv_side_t k = chunk_side(t, j0, last, 0, true, sc->kbuf, HD, sc->hdp);
+    const float *kb = (const float *)(const void *)k.base;
+    const size_t ld = k.stride / sizeof(float);
+    for (int i = 0; i < t->n_tok; i++) {
+        int ja, nj;
+        if (!row_keys(t, i, j0, &ja, &nj))
+            continue;
+        for (int h = 0; h < t->group; h++) {
+            const int r = i * t->group + h;
+            const float *q = t->q + (size_t)i * (size_t)t->ld_q + (size_t)h * (size_t)HD;
+            float *sr = s + (size_t)r * KVF_CPU_KEY_CHUNK;
+            if (nj == KVF_CPU_KEY_CHUNK || nj > 4) {
+                DOT16X16S(q, kb, ld, HD, sr);
+                for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
+                    V_STORE(sr + j, V_MUL(V_LOAD(sr + j), V_SET1(t->scale)));
+            } else {
+                for (int j = 0; j < nj; j++)
+                    sr[j] = DOT16(q, kb + (size_t)j * ld, HD) * t->scale;
+            }
+            if (t->softcap > 0)
+                for (int j = ja; j < nj; j++)
+                    sr[j] = kvf_det_softcap(sr[j], t->softcap);
+        }
+    }
+}
+
+/* Every row's softmax step on its scores s for the chunk at j0. */
+INLINE void tile_softmax(const kvf_cpu_attn_tile_t *t, int j0, const kvf_cpu_attn_scratch_t *sc,
+                         float *s)
+{
+    for (int i = 0; i < t->n_tok; i++) {
+        int ja, nj;
+        if (!row_keys(t, i, j0, &ja, &nj))
+            continue;
+        for (int h = 0; h < t->group; h++) {
+            const int r = i * t->group + h;
+            softmax_step(s + (size_t)r * KVF_CPU_KEY_CHUNK, &sc->m[r], &sc->l[r], ja, nj,
+                         sc->p + (size_t)r * KVF_CPU_KEY_CHUNK, &sc->alpha[r]);
+        }
+    }
+}
+
+/* Every row's numerator over the values of the chunk at j0. */
+INLINE void tile_pv(const kvf_cpu_attn_tile_t *t, int j0, int last,
+                    const kvf_cpu_attn_scratch_t *sc, const int HD)
+{
+    const kv_side_t v = chunk_side(t, j0, last, 1, PV_DECODE, sc->vbuf, HD, sc->hdp);
+    for (int i = 0; i < t->n_tok; i++) {
+        int ja, nj;
+        if (!row_keys(t, i, j0, &ja, &nj))
+            continue;
+        /* the token's query heads two at a time */
+        for (int h = 0; h < t->group; h += 2) {
+            const int r = i * t->group + h, nr = t->group - h < 2 ? 1 : 2;
+            float *acc[2] = {sc->acc + (size_t)r * sc->hdp, sc->acc + (size_t)(r + 1) * sc->hdp};
+            const float *pr[2] = {sc->p + (size_t)r * KVF_CPU_KEY_CHUNK,
+                                  sc->p + (size_t)(r + 1) * KVF_CPU_KEY_CHUNK};
+            if (nr == 2)
+                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, 2, v.dt);
+            else
+                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, 1, v.dt);
+        }
+    }
+}
+
+/* Chunk by chunk, software-pipelined: the next chunk's scores are
+ * computed between this chunk's softmax (a chain of dependent scalar
+ * steps) and its p·v, so independent work hides that chain's latency.
+ * The arithmetic of every row is that of cpu_kernels.h's order. HD is
+ * t->head_dim, a constant in the copies for the usual head sizes. */
+INLINE void attention_hd(const kvf_cpu_attn_tile_t *t, float *scratch, const int HD)
+{
+    const int rows = t->n_tok * t->group;
+    const kvf_cpu_attn_scratch_t sc = kvf_cpu_attn_scratch(scratch, HD, rows);
+    const size_t s_stride = (size_t)((rows + 15) & ~15) * KVF_CPU_KEY_CHUNK;
     for (int r = 0; r < rows; r++) {
         sc.m[r] = -INFINITY;
         sc.l[r] = 0;
@@ -281,49 +439,39 @@ static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
     int first, last;
     kvf_cpu_attn_span(t, &first, &last);
     kvf_cpu_attn_prefetch(t, first, last);
-    for (int j0 = first; j0 <= last; j0 += KVF_CPU_KEY_CHUNK) {
-        const float *krows[KVF_CPU_KEY_CHUNK], *vrows[KVF_CPU_KEY_CHUNK];
-        const int n = last - j0 + 1 < KVF_CPU_KEY_CHUNK ? last - j0 + 1 : KVF_CPU_KEY_CHUNK;
-        /* the next chunk's rows arrive while this one computes */
-        kvf_cpu_attn_prefetch(t, j0 + KVF_CPU_KEY_CHUNK, last);
-        kvf_cpu_attn_chunk_rows(t, j0, n, KFN(decode_row), &sc, krows, vrows);
-        for (int i = 0; i < t->n_tok; i++) {
-            const int pos = t->pos[i], lo = kvf_cpu_attn_first_key(t->window, pos);
-            if (j0 > pos || j0 + KVF_CPU_KEY_CHUNK <= lo)
-                continue;
-            const int nj = pos - j0 + 1 < KVF_CPU_KEY_CHUNK ? pos - j0 + 1 : KVF_CPU_KEY_CHUNK;
-            const int ja = lo > j0 ? lo - j0 : 0; /* keys before the window's first */
-            /* the token's query heads two at a time */
-            for (int h = 0; h < t->group; h += 2) {
-                const int nr = t->group - h < 2 ? 1 : 2;
-                float pbuf[2][KVF_CPU_KEY_CHUNK], alpha[2];
-                float *acc[2];
-                const float *pr[2] = {pbuf[0], pbuf[1]};
-                for (int u = 0; u < nr; u++) {
-                    const int r = i * t->group + h + u;
-                    const float *q =
-                        t->q + (size_t)i * (size_t)t->ld_q + (size_t)(h + u) * (size_t)hd;
-                    softmax_step(t, q, &sc.m[r], &sc.l[r], krows, hd, ja, nj, pbuf[u], &alpha[u]);
-                    acc[u] = sc.acc + (size_t)r * sc.hdp;
-                }
-                if (nr == 2)
-                    pv_rows(acc, vrows, pr, nj, hd, alpha, 2);
-                else
-                    pv_rows(acc, vrows, pr, nj, hd, alpha, 1);
-            }
-        }
+    kvf_cpu_attn_prefetch(t, first + KVF_CPU_KEY_CHUNK, last);
+    if (first <= last)
+        tile_scores(t, first, last, &sc, sc.s, HD);
+    for (int j0 = first, c = 0; j0 <= last; j0 += KVF_CPU_KEY_CHUNK, c ^= 1) {
+        /* the rows of the chunk after next arrive while this one and the
+         * next one's scores compute */
+        kvf_cpu_attn_prefetch(t, j0 + 2 * KVF_CPU_KEY_CHUNK, last);
+        tile_softmax(t, j0, &sc, sc.s + (size_t)c * s_stride);
+        if (j0 + KVF_CPU_KEY_CHUNK <= last)
+            tile_scores(t, j0 + KVF_CPU_KEY_CHUNK, last, &sc, sc.s + (size_t)(c ^ 1) * s_stride,
+                        HD);
+        tile_pv(t, j0, last, &sc, HD);
     }
     for (int i = 0; i < t->n_tok; i++)
         for (int h = 0; h < t->group; h++) {
             const int r = i * t->group + h;
             const float inv = 1.0f / sc.l[r], *acc = sc.acc + (size_t)r * sc.hdp;
-            float *o = t->out + (size_t)i * (size_t)t->ld_out + (size_t)h * (size_t)hd;
+            float *o = t->out + (size_t)i * (size_t)t->ld_out + (size_t)h * (size_t)HD;
             int c = 0;
-            for (; c + VL <= hd; c += VL)
+            for (; c + VL <= HD; c += VL)
                 V_STORE(o + c, V_MUL(V_LOAD(acc + c), V_SET1(inv)));
-            for (; c < hd; c++)
+            for (; c < HD; c++)
                 o[c] = acc[c] * inv;
         }
+}
+
+static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
+{
+    switch (t->head_dim) {
+    case 64: attention_hd(t, scratch, 64); break;
+    case 128: attention_hd(t, scratch, 128); break;
+    default: attention_hd(t, scratch, t->head_dim); break;
+    }
 }
 
 const kvf_cpu_kernels_t KFN(kvf_cpu_kernels) = {
