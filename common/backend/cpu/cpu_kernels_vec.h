@@ -193,7 +193,7 @@ static void KFN(gemm)(const kvf_cpu_gemm_t *g, int p0, int p1, float *scratch)
 #define PV_LOAD(DT, row, i, sv) V_LOAD_KV((DT), (row), (i), (sv))
 #define PV_DECODE false
 #else
-#define PV_LOAD(DT, row, i, sv) V_LOAD((const float *)(row) + (i))
+#define PV_LOAD(DT, row, i, sv) ((void)(sv), V_LOAD((const float *)(row) + (i)))
 #define PV_DECODE true
 #endif
 
