@@ -87,8 +87,9 @@ typedef struct {
  * dtype; a scaled format's row scale is kscales[j / block_size][j %
  * block_size] (vscales alike). The kernel reads keys in chunks of 16
  * (chunk-outer, every row of the tile inner, so a chunk is read once per
- * tile): f32 rows in place, other formats decoded exactly into the
- * scratch first (kvf_kv_format.h's values), then the same f32 math. */
+ * tile): f32 rows in place, other formats decoded exactly
+ * (kvf_kv_format.h's values: keys into the scratch, values in registers
+ * where the instruction set can), then the same f32 math. */
 typedef struct {
     int n_tok;
     const int32_t *pos;          /* (n_tok) */
