@@ -135,7 +135,7 @@ static bool report_tiers(kvf_node_prefix_t *np, Kvf__PrefixUpdate *u)
     return true;
 }
 
-void kvf_node_prefix_report(kvf_node_prefix_t *np)
+void kvf_node_prefix_report(kvf_node_prefix_t *np, int timeout_ms)
 {
     if (!np->cache || !np->node || !kvf_node_registered(np->node) || !kvf_node_prefix_sync(np))
         return;
@@ -170,7 +170,7 @@ void kvf_node_prefix_report(kvf_node_prefix_t *np)
     env.prefix_update = &u;
     /* What did not go out is gone from the deltas: the next report lists
      * everything (the router, seeing the gap in seq, would ask anyway). */
-    if (kvf_node_send_router(np->node, &env, 0) != KVF_OK) {
+    if (kvf_node_send_router(np->node, &env, timeout_ms) != KVF_OK) {
         np->want_full = true;
         return;
     }

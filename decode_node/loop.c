@@ -330,7 +330,7 @@ static kvf_status_t turn(kvf_decode_t *d)
     arm_transport_timers(d);
     /* Busy, or messages the step kept: only look (due timers, readable
      * fds); the next turn follows at once. */
-    kvf_node_prefix_report(&d->pc); /* what the router's KV-aware routing sees */
+    kvf_node_prefix_report(&d->pc, 0); /* what the router's KV-aware routing sees */
     (void)kvf_evloop_wait(d->loop, busy || d->stash.n ? 0 : -1);
     return d->node_status;
 }

@@ -114,7 +114,7 @@ void dec_flush_chunks(kvf_decode_t *d)
     /* The blocks of the sequences these chunks end were just listed: the
      * router hears of them before it hears the sequences end (the same
      * socket keeps the order), so a client's next turn is routed to them. */
-    kvf_node_prefix_report(&d->pc);
+    kvf_node_prefix_report(&d->pc, KVF_DECODE_SEND_TIMEOUT_MS);
     size_t n = d->n_chunks;
     Kvf__TokenChunk *body = calloc(n, sizeof(*body));
     Kvf__TokenChunk **ptrs = calloc(n, sizeof(*ptrs));

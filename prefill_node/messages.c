@@ -297,7 +297,7 @@ void pf_req_complete(kvf_prefill_t *p, pf_req_t *r)
             kvf_log_debug("request %llu: prefix cache keeps only part of it: %s",
                           (unsigned long long)r->req_id, kvf_status_str(cst));
     }
-    kvf_node_prefix_report(&p->pc);
+    kvf_node_prefix_report(&p->pc, PF_SEND_MS);
     send_prefill_done(p, r, compute_us, handoff_us);
     if (send_kv_ready(p, r, compute_us, handoff_us) != KVF_OK) {
         /* D cannot seal without it; its lease releases the blocks. */

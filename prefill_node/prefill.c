@@ -276,7 +276,7 @@ kvf_status_t kvf_prefill_run(kvf_prefill_t *p, volatile sig_atomic_t *stop)
         bool ran = pf_forward_step(p);
         /* What came in during the forward, before any deadline is judged. */
         pf_stash_handle(p);
-        kvf_node_prefix_report(&p->pc); /* what the router's KV-aware routing sees */
+        kvf_node_prefix_report(&p->pc, 0); /* what the router's KV-aware routing sees */
         loop_wait(p, ran);
     }
     kvf_signals_wake_loop(NULL);

@@ -442,6 +442,7 @@ void kvf_router__node_load(kvf_router_node_t *n, const Kvf__Load *load)
     }
     n->pending_blocks = n->pending_running = 0;
     n->pending_tokens = 0;
+    n->finished_blocks = n->finished_running = 0;
 }
 
 void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)

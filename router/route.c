@@ -89,6 +89,20 @@ static bool excluded(const kvf_router_t *r, const kvf_router_req_t *q, const kvf
     return false;
 }
 
+/* The blocks of n's last heartbeat the requests that ended since gave
+ * back (at most those it counted in use). */
+static uint32_t node_finished_blocks(const kvf_router_node_t *n)
+{
+    uint32_t used = n->blocks_total - n->blocks_free;
+    return n->finished_blocks < used ? n->finished_blocks : used;
+}
+
+/* n's running sequences: its heartbeat's, less those ended since. */
+static uint32_t node_running(const kvf_router_node_t *n)
+{
+    return n->finished_running < n->running ? n->running - n->finished_running : 0;
+}
+
 /* Whether decode node n can take q now; *room_p its free blocks after. */
 static bool decode_fits(kvf_router_t *r, const kvf_router_req_t *q, const kvf_router_node_t *n,
                         int64_t *room_p)
@@ -99,11 +113,11 @@ static bool decode_fits(kvf_router_t *r, const kvf_router_req_t *q, const kvf_ro
     uint32_t tokens = kvf_router__tokens_needed(q);
     if (n->max_context && tokens > n->max_context)
         return false;
-    *room_p = (int64_t)n->blocks_free - n->pending_blocks -
+    *room_p = (int64_t)n->blocks_free + (int64_t)node_finished_blocks(n) - n->pending_blocks -
               kvf_router__blocks_for(tokens, n->block_size);
     if (*room_p < 0)
         return false;
-    return !n->max_running || n->running + n->pending_running < n->max_running;
+    return !n->max_running || node_running(n) + n->pending_running < n->max_running;
 }
 
 static bool prefill_usable(const kvf_router_node_t *n)
@@ -126,7 +140,8 @@ static double decode_cost(const kvf_router_t *r, const kvf_router_req_t *q,
     uint32_t nb = kvf_router__blocks_for(attempt_tokens(q), n->block_size);
     uint32_t need = kvf_router__blocks_for(kvf_router__tokens_needed(q), n->block_size);
     uint32_t held = hits(n, q, nb ? nb - 1 : 0); /* the last block always travels */
-    double load = (double)(n->blocks_total - n->blocks_free) + n->pending_blocks + need - held;
+    double load = (double)(n->blocks_total - n->blocks_free - node_finished_blocks(n)) +
+                  n->pending_blocks + need - held;
     return r->cfg.decode_weight * load - r->cfg.transfer_weight * held;
 }
 
@@ -236,7 +251,7 @@ static kvf_router_node_t *pick_decode(kvf_router_t *r, const kvf_router_req_t *q
          * among equals (to a block) the one with more room */
         double score = r->cfg.route == KVF_ROUTE_KV
                            ? decode_cost(r, q, n) - (double)room / (1u << 20)
-                           : -((double)room * 1024 - (n->running + n->pending_running));
+                           : -((double)room * 1024 - (node_running(n) + n->pending_running));
         if (!best || score < best_score) {
             best = n;
             best_score = score;

@@ -116,6 +116,9 @@ typedef struct {
     /* Work handed out since that heartbeat (not in its numbers yet). */
     uint32_t pending_blocks, pending_running;
     uint64_t pending_tokens;
+    /* Requests that ended on it since that heartbeat, and the blocks they
+     * were given (still in its numbers, free on the node by now). */
+    uint32_t finished_blocks, finished_running;
     uint64_t registered_ns;
     kvf_timer_t liveness; /* dead when it fires: heartbeats missed (armed while live) */
     uint64_t dispatched;  /* request attempts sent to it */
@@ -190,6 +193,7 @@ typedef struct {
     uint64_t rng_state; /* sampler state after the last streamed token */
     bool local;            /* the decode node prefills this attempt itself */
     uint32_t n_tokens;     /* tokens this attempt prefills (prompt and tokens streamed before) */
+    uint32_t blocks;       /* decode-node blocks this attempt was given (its whole length) */
     uint64_t dispatched_ns; /* when this attempt was sent */
 } kvf_req_placement_t;
 

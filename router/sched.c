@@ -222,7 +222,8 @@ void kvf_router__claim(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *
     q->place.dispatched_ns = kvf_clock_ns();
     q->place.n_tokens = n_tokens;
     uint32_t remaining = kvf_sampling_msg_remaining(q->ask.sampling, q->out.n);
-    d->pending_blocks += kvf_router__blocks_for(n_tokens + remaining, d->block_size);
+    q->place.blocks = kvf_router__blocks_for(n_tokens + remaining, d->block_size);
+    d->pending_blocks += q->place.blocks;
     d->pending_running++;
     p->pending_tokens += n_tokens;
     d->dispatched++;

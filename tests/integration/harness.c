@@ -149,11 +149,13 @@ static int collect_args(char **argv, int n, va_list ap)
 
 void h_start_router(h_cluster_t *c, ...)
 {
-    char *argv[64] = {"kvf-router",  "--listen", c->router_url,   "--client",
-                      c->client_url, "--model",  (char *)c->model};
+    /* No HTTP API unless the test asks for one (its --http comes later
+     * and wins): the default port is not a free one. */
+    char *argv[64] = {"kvf-router", "--listen", c->router_url, "--client", c->client_url,
+                      "--model",    (char *)c->model, "--http", "off"};
     va_list ap;
     va_start(ap, c);
-    collect_args(argv, 7, ap);
+    collect_args(argv, 9, ap);
     va_end(ap);
     spawn(c, "router", c->router_url, argv);
 }

@@ -179,9 +179,8 @@ static void null_chunk(void *arg, const kvf_router_chunk_t *c)
 }
 
 /* Submits the prompt and says which node got its PrefillRequest (its
- * fixture index) and which decode node it names; the request is then
- * cancelled and the nodes' load forgotten. */
-static int route_once(fixture_t *fx, int *decode_p)
+ * fixture index) and which decode node it names; *id_p the request. */
+static int route_submit(fixture_t *fx, int *decode_p, uint64_t *id_p)
 {
     uint32_t ids[N_PROMPT];
     prompt(ids);
@@ -189,6 +188,7 @@ static int route_once(fixture_t *fx, int *decode_p)
     kvf_router_sink_t sink = {null_chunk, NULL};
     uint64_t id = kvf_router_submit(fx->r, &g, &sink);
     assert_true(id != 0);
+    *id_p = id;
     int got = -1;
     uint64_t give_up = kvf_clock_ns() + 10000000000ull;
     while (got < 0 && kvf_clock_ns() < give_up) {
@@ -207,6 +207,14 @@ static int route_once(fixture_t *fx, int *decode_p)
         }
     }
     assert_true(got >= 0);
+    return got;
+}
+
+/* route_submit, then the request cancelled and the nodes' load forgotten. */
+static int route_once(fixture_t *fx, int *decode_p)
+{
+    uint64_t id;
+    int got = route_submit(fx, decode_p, &id);
     kvf_router_cancel(fx->r, id);
     beat_all(fx); /* the heartbeats reset what was pending */
     return got;
@@ -249,6 +257,41 @@ static void test_kv_policy(void **state)
     p2->queued_tokens = 10 * BS;
     assert_int_equal(route_once(fx, &d), 2);
     p2->queued_tokens = 0;
+}
+
+/* A heartbeat sent while a request ran on d2 arrives before the request
+ * ends: once it ended, its blocks do not count against d2 (they are free
+ * there), so the next turn still goes to d2, which holds its prefix. */
+static void test_finished_since_heartbeat(void **state)
+{
+    fixture_t *fx = *state;
+    fx->r->cfg.default_max_tokens = 200; /* a request of 18 blocks */
+    cluster(fx, false);
+    int d = -1;
+    uint64_t id;
+    route_submit(fx, &d, &id);
+    assert_int_equal(d, 1);
+    kvf_router_node_t *d2 = rfx_node_named(fx, "d2");
+    uint32_t given = d2->pending_blocks;
+    assert_true(given > 8); /* more than d2's credit for the prefix it holds */
+    Kvf__Load load = KVF__LOAD__INIT;
+    load.blocks_total = 64;
+    load.blocks_free = 64 - given;
+    load.running = 1;
+    Kvf__Heartbeat hb = KVF__HEARTBEAT__INIT;
+    hb.node_id = "d2";
+    hb.inbox_url = fx->urls[3];
+    hb.state = "live";
+    hb.load = &load;
+    kvf_router__on_heartbeat(fx->r, &hb);
+    kvf_router_cancel(fx->r, id); /* it ends before d2's next heartbeat */
+    assert_int_equal(d2->finished_blocks, given);
+    route_submit(fx, &d, &id);
+    assert_int_equal(d, 1);
+    kvf_router_cancel(fx->r, id);
+    /* the next heartbeat's numbers replace the correction */
+    beat_all(fx);
+    assert_int_equal(d2->finished_blocks, 0);
 }
 
 /* A prefill node that fails an attempt gets none of the request's later
@@ -592,6 +635,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_prefix_index, setup, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_kv_policy, setup_kv, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_failed_prefill_excluded, setup_kv, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_finished_since_heartbeat, setup_kv, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_load_policy, setup_load, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_random_policy, setup_random, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_local_prefill_bound, setup_local, rfx_teardown),

@@ -93,8 +93,11 @@ uint32_t kvf_node_prefix_available(const kvf_node_prefix_t *np);
 
 /* Sends the router a PrefixUpdate when the listing changed since the last
  * one (or a full listing is due); nothing otherwise. Call every loop turn
- * (cheap when nothing changed). */
-void kvf_node_prefix_report(kvf_node_prefix_t *np);
+ * (cheap when nothing changed). The send waits up to timeout_ms for the
+ * socket (the node's timeout for the messages that follow it): a report
+ * that must reach the router before a message that ends a request is
+ * not dropped because the message before it still occupies the pipe. */
+void kvf_node_prefix_report(kvf_node_prefix_t *np, int timeout_ms);
 
 /* Offers a received envelope: true when it was a PrefixResync (the next
  * report is a full listing). */
