@@ -285,7 +285,9 @@ kvf_status_t dec_reserve_prompt_blocks(kvf_decode_t *d, dec_req_t *r);
 /* r's n_blocks blocks: the longest held run of spec's prefix blocks (its
  * hashes checked against its tokens under this node's key), then fresh
  * ones, evicting cached blocks nobody uses where the pool is short; keeps
- * spec's prefix for dec_prefix_list. */
+ * spec's prefix for dec_prefix_list. The prefix blocks after the held run
+ * that a KV tier holds start coming back into the fresh ones
+ * (dec_tiers_promote). */
 kvf_status_t dec_prefix_alloc(kvf_decode_t *d, dec_req_t *r, const dec_admit_spec_t *spec,
                               uint32_t n_blocks);
 /* Lists r's prompt blocks in the cache: their K/V has landed and sealed. */
