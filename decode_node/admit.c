@@ -81,8 +81,8 @@ static kvf_status_t decide(kvf_decode_t *d, const dec_admit_spec_t *spec, char *
     return st;
 }
 
-/* The prefill node writes r's prompt blocks (whole blocks of the pool,
- * contiguous each) until the lease ends. */
+/* Lets the prefill node write r's prompt blocks from r->cached_blocks on
+ * (whole blocks of the pool, contiguous each) until the lease ends. */
 kvf_status_t dec_reserve_prompt_blocks(kvf_decode_t *d, dec_req_t *r)
 {
     /* Blocks the prefix cache gave are shared and complete: the prefill

@@ -11,7 +11,6 @@
 
 #include <stdlib.h>
 
-
 uint32_t dec_tiers_promote(kvf_decode_t *d, dec_req_t *r, uint32_t from, uint32_t most)
 {
     /* a transferred request's offered blocks: their tokens as kept */

@@ -90,8 +90,9 @@ uint32_t kvf_node_tiers_promote(kvf_node_tiers_t *nt, uint64_t req_id, uint64_t 
 /* A request's copy of its block `index` was reported (on_done): a failed
  * one lowers *good_p to it (the blocks from there on are computed, or
  * received). When it was the last of *pending_p, the good blocks [from,
- * *good_p) of blocks are brought up to date on a device pool (*good_p
- * falls back to from if that fails), counted as prompt tokens taken from
+ * *good_p) of blocks are brought up to date on a device pool (the copy
+ * queued ahead of the request's forward, kvf_kvpool_upload_queued; *good_p
+ * falls back to from if queueing fails), counted as prompt tokens taken from
  * the tiers, and true is returned: the request computes from block
  * *good_p. blocks NULL: no upload, the caller brings the host copies up
  * itself (a decode node's transferred request uploads its whole prompt
