@@ -195,9 +195,13 @@ void *kvf_kvpool_device_base(const kvf_kvpool_t *pool)
     return pool->mem.device_base;
 }
 
-kvf_status_t kvf_kvpool_upload(kvf_kvpool_t *pool, const uint32_t *ids, uint32_t n)
+typedef kvf_status_t (*pool_copy_fn)(void *arg, size_t off, size_t bytes);
+
+/* Copies blocks ids[0..n) with copy, one call per run of consecutive ids. */
+static kvf_status_t upload_with(kvf_kvpool_t *pool, const uint32_t *ids, uint32_t n,
+                                pool_copy_fn copy)
 {
-    if (!pool->mem.upload)
+    if (!copy)
         return KVF_OK;
     if (!pool->base)
         return KVF_ERR_INVAL; /* no host memory to upload from */
@@ -210,13 +214,24 @@ kvf_status_t kvf_kvpool_upload(kvf_kvpool_t *pool, const uint32_t *ids, uint32_t
         uint32_t j = i + 1;
         while (j < n && ids[j] == ids[j - 1] + 1)
             j++;
-        kvf_status_t st = pool->mem.upload(pool->mem.arg, (size_t)ids[i] * pool->block_bytes,
-                                           (size_t)(j - i) * pool->block_bytes);
+        kvf_status_t st = copy(pool->mem.arg, (size_t)ids[i] * pool->block_bytes,
+                               (size_t)(j - i) * pool->block_bytes);
         if (st != KVF_OK)
             return st;
         i = j;
     }
     return KVF_OK;
+}
+
+kvf_status_t kvf_kvpool_upload(kvf_kvpool_t *pool, const uint32_t *ids, uint32_t n)
+{
+    return upload_with(pool, ids, n, pool->mem.upload);
+}
+
+kvf_status_t kvf_kvpool_upload_queued(kvf_kvpool_t *pool, const uint32_t *ids, uint32_t n)
+{
+    return upload_with(pool, ids, n,
+                       pool->mem.upload_queued ? pool->mem.upload_queued : pool->mem.upload);
 }
 
 const kvf_kv_geometry_t *kvf_kvpool_geometry(const kvf_kvpool_t *pool)

@@ -104,7 +104,10 @@ bool kvf_node_tiers_copied(kvf_node_tiers_t *nt, uint64_t req_id, uint32_t index
     if (--*pending_p)
         return false;
     uint32_t n = *good_p - from;
-    if (n && kvf_kvpool_upload(nt->pool, blocks + from, n) != KVF_OK)
+    /* queued ahead of the request's forward, which reads them: the loop
+     * does not wait for the copy (the request holds the blocks: their
+     * host copies stay as they are) */
+    if (n && blocks && kvf_kvpool_upload_queued(nt->pool, blocks + from, n) != KVF_OK)
         *good_p = from;
     else
         nt->hit_tokens += (uint64_t)n * block_size;

@@ -81,9 +81,9 @@ static kvf_status_t decide(kvf_decode_t *d, const dec_admit_spec_t *spec, char *
     return st;
 }
 
-/* Lets the prefill node write r's prompt blocks (whole blocks of the pool,
- * contiguous each) until the lease ends. */
-static kvf_status_t reserve_prompt_blocks(kvf_decode_t *d, dec_req_t *r)
+/* Lets the prefill node write r's prompt blocks from r->cached_blocks on
+ * (whole blocks of the pool, contiguous each) until the lease ends. */
+kvf_status_t dec_reserve_prompt_blocks(kvf_decode_t *d, dec_req_t *r)
 {
     /* Blocks the prefix cache gave are shared and complete: the prefill
      * node may not write them, so the transport accepts no write there. */
@@ -101,7 +101,10 @@ static kvf_status_t reserve_prompt_blocks(kvf_decode_t *d, dec_req_t *r)
     if (st != KVF_OK)
         return st;
     r->reserved = true;
-    dec_arm_seal_deadline(d, r);
+    if (kvf_timer_armed(&r->seal_timer))
+        dec_renew_seal_deadline(d, r); /* armed while its tier copies came */
+    else
+        dec_arm_seal_deadline(d, r);
     return KVF_OK;
 }
 
@@ -116,7 +119,7 @@ static kvf_status_t create_entry(kvf_decode_t *d, const dec_admit_spec_t *spec, 
     r->epoch = spec->epoch;
     r->local = spec->local;
     kvf_handoff_init(&r->h, spec->local);
-    kvf_timer_init(&r->seal_timer, NULL, NULL); /* armed by reserve_prompt_blocks */
+    kvf_timer_init(&r->seal_timer, NULL, NULL); /* armed by dec_reserve_prompt_blocks */
     r->n_tokens = spec->n_tokens;
     r->max_new = spec->max_new;
     kvf_status_t st = KVF_ERR_NOMEM;
@@ -133,12 +136,22 @@ static kvf_status_t create_entry(kvf_decode_t *d, const dec_admit_spec_t *spec, 
         if (!r->prompt)
             goto fail_prompt;
         memcpy(r->prompt, spec->prompt, (size_t)spec->n_tokens * sizeof(*r->prompt));
+    } else if (!(r->alloc_reply_to = strdup(spec->reply_inbox))) {
+        goto fail_prompt; /* (before any tier copy starts) */
     }
     st = dec_prefix_alloc(d, r, spec, n_blocks);
     if (st != KVF_OK)
         goto fail_prompt;
-    if (!spec->local) {
-        st = reserve_prompt_blocks(d, r);
+    if (!spec->local && r->tier_pending) {
+        /* Its next offered blocks come back from the tiers: reserved and
+         * answered once they are in (tiers.c). The seal deadline covers
+         * the wait too: the entry never outlives a lease plus the margin
+         * unanswered. */
+        dec_arm_seal_deadline(d, r);
+    } else if (!spec->local) {
+        free(r->alloc_reply_to); /* answered now, by the caller */
+        r->alloc_reply_to = NULL;
+        st = dec_reserve_prompt_blocks(d, r);
         if (st != KVF_OK)
             goto fail_reserve;
     }
@@ -150,7 +163,8 @@ static kvf_status_t create_entry(kvf_decode_t *d, const dec_admit_spec_t *spec, 
 
 fail_add:
     /* The reservation never reached the peer: nothing can land. The
-     * transport still reports RELEASED, which finds no entry. */
+     * transport still reports RELEASED, which finds no entry. Tier copies
+     * in flight hold their own references and find no entry either. */
     if (r->reserved)
         (void)kvf_xfer_cancel(d->xfer, r->req_id, r->epoch);
 fail_reserve:

@@ -89,8 +89,11 @@ typedef struct {
     uint32_t *seq_ids; /* (n_seq_ids, cap_seq_ids) owned */
     uint32_t n_seq_ids, cap_seq_ids;
     uint32_t kv_len;   /* positions whose K/V is in its blocks */
-    uint32_t tier_pending; /* local: copies from the KV tiers in flight */
-    uint32_t tier_good;    /* local: blocks before the first copy that failed */
+    uint32_t tier_pending; /* copies from the KV tiers in flight (tiers.c) */
+    uint32_t tier_good;    /* blocks before the first copy that failed */
+    /* transferred: the KvAlloc's reply inbox while its answer waits for
+     * copies from the tiers (tier_pending); owned, NULL once answered */
+    char *alloc_reply_to;
     uint8_t *salt;     /* (salt_len) the request's cache_salt; owned */
     size_t salt_len;
     bool kv_on_device;      /* transferred K/V copied from the host mirror (device pools) */
@@ -253,11 +256,15 @@ typedef struct {
     const uint8_t *cache_salt; /* (cache_salt_len): the hashes' root depends on it */
     size_t cache_salt_len;
     const char *sender;     /* transferred: the prefill node's id, copied */
+    const char *reply_inbox; /* transferred: where the KvAllocReply goes, copied */
     const char *what;       /* the message, for logs */
 } dec_admit_spec_t;
 
 /* The one admission path. KVF_OK: a new entry in the table (blocks
- * allocated, reserved with the transport unless local), *r_p set.
+ * allocated, reserved with the transport unless local), *r_p set; a
+ * transferred request whose next offered blocks a KV tier holds is not
+ * reserved yet: r->alloc_reply_to set, its copies in flight, it is
+ * reserved and answered once they are in (tiers.c).
  * KVF_ERR_STALE: the message is for an epoch older than (or equal to, for
  * a local request) one this node has seen; dropped and counted, no answer.
  * KVF_ERR_AGAIN: the same epoch is live already (a duplicate); *r_p is it;
@@ -269,12 +276,18 @@ typedef struct {
 kvf_status_t dec_admit(kvf_decode_t *d, const dec_admit_spec_t *spec, char *why, size_t why_len,
                        dec_req_t **r_p);
 
+/* Lets the prefill node write r's prompt blocks from r->cached_blocks on
+ * (a reservation with the transport) and arms or moves r's seal deadline. */
+kvf_status_t dec_reserve_prompt_blocks(kvf_decode_t *d, dec_req_t *r);
+
 /* ---- prefix.c: the prefix cache ---------------------------------------------- */
 
 /* r's n_blocks blocks: the longest held run of spec's prefix blocks (its
  * hashes checked against its tokens under this node's key), then fresh
  * ones, evicting cached blocks nobody uses where the pool is short; keeps
- * spec's prefix for dec_prefix_list. */
+ * spec's prefix for dec_prefix_list. The prefix blocks after the held run
+ * that a KV tier holds start coming back into the fresh ones
+ * (dec_tiers_promote). */
 kvf_status_t dec_prefix_alloc(kvf_decode_t *d, dec_req_t *r, const dec_admit_spec_t *spec,
                               uint32_t n_blocks);
 /* Lists r's prompt blocks in the cache: their K/V has landed and sealed. */
@@ -292,12 +305,21 @@ void dec_prefix_list_all(kvf_decode_t *d, const dec_req_t *r);
 
 /* The tiers of d's config (none when it asks for none). */
 kvf_status_t dec_tiers_open(kvf_decode_t *d);
-/* A local prefill r whose hit ends at block `from` takes the next blocks
+/* A request r whose pool hit ends at block `from` takes the next blocks
  * [from, most) a tier holds: copies start into its blocks and r waits
- * (r->tier_pending) before it computes. Returns where they end. */
+ * (r->tier_pending): a local prefill before it computes, a transferred
+ * request before it is reserved and its KvAlloc answered (the prefill
+ * node then skips the blocks that came back good). Returns where they
+ * end. */
 uint32_t dec_tiers_promote(kvf_decode_t *d, dec_req_t *r, uint32_t from, uint32_t most);
 
 /* ---- messages.c ------------------------------------------------------------- */
+
+/* Answers a KvAlloc of (req_id, epoch) at inbox: status and error, and
+ * with r its blocks, lease and cached_blocks. A send that fails with r
+ * fails r (the prefill node will never write). */
+void dec_reply_kv_alloc(kvf_decode_t *d, uint64_t req_id, uint64_t epoch, const char *inbox,
+                        kvf_status_t status, const char *error, const dec_req_t *r);
 
 /* Handles one envelope from the inbox; env stays the caller's. */
 void dec_on_envelope(kvf_decode_t *d, const kvf_envelope_t *env);

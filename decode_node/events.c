@@ -70,8 +70,8 @@ bool dec_handoff_needs_recheck(const kvf_decode_t *d, bool no_fd)
     for (size_t i = 0; i < d->n_reqs; i++) {
         const dec_req_t *r = d->reqs[i];
         bool expecting = r->h.state == KVF_HANDOFF_ALLOCATED || r->h.state == KVF_HANDOFF_WRITING;
-        if (!expecting)
-            continue;
+        if (!expecting || r->alloc_reply_to)
+            continue; /* (not reserved yet: its tier copies come first) */
         if (no_fd)
             return true;
         /* KvReady came before the last LANDED was taken. */

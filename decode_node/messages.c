@@ -24,12 +24,12 @@ static bool url_ok(const char *url)
 
 /* ---- KvAlloc ---------------------------------------------------------------- */
 
-static void reply_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m, kvf_status_t status,
-                           const char *error, const dec_req_t *r)
+void dec_reply_kv_alloc(kvf_decode_t *d, uint64_t req_id, uint64_t epoch, const char *inbox,
+                        kvf_status_t status, const char *error, const dec_req_t *r)
 {
     Kvf__KvAllocReply rep = KVF__KV_ALLOC_REPLY__INIT;
-    rep.req_id = m->req_id;
-    rep.epoch = m->epoch;
+    rep.req_id = req_id;
+    rep.epoch = epoch;
     rep.status = status;
     rep.error = (char *)(error ? error : "");
     if (r) {
@@ -42,16 +42,16 @@ static void reply_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m, kvf_status_t 
     kvf_envelope_init(&env, kvf_node_id(d->node));
     env.body_case = KVF__ENVELOPE__BODY_KV_ALLOC_REPLY;
     env.kv_alloc_reply = &rep;
-    kvf_status_t st = kvf_node_send(d->node, m->reply_inbox, &env, KVF_DECODE_SEND_TIMEOUT_MS);
+    kvf_status_t st = kvf_node_send(d->node, inbox, &env, KVF_DECODE_SEND_TIMEOUT_MS);
     if (st == KVF_OK)
         return;
-    kvf_log_warn("request %llu: kv alloc reply to %s dropped: %s", (unsigned long long)m->req_id,
-                 m->reply_inbox, kvf_status_str(st));
+    kvf_log_warn("request %llu: kv alloc reply to %s dropped: %s", (unsigned long long)req_id,
+                 inbox, kvf_status_str(st));
     if (!r)
         return;
     /* The prefill node will never write: give the blocks back now rather
      * than at the end of the lease. */
-    dec_req_t *live = dec_req_find(d, m->req_id, m->epoch);
+    dec_req_t *live = dec_req_find(d, req_id, epoch);
     if (live && kvf_handoff_live(&live->h))
         dec_req_fail(d, live, KVF_ERR_PEER,
                      "decode node could not answer the prefill node's kv alloc");
@@ -71,6 +71,7 @@ static void on_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m)
         .n_tokens = m->n_tokens,
         .max_new = m->max_new_tokens,
         .sender = m->prefill_node_id && *m->prefill_node_id ? m->prefill_node_id : NULL,
+        .reply_inbox = m->reply_inbox,
         .what = "kv alloc",
     };
     /* The prefix the prefill node hopes this node holds: as many hashes as
@@ -85,12 +86,14 @@ static void on_kv_alloc(kvf_decode_t *d, const Kvf__KvAlloc *m)
     char why[160] = "";
     dec_req_t *r = NULL;
     kvf_status_t st = dec_admit(d, &spec, why, sizeof(why), &r);
-    if (st == KVF_OK)
-        reply_kv_alloc(d, m, KVF_OK, NULL, r);
-    else if (st == KVF_ERR_AGAIN && r->h.state == KVF_HANDOFF_ALLOCATED && !r->local)
-        reply_kv_alloc(d, m, KVF_OK, NULL, r); /* the reply may have been lost */
-    else if (st != KVF_ERR_AGAIN && st != KVF_ERR_STALE)
-        reply_kv_alloc(d, m, st, why, NULL);
+    /* (an answer waiting for copies from the tiers goes when they are in:
+     * decode_node/tiers.c) */
+    if ((st == KVF_OK || (st == KVF_ERR_AGAIN && r->h.state == KVF_HANDOFF_ALLOCATED &&
+                          !r->local)) && /* a duplicate: the reply may have been lost */
+        !r->alloc_reply_to)
+        dec_reply_kv_alloc(d, m->req_id, m->epoch, m->reply_inbox, KVF_OK, NULL, r);
+    else if (st != KVF_OK && st != KVF_ERR_AGAIN && st != KVF_ERR_STALE)
+        dec_reply_kv_alloc(d, m->req_id, m->epoch, m->reply_inbox, st, why, NULL);
 }
 
 /* ---- starting generation ---------------------------------------------------- */

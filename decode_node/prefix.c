@@ -111,6 +111,9 @@ kvf_status_t dec_prefix_alloc(kvf_decode_t *d, dec_req_t *r, const dec_admit_spe
     d->prefix_query_blocks += n_prefix;
     if (!spec->local) {
         keep_prefix(d, r, spec, n_prefix);
+        /* the next offered blocks may be in a KV tier: the answer to the
+         * KvAlloc waits for their copies (tiers.c) */
+        r->tier_good = dec_tiers_promote(d, r, hit, most);
         return KVF_OK;
     }
     /* A local prefill computes from the end of the hit, on the device copy

@@ -20,6 +20,7 @@ void dec_req_free(kvf_decode_t *d, dec_req_t *r)
         kvf_sampler_fini(&r->sampler);
     kvf_textstream_destroy(r->text);
     free(r->sender);
+    free(r->alloc_reply_to);
     free(r->blocks);
     free(r->prompt);
     free(r->prefix_hashes);
@@ -125,6 +126,16 @@ void dec_req_end(kvf_decode_t *d, dec_req_t *r)
     if (kvf_handoff_end(&r->h) != KVF_OK)
         return;
     kvf_timer_cancel(kvf_evloop_timers(d->loop), &r->seal_timer);
+    if (r->alloc_reply_to) {
+        /* Its KvAlloc waited for copies from the tiers: the prefill node
+         * hears it ended here instead of waiting out its alloc timeout.
+         * The copies keep their own references to the blocks. */
+        char *to = r->alloc_reply_to;
+        r->alloc_reply_to = NULL;
+        dec_reply_kv_alloc(d, r->req_id, r->epoch, to, KVF_ERR_CANCELLED,
+                           "the request ended on the decode node", NULL);
+        free(to);
+    }
     if (r->reserved) {
         kvf_status_t st = kvf_xfer_cancel(d->xfer, r->req_id, r->epoch);
         if (st == KVF_OK)

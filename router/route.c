@@ -130,21 +130,6 @@ static uint32_t draw(kvf_router_t *r, uint32_t below)
     return (uint32_t)(kvf_splitmix64(&r->route_rng) % below);
 }
 
-/* The cost of q on decode node n under the kv policy: the blocks its
- * sequences hold once q joined them (q's own less those it shares with
- * the cached prefix n holds), less a credit for the blocks of q it would
- * not need shipped. */
-static double decode_cost(const kvf_router_t *r, const kvf_router_req_t *q,
-                          const kvf_router_node_t *n)
-{
-    uint32_t nb = kvf_router__blocks_for(attempt_tokens(q), n->block_size);
-    uint32_t need = kvf_router__blocks_for(kvf_router__tokens_needed(q), n->block_size);
-    uint32_t held = hits(n, q, nb ? nb - 1 : 0); /* the last block always travels */
-    double load = (double)(n->blocks_total - n->blocks_free - node_finished_blocks(n)) +
-                  n->pending_blocks + need - held;
-    return r->cfg.decode_weight * load - r->cfg.transfer_weight * held;
-}
-
 /* The cluster's measured prefill compute per token: the fastest prefill
  * node's running average; 0 before any reported. */
 static uint64_t cluster_prefill_ns(const kvf_router_t *r)
@@ -217,6 +202,25 @@ static double hit_credit(const kvf_router_t *r, const kvf_router_node_t *n,
     if (disk_pays(r, n, h))
         credit += r->cfg.tier_disk_weight * h->disk;
     return credit;
+}
+
+/* The cost of q on decode node n under the kv policy: the blocks its
+ * sequences hold once q joined them (q's own less those it shares with
+ * the cached prefix n's pool holds), less a credit for the blocks of q it
+ * would not need shipped: its pool hits, and its tier hits weighed as a
+ * prefill node's are (a KvAlloc takes them back from the tiers,
+ * decode_node/tiers.c). A tier hit comes back into q's own blocks: it
+ * saves the transfer, not the room. */
+static double decode_cost(const kvf_router_t *r, const kvf_router_req_t *q,
+                          const kvf_router_node_t *n)
+{
+    uint32_t nb = kvf_router__blocks_for(attempt_tokens(q), n->block_size);
+    uint32_t need = kvf_router__blocks_for(kvf_router__tokens_needed(q), n->block_size);
+    kvf_prefix_hits_t h;
+    tier_hits(n, q, nb ? nb - 1 : 0, &h); /* the last block always travels */
+    double load = (double)(n->blocks_total - n->blocks_free - node_finished_blocks(n)) +
+                  n->pending_blocks + need - h.pool;
+    return r->cfg.decode_weight * load - r->cfg.transfer_weight * hit_credit(r, n, &h);
 }
 
 /* The cost of q on prefill node n under the kv policy: q's blocks it must

@@ -14,7 +14,8 @@
 // (kvf_backend_host_alloc_hook, as kvf-prefill and kvf-decode give it): on
 // the CUDA backend it is one pinned allocation, freed with the tiers, and a
 // block put from the pool's host mirror comes back through it into another
-// block and uploads; on the CPU backend it is plain memory.
+// block, and its queued upload (kvf_kvpool_upload_queued) is on the device
+// once the backend's stream ran; on the CPU backend it is plain memory.
 // Then, with deferred streams (emu_runtime.h), it checks what a GPU test
 // cannot reach: the backend's error paths, and when its layer hooks run. A
 // session (create, pool, prefills, decodes from graphs, growing buffers,
@@ -346,10 +347,22 @@ bool tier_slab_on(kvf_model_t *model, bool cuda, bool want_pinned)
         ok = kvf_kv_tiers_put(t, 42, tokens.data(), base) == KVF_OK &&
              kvf_kv_tiers_fetch(t, 42, tokens.data(), base + bb, 9) == KVF_OK &&
              kvf_kv_tiers_poll(t, &d, 1) == 1 && d.status == KVF_OK &&
-             memcmp(base, base + bb, bb) == 0 && kvf_kvpool_upload(pool, &dst, 1) == KVF_OK;
+             memcmp(base, base + bb, bb) == 0 && kvf_kvpool_upload_queued(pool, &dst, 1) == KVF_OK;
         if (!ok)
             fprintf(stderr, "test_cuda_backend_emu: a block did not come back from the %s "
                             "tier slab\n", cuda ? "cuda" : "cpu");
+    }
+    // the queued upload (node_tiers.c's) is on the device once the backend
+    // ran its stream
+    if (ok && cuda) {
+        std::vector<uint8_t> back(bb);
+        ok = be.ops->synchronize(be.ctx) == KVF_OK &&
+             cudaMemcpy(back.data(), (uint8_t *)kvf_kvpool_device_base(pool) + bb, bb,
+                        cudaMemcpyDeviceToHost) == cudaSuccess &&
+             memcmp(back.data(), base, bb) == 0;
+        if (!ok)
+            fprintf(stderr, "test_cuda_backend_emu: the queued upload of a block from the tier "
+                            "slab is not on the device\n");
     }
     kvf_kv_tiers_destroy(t);
     if (kvf_emu::get_runtime_stats().pinned_allocations != before.pinned_allocations) {

@@ -174,7 +174,7 @@ static void test_attention_checks(void **state)
 
 typedef struct {
     uint8_t *host, *dev;
-    int uploads, released;
+    int uploads, queued, released;
     size_t last_off, last_bytes;
 } fake_mem_t;
 
@@ -186,6 +186,14 @@ static kvf_status_t fake_upload(void *arg, size_t off, size_t bytes)
     f->last_off = off;
     f->last_bytes = bytes;
     return KVF_OK;
+}
+
+static kvf_status_t fake_upload_queued(void *arg, size_t off, size_t bytes)
+{
+    fake_mem_t *f = arg;
+    f->queued++;
+    f->uploads--; /* counted by fake_upload: only the queued ones here */
+    return fake_upload(arg, off, bytes);
 }
 
 static void fake_release(void *arg)
@@ -232,6 +240,12 @@ static void test_device_pool(void **state)
     uint32_t bad[] = {1, 8};
     assert_int_equal(kvf_kvpool_upload(pool, bad, 2), KVF_ERR_INVAL);
     assert_int_equal(f.uploads, 2);
+    /* memory without a queued copy: upload_queued uploads */
+    uint32_t one[] = {5};
+    assert_int_equal(kvf_kvpool_upload_queued(pool, one, 1), KVF_OK);
+    assert_int_equal(f.uploads, 3);
+    assert_memory_equal(f.dev + 5 * bb, f.host + 5 * bb, bb);
+    assert_int_equal(kvf_kvpool_upload_queued(pool, bad, 2), KVF_ERR_INVAL);
     /* the engine will not run the CPU ops on device memory */
     kvf_model_config_t c;
     memset(&c, 0, sizeof(c));
@@ -249,10 +263,33 @@ static void test_device_pool(void **state)
     kvf_backend_destroy(&be);
     kvf_kvpool_destroy(pool);
     assert_int_equal(f.released, 1);
+    /* with one: upload_queued queues (a copy per run), upload still waits */
+    fake_mem_t fq = {0};
+    fq.host = calloc(8, bb);
+    fq.dev = calloc(8, bb);
+    for (size_t i = 0; i < 8 * bb; i++)
+        fq.host[i] = (uint8_t)(i * 5 + 3);
+    kvf_kvpool_memory_t mq = mem;
+    mq.host_base = fq.host;
+    mq.device_base = fq.dev;
+    mq.arg = &fq;
+    mq.upload_queued = fake_upload_queued;
+    assert_int_equal(kvf_kvpool_create_on(&g, 8, &mq, &pool), KVF_OK);
+    assert_int_equal(kvf_kvpool_upload_queued(pool, ids, 4), KVF_OK);
+    assert_int_equal(fq.queued, 2);
+    assert_int_equal(fq.uploads, 0);
+    assert_memory_equal(fq.dev + 2 * bb, fq.host + 2 * bb, 3 * bb);
+    assert_memory_equal(fq.dev + 6 * bb, fq.host + 6 * bb, bb);
+    assert_int_equal(kvf_kvpool_upload(pool, one, 1), KVF_OK);
+    assert_int_equal(fq.queued, 2);
+    assert_int_equal(fq.uploads, 1);
+    kvf_kvpool_destroy(pool);
+    assert_int_equal(fq.released, 1);
     /* a host pool: upload is a no-op, there is no device copy */
     assert_int_equal(kvf_kvpool_create(&g, 2, &pool), KVF_OK);
     assert_null(kvf_kvpool_device_base(pool));
     assert_int_equal(kvf_kvpool_upload(pool, ids, 1), KVF_OK);
+    assert_int_equal(kvf_kvpool_upload_queued(pool, ids, 1), KVF_OK);
     kvf_kvpool_destroy(pool);
     /* memory without an upload callback is refused, and stays the caller's */
     fake_mem_t f2 = {0};

@@ -15,9 +15,9 @@
  *   the measured break-even), a long one goes to a prefill node;
  * - KV tiers (docs/kv-tiers.md, "Routing"): the index keeps which tier
  *   each reported hash is in as blocks move, a RAM hit wins over a disk
- *   hit and a pool hit over a RAM hit, and a disk hit shorter than the
- *   break-even measured from the node's disk reads and prefill rate gets
- *   no credit. */
+ *   hit and a pool hit over a RAM hit, on prefill nodes and in a decode
+ *   node's transfer credit, and a disk hit shorter than the break-even
+ *   measured from the node's disk reads and prefill rate gets no credit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -521,8 +521,8 @@ static void cluster_bare(fixture_t *fx)
     beat_all(fx);
 }
 
-/* Prefill node p (2 or 3) lists the prompt's first n blocks in tier
- * (KVF_PREFIX_IN_*), in a full report numbered seq. */
+/* Node p (0, 1 decode; 2, 3 prefill) lists the prompt's first n blocks in
+ * tier (KVF_PREFIX_IN_*), in a full report numbered seq. */
 static void holds(fixture_t *fx, int p, unsigned tier, uint32_t n, uint64_t seq)
 {
     uint64_t h[8];
@@ -558,6 +558,39 @@ static void test_tier_credit(void **state)
     /* with the tier weights 0, tier hits count for nothing: p1 first */
     fx->r->cfg.tier_disk_weight = 0;
     assert_int_equal(route_once(fx, &d), 2);
+}
+
+/* The same for the decode nodes' transfer credit: a KvAlloc takes its
+ * offered blocks back from the decode node's tiers (decode_node/tiers.c),
+ * so a decode node holding the prefix in RAM beats one with it on disk
+ * and one with it in its pool beats both; a disk hit beats no hit; with
+ * the tier weights 0 the tiers count for nothing (the tie: d1, first). */
+static void test_decode_tier_credit(void **state)
+{
+    fixture_t *fx = *state;
+    cluster_bare(fx);
+    int d = -1;
+    holds(fx, 0, KVF_PREFIX_IN_DISK, 4, 1);
+    holds(fx, 1, KVF_PREFIX_IN_RAM, 4, 1);
+    (void)route_once(fx, &d);
+    assert_int_equal(d, 1);
+    holds(fx, 0, KVF_PREFIX_IN_RAM, 4, 2);
+    holds(fx, 1, KVF_PREFIX_IN_POOL, 4, 2);
+    (void)route_once(fx, &d);
+    assert_int_equal(d, 1);
+    holds(fx, 0, KVF_PREFIX_IN_POOL, 0, 3);
+    holds(fx, 1, KVF_PREFIX_IN_DISK, 4, 3);
+    (void)route_once(fx, &d);
+    assert_int_equal(d, 1);
+    fx->r->cfg.tier_disk_weight = 0;
+    (void)route_once(fx, &d);
+    assert_int_equal(d, 0);
+    holds(fx, 1, KVF_PREFIX_IN_RAM, 4, 4);
+    (void)route_once(fx, &d);
+    assert_int_equal(d, 1);
+    fx->r->cfg.tier_ram_weight = 0;
+    (void)route_once(fx, &d);
+    assert_int_equal(d, 0);
 }
 
 /* p2's disk reads as its heartbeat reports them. */
@@ -642,6 +675,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_local_prefill_auto, setup_auto, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_prefix_index_tiers, setup, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_tier_credit, setup_kv, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_decode_tier_credit, setup_kv, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_disk_break_even, setup_kv, rfx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,14 +11,25 @@ typedef struct {
     void *dev, *host;
 } pool_mem_t;
 
-static kvf_status_t pool_upload(void *arg, size_t off, size_t bytes)
+// Queued on the backend's stream, the one every forward runs on: a
+// forward queued later reads the blocks uploaded. The mirror is pinned,
+// so the copy is a DMA that does not wait for the host.
+static kvf_status_t pool_upload_queued(void *arg, size_t off, size_t bytes)
 {
     pool_mem_t *pm = (pool_mem_t *)arg;
     TRY(cudaSetDevice(pm->device), "set device");
     TRY(cudaMemcpyAsync((uint8_t *)pm->dev + off, (const uint8_t *)pm->host + off, bytes,
                         cudaMemcpyHostToDevice, pm->stream),
         "kv upload");
-    TRY(cudaStreamSynchronize(pm->stream), "kv upload");
+    return KVF_OK;
+}
+
+static kvf_status_t pool_upload(void *arg, size_t off, size_t bytes)
+{
+    kvf_status_t st = pool_upload_queued(arg, off, bytes);
+    if (st != KVF_OK)
+        return st;
+    TRY(cudaStreamSynchronize(((pool_mem_t *)arg)->stream), "kv upload");
     return KVF_OK;
 }
 
@@ -76,6 +87,7 @@ extern "C" kvf_status_t kvf_backend_cuda_kvpool_create(kvf_backend_t *be,
     mem.device_base = pm->dev;
     mem.arg = pm;
     mem.upload = pool_upload;
+    mem.upload_queued = pool_upload_queued;
     mem.release = pool_release;
     st = kvf_kvpool_create_on(geo, num_blocks, &mem, pool_p);
     if (st != KVF_OK)

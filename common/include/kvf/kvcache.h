@@ -72,6 +72,10 @@ typedef struct {
     /* Copies [off, off + bytes) of the mirror to the device and returns
      * when the copy is done. */
     kvf_status_t (*upload)(void *arg, size_t off, size_t bytes);
+    /* (optional) The same copy queued ahead of every computation queued
+     * after it on the device (the CUDA backend's one stream), returning at
+     * once; NULL: upload is used. */
+    kvf_status_t (*upload_queued)(void *arg, size_t off, size_t bytes);
     /* Frees both copies and arg. */
     void (*release)(void *arg);
 } kvf_kvpool_memory_t;
@@ -94,6 +98,15 @@ void *kvf_kvpool_device_base(const kvf_kvpool_t *pool);
  * no-op for a host pool. KVF_ERR_INVAL for an out-of-range id (nothing
  * copied). */
 kvf_status_t kvf_kvpool_upload(kvf_kvpool_t *pool, const uint32_t *ids, uint32_t n);
+
+/* kvf_kvpool_upload without the wait: the copies are queued ahead of any
+ * computation queued after them (every later forward reads the blocks
+ * uploaded), and the caller goes on at once. The blocks' host memory must
+ * stay as it is until the device has run them: the caller holds the
+ * blocks (nothing writes their host copies meanwhile). A copy that fails
+ * later surfaces as the next forward's error. Pools whose memory has no
+ * queued copy upload and wait; a no-op for a host pool. */
+kvf_status_t kvf_kvpool_upload_queued(kvf_kvpool_t *pool, const uint32_t *ids, uint32_t n);
 
 const kvf_kv_geometry_t *kvf_kvpool_geometry(const kvf_kvpool_t *pool);
 

@@ -88,11 +88,15 @@ uint32_t kvf_node_tiers_promote(kvf_node_tiers_t *nt, uint64_t req_id, uint64_t 
                                 uint32_t most, uint32_t *pending_p);
 
 /* A request's copy of its block `index` was reported (on_done): a failed
- * one lowers *good_p to it (the blocks from there on are computed). When
- * it was the last of *pending_p, the good blocks [from, *good_p) of
- * blocks are brought up to date on a device pool (*good_p falls back to
- * from if that fails), counted as prompt tokens taken from the tiers, and
- * true is returned: the request computes from block *good_p. */
+ * one lowers *good_p to it (the blocks from there on are computed, or
+ * received). When it was the last of *pending_p, the good blocks [from,
+ * *good_p) of blocks are brought up to date on a device pool (the copy
+ * queued ahead of the request's forward, kvf_kvpool_upload_queued; *good_p
+ * falls back to from if queueing fails), counted as prompt tokens taken from
+ * the tiers, and true is returned: the request computes from block
+ * *good_p. blocks NULL: no upload, the caller brings the host copies up
+ * itself (a decode node's transferred request uploads its whole prompt
+ * once the handoff sealed). */
 bool kvf_node_tiers_copied(kvf_node_tiers_t *nt, uint64_t req_id, uint32_t index,
                            kvf_status_t st, int tier, uint32_t *pending_p, uint32_t *good_p,
                            const uint32_t *blocks, uint32_t from, uint32_t block_size);
