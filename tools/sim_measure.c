@@ -126,8 +126,10 @@ static bool measure(const char *prog, const char *dir, const char *model_dir, in
     if (!kvf_sim_run_kvf(prog, engine, el, &cpu, &wall) ||
         !kvf_sim_run_kvf(prog, xfer, xl, NULL, NULL))
         return false;
-    /* of the CPUs its threads asked for, what the engine benchmark got */
-    *share_p = wall > 0 && cpu > 0 ? at_most_1(cpu / (wall * threads)) : 1;
+    /* of its CPU, what a one-thread engine benchmark got; with more
+     * threads its CPU time cannot tell (workers also wait for each other,
+     * which is not a share lost to other programs), so none is taken */
+    *share_p = threads == 1 && wall > 0 && cpu > 0 ? at_most_1(cpu / wall) : 1;
     *engine_p = read_json(prog, ej);
     *xfer_p = read_json(prog, xj);
     unlink(ej);

@@ -12,7 +12,8 @@
  * model in model_dir, whose cost-model shape is m (the efficiencies are
  * fitted to m's FLOPs and bytes). The rates are those of CPUs the node
  * has to itself: the engine benchmark's, over the share of its CPUs it
- * got (its CPU time over its wall time and threads, from its rusage).
+ * got (one thread: its CPU time over its wall time, from its rusage;
+ * more: taken as all).
  * shared_host: the simulated nodes share this host (host_cpus, host_load
  * and node_threads set, as kvf bench serve runs them); else each has its
  * own. msg_latency_s is kvf_sim_probe_msg's. The benches' output goes to
