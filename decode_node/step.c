@@ -99,10 +99,13 @@ static void on_layer_done(void *arg, int layer)
 static kvf_status_t forward(kvf_decode_t *d, int n, uint64_t *step_us_p)
 {
     kvf_engine_hooks_t hooks = {.on_layer_done = on_layer_done, .arg = d};
-    uint64_t t0 = kvf_clock_ns();
+    uint64_t t0 = kvf_clock_ns(), cpu0 = kvf_clock_cpu_ns();
     kvf_status_t st = kvf_engine_forward(d->rt.engine, d->seqs, n, &hooks);
     *step_us_p = (kvf_clock_ns() - t0) / 1000;
     d->stats.steps++;
+    /* the CPU time says how much of its cores the node got meanwhile */
+    kvf_log_debug("step: %d rows in %llu us, cpu %llu us", n, (unsigned long long)*step_us_p,
+                  (unsigned long long)((kvf_clock_cpu_ns() - cpu0) / 1000));
     if (st == KVF_OK)
         return KVF_OK;
     kvf_log_error("decode step over %d sequences failed: %s", n, kvf_status_str(st));

@@ -85,13 +85,20 @@ static struct sim_event pop(sim_t *s)
 
 /* ---- requests ------------------------------------------------------------------- */
 
+uint64_t sim_msg_delay_ns(const sim_t *s)
+{
+    /* the dispatch to the node that prefills; the tokens, decode node to
+     * router and router to client */
+    return (uint64_t)llround(3 * s->cfg->hw.msg_latency_s * 1e9);
+}
+
 void sim_end(sim_t *s, sim_req_t *r, bool refused)
 {
     if (!refused) {
         sim_node_t *dn = &s->nodes[r->d];
         dn->blocks_free += r->blocks;
         dn->reserved--;
-        r->t_done = s->now;
+        r->t_done = s->now + sim_msg_delay_ns(s);
     }
     r->state = refused ? REQ_REFUSED : REQ_FINISHED;
     kvf_sim__req_fini(&r->q);

@@ -5,6 +5,7 @@
  * node caches (reported to the router as PrefixUpdate). Step and
  * transfer times come from the cost model (sim_cost.h). See
  * sim_internal.h. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,6 +96,22 @@ void sim_node_start(sim_t *s, sim_req_t *r, int p, int d)
 
 /* ---- steps --------------------------------------------------------------------------- */
 
+/* The share of its CPUs a step starting now on some node gets when the
+ * nodes share one host (kvf_sim_host_share): the nodes already in a step
+ * and this one keep their threads busy. Fixed for the step: a node that
+ * starts or ends meanwhile does not change it. */
+static double host_share(const sim_t *s)
+{
+    const kvf_sim_profile_t *hw = &s->cfg->hw;
+    if (hw->host_cpus <= 0)
+        return 1;
+    int busy = 1;
+    for (int i = 0; i < s->n_nodes; i++)
+        busy += s->nodes[i].busy;
+    double threads = hw->node_threads > 0 ? hw->node_threads : 1;
+    return kvf_sim_host_share(hw, busy * threads);
+}
+
 /* The prompt chunks of node n's next step: from the FIFO's head, at most
  * chunk_tokens in all. */
 static void take_chunks(sim_t *s, sim_node_t *n, kvf_sim_step_t *step)
@@ -123,7 +140,8 @@ void sim_node_kick(sim_t *s, int i)
     step.decode_ctx = n->step_decode ? n->batch_ctx : 0;
     if (!n->n_pieces && !n->step_decode)
         return; /* idle until work arrives */
-    uint64_t took = to_ns(kvf_sim_step_time(&s->cfg->hw, &s->cfg->model, &step));
+    uint64_t took =
+        to_ns(kvf_sim_step_time(&s->cfg->hw, &s->cfg->model, &step) / host_share(s));
     n->busy = true;
     n->busy_ns += took;
     s->steps++;
@@ -136,7 +154,7 @@ static void join_batch(sim_t *s, sim_node_t *n, sim_req_t *r)
 {
     r->state = REQ_DECODING;
     r->out = 1;
-    r->t_first = s->now;
+    r->t_first = s->now + sim_msg_delay_ns(s);
     if (r->w->n_output <= 1) {
         sim_end(s, r, false);
         return;
@@ -175,7 +193,9 @@ static void prompt_done(sim_t *s, sim_req_t *r)
         start = pn->link_free_ns;
     if (dn->link_free_ns > start)
         start = dn->link_free_ns;
-    uint64_t end = start + to_ns(kvf_sim_transfer_time(&s->cfg->hw, s->cfg->model.tp, bytes));
+    /* the KV, then KvReady from the prefill node to the decode node */
+    double took = kvf_sim_transfer_time(&s->cfg->hw, s->cfg->model.tp, bytes);
+    uint64_t end = start + to_ns(took) + (uint64_t)llround(s->cfg->hw.msg_latency_s * 1e9);
     pn->link_free_ns = dn->link_free_ns = end;
     s->kv_bytes += bytes;
     s->transfers++;

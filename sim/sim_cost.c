@@ -33,17 +33,17 @@ static const kvf_sim_profile_t builtin[] = {
      "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): 80 GB HBM3, 3.35 TB/s, "
      "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
      80e9, 3.35e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
-     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S},
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0},
     {"h200-sxm",
      "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): 141 GB HBM3e, 4.8 TB/s, "
      "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
      141e9, 4.8e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
-     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S},
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0},
     {"a100-sxm-80gb",
      "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): 80 GB HBM2e, "
      "2,039 GB/s, BF16 624 TFLOPS with sparsity, NVLink 600 GB/s",
      80e9, 2.039e12, 312e12, 300e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
-     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S},
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0},
 };
 #define N_BUILTIN (sizeof(builtin) / sizeof(builtin[0]))
 
@@ -72,8 +72,8 @@ bool kvf_sim_profile_builtin(const char *name, kvf_sim_profile_t *profile_p)
 }
 
 /* How a profile field is checked: a positive number, a fraction in
- * (0, 1], or a time >= 0. */
-typedef enum { FIELD_POSITIVE, FIELD_FRACTION, FIELD_TIME } field_kind_t;
+ * (0, 1], or a number >= 0 (times, counts). */
+typedef enum { FIELD_POSITIVE, FIELD_FRACTION, FIELD_NONNEG } field_kind_t;
 
 typedef struct {
     const char *key;
@@ -94,8 +94,12 @@ static const profile_field_t fields[] = {
      offsetof(kvf_sim_profile_t, decode_compute_eff)},
     {"mem_eff", 1, FIELD_FRACTION, false, offsetof(kvf_sim_profile_t, mem_eff)},
     {"kv_mem_fraction", 1, FIELD_FRACTION, false, offsetof(kvf_sim_profile_t, kv_mem_fraction)},
-    {"transfer_fixed_us", 1e-6, FIELD_TIME, false, offsetof(kvf_sim_profile_t, transfer_fixed_s)},
-    {"step_overhead_us", 1e-6, FIELD_TIME, false, offsetof(kvf_sim_profile_t, step_overhead_s)},
+    {"transfer_fixed_us", 1e-6, FIELD_NONNEG, false, offsetof(kvf_sim_profile_t, transfer_fixed_s)},
+    {"step_overhead_us", 1e-6, FIELD_NONNEG, false, offsetof(kvf_sim_profile_t, step_overhead_s)},
+    {"host_cpus", 1, FIELD_NONNEG, false, offsetof(kvf_sim_profile_t, host_cpus)},
+    {"host_load", 1, FIELD_NONNEG, false, offsetof(kvf_sim_profile_t, host_load)},
+    {"node_threads", 1, FIELD_NONNEG, false, offsetof(kvf_sim_profile_t, node_threads)},
+    {"msg_latency_us", 1e-6, FIELD_NONNEG, false, offsetof(kvf_sim_profile_t, msg_latency_s)},
 };
 
 static const char *const kind_rule[] = {"a positive number", "a number in (0, 1]", "a number >= 0"};
@@ -111,7 +115,7 @@ static bool take(const cJSON *o, const profile_field_t *f, kvf_sim_profile_t *p,
     if (!cJSON_IsNumber(j))
         return false;
     double v = j->valuedouble;
-    bool ok = f->kind == FIELD_TIME ? v >= 0 : v > 0 && (f->kind != FIELD_FRACTION || v <= 1);
+    bool ok = f->kind == FIELD_NONNEG ? v >= 0 : v > 0 && (f->kind != FIELD_FRACTION || v <= 1);
     if (ok)
         *(double *)((char *)p + f->offset) = v * f->scale;
     return ok;
@@ -273,6 +277,14 @@ double kvf_sim_step_time(const kvf_sim_profile_t *hw, const kvf_sim_model_t *m,
         t += 2.0 * m->n_layers * (2.0 * (m->tp - 1) / m->tp) * buffer / hw->nvlink_bw;
     }
     return t + hw->step_overhead_s;
+}
+
+double kvf_sim_host_share(const kvf_sim_profile_t *hw, double busy_threads)
+{
+    double demand = busy_threads + hw->host_load;
+    if (hw->host_cpus <= 0 || demand <= hw->host_cpus)
+        return 1;
+    return hw->host_cpus / demand;
 }
 
 double kvf_sim_transfer_time(const kvf_sim_profile_t *hw, int tp, double bytes)

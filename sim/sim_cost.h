@@ -36,6 +36,12 @@ typedef struct {
     double kv_mem_fraction;    /* of HBM, what weights and the KV pool may take */
     double transfer_fixed_s;   /* a transfer's fixed cost */
     double step_overhead_s;    /* a forward step's fixed cost (launches, scheduling) */
+    /* Measured on a CPU host (docs/simulator.md, "Profiles"); 0 in the
+     * built-ins: each node on its own hardware, messages free. */
+    double host_cpus;     /* CPUs every simulated node shares (0: not shared) */
+    double host_load;     /* threads of other programs runnable on them, on average */
+    double node_threads;  /* CPUs one node's step keeps busy */
+    double msg_latency_s; /* one control message from a process to another */
 } kvf_sim_profile_t;
 
 /* The built-in profile named name ("h100", "h200", "a100", any case, with
@@ -46,8 +52,8 @@ const char *kvf_sim_profile_names(void);
 /* A profile from a JSON file: {"base": "h200", "hbm_gb": ..., "hbm_tb_s": ...,
  * "tflops": ..., "nvlink_gb_s": ..., "net_gb_s": ..., "compute_eff": ...,
  * "decode_compute_eff": ..., "mem_eff": ..., "kv_mem_fraction": ...,
- * "transfer_fixed_us": ...,
- * "step_overhead_us": ...}: fields absent keep the base's (without a base:
+ * "transfer_fixed_us": ..., "step_overhead_us": ..., "host_cpus": ...,
+ * "host_load": ..., "node_threads": ..., "msg_latency_us": ...}: fields absent keep the base's (without a base:
  * all but the efficiencies are required). A problem is described in
  * err. */
 kvf_status_t kvf_sim_profile_load(const char *path, kvf_sim_profile_t *profile_p, char *err,
@@ -97,6 +103,12 @@ double kvf_sim_step_bytes(const kvf_sim_model_t *m, const kvf_sim_step_t *s);
  * layer, ring over NVLink) and the step overhead. */
 double kvf_sim_step_time(const kvf_sim_profile_t *hw, const kvf_sim_model_t *m,
                          const kvf_sim_step_t *s);
+/* The share of its CPUs a node's step gets on a shared host while
+ * busy_threads threads of the simulated nodes compute (its own among
+ * them): min(1, host_cpus / (busy_threads + host_load)); 1 when the
+ * profile has no shared host. A step's time is kvf_sim_step_time over
+ * this share. */
+double kvf_sim_host_share(const kvf_sim_profile_t *hw, double busy_threads);
 /* The time of a transfer of bytes between instances of tp GPUs, each GPU
  * shipping its share over its own NIC: fixed + bytes / (tp x net_bw). */
 double kvf_sim_transfer_time(const kvf_sim_profile_t *hw, int tp, double bytes);

@@ -121,6 +121,12 @@ typedef enum { EV_ARRIVE, EV_STEP, EV_SHIPPED, EV_BEAT } sim_event_kind_t;
 
 /* cluster.c */
 kvf_status_t sim_push(sim_t *s, uint64_t at_ns, sim_event_kind_t kind, uint32_t index);
+/* What the messages add to a token's arrival at its client: the dispatch
+ * (router to the node that prefills) and the token's way back (decode
+ * node to router, router to client), 3 x msg_latency_s. The requests'
+ * times shift by it; the nodes' work does not (the dispatch delays a
+ * prompt's start by one message, which the simulation does not). */
+uint64_t sim_msg_delay_ns(const sim_t *s);
 /* r ended; refused: never served. */
 void sim_end(sim_t *s, sim_req_t *r, bool refused);
 

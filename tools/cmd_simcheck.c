@@ -128,7 +128,7 @@ static bool serve_row(const cJSON *root, const char *config, check_row_t *row)
  * prompts in its prefix caches, which a fresh simulation does not.
  * Returns -1 or the exit code. */
 static int measure_serve(const char *prog, const check_opts_t *o, double rate, check_row_t *split,
-                         check_row_t *colo)
+                         check_row_t *colo, double *load_p)
 {
     char dir[] = "/tmp/kvf-sim-check-XXXXXX";
     if (!mkdtemp(dir)) {
@@ -168,7 +168,18 @@ static int measure_serve(const char *prog, const check_opts_t *o, double rate, c
                     "--json",
                     json,
                     NULL};
-    int rc = kvf_sim_run_kvf(prog, argv, NULL) ? -1 : 1;
+    /* the host's other load during the run: the CPU time its processes
+     * used less the run's own (kvf bench serve and the clusters it
+     * started), over the run's wall time */
+    double cpus, before = 0, after = 0, own = 0, wall = 0;
+    bool probed = kvf_sim_host_cpu(&before, &cpus);
+    int rc = kvf_sim_run_kvf(prog, argv, NULL, &own, &wall) ? -1 : 1;
+    probed = probed && kvf_sim_host_cpu(&after, &cpus) && wall > 0;
+    double others = probed ? (after - before - own) / wall : 0;
+    *load_p = others > 0 ? others : 0;
+    if (!probed)
+        fprintf(stderr, "%s: cannot read this host's CPU time: its other load taken as none\n",
+                prog);
     char *text = NULL;
     size_t len;
     if (rc < 0 && kvf_file_read(json, 1u << 20, &text, &len) != KVF_OK)
@@ -267,8 +278,9 @@ static bool compare_rows(const char *config, double rate, const check_row_t *pre
     return ok;
 }
 
-static int check(const check_opts_t *o, const kvf_sim_config_t *split_cfg,
-                 const kvf_sim_config_t *colo_cfg, const check_row_t *ms, const check_row_t *mc)
+static int check(const check_opts_t *o, const kvf_sim_config_t *split_base,
+                 const kvf_sim_config_t *colo_base, const check_row_t *ms, const check_row_t *mc,
+                 const double *load)
 {
     printf("\n%-10s %6s %-4s %-3s %12s %12s %10s\n", "config", "rate", "", "", "predicted",
            "measured", "error");
@@ -277,9 +289,11 @@ static int check(const check_opts_t *o, const kvf_sim_config_t *split_cfg,
     for (int i = 0; i < o->n_rates; i++) {
         kvf_sim_workload_t w = {0};
         check_row_t ps, pc;
-        kvf_model_config_t mc_cfg = split_cfg->model_cfg;
+        kvf_sim_config_t split_cfg = *split_base, colo_cfg = *colo_base;
+        split_cfg.hw.host_load = colo_cfg.hw.host_load = load[i]; /* the run's */
+        kvf_model_config_t mc_cfg = split_cfg.model_cfg;
         if (trace_workload(o, &mc_cfg, o->rate[i], &w) != KVF_OK ||
-            predict(split_cfg, &w, &ps) != KVF_OK || predict(colo_cfg, &w, &pc) != KVF_OK) {
+            predict(&split_cfg, &w, &ps) != KVF_OK || predict(&colo_cfg, &w, &pc) != KVF_OK) {
             kvf_sim_workload_fini(&w);
             return 1;
         }
@@ -289,9 +303,9 @@ static int check(const check_opts_t *o, const kvf_sim_config_t *split_cfg,
         int wp = winner(&ps, &pc), wm = winner(&ms[i], &mc[i]);
         agree += wp == wm;
         printf("rate %.2f: winner predicted %s, measured %s (goodput %.2f / %.2f predicted, %.2f / "
-               "%.2f measured)\n",
+               "%.2f measured); the host's other load %.2f threads\n",
                o->rate[i], wp ? "colocated" : "split", wm ? "colocated" : "split", ps.goodput,
-               pc.goodput, ms[i].goodput, mc[i].goodput);
+               pc.goodput, ms[i].goodput, mc[i].goodput, load[i]);
     }
     ok = ok && agree == o->n_rates;
     printf("sim-check: %s (p50 within %.0f%%, p99 within %.0f%%, the same winner at %d of %d "
@@ -322,10 +336,22 @@ static int clusters(const char *prog, const check_opts_t *o, kvf_sim_config_t *s
     *colo = *split;
     colo->n_prefill = colo->n_decode = 0;
     colo->n_colocated = 1;
-    int rc = kvf_sim_measure_profile(prog, o->model, o->threads, &split->model, &split->hw);
+    int rc = kvf_sim_measure_profile(prog, o->model, o->threads, true, &split->model, &split->hw);
     if (rc < 0)
-        rc = kvf_sim_measure_profile(prog, o->model, 2 * o->threads, &colo->model, &colo->hw);
+        rc = kvf_sim_measure_profile(prog, o->model, 2 * o->threads, true, &colo->model,
+                                     &colo->hw);
     return rc;
+}
+
+/* The measured profile's numbers, one line. */
+static void describe(const char *what, const kvf_sim_profile_t *hw)
+{
+    printf("%s profile: %.1f GB/s x mem_eff %.2f, %.1f GFLOP/s x compute_eff %.2f (decode %.2f), "
+           "transfer %.0f us + %.2f GB/s; host %.0f CPUs, other load %.2f threads, node "
+           "threads %.0f; a message %.0f us\n",
+           what, hw->hbm_bw / 1e9, hw->mem_eff, hw->flops / 1e9, hw->compute_eff,
+           hw->decode_compute_eff, hw->transfer_fixed_s * 1e6, hw->net_bw / 1e9, hw->host_cpus,
+           hw->host_load, hw->node_threads, hw->msg_latency_s * 1e6);
 }
 
 int kvf_cmd_bench_sim_check(int argc, char **argv)
@@ -338,9 +364,12 @@ int kvf_cmd_bench_sim_check(int argc, char **argv)
     rc = clusters(argv[0], &o, &split, &colo);
     if (rc >= 0)
         return rc;
+    describe("split node", &split.hw);
+    describe("colocated node", &colo.hw);
     check_row_t ms[CHECK_MAX_RATES], mc[CHECK_MAX_RATES];
+    double load[CHECK_MAX_RATES];
     for (int i = 0; i < o.n_rates; i++)
-        if ((rc = measure_serve(argv[0], &o, o.rate[i], &ms[i], &mc[i])) >= 0)
+        if ((rc = measure_serve(argv[0], &o, o.rate[i], &ms[i], &mc[i], &load[i])) >= 0)
             return rc;
-    return check(&o, &split, &colo, ms, mc);
+    return check(&o, &split, &colo, ms, mc, load);
 }

@@ -7,9 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kvf/clock.h"
 #include "kvf/file.h"
 
 extern char **environ;
@@ -19,8 +21,10 @@ extern char **environ;
 #define MEASURE_DECODE_BATCH 32
 #define MEASURE_DECODE_CTX   256
 
-bool kvf_sim_run_kvf(const char *prog, char *const *argv, const char *log)
+bool kvf_sim_run_kvf(const char *prog, char *const *argv, const char *log, double *cpu_s_p,
+                     double *wall_s_p)
 {
+    uint64_t t0 = kvf_clock_ns();
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     if (log) {
@@ -36,8 +40,14 @@ bool kvf_sim_run_kvf(const char *prog, char *const *argv, const char *log)
         return false;
     }
     int status;
-    while (waitpid(pid, &status, 0) < 0)
+    struct rusage ru;
+    while (wait4(pid, &status, 0, &ru) < 0)
         ;
+    if (cpu_s_p)
+        *cpu_s_p = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                   (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+    if (wall_s_p)
+        *wall_s_p = (double)(kvf_clock_ns() - t0) / 1e9;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         fprintf(stderr, "%s: kvf %s %s failed%s%s%s\n", prog, argv[1], argv[2],
                 log ? " (its output: " : "", log ? log : "", log ? ")" : "");
@@ -101,7 +111,7 @@ static bool from_engine(const cJSON *e, const kvf_sim_model_t *m, kvf_sim_profil
 
 /* Runs both benchmarks into dir; false after a message. */
 static bool measure(const char *prog, const char *dir, const char *model_dir, int threads,
-                    cJSON **engine_p, cJSON **xfer_p)
+                    cJSON **engine_p, cJSON **xfer_p, double *share_p)
 {
     char ej[512], el[512], xj[512], xl[512], th[16];
     snprintf(ej, sizeof(ej), "%s/engine.json", dir);
@@ -112,8 +122,14 @@ static bool measure(const char *prog, const char *dir, const char *model_dir, in
     char *engine[] = {"kvf",     "bench",  "engine", "--model", (char *)model_dir, "--threads", th,
                       "--quick", "--json", ej,       NULL};
     char *xfer[] = {"kvf", "bench", "transfer", "--tls", "shm", "--quick", "--json", xj, NULL};
-    if (!kvf_sim_run_kvf(prog, engine, el) || !kvf_sim_run_kvf(prog, xfer, xl))
+    double cpu = 0, wall = 0;
+    if (!kvf_sim_run_kvf(prog, engine, el, &cpu, &wall) ||
+        !kvf_sim_run_kvf(prog, xfer, xl, NULL, NULL))
         return false;
+    /* of its CPU, what a one-thread engine benchmark got; with more
+     * threads its CPU time cannot tell (workers also wait for each other,
+     * which is not a share lost to other programs), so none is taken */
+    *share_p = threads == 1 && wall > 0 && cpu > 0 ? at_most_1(cpu / wall) : 1;
     *engine_p = read_json(prog, ej);
     *xfer_p = read_json(prog, xj);
     unlink(ej);
@@ -123,8 +139,22 @@ static bool measure(const char *prog, const char *dir, const char *model_dir, in
     return *engine_p && *xfer_p;
 }
 
+/* The host's terms of hw: its CPUs, the node's threads, a message's
+ * latency (the other load is the run's: kvf bench sim-check). False
+ * after a message. */
+static bool probe(const char *prog, int threads, kvf_sim_profile_t *hw)
+{
+    double busy;
+    if (!kvf_sim_host_cpu(&busy, &hw->host_cpus) || !kvf_sim_probe_msg(&hw->msg_latency_s)) {
+        fprintf(stderr, "%s: cannot probe this host (its CPUs, a message's latency)\n", prog);
+        return false;
+    }
+    hw->node_threads = threads;
+    return true;
+}
+
 int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads,
-                            const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p)
+                            bool shared_host, const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p)
 {
     char dir[] = "/tmp/kvf-sim-measure-XXXXXX";
     if (!mkdtemp(dir)) {
@@ -135,16 +165,24 @@ int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads
             "%s: measuring this machine (kvf bench engine --quick --threads %d, kvf bench "
             "transfer --quick)...\n",
             prog, threads);
-    cJSON *engine = NULL, *xfer = NULL;
-    bool ok = measure(prog, dir, model_dir, threads, &engine, &xfer);
-    rmdir(dir);
     kvf_sim_profile_t hw = {.kv_mem_fraction = 0.9};
+    cJSON *engine = NULL, *xfer = NULL;
+    double share = 1;
+    bool ok = probe(prog, threads, &hw) &&
+              measure(prog, dir, model_dir, threads, &engine, &xfer, &share);
+    rmdir(dir);
     snprintf(hw.name, sizeof(hw.name), "measured-%dt", threads);
     hw.source = "kvf bench engine and kvf bench transfer on this machine";
     hw.hbm_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     hw.net_bw = hw.nvlink_bw = number(xfer, "fit_gbps", "shm") * 1e9;
     hw.transfer_fixed_s = number(xfer, "fixed_cost_us", "shm") / 1e6;
     ok = ok && from_engine(engine, m, &hw) && hw.net_bw > 0;
+    /* the benchmark had this share of its CPUs: the rates of CPUs of its
+     * own are higher by its inverse */
+    hw.hbm_bw /= share;
+    hw.flops /= share;
+    if (!shared_host)
+        hw.host_cpus = hw.host_load = hw.node_threads = 0;
     if (engine && xfer && !ok)
         fprintf(stderr, "%s: the benchmarks' JSON lacks a number the profile needs\n", prog);
     cJSON_Delete(engine);

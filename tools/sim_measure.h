@@ -10,15 +10,34 @@
 
 /* Measures the profile of one node of `threads` CPU threads running the
  * model in model_dir, whose cost-model shape is m (the efficiencies are
- * fitted to m's FLOPs and bytes). The benches' output goes to log files
- * in a temporary directory, removed after. Returns -1 with *hw_p set,
- * else the exit code after a message on stderr. */
+ * fitted to m's FLOPs and bytes). The rates are those of CPUs the node
+ * has to itself: the engine benchmark's, over the share of its CPUs it
+ * got (one thread: its CPU time over its wall time, from its rusage;
+ * more: taken as all).
+ * shared_host: the simulated nodes share this host (host_cpus, host_load
+ * and node_threads set, as kvf bench serve runs them); else each has its
+ * own. msg_latency_s is kvf_sim_probe_msg's. The benches' output goes to
+ * log files in a temporary directory, removed after. Returns -1 with
+ * *hw_p set, else the exit code after a message on stderr. */
 int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads,
-                            const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p);
+                            bool shared_host, const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p);
+
+/* The CPU time every process of this host has used since boot, in
+ * seconds (/proc/stat: all but idle and iowait), and its online CPUs.
+ * False when /proc/stat cannot be read. */
+bool kvf_sim_host_cpu(double *busy_s_p, double *cpus_p);
+
+/* One control message's latency between two processes on 127.0.0.1 (half
+ * the median round trip of small envelopes over the nanomsg sockets the
+ * nodes and router use, kvf/msg.h): a child process echoes. */
+bool kvf_sim_probe_msg(double *latency_s_p);
 
 /* Runs this kvf (/proc/self/exe) with argv ("kvf", "bench", ...), its
  * output into the file log (NULL: this process's stdout and stderr).
- * True when it exited 0; false after a message on stderr. */
-bool kvf_sim_run_kvf(const char *prog, char *const *argv, const char *log);
+ * True when it exited 0; false after a message on stderr. cpu_s_p and
+ * wall_s_p (either may be NULL): the CPU time it and the children it
+ * waited for used, and its wall time, in seconds. */
+bool kvf_sim_run_kvf(const char *prog, char *const *argv, const char *log, double *cpu_s_p,
+                     double *wall_s_p);
 
 #endif

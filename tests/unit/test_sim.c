@@ -8,11 +8,13 @@
  *   a split cluster ships every prompt's KV, a colocated one none; shared
  *   prefixes are computed once per node;
  * - the planner: the cheapest cluster meeting reachable SLOs, none (with
- *   the closest and its shortfall) for an unreachable one. */
+ *   the closest and its shortfall) for an unreachable one;
+ * - the measured host terms: a shared host's CPU share, message latency. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -367,6 +369,66 @@ static void test_local_prefill(void **state)
     kvf_sim_workload_fini(&w);
 }
 
+/* The measured host terms (docs/simulator.md, "Profiles"): a node's share
+ * of a shared host's CPUs, hand-computed; steps stretched by it (half a
+ * CPU: twice as long); nodes that never outnumber the CPUs unaffected,
+ * and slowed when they do; each message's latency added to TTFT and e2e
+ * (3 messages, the split path's KvReady a fourth), TPOT unchanged. */
+static void test_host_terms(void **state)
+{
+    (void)state;
+    kvf_sim_profile_t hw = unit_profile();
+    assert_true(kvf_sim_host_share(&hw, 8) == 1); /* no shared host */
+    hw.host_cpus = 2;
+    assert_true(kvf_sim_host_share(&hw, 2) == 1);
+    hw.host_load = 1;
+    assert_true(fabs(kvf_sim_host_share(&hw, 2) - 2.0 / 3) < 1e-12);
+    assert_true(kvf_sim_host_share(&hw, 3) == 0.5);
+
+    kvf_sim_req_t reqs[2] = {{.at_s = 0, .n_prompt = 1000, .n_output = 50, .prefix_id = -1},
+                             {.at_s = 0.05, .n_prompt = 1000, .n_output = 50, .prefix_id = -1}};
+    kvf_sim_workload_t one = {.n = 1, .reqs = reqs}, two = {.n = 2, .reqs = reqs};
+    kvf_sim_config_t colo, split;
+    chat_config(&colo, 0, 0, 1);
+    chat_config(&split, 1, 1, 0);
+    kvf_sim_result_t a, b;
+    run(&colo, &one, &a);
+    colo.hw.host_cpus = colo.hw.node_threads = colo.hw.host_load = 1; /* half a CPU */
+    run(&colo, &one, &b);
+    assert_true(fabs(b.ttft[0] - 2 * a.ttft[0]) < 1e-3);
+    assert_true(fabs(b.e2e[0] - 2 * a.e2e[0]) < 1e-3);
+    kvf_sim_result_fini(&b);
+    colo.hw.host_cpus = colo.hw.node_threads = colo.hw.host_load = 0;
+    colo.hw.msg_latency_s = 1e-3;
+    run(&colo, &one, &b);
+    assert_true(fabs(b.ttft[0] - (a.ttft[0] + 3)) < 1e-6);
+    assert_true(fabs(b.e2e[0] - (a.e2e[0] + 3)) < 1e-6);
+    assert_true(b.tpot[0] == a.tpot[0]);
+    kvf_sim_result_fini(&a);
+    kvf_sim_result_fini(&b);
+
+    run(&split, &one, &a);
+    split.hw.msg_latency_s = 1e-3;
+    run(&split, &one, &b);
+    assert_true(fabs(b.ttft[0] - (a.ttft[0] + 4)) < 1e-6);
+    assert_true(fabs(b.e2e[0] - (a.e2e[0] + 4)) < 1e-6);
+    kvf_sim_result_fini(&a);
+    kvf_sim_result_fini(&b);
+    split.hw.msg_latency_s = 0;
+    /* the second prompt is computed while the first decodes */
+    run(&split, &two, &a);
+    split.hw.host_cpus = 2;
+    split.hw.node_threads = 1;
+    run(&split, &two, &b);
+    assert_true(same_result(&a, &b)); /* never more busy nodes than CPUs */
+    kvf_sim_result_fini(&b);
+    split.hw.host_cpus = 1;
+    run(&split, &two, &b);
+    assert_true(b.e2e[2] > a.e2e[2] * 1.05);
+    kvf_sim_result_fini(&a);
+    kvf_sim_result_fini(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -374,6 +436,7 @@ int main(void)
         cmocka_unit_test(test_profiles),      cmocka_unit_test(test_traces),
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_split_and_colocated),
         cmocka_unit_test(test_plan),          cmocka_unit_test(test_local_prefill),
+        cmocka_unit_test(test_host_terms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,11 @@ static inline uint64_t kvf_clock_ms(void)
     return kvf_clock_ns() / 1000000u;
 }
 
+/* CPU time this process has used, all its threads (CLOCK_PROCESS_CPUTIME_ID),
+ * in nanoseconds: against kvf_clock_ns over the same span, how much of a
+ * core the process got. */
+uint64_t kvf_clock_cpu_ns(void);
+
 /* Seconds since the Unix epoch on the real-time clock (for `created`
  * fields and logs meant for people). */
 int64_t kvf_clock_unix_s(void);
