@@ -30,8 +30,8 @@
 
 /* Status codes counted on /metrics (kvf_http_responses_total); others count
  * as "other". */
-static const unsigned counted_codes[HTTP_N_COUNTED] = {200, 400, 401, 404, 405,
-                                                       413, 429, 500, 503, 504};
+static const unsigned counted_codes[HTTP_N_COUNTED] = {200, 400, 401, 404, 405, 413,
+                                                       414, 429, 431, 500, 503, 504};
 #define N_COUNTED HTTP_N_COUNTED
 
 /* ---- responses -------------------------------------------------------------------- */
@@ -336,11 +336,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)version;
     kvf_http_t *h = cls;
     conn_req_t *cr = *con_cls;
-    if (!cr) {
+    if (!cr || cr == kvf_http__target_too_long) {
+        bool target_too_long = cr != NULL;
         cr = calloc(1, sizeof(*cr));
+        *con_cls = cr;
         if (!cr)
             return MHD_NO;
-        *con_cls = cr;
         cr->route = route_of(url);
         cr->post = !strcmp(method, "POST");
         kvf_strbuf_init(&cr->body);
@@ -348,7 +349,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
          * long as a request's body or response may take. */
         MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->idle_timeout_s);
         enum MHD_Result ret;
-        if (check_headers(h, c, cr, method, &ret))
+        if (kvf_http__check_head(h, c, target_too_long, &ret) ||
+            check_headers(h, c, cr, method, &ret))
             return ret;
         return MHD_YES;
     }
@@ -369,7 +371,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 {
     kvf_http_t *h = cls;
     conn_req_t *cr = *con_cls;
-    if (!cr)
+    if (!cr || cr == kvf_http__target_too_long)
         return;
     kvf_http__unpark(&h->park, &cr->wait);
     /* A kept-alive connection waits for its next request's headers. */
@@ -552,7 +554,8 @@ static kvf_status_t start_daemon(kvf_http_t *h, const kvf_http_config_t *cfg)
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, threads,
         MHD_OPTION_CONNECTION_LIMIT, max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, h->header_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, h, MHD_OPTION_END);
+        on_completed, h, MHD_OPTION_URI_LOG_CALLBACK, kvf_http__on_uri, h,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_CONN_MEMORY, MHD_OPTION_END);
     if (!h->daemon) {
         kvf_log_error("http: cannot serve on %s (address in use?)", cfg->listen);
         return KVF_ERR_IO;

@@ -22,11 +22,17 @@
  * and /metrics away from the others); a connection may be idle for
  * header_timeout_s before its request's headers arrive, idle_timeout_s
  * once they have (a parked connection is never timed out: its own wait
- * is bounded by max_wait_ms). A malformed request line is answered 400 by
- * libmicrohttpd itself (its own HTML body: it offers no hook for it).
+ * is bounded by max_wait_ms). A request target over 8 KiB gets 414 and
+ * header fields over 16 KiB 431, both OpenAI error objects (http_head.c).
+ * What libmicrohttpd refuses before the router sees the request is
+ * answered by libmicrohttpd itself, with the right status but its own
+ * HTML body (0.9.75 offers no hook for it): a malformed request line or
+ * header line, an unknown HTTP version (505), a malformed Content-Length
+ * or chunked body, and a head larger than its per-connection memory
+ * (64 KiB: 414 or 431).
  *
  * Files: http.c (the server, routes, /v1/models, /health, /metrics),
- * http_generate.c (completions: whole or streamed), http_park.c (parked
+ * http_head.c (the head's limits), http_generate.c (completions: whole or streamed), http_park.c (parked
  * connections), openai.c (the JSON),
  * exchange.c (the hand-over to the loop). */
 #ifndef KVF_HTTP_H

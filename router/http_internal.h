@@ -70,7 +70,17 @@ kvf_http_await_t kvf_http__await(kvf_http_t *h, kvf_http_waiter_t *w,
                                  bool (*ready)(const kvf_exch_t *), unsigned wait_ms);
 
 /* HTTP status codes counted one by one on /metrics (http.c). */
-#define HTTP_N_COUNTED 10
+#define HTTP_N_COUNTED 12
+
+/* The router's own limits on a request's head, answered with OpenAI
+ * error objects: the request target (414) and the header fields, each
+ * counted as name + value + 4 (431). libmicrohttpd's per-connection
+ * memory (HTTP_CONN_MEMORY) holds a head well past them, so that it
+ * never meets its own limit (and answers with its own page) first unless
+ * a head is larger than that memory. */
+#define HTTP_MAX_TARGET  8192
+#define HTTP_MAX_HEADERS 16384
+#define HTTP_CONN_MEMORY (64u << 10)
 
 struct kvf_http {
     kvf_router_t *router;
@@ -121,6 +131,17 @@ enum MHD_Result kvf_http__respond_error(kvf_http_t *h, struct MHD_Connection *c,
 /* A server_error with code and the message what. */
 enum MHD_Result kvf_http__respond_unavailable(kvf_http_t *h, struct MHD_Connection *c,
                                               unsigned code, const char *what);
+
+/* The mark *con_cls holds when the request target is too long
+ * (http_head.c). */
+extern const void *const kvf_http__target_too_long;
+/* MHD_OPTION_URI_LOG_CALLBACK: marks a request whose target is longer
+ * than HTTP_MAX_TARGET. */
+void *kvf_http__on_uri(void *cls, const char *uri, struct MHD_Connection *c);
+/* The head's limits, once the headers are in: true when a 414 or 431 was
+ * queued (*ret). */
+bool kvf_http__check_head(kvf_http_t *h, struct MHD_Connection *c, bool target_too_long,
+                          enum MHD_Result *ret);
 
 /* A completion or chat request whose body has arrived (http_generate.c):
  * called again, with cr->ex set, each time its parked connection resumes. */

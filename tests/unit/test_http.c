@@ -338,6 +338,61 @@ static void test_bad_requests(void **state)
     expect_error("invalid_request_error", "context_length_exceeded");
 }
 
+/* GET /health with a target of target_len bytes (a query pads it) and one
+ * more header field of field_len bytes (none when 0); the response lands
+ * in resp. */
+static int call_head(size_t target_len, size_t field_len)
+{
+    size_t cap = target_len + field_len + 256;
+    char *req = malloc(cap);
+    assert_non_null(req);
+    size_t n = (size_t)snprintf(req, cap, "GET /health?pad=");
+    memset(req + n, 'a', target_len - (n - 4));
+    n += target_len - (n - 4);
+    n += (size_t)snprintf(req + n, cap - n, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    if (field_len) {
+        n += (size_t)snprintf(req + n, cap - n, "X-Pad: ");
+        memset(req + n, 'b', field_len - 9); /* counted with "X-Pad", ": " and CRLF */
+        n += field_len - 9;
+        n += (size_t)snprintf(req + n, cap - n, "\r\n");
+    }
+    n += (size_t)snprintf(req + n, cap - n, "\r\n");
+    int fd = connect_server();
+    send_all(fd, req, n);
+    free(req);
+    return read_response(fd, resp, sizeof(resp));
+}
+
+/* The request head's limits are the router's, answered with OpenAI error
+ * objects, not libmicrohttpd's HTML: a target over 8192 bytes is 414,
+ * header fields over 16384 bytes 431; just under both is served. */
+static void test_head_limits(void **state)
+{
+    (void)state;
+    assert_int_equal(call_head(8192, 0), 503); /* /health, no nodes */
+    assert_non_null(strstr(body_of(resp), "\"status\":\"unavailable\""));
+    assert_int_equal(call_head(8193, 0), 414);
+    expect_error("invalid_request_error", "uri_too_long");
+    assert_non_null(strstr(body_of(resp), "longer than 8192 bytes"));
+    assert_non_null(strstr(resp, "Content-Type: application/json"));
+    assert_int_equal(call_head(40000, 0), 414);
+    expect_error("invalid_request_error", "uri_too_long");
+    /* Host (4 + 1 + 4) and Connection (10 + 5 + 4) take 28 of the 16384. */
+    assert_int_equal(call_head(100, 16384 - 28), 503);
+    assert_int_equal(call_head(100, 16384 - 27), 431);
+    expect_error("invalid_request_error", "header_fields_too_large");
+    assert_non_null(strstr(body_of(resp), "take 16385 bytes; at most 16384"));
+    assert_int_equal(call_head(100, 40000), 431);
+    expect_error("invalid_request_error", "header_fields_too_large");
+    /* Both limits are checked before the route, the method and the key. */
+    int fd = connect_server();
+    char req[9300];
+    int n = snprintf(req, sizeof(req), "DELETE /nowhere/%09000d HTTP/1.1\r\nHost: x\r\n\r\n", 0);
+    send_all(fd, req, (size_t)n);
+    assert_int_equal(read_response(fd, resp, sizeof(resp)), 414);
+    expect_error("invalid_request_error", "uri_too_long");
+}
+
 /* The value of a metric sample line "name value". */
 static double metric(const char *name)
 {
@@ -387,6 +442,8 @@ static void test_overload_and_hangup(void **state)
     wait_metric("kvf_num_requests_waiting", 1);
     /* Responses by status code, from the tests before. */
     assert_true(metric("kvf_http_responses_total{code=\"413\"}") == 2);
+    assert_true(metric("kvf_http_responses_total{code=\"414\"}") == 3);
+    assert_true(metric("kvf_http_responses_total{code=\"431\"}") == 2);
     assert_true(metric("kvf_http_responses_total{code=\"401\"}") == 5);
     assert_true(metric("kvf_http_responses_total{code=\"503\"}") >= 2);
     assert_true(metric("kvf_http_responses_total{code=\"200\"}") >= 5);
@@ -395,9 +452,9 @@ static void test_overload_and_hangup(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_health_and_models),   cmocka_unit_test(test_routes_methods_keys),
-        cmocka_unit_test(test_body_limit),          cmocka_unit_test(test_bad_requests),
-        cmocka_unit_test(test_overload_and_hangup),
+        cmocka_unit_test(test_health_and_models), cmocka_unit_test(test_routes_methods_keys),
+        cmocka_unit_test(test_body_limit),        cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_head_limits),       cmocka_unit_test(test_overload_and_hangup),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
