@@ -23,16 +23,23 @@
  * header_timeout_s before its request's headers arrive, idle_timeout_s
  * once they have (a parked connection is never timed out: its own wait
  * is bounded by max_wait_ms). A request target over 8 KiB gets 414 and
- * header fields over 16 KiB 431, both OpenAI error objects (http_head.c).
- * What libmicrohttpd refuses before the router sees the request is
- * answered by libmicrohttpd itself, with the right status but its own
- * HTML body (0.9.75 offers no hook for it): a malformed request line or
- * header line, an unknown HTTP version (505), a malformed Content-Length
- * or chunked body, and a head larger than its per-connection memory
- * (64 KiB: 414 or 431).
+ * header fields over 16 KiB (or more than 256 of them) 431, all OpenAI
+ * error objects (http_head.c).
+ *
+ * The router listens itself (http_gate.c): a connection's first head is
+ * read without being taken from the socket and checked; what
+ * libmicrohttpd 0.9.75 would answer with its own HTML page (it offers no
+ * hook for it) the gate answers with an OpenAI error object instead: a
+ * malformed request line or header field (400), an HTTP version other
+ * than 1.x (505), a malformed or 64-bit-overflowing Content-Length (400,
+ * 413), a head past the limits (414, 431). The rest is handed to
+ * libmicrohttpd. Still libmicrohttpd's own page: a malformed chunked body,
+ * and a malformed later request on a kept-alive connection (the gate sees
+ * only the first).
  *
  * Files: http.c (the server, routes, /v1/models, /health, /metrics),
- * http_head.c (the head's limits), http_generate.c (completions: whole or streamed), http_park.c (parked
+ * http_gate.c (the listening socket, the first head's check), http_head.c
+ * (the head's limits and shape), http_generate.c (completions: whole or streamed), http_park.c (parked
  * connections), openai.c (the JSON),
  * exchange.c (the hand-over to the loop). */
 #ifndef KVF_HTTP_H
