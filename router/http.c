@@ -572,6 +572,7 @@ static kvf_status_t start_daemon(kvf_http_t *h, const kvf_http_config_t *cfg)
         if (h->daemon)
             MHD_stop_daemon(h->daemon);
         kvf_http__gate_destroy(h->gate);
+        h->gate = NULL;
         return KVF_ERR_IO;
     }
     h->port = kvf_http__gate_port(h->gate);

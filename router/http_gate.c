@@ -63,7 +63,8 @@ struct kvf_http_gate {
     ip_count_t *ips;
     unsigned total, max_total, per_ip;
     uint64_t timeout_ns;
-    gate_conn_t *head, *tail; /* the thread's own */
+    gate_conn_t *head, *tail;                   /* the thread's own */
+    uint64_t accept_logged_ns, accept_failures; /* the thread's own */
     char peek[HTTP_GATE_PEEK];
 };
 
@@ -248,6 +249,22 @@ static void on_conn(kvf_http_gate_t *g, gate_conn_t *c, uint32_t events)
     }
 }
 
+/* At most one line per ACCEPT_LOG_NS: out of file descriptors, every
+ * new connection would say it again. */
+#define ACCEPT_LOG_NS (10ull * 1000000000ull)
+
+static void warn_accept(kvf_http_gate_t *g, int err)
+{
+    uint64_t now = kvf_clock_ns();
+    g->accept_failures++;
+    if (g->accept_logged_ns && now - g->accept_logged_ns < ACCEPT_LOG_NS)
+        return;
+    kvf_log_warn("http: accept: %s (%llu times since the last line)", strerror(err),
+                 (unsigned long long)g->accept_failures);
+    g->accept_logged_ns = now;
+    g->accept_failures = 0;
+}
+
 static void accept_all(kvf_http_gate_t *g)
 {
     for (;;) {
@@ -259,7 +276,7 @@ static void accept_all(kvf_http_gate_t *g)
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
-                kvf_log_warn("http: accept: %s", strerror(errno)); /* the next edge retries */
+                warn_accept(g, errno); /* the next connection's edge retries */
             return;
         }
         if (!ip_take(g, (struct sockaddr *)&addr, false)) {
