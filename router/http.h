@@ -34,8 +34,9 @@
  * than 1.x (505), a malformed or 64-bit-overflowing Content-Length (400,
  * 413), a head past the limits (414, 431). The rest is handed to
  * libmicrohttpd. Still libmicrohttpd's own page: a malformed chunked body,
- * and a malformed later request on a kept-alive connection (the gate sees
- * only the first).
+ * a malformed later request on a kept-alive connection (the gate sees
+ * only the first), and a head trickled in over 32 pieces (handed over
+ * unchecked, to bound the gate's work).
  *
  * Files: http.c (the server, routes, /v1/models, /health, /metrics),
  * http_gate.c (the listening socket, the first head's check), http_head.c

@@ -37,8 +37,15 @@
 #include "kvf/clock.h"
 #include "kvf/log.h"
 
+/* Each look reads the head from its start again (a peek cannot skip what
+ * it saw): a head that needs more looks than this, a client trickling it
+ * in small pieces, goes to libmicrohttpd unchecked, which reads each byte
+ * once. That bounds the gate's work per connection. */
+#define GATE_MAX_LOOKS 32
+
 typedef struct gate_conn {
     int fd;
+    unsigned looks;
     bool closing; /* answered: what the client still sends is read and dropped */
     uint64_t deadline_ns;
     struct sockaddr_storage addr;
@@ -237,6 +244,8 @@ static void on_conn(kvf_http_gate_t *g, gate_conn_t *c, uint32_t events)
     case KVF_HTTP_HEAD_MORE:
         if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
             close_conn(g, c); /* it will send no more */
+        else if (++c->looks >= GATE_MAX_LOOKS)
+            hand_over(g, c);
         else
             touch(g, c, true);
         break;

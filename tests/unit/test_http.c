@@ -17,6 +17,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -466,6 +467,18 @@ static void test_malformed_heads(void **state)
     for (size_t i = 0; i < sizeof(taken) / sizeof(taken[0]); i++)
         if (call_raw(taken[i], strlen(taken[i])) != 503)
             fail_msg("taken %zu: %s", i, resp);
+    /* A head trickled in a byte at a time, and one over the limits sent
+     * the same way: each is still answered. */
+    static const char *const trickled[] = {taken[0], cases[1].raw};
+    static const int trickled_code[] = {503, 400};
+    for (size_t i = 0; i < 2; i++) {
+        fd = connect_server();
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        for (const char *p = trickled[i]; *p; p++)
+            send_all(fd, p, 1);
+        assert_int_equal(read_response(fd, resp, sizeof(resp)), trickled_code[i]);
+    }
 }
 
 /* The value of a metric sample line "name value". */
