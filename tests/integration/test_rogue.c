@@ -379,6 +379,39 @@ static void test_rogue_without_key(void **state)
 
 #define N_DRAIN 4
 
+/* A test where a node leaves: its cluster, generations and references. */
+typedef struct {
+    h_cluster_t c;
+    h_gen_t gens[N_DRAIN];
+    uint32_t *refs[N_DRAIN];
+    size_t n_refs[N_DRAIN];
+} leave_run_t;
+
+/* N_DRAIN greedy generations of max_tokens each (prompts from seed on),
+ * their colocated references, and a cluster (nothing started yet). */
+static void leave_begin(leave_run_t *run, uint64_t seed, uint32_t max_tokens)
+{
+    for (int i = 0; i < N_DRAIN; i++)
+        h_gen_random(&run->gens[i], 20 + (size_t)i * 37, VOCAB, seed + (uint64_t)i, max_tokens,
+                     true);
+    h_references(model_dir, run->gens, N_DRAIN, run->refs, run->n_refs);
+    h_cluster_init(&run->c, model_dir, NULL);
+}
+
+/* The outputs equal the colocated ones. */
+static void leave_check(leave_run_t *run)
+{
+    h_check_outputs(&run->c, run->gens, run->refs, run->n_refs, N_DRAIN, H_FINISH_LENGTH);
+}
+
+/* The end: nothing in use anywhere, every process stopped. */
+static void leave_end(leave_run_t *run)
+{
+    h_gens_free(run->gens, run->refs, N_DRAIN);
+    h_wait_no_blocks_used(&run->c, 30000);
+    h_cluster_stop(&run->c, false);
+}
+
 /* A node's dispatched count as the router lists it; -1 when not listed. */
 static long long node_dispatched(h_cluster_t *c, const char *id)
 {
@@ -444,51 +477,42 @@ static void on_drain_progress(h_cluster_t *c, void *arg, size_t tokens)
 static void test_drain_not_handed_back(void **state)
 {
     (void)state;
-    h_gen_t gens[N_DRAIN];
-    uint32_t *drefs[N_DRAIN];
-    size_t n_drefs[N_DRAIN];
-    for (int i = 0; i < N_DRAIN; i++)
-        h_gen_random(&gens[i], 20 + (size_t)i * 37, VOCAB, (uint64_t)i + 71, 1500, true);
-    h_references(model_dir, gens, N_DRAIN, drefs, n_drefs);
-
-    h_cluster_t c;
-    h_cluster_init(&c, model_dir, NULL);
+    static leave_run_t run;
+    leave_begin(&run, 71, 1500);
+    h_cluster_t *c = &run.c;
     int port;
     assert_int_equal(kvf_net_free_port(&port), KVF_OK);
     char http[32];
     snprintf(http, sizeof(http), "127.0.0.1:%d", port);
-    h_start_router(&c, "--http", http, NULL);
+    h_start_router(c, "--http", http, NULL);
     kvf_outbox_t *to_router;
-    h_start_node(&c, "decode", "decode-0", "--drain-timeout-ms", "1", NULL);
-    h_start_node(&c, "decode", "decode-1", NULL);
-    h_start_node(&c, "prefill", "prefill-0", NULL);
-    h_wait_nodes(&c, 3, WAIT_MS);
+    h_start_node(c, "decode", "decode-0", "--drain-timeout-ms", "1", NULL);
+    h_start_node(c, "decode", "decode-1", NULL);
+    h_start_node(c, "prefill", "prefill-0", NULL);
+    h_wait_nodes(c, 3, WAIT_MS);
     /* A forged Deregister (no registration token) of decode-1. */
-    assert_int_equal(kvf_outbox_create(c.router_url, &to_router), KVF_OK);
+    assert_int_equal(kvf_outbox_create(c->router_url, &to_router), KVF_OK);
     send_deregister(to_router, "decode-1");
-    wait_router(&c, port, "kvf_messages_refused_total{reason=\"token\"} ", 1);
-    assert_true(node_listed(&c, "decode-1", "live"));
+    wait_router(c, port, "kvf_messages_refused_total{reason=\"token\"} ", 1);
+    assert_true(node_listed(c, "decode-1", "live"));
     kvf_outbox_destroy(to_router);
 
-    drain_t d = {.gens = gens};
-
-    h_generate_many_ex(&c, gens, N_DRAIN, NULL, 300000, on_drain_progress, &d);
+    drain_t d = {.gens = run.gens};
+    h_generate_many_ex(c, run.gens, N_DRAIN, NULL, 300000, on_drain_progress, &d);
     assert_true(d.done);
-    h_check_outputs(&c, gens, drefs, n_drefs, N_DRAIN, H_FINISH_LENGTH);
-    long long left = drain_left(&c, h_find(&c, "decode-0"));
+    leave_check(&run);
+    long long left = drain_left(c, h_find(c, "decode-0"));
     if (!WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0 || left < 1) {
-        h_cluster_stop(&c, true);
+        h_cluster_stop(c, true);
         fail_msg("decode-0 did not leave holding requests (exit %d, %lld left)", d.status, left);
     }
     print_message("decode-0 left holding %lld of %d requests\n", left, N_DRAIN);
     /* Each request it held was sent again once, all to decode-1. */
-    assert_int_equal(h_redispatched(&c), left);
-    assert_int_equal(node_dispatched(&c, "decode-1"), d.d1_before + left);
-    assert_int_equal(node_dispatched(&c, "decode-0"), -1);
-    assert_true(node_listed(&c, "decode-1", "live"));
-    h_gens_free(gens, drefs, N_DRAIN);
-    h_wait_no_blocks_used(&c, 30000);
-    h_cluster_stop(&c, false);
+    assert_int_equal(h_redispatched(c), left);
+    assert_int_equal(node_dispatched(c, "decode-1"), d.d1_before + left);
+    assert_int_equal(node_dispatched(c, "decode-0"), -1);
+    assert_true(node_listed(c, "decode-1", "live"));
+    leave_end(&run);
 }
 
 /* While prefill-0 is stopped (SIGSTOP) every request is placed and none
@@ -526,39 +550,31 @@ static void on_leave_progress(h_cluster_t *c, void *arg, size_t tokens)
 static void test_leaving_node_not_handed_back(void **state)
 {
     (void)state;
-    h_gen_t gens[N_DRAIN];
-    uint32_t *drefs[N_DRAIN];
-    size_t n_drefs[N_DRAIN];
-    for (int i = 0; i < N_DRAIN; i++)
-        h_gen_random(&gens[i], 30 + (size_t)i * 29, VOCAB, (uint64_t)i + 91, 48, true);
-    h_references(model_dir, gens, N_DRAIN, drefs, n_drefs);
-
-    h_cluster_t c;
-    h_cluster_init(&c, model_dir, NULL);
+    static leave_run_t run;
+    leave_begin(&run, 91, 48);
+    h_cluster_t *c = &run.c;
     /* Heartbeats every 5 s: prefill-0 is not declared dead (3 missed)
      * while it is stopped, which lasts as long as decode-0 takes to exit
      * (well under a second here). */
-    h_start_router(&c, "--heartbeat-ms", "5000", NULL);
-    h_start_node(&c, "decode", "decode-0", NULL);
-    h_start_node(&c, "decode", "decode-1", NULL);
-    leave_t l = {.prefill = h_start_node(&c, "prefill", "prefill-0", NULL)};
-    h_wait_nodes(&c, 3, WAIT_MS);
-    h_signal(&c, l.prefill, SIGSTOP);
-    h_generate_many_ex(&c, gens, N_DRAIN, NULL, 300000, on_leave_progress, &l);
+    h_start_router(c, "--heartbeat-ms", "5000", NULL);
+    h_start_node(c, "decode", "decode-0", NULL);
+    h_start_node(c, "decode", "decode-1", NULL);
+    leave_t l = {.prefill = h_start_node(c, "prefill", "prefill-0", NULL)};
+    h_wait_nodes(c, 3, WAIT_MS);
+    h_signal(c, l.prefill, SIGSTOP);
+    h_generate_many_ex(c, run.gens, N_DRAIN, NULL, 300000, on_leave_progress, &l);
     assert_true(l.done);
-    h_check_outputs(&c, gens, drefs, n_drefs, N_DRAIN, H_FINISH_LENGTH);
+    leave_check(&run);
     print_message("decode-0 left with %lld of %d requests placed on it\n", l.d0_placed, N_DRAIN);
     if (!WIFEXITED(l.status) || WEXITSTATUS(l.status) != 0 || l.d0_placed < 1) {
-        h_cluster_stop(&c, true);
+        h_cluster_stop(c, true);
         fail_msg("decode-0 did not leave (status %d) with requests placed on it (%lld)", l.status,
                  l.d0_placed);
     }
-    assert_int_equal(h_redispatched(&c), l.d0_placed);
-    assert_int_equal(node_dispatched(&c, "decode-1"), l.d1_before + l.d0_placed);
-    assert_int_equal(node_dispatched(&c, "decode-0"), -1);
-    h_gens_free(gens, drefs, N_DRAIN);
-    h_wait_no_blocks_used(&c, 30000);
-    h_cluster_stop(&c, false);
+    assert_int_equal(h_redispatched(c), l.d0_placed);
+    assert_int_equal(node_dispatched(c, "decode-1"), l.d1_before + l.d0_placed);
+    assert_int_equal(node_dispatched(c, "decode-0"), -1);
+    leave_end(&run);
 }
 
 int main(void)
