@@ -173,15 +173,18 @@ static void close_conn(kvf_http_gate_t *g, gate_conn_t *c)
     free(c);
 }
 
-/* Reads and drops what the client sent; true once it has closed its side. */
+/* Reads and drops what the client sent (at most 64 buffers a call: one
+ * that keeps sending cannot hold the thread); true once it has closed its
+ * side. */
 static bool drain(int fd, char *buf, size_t cap)
 {
-    for (;;) {
+    for (int i = 0; i < 64; i++) {
         ssize_t n = recv(fd, buf, cap, MSG_DONTWAIT);
         if (n > 0)
             continue;
         return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
     }
+    return false;
 }
 
 /* Answers err and closes the sending side; the connection lingers until
@@ -240,7 +243,16 @@ static void on_conn(kvf_http_gate_t *g, gate_conn_t *c, uint32_t events)
         return;
     }
     kvf_openai_error_t err;
-    switch (kvf_http__classify_head(g->peek, (size_t)n, &err)) {
+    kvf_http_head_t head = kvf_http__classify_head(g->peek, (size_t)n, &err);
+    if (head == KVF_HTTP_HEAD_MORE && (size_t)n == sizeof(g->peek)) {
+        /* A full look and no head yet (empty lines before it): it cannot
+         * fit the limits. */
+        kvf_openai_set_error(&err, MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE,
+                             "invalid_request_error", NULL, "header_fields_too_large",
+                             "the request's head is larger than %zu bytes", sizeof(g->peek));
+        head = KVF_HTTP_HEAD_REFUSE;
+    }
+    switch (head) {
     case KVF_HTTP_HEAD_MORE:
         if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
             close_conn(g, c); /* it will send no more */
