@@ -199,6 +199,16 @@ kvf_status_t kvf_auth_setup(const char *key_file)
     return KVF_OK;
 }
 
+kvf_status_t kvf_auth_require(bool required)
+{
+    if (!required || kvf_auth_enabled())
+        return KVF_OK;
+    kvf_log_error(
+        "--require-key: no cluster key; give --cluster-key-file PATH or $" KVF_AUTH_KEY_ENV
+        " (make one with kvf keygen PATH), the same file to every process");
+    return KVF_ERR_AUTH;
+}
+
 /* ---- sending --------------------------------------------------------------- */
 
 kvf_status_t kvf_auth_stream_init(kvf_auth_stream_t *stream)

@@ -582,3 +582,29 @@ kvf_status_t kvf_net_free_port(int *port_p)
         close(held[--n_held]);
     return st;
 }
+
+bool kvf_net_url_is_local(const char *url)
+{
+    if (!url)
+        return false;
+    if (!strncmp(url, "ipc://", 6) || !strncmp(url, "inproc://", 9))
+        return true;
+    if (strncmp(url, "tcp://", 6))
+        return false;
+    const char *host = url + 6;
+    if (!strncmp(host, "[::1]:", 6))
+        return true;
+    const char *colon = strrchr(host, ':');
+    size_t len = colon ? (size_t)(colon - host) : strlen(host);
+    if (len == 9 && !strncmp(host, "localhost", 9))
+        return true;
+    /* 127.0.0.0/8: four decimal parts, the first 127. */
+    char buf[64], rest;
+    unsigned a, b, c, d;
+    if (len == 0 || len >= sizeof(buf))
+        return false;
+    memcpy(buf, host, len);
+    buf[len] = '\0';
+    return sscanf(buf, "%u.%u.%u.%u%c", &a, &b, &c, &d, &rest) == 4 && a == 127 && b < 256 &&
+           c < 256 && d < 256;
+}

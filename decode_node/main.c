@@ -26,6 +26,7 @@ typedef struct {
     const char *kv_disk;
     int block_size, lease_ms, drain_timeout_ms, max_batch_tokens, stats_interval_ms;
     const char *xfer_mode, *cluster_key_file;
+    bool require_key;
 } decode_opts_t;
 
 /* Returns -1 to run, else the exit code (help printed, or a bad flag). */
@@ -76,6 +77,7 @@ static int parse_decode_flags(int argc, char **argv, decode_opts_t *o)
         {"stats-interval-ms", KVF_FLAG_INT, &o->stats_interval_ms, "MS",
          "log the counters this often when they changed (default 30000)", NULL},
         KVF_AUTH_FLAG_ENTRY(&o->cluster_key_file),
+        KVF_AUTH_REQUIRE_FLAG_ENTRY(&o->require_key),
     };
     kvf_flagset_t set = {
         .prog = "kvf-decode",
@@ -170,7 +172,7 @@ int main(int argc, char **argv)
     rc = check_decode_opts(&o, &mode);
     if (rc >= 0)
         return rc;
-    if (kvf_auth_setup(o.cluster_key_file) != KVF_OK)
+    if (kvf_auth_setup(o.cluster_key_file) != KVF_OK || kvf_auth_require(o.require_key) != KVF_OK)
         return 1;
     kvf_signals_install(&g_stop);
     kvf_decode_config_t cfg = decode_config(&o, mode);

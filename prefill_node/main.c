@@ -21,6 +21,7 @@ typedef struct {
     kvf_backend_flags_t bf;
     int block_size, alloc_timeout_ms, stats_interval_ms;
     const char *cluster_key_file;
+    bool require_key;
     uint64_t kv_mem, kv_host_mem, kv_disk_size;
     const char *kv_disk;
     bool checksum, no_prefix_cache;
@@ -62,6 +63,7 @@ static int parse_prefill_flags(int argc, char **argv, prefill_opts_t *o)
         {"stats-interval-ms", KVF_FLAG_INT, &o->stats_interval_ms, "MS",
          "log the counters this often when they changed (default 30000)", NULL},
         KVF_AUTH_FLAG_ENTRY(&o->cluster_key_file),
+        KVF_AUTH_REQUIRE_FLAG_ENTRY(&o->require_key),
     };
     kvf_flagset_t set = {
         .prog = "kvf-prefill",
@@ -118,7 +120,7 @@ int main(int argc, char **argv)
     rc = check_prefill_opts(&o);
     if (rc >= 0)
         return rc;
-    if (kvf_auth_setup(o.cluster_key_file) != KVF_OK)
+    if (kvf_auth_setup(o.cluster_key_file) != KVF_OK || kvf_auth_require(o.require_key) != KVF_OK)
         return 1;
     kvf_signals_install(&stop_requested);
     kvf_prefill_config_t cfg = {

@@ -30,20 +30,25 @@
 
 /* Status codes counted on /metrics (kvf_http_responses_total); others count
  * as "other". */
-static const unsigned counted_codes[HTTP_N_COUNTED] = {200, 400, 401, 404, 405,
-                                                       413, 429, 500, 503, 504};
+static const unsigned counted_codes[HTTP_N_COUNTED] = {200, 400, 401, 404, 405, 413,
+                                                       414, 429, 431, 500, 503, 504};
 #define N_COUNTED HTTP_N_COUNTED
 
 /* ---- responses -------------------------------------------------------------------- */
 
-/* Queues resp with code and counts it for /metrics. */
-enum MHD_Result kvf_http__queue_response(kvf_http_t *h, struct MHD_Connection *c, unsigned code,
-                                         struct MHD_Response *resp)
+void kvf_http__count_response(kvf_http_t *h, unsigned code)
 {
     size_t i = 0;
     while (i < N_COUNTED && counted_codes[i] != code)
         i++;
     atomic_fetch_add(&h->responses[i], 1);
+}
+
+/* Queues resp with code and counts it for /metrics. */
+enum MHD_Result kvf_http__queue_response(kvf_http_t *h, struct MHD_Connection *c, unsigned code,
+                                         struct MHD_Response *resp)
+{
+    kvf_http__count_response(h, code);
     return MHD_queue_response(c, code, resp);
 }
 
@@ -336,11 +341,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)version;
     kvf_http_t *h = cls;
     conn_req_t *cr = *con_cls;
-    if (!cr) {
+    if (!cr || cr == kvf_http__target_too_long) {
+        bool target_too_long = cr != NULL;
         cr = calloc(1, sizeof(*cr));
+        *con_cls = cr;
         if (!cr)
             return MHD_NO;
-        *con_cls = cr;
         cr->route = route_of(url);
         cr->post = !strcmp(method, "POST");
         kvf_strbuf_init(&cr->body);
@@ -348,7 +354,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
          * long as a request's body or response may take. */
         MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->idle_timeout_s);
         enum MHD_Result ret;
-        if (check_headers(h, c, cr, method, &ret))
+        if (kvf_http__check_head(h, c, target_too_long, &ret) ||
+            check_headers(h, c, cr, method, &ret))
             return ret;
         return MHD_YES;
     }
@@ -369,7 +376,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 {
     kvf_http_t *h = cls;
     conn_req_t *cr = *con_cls;
-    if (!cr)
+    if (!cr || cr == kvf_http__target_too_long)
         return;
     kvf_http__unpark(&h->park, &cr->wait);
     /* A kept-alive connection waits for its next request's headers. */
@@ -541,25 +548,34 @@ static kvf_status_t start_daemon(kvf_http_t *h, const kvf_http_config_t *cfg)
     unsigned per_ip = cfg->max_connections_per_ip ? cfg->max_connections_per_ip : 64;
     unsigned threads = cfg->threads ? cfg->threads : 4;
     ensure_fd_room(max_connections);
-    /* Internal epoll threads: an idle connection or one parked while it
-     * waits for the loop costs a socket and memory, no thread. */
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                     MHD_USE_ERROR_LOG;
-    if (addr.ss_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
-    h->daemon = MHD_start_daemon(
-        flags, h->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, threads,
-        MHD_OPTION_CONNECTION_LIMIT, max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
-        MHD_OPTION_CONNECTION_TIMEOUT, h->header_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, h, MHD_OPTION_END);
-    if (!h->daemon) {
+    /* The router listens and checks each connection's first head (the
+     * gate), then hands it over. */
+    if (kvf_http__gate_create(h, (struct sockaddr *)&addr, addr_len, max_connections, per_ip,
+                              &h->gate) != KVF_OK) {
         kvf_log_error("http: cannot serve on %s (address in use?)", cfg->listen);
         return KVF_ERR_IO;
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    if (di && di->port)
-        h->port = di->port;
+    /* Internal epoll threads: an idle connection or one parked while it
+     * waits for the loop costs a socket and memory, no thread. */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    h->daemon = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
+        MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_CONNECTION_LIMIT, max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
+        h->header_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_NOTIFY_CONNECTION, kvf_http__gate_notify, h->gate,
+        MHD_OPTION_URI_LOG_CALLBACK, kvf_http__on_uri, h, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)HTTP_CONN_MEMORY, MHD_OPTION_END);
+    if (!h->daemon || kvf_http__gate_start(h->gate, h->daemon) != KVF_OK) {
+        kvf_log_error("http: cannot start the server on %s", cfg->listen);
+        if (h->daemon)
+            MHD_stop_daemon(h->daemon);
+        kvf_http__gate_destroy(h->gate);
+        h->gate = NULL;
+        return KVF_ERR_IO;
+    }
+    h->port = kvf_http__gate_port(h->gate);
     return KVF_OK;
 }
 
@@ -615,9 +631,11 @@ void kvf_http_destroy(kvf_http_t *h)
 {
     if (!h)
         return;
+    kvf_http__gate_stop(h->gate);     /* no new connection */
     kvf_exch_set_stop(&h->exchanges); /* every waiting connection ends */
     kvf_http__park_stop(&h->park);    /* none is left suspended */
     MHD_stop_daemon(h->daemon);       /* joins the server's threads */
+    kvf_http__gate_destroy(h->gate);
     kvf_http__park_fini(&h->park);
     /* What is left was held by tasks and sinks of the loop, which no longer
      * runs. */

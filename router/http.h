@@ -22,11 +22,25 @@
  * and /metrics away from the others); a connection may be idle for
  * header_timeout_s before its request's headers arrive, idle_timeout_s
  * once they have (a parked connection is never timed out: its own wait
- * is bounded by max_wait_ms). A malformed request line is answered 400 by
- * libmicrohttpd itself (its own HTML body: it offers no hook for it).
+ * is bounded by max_wait_ms). A request target over 8 KiB gets 414 and
+ * header fields over 16 KiB (or more than 256 of them) 431, all OpenAI
+ * error objects (http_head.c).
+ *
+ * The router listens itself (http_gate.c): a connection's first head is
+ * read without being taken from the socket and checked; what
+ * libmicrohttpd 0.9.75 would answer with its own HTML page (it offers no
+ * hook for it) the gate answers with an OpenAI error object instead: a
+ * malformed request line or header field (400), an HTTP version other
+ * than 1.x (505), a malformed or 64-bit-overflowing Content-Length (400,
+ * 413), a head past the limits (414, 431). The rest is handed to
+ * libmicrohttpd. Still libmicrohttpd's own page: a malformed chunked body,
+ * a malformed later request on a kept-alive connection (the gate sees
+ * only the first), and a head trickled in over 32 pieces (handed over
+ * unchecked, to bound the gate's work).
  *
  * Files: http.c (the server, routes, /v1/models, /health, /metrics),
- * http_generate.c (completions: whole or streamed), http_park.c (parked
+ * http_gate.c (the listening socket, the first head's check), http_head.c
+ * (the head's limits and shape), http_generate.c (completions: whole or streamed), http_park.c (parked
  * connections), openai.c (the JSON),
  * exchange.c (the hand-over to the loop). */
 #ifndef KVF_HTTP_H

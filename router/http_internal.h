@@ -69,8 +69,30 @@ void kvf_http__park_fini(kvf_http_park_t *p);
 kvf_http_await_t kvf_http__await(kvf_http_t *h, kvf_http_waiter_t *w,
                                  bool (*ready)(const kvf_exch_t *), unsigned wait_ms);
 
+/* The router's listening socket ahead of libmicrohttpd (http_gate.c). */
+typedef struct kvf_http_gate kvf_http_gate_t;
+
 /* HTTP status codes counted one by one on /metrics (http.c). */
-#define HTTP_N_COUNTED 10
+#define HTTP_N_COUNTED 12
+
+/* The router's own limits on a request's head, answered with OpenAI
+ * error objects: the request target (414) and the header fields, each
+ * counted as name + value + 4 (431). libmicrohttpd's per-connection
+ * memory (HTTP_CONN_MEMORY) holds a head well past them, so that it
+ * never meets its own limit (and answers with its own page) first unless
+ * a head is larger than that memory. */
+#define HTTP_MAX_TARGET  8192
+#define HTTP_MAX_HEADERS 16384
+#define HTTP_CONN_MEMORY (64u << 10)
+/* What the gate (http_gate.c) lets through to libmicrohttpd: a request
+ * line up to HTTP_GATE_MAX_LINE bytes, up to HTTP_MAX_FIELDS header
+ * fields of up to HTTP_GATE_MAX_FIELD_BYTES bytes (line ends included:
+ * the handler then counts them exactly); HTTP_GATE_PEEK holds such a
+ * head. */
+#define HTTP_GATE_MAX_LINE        (HTTP_MAX_TARGET + 32)
+#define HTTP_MAX_FIELDS           256
+#define HTTP_GATE_MAX_FIELD_BYTES (HTTP_MAX_HEADERS + 1024)
+#define HTTP_GATE_PEEK            (HTTP_GATE_MAX_LINE + HTTP_GATE_MAX_FIELD_BYTES + 64)
 
 struct kvf_http {
     kvf_router_t *router;
@@ -87,6 +109,7 @@ struct kvf_http {
     kvf_exch_set_t exchanges;
     kvf_http_park_t park;
     unsigned header_timeout_s, idle_timeout_s;
+    kvf_http_gate_t *gate;
 };
 
 /* Per HTTP request state, owned by the connection (freed on completion). */
@@ -109,6 +132,8 @@ typedef struct {
     kvf_http_waiter_t wait; /* .ex: ex, once posted */
 } conn_req_t;
 
+/* Counts a response with code for /metrics. */
+void kvf_http__count_response(kvf_http_t *h, unsigned code);
 /* Queues resp with code and counts it for /metrics. */
 enum MHD_Result kvf_http__queue_response(kvf_http_t *h, struct MHD_Connection *c, unsigned code,
                                          struct MHD_Response *resp);
@@ -121,6 +146,46 @@ enum MHD_Result kvf_http__respond_error(kvf_http_t *h, struct MHD_Connection *c,
 /* A server_error with code and the message what. */
 enum MHD_Result kvf_http__respond_unavailable(kvf_http_t *h, struct MHD_Connection *c,
                                               unsigned code, const char *what);
+
+/* The mark *con_cls holds when the request target is too long
+ * (http_head.c). */
+extern const void *const kvf_http__target_too_long;
+/* MHD_OPTION_URI_LOG_CALLBACK: marks a request whose target is longer
+ * than HTTP_MAX_TARGET. */
+void *kvf_http__on_uri(void *cls, const char *uri, struct MHD_Connection *c);
+/* The head's limits, once the headers are in: true when a 414 or 431 was
+ * queued (*ret). */
+bool kvf_http__check_head(kvf_http_t *h, struct MHD_Connection *c, bool target_too_long,
+                          enum MHD_Result *ret);
+
+/* What the first bytes of a connection are (http_head.c). */
+typedef enum {
+    KVF_HTTP_HEAD_MORE,   /* not a whole head yet, within the limits */
+    KVF_HTTP_HEAD_PASS,   /* a whole head that libmicrohttpd will take */
+    KVF_HTTP_HEAD_REFUSE, /* *err: what to answer (libmicrohttpd would refuse it too) */
+} kvf_http_head_t;
+/* Looks at the first len bytes a connection sent (its request line and
+ * header fields, maybe more): their shape and the gate's limits. */
+kvf_http_head_t kvf_http__classify_head(const char *buf, size_t len, kvf_openai_error_t *err);
+
+/* Binds and listens on addr (KVF_ERR_IO when it cannot); max_connections
+ * and per_ip bound the connections it holds and libmicrohttpd's together.
+ * h->header_timeout_s must be set. */
+kvf_status_t kvf_http__gate_create(kvf_http_t *h, const struct sockaddr *addr, socklen_t len,
+                                   unsigned max_connections, unsigned per_ip,
+                                   kvf_http_gate_t **gate_p);
+uint16_t kvf_http__gate_port(const kvf_http_gate_t *g);
+/* Starts the gate's thread, which hands connections to daemon (started
+ * with MHD_USE_NO_LISTEN_SOCKET and kvf_http__gate_notify). */
+kvf_status_t kvf_http__gate_start(kvf_http_gate_t *g, struct MHD_Daemon *daemon);
+/* MHD_OPTION_NOTIFY_CONNECTION (cls: the gate): counts libmicrohttpd's
+ * connections by client address. */
+void kvf_http__gate_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                           enum MHD_ConnectionNotificationCode toe);
+/* Stops the thread, closes what it holds and the listening socket. */
+void kvf_http__gate_stop(kvf_http_gate_t *g);
+/* After MHD_stop_daemon (which reports its connections closed). NULL: no-op. */
+void kvf_http__gate_destroy(kvf_http_gate_t *g);
 
 /* A completion or chat request whose body has arrived (http_generate.c):
  * called again, with cr->ex set, each time its parked connection resumes. */

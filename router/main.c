@@ -11,6 +11,7 @@
 #include "chat.h"
 #include "http.h"
 #include "kvf/log.h"
+#include "kvf/msg.h"
 #include "kvf/signals.h"
 #include "router.h"
 
@@ -22,6 +23,7 @@ typedef struct {
     int default_max_tokens, prefill_timeout_ms, stall_timeout_ms;
     const char *http_listen, *served_model_name, *api_key, *chat_template;
     const char *cluster_key_file;
+    bool require_key;
     const char *route, *local_prefill;
     double prefill_weight, decode_weight, transfer_weight;
     double tier_ram_weight, tier_disk_weight;
@@ -136,6 +138,7 @@ static int parse_router_flags(int argc, char **argv, router_opts_t *o)
          "auto: the measured break-even)",
          NULL},
         KVF_AUTH_FLAG_ENTRY(&o->cluster_key_file),
+        KVF_AUTH_REQUIRE_FLAG_ENTRY(&o->require_key),
     };
     kvf_flagset_t set = {
         .prog = "kvf-router",
@@ -276,6 +279,25 @@ static kvf_status_t start_http(kvf_router_t *router, const router_opts_t *o, kvf
     return KVF_OK;
 }
 
+/* Without a cluster key, says what a socket open to other hosts lets any
+ * process there do (README.md, "Identity without a key"). */
+static void warn_open_sockets(const router_opts_t *o)
+{
+    if (kvf_auth_enabled())
+        return;
+    if (!kvf_net_url_is_local(o->listen_url))
+        kvf_log_warn("no cluster key, and the node inbox %s is open to other hosts: any process "
+                     "that reaches it can register a node under a new id and, as a prefill "
+                     "node, receive prompts. Give every process --cluster-key-file (kvf keygen "
+                     "PATH), or --require-key to refuse to start without one",
+                     o->listen_url);
+    if (!kvf_net_url_is_local(o->client_url))
+        kvf_log_warn("no cluster key, and the client socket %s is open to other hosts: any "
+                     "process that reaches it can submit requests and read kvf stats (every "
+                     "node's inbox)",
+                     o->client_url);
+}
+
 int main(int argc, char **argv)
 {
     router_opts_t o;
@@ -286,8 +308,9 @@ int main(int argc, char **argv)
     rc = check_router_opts(&o);
     if (rc >= 0)
         return rc;
-    if (kvf_auth_setup(o.cluster_key_file) != KVF_OK)
+    if (kvf_auth_setup(o.cluster_key_file) != KVF_OK || kvf_auth_require(o.require_key) != KVF_OK)
         return 1;
+    warn_open_sockets(&o);
     kvf_router_config_t cfg = router_config(&o);
     kvf_router_t *router;
     kvf_status_t st = kvf_router_create(&cfg, &router);

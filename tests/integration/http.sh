@@ -93,6 +93,18 @@ pass "401 without or with a wrong key"
 [[ $(curl -s -o /dev/null -w '%{http_code}' "${auth[@]}" "$http/v1/chat/completions") == 405 ]] || fail "GET chat: not 405"
 [[ $(curl -s -o /dev/null -w '%{http_code}' -X POST "$http/metrics") == 405 ]] || fail "POST /metrics: not 405"
 pass "404, 405"
+# The request head's limits: OpenAI error objects, not libmicrohttpd's HTML.
+long_query=$(python3 -c 'print("a" * 9000)')
+[[ $(curl -s -o "$work/e.json" -w '%{http_code}' "${auth[@]}" "$http/v1/models?pad=$long_query") == 414 ]] ||
+    fail "a 9000-byte target: not 414"
+[[ $(json "$work/e.json" 'd["error"]["code"] + " " + d["error"]["type"]') == "uri_too_long invalid_request_error" ]] ||
+    fail "414: not an OpenAI error object: $(head -c 300 "$work/e.json")"
+big_header=$(python3 -c 'print("X-Pad: " + "b" * 20000)')
+[[ $(curl -s -o "$work/e.json" -w '%{http_code}' "${auth[@]}" -H "$big_header" "$http/v1/models") == 431 ]] ||
+    fail "20000 bytes of header fields: not 431"
+[[ $(json "$work/e.json" 'd["error"]["code"] + " " + d["error"]["type"]') == "header_fields_too_large invalid_request_error" ]] ||
+    fail "431: not an OpenAI error object: $(head -c 300 "$work/e.json")"
+pass "414 above 8 KiB of target, 431 above 16 KiB of header fields, as OpenAI error objects"
 big=$(python3 -c 'print("{\"prompt\": \"" + "x" * 4000 + "\"}")')
 expect_error 413 /v1/completions "$big"
 pass "413 above --max-body"

@@ -8,7 +8,7 @@
 #      every held connection is still open afterwards (none was dropped
 #      to make room);
 #   2. the per-IP limit: one address more than it is refused at once;
-#   3. a malformed request line gets libmicrohttpd's 400 at once (bounded
+#   3. a malformed request line gets 400 at once, an OpenAI error object (bounded
 #      at 5 s; it used to be held for 120 s);
 #   4. short timeouts (a second router, --http-header-timeout 1
 #      --http-idle-timeout 1): a connection that sends nothing, or half a
@@ -137,7 +137,9 @@ print("ok: connection %d from one address is refused" % (per_ip + 1))
 out, took = request(b"GET /health HTTP/1.1 extra\r\nHost: x\r\n\r\n", wait=10)
 assert out.startswith(b"HTTP/1.1 400"), out[:200]
 assert took < 5, took
-print("ok: a malformed request line gets 400 in %.3f s" % took)
+err = json.loads(out.partition(b"\r\n\r\n")[2])["error"]
+assert err["type"] == "invalid_request_error" and err["code"] == "bad_request", err
+print("ok: a malformed request line gets 400 (an OpenAI error object) in %.3f s" % took)
 
 for s in held:
     assert not closed_now(s, 0), "a held connection was dropped"

@@ -11,16 +11,23 @@
  *     requests sent to the router as the decode node, Cancels and a
  *     PrefillRequest sent to the prefill node, Cancels and a KvAlloc sent
  *     to the decode node are all refused and counted, and every output
- *     still equals the colocated reference.
+ *     still equals the colocated reference;
+ *   - attack 5, a node that leaves: a forged Deregister is refused
+ *     (token); a decode node that drains and leaves holding requests, or
+ *     leaves while requests are placed on it that it has not heard of yet,
+ *     is handed none of them back: each is sent again once, to the other
+ *     decode node, and ends equal to the colocated output.
  * The router's counts are read from its /metrics, a node's from its
  * periodic stats line (--stats-interval-ms). */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -206,6 +213,18 @@ static void send_kv_alloc(kvf_outbox_t *o)
     send_env(o, &env);
 }
 
+static void send_deregister(kvf_outbox_t *o, const char *node_id)
+{
+    Kvf__Deregister d = KVF__DEREGISTER__INIT;
+    d.node_id = (char *)node_id;
+    d.reason = "forged by a rogue";
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, node_id);
+    env.body_case = KVF__ENVELOPE__BODY_DEREGISTER;
+    env.deregister = &d;
+    send_env(o, &env);
+}
+
 /* ---- what the cluster counted ----------------------------------------------------- */
 
 /* The router's counter `line` (the metric with its labels and a space);
@@ -260,8 +279,8 @@ static void wait_node(h_cluster_t *c, int i, long long token, long long alloc)
         kvf_clock_sleep_ms(50);
     }
     h_cluster_stop(c, true);
-    fail_msg("%s refused token=%lld alloc_token=%lld, expected %lld and %lld", c->procs[i].name,
-             t, a, token, alloc);
+    fail_msg("%s refused token=%lld alloc_token=%lld, expected %lld and %lld", c->procs[i].name, t,
+             a, token, alloc);
 }
 
 static bool node_listed(h_cluster_t *c, const char *id, const char *state)
@@ -356,10 +375,225 @@ static void test_rogue_without_key(void **state)
     h_cluster_stop(&c, false);
 }
 
+/* ---- attack 5: a node that leaves ---------------------------------------------------- */
+
+#define N_DRAIN 4
+
+/* A test where a node leaves: its cluster, generations and references. */
+typedef struct {
+    h_cluster_t c;
+    h_gen_t gens[N_DRAIN];
+    uint32_t *refs[N_DRAIN];
+    size_t n_refs[N_DRAIN];
+} leave_run_t;
+
+/* N_DRAIN greedy generations of max_tokens each (prompts from seed on),
+ * their colocated references, and a cluster (nothing started yet). */
+static void leave_begin(leave_run_t *run, uint64_t seed, uint32_t max_tokens)
+{
+    for (int i = 0; i < N_DRAIN; i++)
+        h_gen_random(&run->gens[i], 20 + (size_t)i * 37, VOCAB, seed + (uint64_t)i, max_tokens,
+                     true);
+    h_references(model_dir, run->gens, N_DRAIN, run->refs, run->n_refs);
+    h_cluster_init(&run->c, model_dir, NULL);
+}
+
+/* The outputs equal the colocated ones. */
+static void leave_check(leave_run_t *run)
+{
+    h_check_outputs(&run->c, run->gens, run->refs, run->n_refs, N_DRAIN, H_FINISH_LENGTH);
+}
+
+/* The end: nothing in use anywhere, every process stopped. */
+static void leave_end(leave_run_t *run)
+{
+    h_gens_free(run->gens, run->refs, N_DRAIN);
+    h_wait_no_blocks_used(&run->c, 30000);
+    h_cluster_stop(&run->c, false);
+}
+
+/* A node's dispatched count as the router lists it; -1 when not listed. */
+static long long node_dispatched(h_cluster_t *c, const char *id)
+{
+    h_node_stats_t st[H_MAX_PROCS];
+    int n = h_stats(c, st, H_MAX_PROCS);
+    assert_true(n >= 0);
+    for (int i = 0; i < n && i < H_MAX_PROCS; i++)
+        if (!strcmp(st[i].id, id))
+            return (long long)st[i].dispatched;
+    return -1;
+}
+
+/* How many requests node i's drain left held ("drain timed out with N
+ * requests held"); -1 when its log has no such line. */
+static long long drain_left(h_cluster_t *c, int i)
+{
+    FILE *f = fopen(c->procs[i].log, "r");
+    if (!f)
+        return -1;
+    char line[4096];
+    long long held = -1;
+    while (fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, "drain timed out with ");
+        if (p)
+            held = atoll(p + strlen("drain timed out with "));
+    }
+    fclose(f);
+    return held;
+}
+
+/* The decode node that leaves: of decode-0 and decode-1, the one the
+ * router placed more requests on (decode-0 on a tie), so that it holds
+ * some however the router spread them. */
+typedef struct {
+    const char *victim, *stays;
+    long long placed;       /* on the victim, when it was picked */
+    long long stays_before; /* the other's dispatched count then */
+    int status;             /* the victim's exit (as waitpid), -1: killed */
+    bool done;
+} leaver_t;
+
+/* Picks the victim (every request placed) and stops it with SIGTERM. */
+static void leaver_go(h_cluster_t *c, leaver_t *v)
+{
+    long long d0 = node_dispatched(c, "decode-0"), d1 = node_dispatched(c, "decode-1");
+    bool zero = d0 >= d1;
+    v->victim = zero ? "decode-0" : "decode-1";
+    v->stays = zero ? "decode-1" : "decode-0";
+    v->placed = zero ? d0 : d1;
+    v->stays_before = zero ? d1 : d0;
+    v->done = true;
+    v->status = h_terminate(c, h_find(c, v->victim), WAIT_MS);
+}
+
+/* It left, and each request placed on it (moved) was sent again once,
+ * to the other decode node. */
+static void leaver_check(h_cluster_t *c, const leaver_t *v, long long moved)
+{
+    print_message("%s left with %lld of %d requests placed on it, %lld to move\n", v->victim,
+                  v->placed, N_DRAIN, moved);
+    if (!v->done || !WIFEXITED(v->status) || WEXITSTATUS(v->status) != 0 || moved < 1) {
+        h_cluster_stop(c, true);
+        fail_msg("%s did not leave (status %d) with requests to move (%lld)",
+                 v->victim ? v->victim : "no node", v->status, moved);
+    }
+    assert_int_equal(h_redispatched(c), moved);
+    assert_int_equal(node_dispatched(c, v->stays), v->stays_before + moved);
+    assert_int_equal(node_dispatched(c, v->victim), -1);
+    assert_true(node_listed(c, v->stays, "live"));
+}
+
+typedef struct {
+    h_gen_t *gens;
+    leaver_t v;
+} drain_t;
+
+/* Once every request streams (each placed and past its handoff), the
+ * victim drains with a 1 ms bound: it leaves holding requests. */
+static void on_drain_progress(h_cluster_t *c, void *arg, size_t tokens)
+{
+    (void)tokens;
+    drain_t *d = arg;
+    if (d->v.done)
+        return;
+    for (int i = 0; i < N_DRAIN; i++)
+        if (d->gens[i].n_out < 1)
+            return;
+    leaver_go(c, &d->v);
+}
+
+/* Attack 5 on a live cluster: a decode node that drains and leaves while
+ * it still holds requests is not handed them back. Each of them is sent
+ * again exactly once, to the other decode node, and ends equal to its
+ * colocated output; a forged Deregister of that other node is refused and
+ * counted. Nothing waits on time: the drain starts once every request has
+ * streamed a token, its 1 ms bound leaves the node holding requests that
+ * each have over a thousand tokens to go (a thousand forward passes could
+ * not fit in that bound on any machine), and the router's answers are
+ * read until they hold (bounded by WAIT_MS each). */
+static void test_drain_not_handed_back(void **state)
+{
+    (void)state;
+    static leave_run_t run;
+    leave_begin(&run, 71, 1500);
+    h_cluster_t *c = &run.c;
+    int port;
+    assert_int_equal(kvf_net_free_port(&port), KVF_OK);
+    char http[32];
+    snprintf(http, sizeof(http), "127.0.0.1:%d", port);
+    h_start_router(c, "--http", http, NULL);
+    kvf_outbox_t *to_router;
+    h_start_node(c, "decode", "decode-0", "--drain-timeout-ms", "1", NULL);
+    h_start_node(c, "decode", "decode-1", "--drain-timeout-ms", "1", NULL);
+    h_start_node(c, "prefill", "prefill-0", NULL);
+    h_wait_nodes(c, 3, WAIT_MS);
+    /* A forged Deregister (no registration token) of decode-1. */
+    assert_int_equal(kvf_outbox_create(c->router_url, &to_router), KVF_OK);
+    send_deregister(to_router, "decode-1");
+    wait_router(c, port, "kvf_messages_refused_total{reason=\"token\"} ", 1);
+    assert_true(node_listed(c, "decode-1", "live"));
+    kvf_outbox_destroy(to_router);
+
+    drain_t d = {.gens = run.gens};
+    h_generate_many_ex(c, run.gens, N_DRAIN, NULL, 300000, on_drain_progress, &d);
+    leave_check(&run);
+    leaver_check(c, &d.v, d.v.done ? drain_left(c, h_find(c, d.v.victim)) : -1);
+    leave_end(&run);
+}
+
+/* While prefill-0 is stopped (SIGSTOP) every request is placed and none
+ * has reached its decode node: once all are placed, the victim drains
+ * (holding nothing, it leaves at once) and prefill-0 goes on. */
+typedef struct {
+    int prefill;
+    leaver_t v;
+} leave_t;
+
+static void on_leave_progress(h_cluster_t *c, void *arg, size_t tokens)
+{
+    leave_t *l = arg;
+    if (l->v.done)
+        return;
+    assert_int_equal(tokens, 0); /* nothing gets past the stopped prefill node */
+    if (node_dispatched(c, "decode-0") + node_dispatched(c, "decode-1") < N_DRAIN)
+        return;
+    leaver_go(c, &l->v);
+    h_signal(c, l->prefill, SIGCONT);
+}
+
+/* Attack 5, the Deregister's own path: a decode node that leaves while
+ * the router has requests placed on it that it never heard of (their
+ * prefill node has not sent them on yet) is not handed them back: the
+ * router sends each of them again once, to the other decode node, and
+ * every output is still the colocated one. Ordered by signals and the
+ * router's stats, not by time. */
+static void test_leaving_node_not_handed_back(void **state)
+{
+    (void)state;
+    static leave_run_t run;
+    leave_begin(&run, 91, 48);
+    h_cluster_t *c = &run.c;
+    /* Heartbeats every 5 s: prefill-0 is not declared dead (3 missed)
+     * while it is stopped, which lasts as long as the victim takes to exit
+     * (well under a second here). */
+    h_start_router(c, "--heartbeat-ms", "5000", NULL);
+    h_start_node(c, "decode", "decode-0", NULL);
+    h_start_node(c, "decode", "decode-1", NULL);
+    leave_t l = {.prefill = h_start_node(c, "prefill", "prefill-0", NULL)};
+    h_wait_nodes(c, 3, WAIT_MS);
+    h_signal(c, l.prefill, SIGSTOP);
+    h_generate_many_ex(c, run.gens, N_DRAIN, NULL, 300000, on_leave_progress, &l);
+    leave_check(&run);
+    leaver_check(c, &l.v, l.v.placed);
+    leave_end(&run);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_rogue_without_key, h_teardown),
+        cmocka_unit_test_teardown(test_drain_not_handed_back, h_teardown),
+        cmocka_unit_test_teardown(test_leaving_node_not_handed_back, h_teardown),
     };
     if (getenv("KVF_TEST_FILTER"))
         cmocka_set_test_filter(getenv("KVF_TEST_FILTER"));

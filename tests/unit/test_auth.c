@@ -458,6 +458,39 @@ static void test_set_key_sizes(void **state)
     assert_string_equal(text, "auth off");
 }
 
+/* --require-key: refused without a key, taken with one; and which
+ * control-plane URLs only this host can reach (the router warns about the
+ * others when it has no key). */
+static void test_require_key(void **state)
+{
+    (void)state;
+    assert_int_equal(kvf_auth_require(true), KVF_OK); /* setup set a key */
+    kvf_auth_clear_key();
+    assert_int_equal(kvf_auth_require(false), KVF_OK);
+    assert_int_equal(kvf_auth_require(true), KVF_ERR_AUTH);
+
+    static const char *const local[] = {"tcp://127.0.0.1:5555",  "tcp://127.8.9.10:1",
+                                        "tcp://localhost:5555",  "tcp://[::1]:5555",
+                                        "ipc:///tmp/kvf-router", "inproc://router"};
+    static const char *const open_urls[] = {"tcp://0.0.0.0:5555",
+                                            "tcp://*:5555",
+                                            "tcp://10.0.0.7:5555",
+                                            "tcp://router:5555",
+                                            "tcp://[::]:5555",
+                                            "tcp://128.0.0.1:1",
+                                            "tcp://127.0.0.1.example.org:1",
+                                            "tcp://1270.0.0.1:1",
+                                            "tcp://127.0.0.256:1",
+                                            "ws://127.0.0.1:1",
+                                            NULL};
+    for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++)
+        if (!kvf_net_url_is_local(local[i]))
+            fail_msg("%s: not taken as local", local[i]);
+    for (size_t i = 0; i < sizeof(open_urls) / sizeof(open_urls[0]); i++)
+        if (kvf_net_url_is_local(open_urls[i]))
+            fail_msg("%s: taken as local", open_urls[i] ? open_urls[i] : "NULL");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -473,6 +506,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_concurrent_signing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_key_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_key_sizes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_require_key, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -338,6 +339,152 @@ static void test_bad_requests(void **state)
     expect_error("invalid_request_error", "context_length_exceeded");
 }
 
+/* GET /health with a target of target_len bytes (a query pads it) and one
+ * more header field of field_len bytes (none when 0); the response lands
+ * in resp. */
+static int call_head(size_t target_len, size_t field_len)
+{
+    size_t cap = target_len + field_len + 256;
+    char *req = malloc(cap);
+    assert_non_null(req);
+    size_t n = (size_t)snprintf(req, cap, "GET /health?pad=");
+    memset(req + n, 'a', target_len - (n - 4));
+    n += target_len - (n - 4);
+    n += (size_t)snprintf(req + n, cap - n, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    if (field_len) {
+        n += (size_t)snprintf(req + n, cap - n, "X-Pad: ");
+        memset(req + n, 'b', field_len - 9); /* counted with "X-Pad", ": " and CRLF */
+        n += field_len - 9;
+        n += (size_t)snprintf(req + n, cap - n, "\r\n");
+    }
+    n += (size_t)snprintf(req + n, cap - n, "\r\n");
+    int fd = connect_server();
+    send_all(fd, req, n);
+    free(req);
+    return read_response(fd, resp, sizeof(resp));
+}
+
+/* The request head's limits are the router's, answered with OpenAI error
+ * objects, not libmicrohttpd's HTML: a target over 8192 bytes is 414,
+ * header fields over 16384 bytes 431; just under both is served. */
+static void test_head_limits(void **state)
+{
+    (void)state;
+    assert_int_equal(call_head(8192, 0), 503); /* /health, no nodes */
+    assert_non_null(strstr(body_of(resp), "\"status\":\"unavailable\""));
+    assert_int_equal(call_head(8193, 0), 414);
+    expect_error("invalid_request_error", "uri_too_long");
+    assert_non_null(strstr(body_of(resp), "longer than 8192 bytes"));
+    assert_non_null(strstr(resp, "Content-Type: application/json"));
+    assert_int_equal(call_head(40000, 0), 414);
+    expect_error("invalid_request_error", "uri_too_long");
+    /* Host (4 + 1 + 4) and Connection (10 + 5 + 4) take 28 of the 16384. */
+    assert_int_equal(call_head(100, 16384 - 28), 503);
+    assert_int_equal(call_head(100, 16384 - 27), 431);
+    expect_error("invalid_request_error", "header_fields_too_large");
+    assert_non_null(strstr(body_of(resp), "take 16385 bytes; at most 16384"));
+    assert_int_equal(call_head(100, 40000), 431);
+    expect_error("invalid_request_error", "header_fields_too_large");
+    /* Both limits are checked before the route, the method and the key. */
+    int fd = connect_server();
+    char req[9300];
+    int n = snprintf(req, sizeof(req), "DELETE /nowhere/%09000d HTTP/1.1\r\nHost: x\r\n\r\n", 0);
+    send_all(fd, req, (size_t)n);
+    assert_int_equal(read_response(fd, resp, sizeof(resp)), 414);
+    expect_error("invalid_request_error", "uri_too_long");
+}
+
+/* Sends raw bytes on a new connection; the response lands in resp. */
+static int call_raw(const char *raw, size_t len)
+{
+    int fd = connect_server();
+    send_all(fd, raw, len);
+    return read_response(fd, resp, sizeof(resp));
+}
+
+/* What libmicrohttpd would refuse with its own HTML page is refused by
+ * the router's gate (router/http_gate.c) first, each with an OpenAI error
+ * object; what it takes still reaches the router. */
+static void test_malformed_heads(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *raw;
+        int code;
+        const char *errcode;
+    } cases[] = {
+        {"GET /health HTTP/1.1 extra\r\nHost: x\r\n\r\n", 400, "bad_request"},
+        {"GARBAGE\r\n\r\n", 400, "bad_request"},
+        {"GET /health\r\nHost: x\r\n\r\n", 400, "bad_request"},
+        {"GET /health FOO/1.1\r\nHost: x\r\n\r\n", 400, "bad_request"},
+        {"GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"},
+        {"GET /health HTTP/0.9\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"},
+        {"GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", 400, "bad_request"},
+        {"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 12x\r\n\r\n", 400,
+         "bad_request"},
+        {"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
+         413, "request_too_large"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int code = call_raw(cases[i].raw, strlen(cases[i].raw));
+        if (code != cases[i].code)
+            fail_msg("case %zu: %d, expected %d\n%s", i, code, cases[i].code, resp);
+        assert_non_null(strstr(resp, "Content-Type: application/json"));
+        expect_error("invalid_request_error", cases[i].errcode);
+    }
+    /* Over the gate's limits (a request line, header fields by size and
+     * by count), sent whole or not. */
+    size_t big = 70000;
+    char *raw = malloc(big + 64);
+    assert_non_null(raw);
+    int n = snprintf(raw, big + 64, "GET /");
+    memset(raw + n, 'a', big);
+    assert_int_equal(call_raw(raw, (size_t)n + big), 414);
+    expect_error("invalid_request_error", "uri_too_long");
+    n = snprintf(raw, big + 64, "GET /health HTTP/1.1\r\nX-Pad: ");
+    memset(raw + n, 'b', big);
+    assert_int_equal(call_raw(raw, (size_t)n + big), 431);
+    expect_error("invalid_request_error", "header_fields_too_large");
+    n = snprintf(raw, big + 64, "GET /health HTTP/1.1\r\n");
+    for (int i = 0; i < 300; i++)
+        n += snprintf(raw + n, big + 64 - (size_t)n, "X-%d: 1\r\n", i);
+    n += snprintf(raw + n, big + 64 - (size_t)n, "\r\n");
+    assert_int_equal(call_raw(raw, (size_t)n), 431);
+    expect_error("invalid_request_error", "header_fields_too_large");
+    for (size_t i = 0; i + 1 < big; i += 2)
+        memcpy(raw + i, "\r\n", 2); /* only empty lines */
+    assert_int_equal(call_raw(raw, big), 431);
+    expect_error("invalid_request_error", "header_fields_too_large");
+    free(raw);
+    /* Taken: a head in two writes, empty lines before it, a folded field,
+     * HTTP/1.0, a space in a field name. */
+    int fd = connect_server();
+    send_all(fd, "GET /heal", 9);
+    send_all(fd, "th HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 43);
+    assert_int_equal(read_response(fd, resp, sizeof(resp)), 503);
+    static const char *const taken[] = {
+        "\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: x\r\nX-Long: a\r\n b\r\nConnection: close\r\n\r\n",
+        "GET /health HTTP/1.0\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: x\r\nA b: c\r\nConnection: close\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof(taken) / sizeof(taken[0]); i++)
+        if (call_raw(taken[i], strlen(taken[i])) != 503)
+            fail_msg("taken %zu: %s", i, resp);
+    /* A head trickled in a byte at a time, and one over the limits sent
+     * the same way: each is still answered. */
+    static const char *const trickled[] = {taken[0], cases[1].raw};
+    static const int trickled_code[] = {503, 400};
+    for (size_t i = 0; i < 2; i++) {
+        fd = connect_server();
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        for (const char *p = trickled[i]; *p; p++)
+            send_all(fd, p, 1);
+        assert_int_equal(read_response(fd, resp, sizeof(resp)), trickled_code[i]);
+    }
+}
+
 /* The value of a metric sample line "name value". */
 static double metric(const char *name)
 {
@@ -386,7 +533,9 @@ static void test_overload_and_hangup(void **state)
                               "\"text\", \"text\": \"Hi\"}]}], \"max_tokens\": 3}");
     wait_metric("kvf_num_requests_waiting", 1);
     /* Responses by status code, from the tests before. */
-    assert_true(metric("kvf_http_responses_total{code=\"413\"}") == 2);
+    assert_true(metric("kvf_http_responses_total{code=\"413\"}") == 3);
+    assert_true(metric("kvf_http_responses_total{code=\"414\"}") == 4);
+    assert_true(metric("kvf_http_responses_total{code=\"431\"}") == 5);
     assert_true(metric("kvf_http_responses_total{code=\"401\"}") == 5);
     assert_true(metric("kvf_http_responses_total{code=\"503\"}") >= 2);
     assert_true(metric("kvf_http_responses_total{code=\"200\"}") >= 5);
@@ -395,8 +544,9 @@ static void test_overload_and_hangup(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_health_and_models),   cmocka_unit_test(test_routes_methods_keys),
-        cmocka_unit_test(test_body_limit),          cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_health_and_models), cmocka_unit_test(test_routes_methods_keys),
+        cmocka_unit_test(test_body_limit),        cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_head_limits),       cmocka_unit_test(test_malformed_heads),
         cmocka_unit_test(test_overload_and_hangup),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

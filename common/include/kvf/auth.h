@@ -68,6 +68,12 @@
      "cluster secret that signs and checks every control message (mode 0600, 32 to 4096 "         \
      "bytes; default $" KVF_AUTH_KEY_ENV "; none: unauthenticated)",                              \
      NULL}
+/* The flag of the long-running processes (router, nodes) that refuses to
+ * start without a cluster key; value_p is a bool *. */
+#define KVF_AUTH_REQUIRE_FLAG_ENTRY(value_p)                                                       \
+    {"require-key", KVF_FLAG_BOOL, (value_p), NULL,                                                \
+     "refuse to start without a cluster key (--cluster-key-file or $" KVF_AUTH_KEY_ENV ")",      \
+     NULL}
 /* clang-format on */
 
 /* Why a frame was refused; counters and metric labels use these. */
@@ -91,6 +97,10 @@ const char *kvf_auth_reason_name(kvf_auth_reason_t reason);
  * control plane is not authenticated and returns KVF_OK. A key file that
  * cannot be used is an error (logged): the process should not start. */
 kvf_status_t kvf_auth_setup(const char *key_file);
+
+/* After kvf_auth_setup(): KVF_ERR_AUTH, logged with what to do, when
+ * required (--require-key) and no key was loaded; KVF_OK otherwise. */
+kvf_status_t kvf_auth_require(bool required);
 
 /* Reads the cluster key from path and makes it the process's key. The
  * file must be a regular file (a symbolic link to one is followed) that

@@ -194,4 +194,10 @@ kvf_status_t kvf_status_from_nn(int err);
  * per port, which binds it later). Thread-safe. */
 kvf_status_t kvf_net_free_port(int *port_p);
 
+/* Whether a socket bound at url takes peers from this host only: an
+ * ipc:// or inproc:// URL, or tcp:// on a loopback address (127.x.y.z,
+ * localhost, [::1]). Any other tcp:// address (0.0.0.0, *, a host's
+ * address or name) is open to other hosts: false. */
+bool kvf_net_url_is_local(const char *url);
+
 #endif
