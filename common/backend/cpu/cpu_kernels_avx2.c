@@ -83,17 +83,16 @@ static inline __attribute__((always_inline)) float hmax16(const float *s, int ja
 #define HMAX16(s, ja, nj) hmax16((s), (ja), (nj))
 #define TREE16P(p) tree16(_mm256_loadu_ps(p), _mm256_loadu_ps((p) + 8))
 
-/* dot16 of q with 8 key rows at once, out[j] = dot16(q, k[j], hd) (k
- * NULL: rows base + j * ld): lanes
+/* dot16 of q with the 8 key rows base + j * ld at once, out[j] =
+ * dot16(q, row j, hd): lanes
  * l + l+8 by one add a key, then the 8 vectors are reduced together by
  * shuffles that pair exactly the lanes the tree pairs. The rows enter in
  * the order that leaves key j in lane j. */
-static inline __attribute__((always_inline)) void dot16x8(const float *q, const float *const *k,
-                                                          const float *base, size_t ld, int hd,
-                                                          float *out)
+static inline __attribute__((always_inline)) void dot16x8(const float *q, const float *base,
+                                                          size_t ld, int hd, float *out)
 {
     static const int order[8] = {1, 5, 0, 4, 3, 7, 2, 6};
-#define KROW(i) (k ? k[order[i]] : base + (size_t)order[i] * ld)
+#define KROW(i) (base + (size_t)order[i] * ld)
     __m256 lo[8], hi[8];
     _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) lo[i] = hi[i] = _mm256_setzero_ps();
     int d = 0;
@@ -130,15 +129,10 @@ static inline __attribute__((always_inline)) void dot16x8(const float *q, const 
     _mm256_storeu_ps(out, _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(0, 2, 0, 2)),
                                         _mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(1, 3, 1, 3))));
 }
-#define DOT16X16(q, k, hd, out)                                                                    \
-    do {                                                                                           \
-        dot16x8((q), (k), NULL, 0, (hd), (out));                                                   \
-        dot16x8((q), (k) + 8, NULL, 0, (hd), (out) + 8);                                           \
-    } while (0)
 #define DOT16X16S(q, base, ld, hd, out)                                                            \
     do {                                                                                           \
-        dot16x8((q), NULL, (base), (ld), (hd), (out));                                             \
-        dot16x8((q), NULL, (base) + 8 * (size_t)(ld), (ld), (hd), (out) + 8);                      \
+        dot16x8((q), (base), (ld), (hd), (out));                                             \
+        dot16x8((q), (base) + 8 * (size_t)(ld), (ld), (hd), (out) + 8);                      \
     } while (0)
 
 /* The exact KV decodes of kvf/kv_format.h, 8 elements at element i of a

@@ -71,17 +71,15 @@ static inline __attribute__((always_inline)) float hmax16(const float *s, int ja
 #define HMAX16(s, ja, nj) hmax16((s), (ja), (nj))
 #define TREE16P(p) tree16(_mm512_loadu_ps(p))
 
-/* dot16 of q with 16 key rows at once, out[j] = dot16(q, k[j], hd) (k
- * NULL: rows base + j * ld): the 16 lane vectors are reduced together by
+/* dot16 of q with the 16 key rows base + j * ld at once, out[j] =
+ * dot16(q, row j, hd): the 16 lane vectors are reduced together by
  * shuffles that pair exactly the lanes the tree pairs. The rows enter in
  * the order that leaves key j in lane j. */
-static inline __attribute__((always_inline)) void dot16x16_at(const float *q,
-                                                              const float *const *k,
-                                                              const float *base, size_t ld,
-                                                              int hd, float *out)
+static inline __attribute__((always_inline)) void dot16x16(const float *q, const float *base,
+                                                           size_t ld, int hd, float *out)
 {
     static const int order[16] = {1, 5, 9, 13, 0, 4, 8, 12, 3, 7, 11, 15, 2, 6, 10, 14};
-#define KROW(i) (k ? k[order[i]] : base + (size_t)order[i] * ld)
+#define KROW(i) (base + (size_t)order[i] * ld)
     __m512 v[16];
     _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) v[i] = _mm512_setzero_ps();
     int d = 0;
@@ -115,14 +113,7 @@ static inline __attribute__((always_inline)) void dot16x16_at(const float *q,
     _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(0, 2, 0, 2)),
                                         _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(1, 3, 1, 3))));
 }
-static inline __attribute__((always_inline)) void dot16x16(const float *q,
-                                                           const float *const *k, int hd,
-                                                           float *out)
-{
-    dot16x16_at(q, k, NULL, 0, hd, out);
-}
-#define DOT16X16(q, k, hd, out) dot16x16((q), (k), (hd), (out))
-#define DOT16X16S(q, base, ld, hd, out) dot16x16_at((q), NULL, (base), (ld), (hd), (out))
+#define DOT16X16S(q, base, ld, hd, out) dot16x16((q), (base), (ld), (hd), (out))
 
 /* The exact KV decodes of kvf/kv_format.h, 16 elements at element i of
  * a row of dt (not f32): bf16 a shift, f16 by F16C (exact, subnormals

@@ -70,11 +70,6 @@ static inline __attribute__((always_inline)) float hmax16(const float *s, int ja
 }
 #define HMAX16(s, ja, nj) hmax16((s), (ja), (nj))
 #define TREE16P(p) tree16(vld1q_f32(p), vld1q_f32((p) + 4), vld1q_f32((p) + 8), vld1q_f32((p) + 12))
-#define DOT16X16(q, k, hd, out)                                                                    \
-    do {                                                                                           \
-        for (int j_ = 0; j_ < 16; j_++)                                                            \
-            (out)[j_] = dot16((q), (k)[j_], (hd));                                                 \
-    } while (0)
 #define DOT16X16S(q, base, ld, hd, out)                                                            \
     do {                                                                                           \
         for (int j_ = 0; j_ < 16; j_++)                                                            \

@@ -9,7 +9,7 @@
  *   V_ROUND(x)           round to nearest even
  *   V_LOAD_BF16(p) V_LOAD_F16(p)   VL 16-bit weights widened exactly
  *   DOT16(q, k, hd)      the canonical head_dim dot product
- *   DOT16X16(q, k, hd, out)  the same for 16 key rows k[0..15] at once
+ *   DOT16X16S(q, base, ld, hd, out)  the same for the 16 key rows base + j * ld
  *   HMAX16(s, ja, nj)    the largest of s[ja..nj-1] (NaN ignored; -inf if none)
  *   TREE16P(p)           cpu_canon.h's 16-lane tree of p[0..15]
  *   V_LOAD_KV(dt, row, i, sv), KV_FUSED   where defined: VL exactly decoded
