@@ -443,6 +443,25 @@ void kvf_router__node_load(kvf_router_node_t *n, const Kvf__Load *load)
     n->pending_blocks = n->pending_running = 0;
     n->pending_tokens = 0;
     n->finished_blocks = n->finished_running = 0;
+    n->load_gen++;
+}
+
+void kvf_router__node_unload(kvf_router_t *r, const kvf_router_req_t *q, bool held)
+{
+    kvf_router_node_t *d = kvf_router__node_get(r, q->place.decode);
+    if (!d || !q->place.blocks)
+        return;
+    if (q->place.load_gen != d->load_gen) {
+        if (!held)
+            return; /* the heartbeat did not count it either */
+        /* in the heartbeat's numbers, free on the node by now */
+        d->finished_blocks += q->place.blocks;
+        d->finished_running++;
+        return;
+    }
+    /* sent after d's last heartbeat: still counted as handed out */
+    d->pending_blocks -= q->place.blocks < d->pending_blocks ? q->place.blocks : d->pending_blocks;
+    d->pending_running -= d->pending_running ? 1 : 0;
 }
 
 void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)

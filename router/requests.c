@@ -103,12 +103,7 @@ void kvf_router__req_finish(kvf_router_t *r, kvf_router_req_t *q, Kvf__FinishRea
         .local_prefill = q->place.local,
     };
     emit(q, &chunk);
-    /* Until the node's next heartbeat, its load no longer counts q. */
-    kvf_router_node_t *d = kvf_router__node_get(r, q->place.decode);
-    if (d) {
-        d->finished_blocks += q->place.blocks;
-        d->finished_running++;
-    }
+    kvf_router__node_unload(r, q, true); /* until the node's next heartbeat */
     kvf_metrics_observe_finished(r->metrics, reason, q->ask.n_prompt, q->out.n,
                                  kvf_clock_ns() - q->t.arrival_ns);
     if (reason == KVF__FINISH_REASON__FINISH_ERROR)

@@ -119,6 +119,7 @@ typedef struct {
     /* Requests that ended on it since that heartbeat, and the blocks they
      * were given (still in its numbers, free on the node by now). */
     uint32_t finished_blocks, finished_running;
+    uint64_t load_gen; /* the load reports (heartbeats) taken from it */
     uint64_t registered_ns;
     kvf_timer_t liveness; /* dead when it fires: heartbeats missed (armed while live) */
     uint64_t dispatched;  /* request attempts sent to it */
@@ -195,6 +196,7 @@ typedef struct {
     uint32_t n_tokens;     /* tokens this attempt prefills (prompt and tokens streamed before) */
     uint32_t blocks;       /* decode-node blocks this attempt was given (its whole length) */
     uint64_t dispatched_ns; /* when this attempt was sent */
+    uint64_t load_gen;      /* its decode node's load_gen when it was sent */
 } kvf_req_placement_t;
 
 /* Timing, and what the nodes reported. */
@@ -294,6 +296,10 @@ void kvf_router__node_take(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Reg
  * its numbers replace the last ones, and the work handed out since that
  * beat (pending_*) is counted in them from now on. */
 void kvf_router__node_load(kvf_router_node_t *n, const Kvf__Load *load);
+/* q's attempt leaves its decode node: until the node's next heartbeat its
+ * load no longer counts q (held: the node had taken q's blocks, or may
+ * have; false when it refused them). */
+void kvf_router__node_unload(kvf_router_t *r, const kvf_router_req_t *q, bool held);
 /* loop.c: takes what waits in the node inbox (a bounded burst). */
 void kvf_router__recv_nodes(kvf_router_t *r);
 void kvf_router__on_deregister(kvf_router_t *r, const Kvf__Deregister *d);

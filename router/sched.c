@@ -223,6 +223,7 @@ void kvf_router__claim(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *
     q->place.n_tokens = n_tokens;
     uint32_t remaining = kvf_sampling_msg_remaining(q->ask.sampling, q->out.n);
     q->place.blocks = kvf_router__blocks_for(n_tokens + remaining, d->block_size);
+    q->place.load_gen = d->load_gen;
     d->pending_blocks += q->place.blocks;
     d->pending_running++;
     p->pending_tokens += n_tokens;
@@ -370,6 +371,7 @@ void kvf_router__redispatch(kvf_router_t *r, kvf_router_req_t *q, const char *wh
                  (unsigned long long)q->place.epoch, why);
     r->count.redispatched++;
     kvf_router__cancel_nodes(r, q, why);
+    kvf_router__node_unload(r, q, true);
     q->place.prefill = q->place.decode = KVF_NODE_NONE;
     kvf_router__schedule(r, q);
 }
@@ -422,6 +424,7 @@ void kvf_router__on_error(kvf_router_t *r, const Kvf__Error *e, const char *send
         /* The decode node refused: try another one, or wait. */
         if (q->place.n_excluded < ROUTER_MAX_EXCLUDED)
             q->place.excluded[q->place.n_excluded++] = q->place.decode;
+        kvf_router__node_unload(r, q, false); /* it took none of them */
         q->place.prefill = q->place.decode = KVF_NODE_NONE;
         q->place.attempts--; /* a refusal is not a failure */
         kvf_router__schedule(r, q);

@@ -294,6 +294,30 @@ static void test_finished_since_heartbeat(void **state)
     assert_int_equal(d2->finished_blocks, 0);
 }
 
+/* A request sent to d2 after its last heartbeat and ended before the next
+ * one is in d2's handed-out load, not its reported one: its end takes it
+ * from there, so d2's next turn is not charged for it. */
+static void test_finished_before_heartbeat(void **state)
+{
+    fixture_t *fx = *state;
+    fx->r->cfg.default_max_tokens = 200;
+    cluster(fx, false);
+    int d = -1;
+    uint64_t id;
+    route_submit(fx, &d, &id);
+    assert_int_equal(d, 1);
+    kvf_router_node_t *d2 = rfx_node_named(fx, "d2");
+    assert_true(d2->pending_blocks > 8);
+    assert_int_equal(d2->pending_running, 1);
+    kvf_router_cancel(fx->r, id); /* no heartbeat from d2 in between */
+    assert_int_equal(d2->pending_blocks, 0);
+    assert_int_equal(d2->pending_running, 0);
+    assert_int_equal(d2->finished_blocks, 0);
+    route_submit(fx, &d, &id);
+    assert_int_equal(d, 1);
+    kvf_router_cancel(fx->r, id);
+}
+
 /* A prefill node that fails an attempt gets none of the request's later
  * attempts while another prefill node can take them. */
 static void test_failed_prefill_excluded(void **state)
@@ -669,6 +693,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_kv_policy, setup_kv, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_failed_prefill_excluded, setup_kv, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_finished_since_heartbeat, setup_kv, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_finished_before_heartbeat, setup_kv, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_load_policy, setup_load, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_random_policy, setup_random, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_local_prefill_bound, setup_local, rfx_teardown),
