@@ -74,6 +74,11 @@ typedef struct {
     uint32_t chunk_seq;
     uint64_t prefill_us;    /* local: forward time of the steps holding its chunks */
     uint64_t kv_bytes;      /* bytes landed by the transfer */
+    /* transferred: the prefill node's PrefillDone as KvReady told it,
+     * relayed on the attempt's first chunk (relay_prefill until then) */
+    bool relay_prefill;
+    uint64_t pf_compute_us, pf_handoff_us, pf_kv_bytes;
+    uint32_t pf_cached_tokens;
     kvf_timer_t seal_timer; /* transferred: the handoff must seal before it fires */
     /* the prefix cache: leading blocks it held at admission (not written
      * by the transfer), and the prompt's full blocks to list once sealed */
@@ -118,6 +123,9 @@ typedef struct {
     uint32_t n_generated;
     uint64_t rng_state;
     size_t text_off, text_len;
+    bool prefill; /* carries the attempt's relayed PrefillDone (below) */
+    uint64_t pf_compute_us, pf_handoff_us, pf_kv_bytes;
+    uint32_t pf_cached_tokens;
 } dec_chunk_t;
 
 struct kvf_decode {

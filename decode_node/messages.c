@@ -189,6 +189,11 @@ static void on_kv_ready(kvf_decode_t *d, const Kvf__KvReady *m)
     if (start_generation(d, r, &g) != KVF_OK)
         return;
     r->first_token = m->first_token;
+    r->relay_prefill = true;
+    r->pf_compute_us = m->prefill_compute_us;
+    r->pf_handoff_us = m->handoff_us;
+    r->pf_kv_bytes = m->kv_bytes;
+    r->pf_cached_tokens = m->cached_tokens;
     if (r->h.state == KVF_HANDOFF_SEALED)
         dec_req_join(d, r, r->first_token);
 }

@@ -104,7 +104,25 @@ void dec_emit_chunk(kvf_decode_t *d, dec_req_t *r, bool has_token, uint32_t toke
         .rng_state = r->has_sampler ? kvf_sampler_state(&r->sampler) : 0,
         .text_off = text_off,
         .text_len = text_len,
+        .prefill = r->relay_prefill,
+        .pf_compute_us = r->pf_compute_us,
+        .pf_handoff_us = r->pf_handoff_us,
+        .pf_kv_bytes = r->pf_kv_bytes,
+        .pf_cached_tokens = r->pf_cached_tokens,
     };
+    r->relay_prefill = false;
+}
+
+/* c's relayed PrefillDone into pd (c->prefill). */
+static void relay_prefill(const dec_chunk_t *c, Kvf__PrefillDone *pd)
+{
+    kvf__prefill_done__init(pd);
+    pd->req_id = c->req_id;
+    pd->epoch = c->epoch;
+    pd->prefill_compute_us = c->pf_compute_us;
+    pd->handoff_us = c->pf_handoff_us;
+    pd->kv_bytes = c->pf_kv_bytes;
+    pd->cached_tokens = c->pf_cached_tokens;
 }
 
 void dec_flush_chunks(kvf_decode_t *d)
@@ -118,7 +136,8 @@ void dec_flush_chunks(kvf_decode_t *d)
     size_t n = d->n_chunks;
     Kvf__TokenChunk *body = calloc(n, sizeof(*body));
     Kvf__TokenChunk **ptrs = calloc(n, sizeof(*ptrs));
-    if (!body || !ptrs) {
+    Kvf__PrefillDone *relayed = calloc(n, sizeof(*relayed));
+    if (!body || !ptrs || !relayed) {
         kvf_log_error("out of memory sending %zu token chunks", n);
         goto out;
     }
@@ -135,6 +154,10 @@ void dec_flush_chunks(kvf_decode_t *d)
         body[i].rng_state = c->rng_state;
         body[i].text.data = c->text_len ? (uint8_t *)d->chunk_text + c->text_off : NULL;
         body[i].text.len = c->text_len;
+        if (c->prefill) {
+            relay_prefill(c, &relayed[i]);
+            body[i].prefill = &relayed[i];
+        }
         ptrs[i] = &body[i];
     }
     Kvf__TokenBatch batch = KVF__TOKEN_BATCH__INIT;
@@ -147,6 +170,7 @@ void dec_flush_chunks(kvf_decode_t *d)
     env.token_batch = &batch;
     dec_send_router(d, &env);
 out:
+    free(relayed);
     free(ptrs);
     free(body);
     d->n_chunks = 0;

@@ -269,6 +269,7 @@ static kvf_status_t send_kv_ready(kvf_prefill_t *p, const pf_req_t *r, uint64_t 
     k.kv_bytes = r->kv_bytes;
     k.prefill_compute_us = compute_us;
     k.handoff_us = handoff_us;
+    k.cached_tokens = r->cached_blocks * (uint32_t)p->geo.block_size;
     kvf_envelope_t env;
     kvf_envelope_init(&env, kvf_node_id(p->node));
     env.body_case = KVF__ENVELOPE__BODY_KV_READY;

@@ -291,13 +291,14 @@ void kvf_router_cancel(kvf_router_t *r, uint64_t req_id)
 
 /* ---- the nodes' progress ------------------------------------------------------ */
 
-/* The prefill node is done with q's epoch: its timings, and q is the
- * decode node's now (for node-loss decisions). */
-void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
+/* q's epoch's prefill timings, counted once: from the prefill node's
+ * PrefillDone or from the copy the decode node relays on the first chunk,
+ * whichever comes first (they travel on different connections). */
+static void take_prefill_done(kvf_router_t *r, kvf_router_req_t *q, const Kvf__PrefillDone *pd)
 {
-    kvf_router_req_t *q = kvf_router__req_current(r, pd->req_id, pd->epoch, "prefill done");
-    if (!q)
+    if (q->place.prefill_seen)
         return;
+    q->place.prefill_seen = true;
     q->t.prefill_compute_us += pd->prefill_compute_us;
     q->t.handoff_us += pd->handoff_us;
     q->t.kv_bytes += pd->kv_bytes;
@@ -305,6 +306,16 @@ void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
     kvf_metrics_observe_prefix(r->metrics, q->place.n_tokens, pd->cached_tokens);
     q->t.cached_tokens += pd->cached_tokens;
     kvf_router__observe_prefill_done(r, q, pd);
+}
+
+/* The prefill node is done with q's epoch: q is the decode node's now
+ * (for node-loss decisions). */
+void kvf_router__on_prefill_done(kvf_router_t *r, const Kvf__PrefillDone *pd)
+{
+    kvf_router_req_t *q = kvf_router__req_current(r, pd->req_id, pd->epoch, "prefill done");
+    if (!q)
+        return;
+    take_prefill_done(r, q, pd);
     kvf_router_node_t *p = kvf_router__node_get(r, q->place.prefill);
     if (p)
         kvf_router__node_succeeded(r, p);
@@ -369,6 +380,9 @@ void kvf_router__on_token_chunk(kvf_router_t *r, const Kvf__TokenChunk *c)
     }
     if (q->place.state == REQ_PREFILL)
         q->place.state = REQ_DECODE;
+    /* the prefill node's own PrefillDone may still be on its way */
+    if (c->prefill && !q->place.local)
+        take_prefill_done(r, q, c->prefill);
     kvf_router_node_t *d = kvf_router__node_get(r, q->place.decode);
     if (d)
         kvf_router__node_succeeded(r, d);

@@ -197,6 +197,9 @@ typedef struct {
     uint32_t blocks;       /* decode-node blocks this attempt was given (its whole length) */
     uint64_t dispatched_ns; /* when this attempt was sent */
     uint64_t load_gen;      /* its decode node's load_gen when it was sent */
+    /* its PrefillDone was counted: the prefill node's, or the copy its
+     * decode node relays on the first chunk, whichever came first */
+    bool prefill_seen;
 } kvf_req_placement_t;
 
 /* Timing, and what the nodes reported. */

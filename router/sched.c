@@ -224,6 +224,7 @@ void kvf_router__claim(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t *
     uint32_t remaining = kvf_sampling_msg_remaining(q->ask.sampling, q->out.n);
     q->place.blocks = kvf_router__blocks_for(n_tokens + remaining, d->block_size);
     q->place.load_gen = d->load_gen;
+    q->place.prefill_seen = false;
     d->pending_blocks += q->place.blocks;
     d->pending_running++;
     p->pending_tokens += n_tokens;

@@ -131,6 +131,11 @@ static void on_chunk(drig_t *h, const Kvf__TokenChunk *ch)
     assert_int_equal(ch->seq, r->next_seq);
     r->next_seq++;
     assert_int_equal(ch->n_generated - ch->n_tokens, r->base + (uint32_t)r->n_tokens);
+    if (ch->prefill) {
+        assert_true(r->first_chunk_tokens < 0); /* on the first chunk alone */
+        r->n_relayed++;
+        r->relayed_kv_bytes = ch->prefill->kv_bytes;
+    }
     if (r->first_chunk_tokens < 0)
         r->first_chunk_tokens = (int)ch->n_tokens;
     for (size_t i = 0; i < ch->n_tokens; i++) {
@@ -532,6 +537,7 @@ void drig_send_kv_ready(drig_t *h, uint64_t req_id, uint64_t epoch, uint32_t fir
     k.token_ids = (uint32_t *)ids;
     k.n_token_ids = n;
     k.rng_state = s->seed;
+    k.kv_bytes = DRIG_RELAY_KV_BYTES;
     kvf_envelope_t env;
     kvf_envelope_init(&env, "fake-prefill");
     env.body_case = KVF__ENVELOPE__BODY_KV_READY;

@@ -53,7 +53,13 @@ typedef struct {
     int finish;             /* Kvf__FinishReason, 0 until finished */
     int error;              /* last Error status, 0 if none */
     int n_chunks_after_finish;
+    int n_relayed;              /* chunks carrying a relayed PrefillDone (first only) */
+    uint64_t relayed_kv_bytes;  /* its kv_bytes: KvReady's (DRIG_RELAY_KV_BYTES) */
 } drig_req_t;
+
+/* The kv_bytes drig_send_kv_ready's KvReady says; the decode node relays
+ * them on the first chunk. */
+#define DRIG_RELAY_KV_BYTES 4242
 
 /* The test's side of the rig: the node process, the fake router's view
  * of it, and the golden prompts. */

@@ -77,6 +77,9 @@ static void handoff_matches_golden(drig_t *h, const char *mode)
          * decode node, as every other */
         drig_check_golden(h, id, &h->prompts[p]);
         assert_false(drig_seen(h, id)->prefill_done);
+        /* KvReady's PrefillDone, relayed once, on the first chunk */
+        assert_int_equal(drig_seen(h, id)->n_relayed, 1);
+        assert_int_equal(drig_seen(h, id)->relayed_kv_bytes, DRIG_RELAY_KV_BYTES);
     }
     drig_expect_no_blocks_used(h);
     drig_prefill_close(&f);

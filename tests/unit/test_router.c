@@ -357,6 +357,88 @@ static void test_nul_text_to_native_client(void **state)
     kvf_client_destroy(client);
 }
 
+/* Reads the client's chunks up to the finishing one: its kv_bytes and
+ * cached_tokens. */
+static void client_final(kvf_client_t *client, uint64_t *kv_bytes_p, uint32_t *cached_p)
+{
+    for (;;) {
+        kvf_envelope_t *env = NULL;
+        assert_int_equal(kvf_client_recv(client, 5000, &env), KVF_OK);
+        assert_int_equal(env->body_case, KVF__ENVELOPE__BODY_GENERATE_CHUNK);
+        const Kvf__GenerateChunk *ch = env->generate_chunk;
+        bool done = ch->finish_reason != KVF__FINISH_REASON__FINISH_NONE;
+        *kv_bytes_p = ch->kv_bytes;
+        *cached_p = ch->cached_tokens;
+        kvf_envelope_free(env);
+        if (done)
+            return;
+    }
+}
+
+/* One generation on d1/p1 whose only chunk finishes it, carrying the
+ * prefill timings relayed by the decode node; with pd_first the prefill
+ * node's own PrefillDone comes before that chunk, else after the request
+ * ended. Either way they count once, and the client's finishing chunk
+ * carries them. */
+static void relayed_once(fixture_t *fx, kvf_client_t *client, uint64_t client_id, bool pd_first)
+{
+    uint32_t prompt[] = {1, 5, 6, 7};
+    kvf_client_generate_t g = {.client_req_id = client_id, .ids = prompt, .n_ids = 4};
+    assert_int_equal(kvf_client_generate(client, "test", &g, 5000), KVF_OK);
+    rfx_run_until(fx, request_entered, NULL);
+    kvf_envelope_t *pr = rfx_node_recv(fx, 1, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    assert_non_null(pr);
+    uint64_t id = pr->prefill_request->req_id, epoch = pr->prefill_request->epoch;
+    kvf_envelope_free(pr);
+    uint64_t bytes0 = fx->r->count.kv_bytes, cached0 = fx->r->count.prefill_cached;
+    Kvf__PrefillDone pd = KVF__PREFILL_DONE__INIT;
+    pd.req_id = id;
+    pd.epoch = epoch;
+    pd.node_id = "p1";
+    pd.prefill_compute_us = 150;
+    pd.handoff_us = 20;
+    pd.kv_bytes = 4096;
+    pd.cached_tokens = 2;
+    if (pd_first)
+        kvf_router__on_prefill_done(fx->r, &pd);
+    uint32_t token = 9;
+    Kvf__TokenChunk c = KVF__TOKEN_CHUNK__INIT;
+    c.req_id = id;
+    c.epoch = epoch;
+    c.tokens = &token;
+    c.n_tokens = 1;
+    c.n_generated = 1;
+    c.finish_reason = KVF__FINISH_REASON__FINISH_LENGTH;
+    c.prefill = &pd;
+    kvf_router__on_token_chunk(fx->r, &c);
+    assert_null(fx->r->requests);
+    if (!pd_first)
+        kvf_router__on_prefill_done(fx->r, &pd); /* late: the request is gone */
+    uint64_t kv_bytes;
+    uint32_t cached;
+    client_final(client, &kv_bytes, &cached);
+    assert_int_equal(kv_bytes, 4096);
+    assert_int_equal(cached, 2);
+    assert_int_equal(fx->r->count.kv_bytes - bytes0, 4096);
+    assert_int_equal(fx->r->count.prefill_cached - cached0, 2);
+}
+
+/* The decode node may finish a request before the router hears the
+ * prefill node's PrefillDone (another connection): the copy relayed on
+ * the first chunk keeps the request's timings and the cluster's counters
+ * whole, and never counts twice. */
+static void test_prefill_done_relayed(void **state)
+{
+    fixture_t *fx = *state;
+    rfx_register_decode(fx, "d1", fx->urls[2]);
+    rfx_register(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[3]);
+    kvf_client_t *client;
+    assert_int_equal(kvf_client_create(fx->urls[1], &client), KVF_OK);
+    relayed_once(fx, client, 11, false);
+    relayed_once(fx, client, 12, true);
+    kvf_client_destroy(client);
+}
+
 /* The RegisterReply fixture node `node` got: its status, and its error
  * (copied into err). */
 static kvf_status_t register_reply(fixture_t *fx, int node, char *err, size_t err_len)
@@ -467,6 +549,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_missed_heartbeats, setup_slow, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_nul_text_to_native_client, setup_slow, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_nul_prompt_from_native_client, setup_slow, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_prefill_done_relayed, setup_slow, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_register_refuses_other_kv_format, setup_slow,
                                         rfx_teardown),
     };
