@@ -29,7 +29,7 @@ set(KVF_CUDA_FILES backend/cuda/*.cu)
 set(KVF_ENGINE_FILES engine*.c backend_select.c gpu*.c backend/cpu/*.c)
 # kvf_msg: control messages over nanomsg and protobuf-c, authenticated with
 # libsodium.
-set(KVF_MSG_FILES msg*.c node*.c clientsock*.c sampling_msg.c auth.c identity*.c)
+set(KVF_MSG_FILES msg*.c net*.c node*.c clientsock*.c sampling_msg.c auth.c identity*.c)
 # kvf_cli: the command line of every binary.
 set(KVF_CLI_FILES flags*.c backend_flags.c)
 

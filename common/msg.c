@@ -524,65 +524,6 @@ void kvf_nn_tcp_nodelay(int sock)
         kvf_log_warn("TCP_NODELAY on a nanomsg socket: %s", nn_strerror(nn_errno()));
 }
 
-/* Ports this process was handed lately: bind(0) may give the same free
- * port twice in a row, and a caller that starts one process per port
- * (nothing is bound until that process runs) must get distinct ones. */
-#define NET_RECENT_PORTS 64
-static int net_recent[NET_RECENT_PORTS];
-static unsigned net_n_recent;
-static pthread_mutex_t net_recent_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static bool net_port_recent(int port)
-{
-    unsigned n = net_n_recent < NET_RECENT_PORTS ? net_n_recent : NET_RECENT_PORTS;
-    for (unsigned i = 0; i < n; i++)
-        if (net_recent[i] == port)
-            return true;
-    return false;
-}
-
-/* Binds a socket to a free loopback port: the socket (to close) and port. */
-static kvf_status_t net_bind_any(int *fd_p, int *port_p)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return kvf_status_from_errno(errno);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = 0};
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t alen = sizeof(addr);
-    if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
-        getsockname(fd, (struct sockaddr *)&addr, &alen) < 0) {
-        kvf_status_t st = kvf_status_from_errno(errno);
-        close(fd);
-        return st;
-    }
-    *fd_p = fd;
-    *port_p = ntohs(addr.sin_port);
-    return KVF_OK;
-}
-
-kvf_status_t kvf_net_free_port(int *port_p)
-{
-    /* A port handed out lately is passed over; its socket stays bound
-     * until a new one is found, so the kernel offers another. */
-    int held[8], n_held = 0, fd = -1, port = 0;
-    pthread_mutex_lock(&net_recent_lock);
-    kvf_status_t st = net_bind_any(&fd, &port);
-    while (st == KVF_OK && net_port_recent(port) && n_held < 8) {
-        held[n_held++] = fd;
-        st = net_bind_any(&fd, &port);
-    }
-    if (st == KVF_OK) {
-        close(fd);
-        net_recent[net_n_recent++ % NET_RECENT_PORTS] = port;
-        *port_p = port;
-    }
-    pthread_mutex_unlock(&net_recent_lock);
-    while (n_held > 0)
-        close(held[--n_held]);
-    return st;
-}
-
 bool kvf_net_url_is_local(const char *url)
 {
     if (!url)

@@ -43,7 +43,7 @@ fi
 
 run=$root/run/quickstart
 mkdir -p "$run"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { "$root/deploy/free-port"; }
 router_url=tcp://127.0.0.1:$(free_port)
 client_url=tcp://127.0.0.1:$(free_port)
 http_port=${KVF_HTTP_PORT:-8000}

@@ -61,9 +61,7 @@ cleanup() {
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 pass() { echo "ok: $*"; }
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+free_port() { "$(dirname "${BASH_SOURCE[0]}")/../../deploy/free-port"; }
 # json FILE EXPR: evaluates a Python expression over the parsed file (d).
 json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
 

@@ -380,11 +380,9 @@ ok("kvf-cluster: %d kvferry commands" % n)
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    out = subprocess.run([os.path.join(root, "deploy", "free-port")], check=True,
+                         capture_output=True, text=True).stdout
+    return int(out)
 
 
 ports = {"router": {5555: free_port(), 5556: free_port(), 8000: free_port()},

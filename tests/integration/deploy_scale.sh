@@ -138,7 +138,7 @@ model=$work/model
     --vocab 512 --max-pos 1024 --seed 5 > "$work/mkmodel.log"
 
 # 1. up: returns once both nodes are live; /health answers 200.
-http_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+http_port=$("$(dirname "${BASH_SOURCE[0]}")/../../deploy/free-port")
 kc up --model "$model" --prefill 1 --decode 1 --http "127.0.0.1:$http_port" \
     --prefill-args "--threads 1" --decode-args "--threads 1 --kv-mem 16M" > "$work/up.out"
 client=$(awk '$1 == "client" {print $2}' "$work/up.out")

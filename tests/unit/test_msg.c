@@ -142,6 +142,30 @@ static void test_tcp_two_processes(void **state)
     exchange(url);
 }
 
+/* Ports kvf_net_free_port hands out: free, distinct over its last 64,
+ * and below the ephemeral range (where outgoing connections take their
+ * local ports) whenever that range leaves room. */
+static void test_free_ports(void **state)
+{
+    (void)state;
+    int low = 0, high = 0;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d %d", &low, &high) != 2)
+            low = 0;
+        fclose(f);
+    }
+    int ports[64];
+    for (int i = 0; i < 64; i++) {
+        assert_int_equal(kvf_net_free_port(&ports[i]), KVF_OK);
+        assert_true(ports[i] > 0 && ports[i] < 65536);
+        if (low > 11000)
+            assert_true(ports[i] >= 10000 && ports[i] < low);
+        for (int j = 0; j < i; j++)
+            assert_int_not_equal(ports[i], ports[j]);
+    }
+}
+
 static void test_ipc_two_processes(void **state)
 {
     (void)state;
@@ -278,6 +302,7 @@ int main(int argc, char **argv)
     kvf_log_init("test", NULL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_two_processes),
+        cmocka_unit_test(test_free_ports),
         cmocka_unit_test(test_ipc_two_processes),
         cmocka_unit_test(test_garbage_dropped_and_counted),
         cmocka_unit_test(test_drops_logged_with_a_bound),
