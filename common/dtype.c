@@ -52,7 +52,8 @@ float kvf_f16_to_f32(uint16_t h)
         memcpy(&bits, &v, sizeof(bits));
         bits |= sign;
     } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (mant << 13);
+        /* infinity; a NaN quieted, its payload kept (as F16C and NEON convert) */
+        bits = sign | 0x7f800000u | (mant ? 0x400000u : 0) | (mant << 13);
     } else {
         bits = sign | ((exp + 112u) << 23) | (mant << 13);
     }

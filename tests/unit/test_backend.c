@@ -14,6 +14,7 @@
 #include "kvf/detmath.h"
 #include "kvf/kvcache.h"
 #include "support.h"
+#include "../../common/backend/cpu/cpu_kernels.h"
 
 #include <fenv.h>
 #include <math.h>
@@ -677,6 +678,56 @@ static void test_fp_environment(void **state)
     kvf_backend_destroy(&be);
 }
 
+/* Every KV element value of the 8- and 16-bit formats (all 256 bytes, all
+ * 65536 halves; NaN, infinities, subnormals, signed zeros included)
+ * decodes, through every instruction set this CPU runs, to the bits of
+ * kvf_kv_decode_row, with scales that round (0.3) and one that does not
+ * (1). */
+static void test_decode_every_value(void **state)
+{
+    (void)state;
+    enum { N = 65536 };
+    uint8_t *src = malloc(2 * N);
+    float *want = malloc(N * sizeof(float)), *got = malloc(N * sizeof(float));
+    assert_non_null(src);
+    assert_non_null(want);
+    assert_non_null(got);
+    for (int i = 0; i < N; i++) {
+        src[2 * i] = (uint8_t)i;
+        src[2 * i + 1] = (uint8_t)(i >> 8);
+    }
+    const kvf_kv_dtype_t dts[] = {KVF_KV_BF16, KVF_KV_F16, KVF_KV_FP8, KVF_KV_INT8};
+    const float scales[] = {1.0f, 0.3f};
+    for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
+        for (int s = 0; s < 2; s++) {
+            kvf_kv_dtype_t dt = dts[d];
+            bool scaled = dt == KVF_KV_FP8 || dt == KVF_KV_INT8;
+            int n = kvf_kv_elem_bytes(dt) == 1 ? 256 : N;
+            const int row = 64; /* n rows of 64: every element, vector and tail alike */
+            float row_scales[N / 64];
+            for (int r = 0; r < n / row; r++)
+                row_scales[r] = scales[s];
+            for (int r = 0; r < n / row; r++)
+                kvf_kv_decode_row(dt, src + (size_t)r * row * kvf_kv_elem_bytes(dt),
+                                  scaled ? scales[s] : 1.0f, row, want + (size_t)r * row);
+            for (int isa = 0; isa < KVF_CPU_ISA_COUNT; isa++) {
+                if (!kvf_cpu_isa_supported((kvf_cpu_isa_t)isa))
+                    continue;
+                const kvf_cpu_kernels_t *k = kvf_cpu_kernels((kvf_cpu_isa_t)isa);
+                memset(got, 0xa5, (size_t)n * sizeof(float));
+                k->decode_row(dt, src, scaled ? row_scales : NULL, n / row, row, got, row);
+                for (int i = 0; i < n; i++)
+                    if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                        fail_msg("%s %s scale %g: element 0x%x decodes to %a, not %a",
+                                 kvf_cpu_isa_name((kvf_cpu_isa_t)isa), kvf_kv_dtype_name(dt),
+                                 scales[s], i, (double)got[i], (double)want[i]);
+            }
+        }
+    free(src);
+    free(want);
+    free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -686,6 +737,7 @@ int main(void)
         cmocka_unit_test(test_matmul_invariance),
         cmocka_unit_test(test_rowwise_invariance),
         cmocka_unit_test(test_attention_invariance),
+        cmocka_unit_test(test_decode_every_value),
         cmocka_unit_test(test_attention_softcap_invariance),
         cmocka_unit_test(test_isa_selection),
         cmocka_unit_test(test_fp_environment),

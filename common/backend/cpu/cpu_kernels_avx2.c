@@ -137,8 +137,8 @@ static inline __attribute__((always_inline)) void dot16x8(const float *q, const 
 
 /* The exact KV decodes of kvf/kv_format.h, 8 elements at element i of a
  * row of dt (as the AVX-512 kernels: bf16 a shift, f16 by F16C, int8 a
- * convert and one multiply, fp8 E4M3 bits placed in an f32 with the
- * exponent rebased, subnormals as mantissa x 2^-9, NaN set apart). */
+ * convert and one multiply, fp8 E4M3 as f16, explained in
+ * cpu_kernels_avx512.c). */
 static inline __attribute__((always_inline)) __m256 load_kv(kvf_kv_dtype_t dt, const void *src,
                                                             int i, __m256 sv)
 {
@@ -153,18 +153,13 @@ static inline __attribute__((always_inline)) __m256 load_kv(kvf_kv_dtype_t dt, c
         return _mm256_mul_ps(_mm256_cvtepi32_ps(v), sv);
     }
     case KVF_KV_FP8: {
-        __m256i v = _mm256_cvtepu8_epi32(
+        __m128i b = _mm_cvtepu8_epi16(
             _mm_loadl_epi64((const __m128i *)(const void *)((const uint8_t *)src + i)));
-        __m256i a = _mm256_and_si256(v, _mm256_set1_epi32(0x7f));
-        __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
-        __m256 mag = _mm256_castsi256_ps(
-            _mm256_add_epi32(_mm256_slli_epi32(a, 20), _mm256_set1_epi32(120 << 23)));
-        __m256 sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), a));
-        __m256 small = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(0x1p-9f));
-        mag = _mm256_blendv_ps(mag, small, sub);
-        __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, _mm256_set1_epi32(0x7f)));
-        mag = _mm256_blendv_ps(mag, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan);
-        __m256 x = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(mag), sign));
+        __m128i s7 = _mm_slli_epi16(b, 7);
+        __m128i h = _mm_add_epi16(s7, _mm_and_si128(s7, _mm_set1_epi16(0x4000)));
+        __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
+        h = _mm_xor_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x4180)));
+        __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
         return _mm256_mul_ps(x, sv);
     }
     default:

@@ -117,9 +117,17 @@ static inline __attribute__((always_inline)) void dot16x16(const float *q, const
 
 /* The exact KV decodes of kvf/kv_format.h, 16 elements at element i of
  * a row of dt (not f32): bf16 a shift, f16 by F16C (exact, subnormals
- * included), int8 a convert and the scale's one multiply, fp8 E4M3 by
- * placing its bits in an f32 with the exponent rebased (subnormals: the
- * mantissa times 2^-9), NaN (0x7f) set apart, then the scale. */
+ * included), int8 a convert and the scale's one multiply, fp8 E4M3 as
+ * f16, then the scale.
+ *
+ * E4M3 as f16: its 7 magnitude bits at f16 bits 13..7 and its sign at 15
+ * make an f16 of the value / 2^8, subnormals included (f16's exponent
+ * bias is 8 more, its subnormals 2^-14 x m/1024 against E4M3's 2^-6 x
+ * m/8), which F16C converts exactly; x 2^8 is exact too, and the scale's
+ * multiply then rounds the same real product the scalar decode's does.
+ * 0x7f/0xff (NaN) become the f16 NaN 0x7e00 with the sign, which converts
+ * to the scalar decode's 0x7fc00000. No f32 subnormal is made on the way
+ * (they are slow on some CPUs). */
 static inline __attribute__((always_inline)) __m512 load_kv(kvf_kv_dtype_t dt, const void *src,
                                                             int i, __m512 sv)
 {
@@ -134,20 +142,14 @@ static inline __attribute__((always_inline)) __m512 load_kv(kvf_kv_dtype_t dt, c
         return _mm512_mul_ps(_mm512_cvtepi32_ps(v), sv);
     }
     case KVF_KV_FP8: {
-        __m512i v = _mm512_cvtepu8_epi32(
+        __m256i b = _mm256_cvtepu8_epi16(
             _mm_loadu_si128((const __m128i *)(const void *)((const uint8_t *)src + i)));
-        __m512i a = _mm512_and_si512(v, _mm512_set1_epi32(0x7f));
-        __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
-        /* normal: the bits rebased by 120 in the exponent; subnormal
-         * (exponent 0): mantissa x 2^-9; both exact, no f32 subnormal
-         * on the way (they are slow on some CPUs) */
-        __m512 mag = _mm512_castsi512_ps(
-            _mm512_add_epi32(_mm512_slli_epi32(a, 20), _mm512_set1_epi32(120 << 23)));
-        mag = _mm512_mask_mov_ps(mag, _mm512_cmplt_epi32_mask(a, _mm512_set1_epi32(8)),
-                                 _mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(0x1p-9f)));
-        mag = _mm512_mask_mov_ps(mag, _mm512_cmpeq_epi32_mask(a, _mm512_set1_epi32(0x7f)),
-                                 _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
-        __m512 x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
+        __m256i s7 = _mm256_slli_epi16(b, 7);
+        __m256i h = _mm256_add_epi16(s7, _mm256_and_si256(s7, _mm256_set1_epi16(0x4000)));
+        __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)),
+                                         _mm256_set1_epi16(0x7f));
+        h = _mm256_xor_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x4180)));
+        __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
         return _mm512_mul_ps(x, sv);
     }
     default:

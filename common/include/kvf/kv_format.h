@@ -145,8 +145,8 @@ static inline KVF_KV_HD float kvf_kv_f16_decode(uint16_t h)
         float f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24, exact */
         return sign ? -f : f;
     }
-    if (e == 31)
-        return kvf_kv__float(sign | 0x7f800000u | (m << 13));
+    if (e == 31) /* infinity; a NaN quieted, its payload kept (as F16C and NEON convert) */
+        return kvf_kv__float(sign | 0x7f800000u | (m ? 0x400000u : 0) | (m << 13));
     return kvf_kv__float(sign | ((e + 112) << 23) | (m << 13));
 }
 
