@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <fcntl.h>
+#include <math.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,42 +154,75 @@ static bool probe(const char *prog, int threads, kvf_sim_profile_t *hw)
     return true;
 }
 
-int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads,
-                            bool shared_host, const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p)
+/* One round of both benchmarks into hw's measured fields; false after a
+ * message. */
+static bool measure_round(const char *prog, const char *model_dir, int threads,
+                          const kvf_sim_model_t *m, kvf_sim_profile_t *hw)
 {
     char dir[] = "/tmp/kvf-sim-measure-XXXXXX";
     if (!mkdtemp(dir)) {
         fprintf(stderr, "%s: cannot make a temporary directory: %m\n", prog);
-        return 1;
+        return false;
     }
-    fprintf(stderr,
-            "%s: measuring this machine (kvf bench engine --quick --threads %d, kvf bench "
-            "transfer --quick)...\n",
-            prog, threads);
-    kvf_sim_profile_t hw = {.kv_mem_fraction = 0.9};
     cJSON *engine = NULL, *xfer = NULL;
     double share = 1;
-    bool ok = probe(prog, threads, &hw) &&
-              measure(prog, dir, model_dir, threads, &engine, &xfer, &share);
+    bool ok = measure(prog, dir, model_dir, threads, &engine, &xfer, &share);
     rmdir(dir);
-    snprintf(hw.name, sizeof(hw.name), "measured-%dt", threads);
-    hw.source = "kvf bench engine and kvf bench transfer on this machine";
-    hw.hbm_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-    hw.net_bw = hw.nvlink_bw = number(xfer, "fit_gbps", "shm") * 1e9;
-    hw.transfer_fixed_s = number(xfer, "fixed_cost_us", "shm") / 1e6;
-    ok = ok && from_engine(engine, m, &hw) && hw.net_bw > 0;
+    hw->net_bw = hw->nvlink_bw = number(xfer, "fit_gbps", "shm") * 1e9;
+    hw->transfer_fixed_s = number(xfer, "fixed_cost_us", "shm") / 1e6;
+    ok = ok && from_engine(engine, m, hw) && hw->net_bw > 0;
     /* the benchmark had this share of its CPUs: the rates of CPUs of its
      * own are higher by its inverse */
-    hw.hbm_bw /= share;
-    hw.flops /= share;
-    if (!shared_host)
-        hw.host_cpus = hw.host_load = hw.node_threads = 0;
+    hw->hbm_bw /= share;
+    hw->flops /= share;
     if (engine && xfer && !ok)
         fprintf(stderr, "%s: the benchmarks' JSON lacks a number the profile needs\n", prog);
     cJSON_Delete(engine);
     cJSON_Delete(xfer);
-    if (!ok)
+    return ok;
+}
+
+/* The best of two rounds, field by field: each is a ceiling, and one
+ * round the shared machine disturbed (measured: a 2-thread batch-1 decode
+ * at 32% of its roofline, 96-100% in the rounds around it) would make
+ * every predicted step of that profile as slow. */
+static void keep_best(kvf_sim_profile_t *hw, const kvf_sim_profile_t *r)
+{
+    hw->hbm_bw = fmax(hw->hbm_bw, r->hbm_bw);
+    hw->flops = fmax(hw->flops, r->flops);
+    hw->mem_eff = fmax(hw->mem_eff, r->mem_eff);
+    hw->compute_eff = fmax(hw->compute_eff, r->compute_eff);
+    hw->decode_compute_eff = fmax(hw->decode_compute_eff, r->decode_compute_eff);
+    hw->net_bw = hw->nvlink_bw = fmax(hw->net_bw, r->net_bw);
+    hw->transfer_fixed_s = fmin(hw->transfer_fixed_s, r->transfer_fixed_s);
+}
+
+#define MEASURE_ROUNDS 2
+
+int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads,
+                            bool shared_host, const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p)
+{
+    fprintf(stderr,
+            "%s: measuring this machine (kvf bench engine --quick --threads %d, kvf bench "
+            "transfer --quick; best of %d rounds)...\n",
+            prog, threads, MEASURE_ROUNDS);
+    kvf_sim_profile_t hw = {.kv_mem_fraction = 0.9};
+    if (!probe(prog, threads, &hw))
         return 1;
+    for (int i = 0; i < MEASURE_ROUNDS; i++) {
+        kvf_sim_profile_t r = hw;
+        if (!measure_round(prog, model_dir, threads, m, &r))
+            return 1;
+        if (i == 0)
+            hw = r;
+        else
+            keep_best(&hw, &r);
+    }
+    snprintf(hw.name, sizeof(hw.name), "measured-%dt", threads);
+    hw.source = "kvf bench engine and kvf bench transfer on this machine";
+    hw.hbm_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (!shared_host)
+        hw.host_cpus = hw.host_load = hw.node_threads = 0;
     *hw_p = hw;
     return -1;
 }
