@@ -1,7 +1,8 @@
 /* kvf bench sim-check: the simulator against this machine. It measures
  * the profile of a node (kvf simulate --profile measure: one node's
  * threads for the split cluster's nodes, twice that for the colocated
- * node), runs kvf bench serve --compare-colocated on the model, simulates
+ * node), runs kvf bench serve --compare-colocated on the model --repeats
+ * times a rate (measured: the median of each number), simulates
  * the same trace (kvf bench serve's generator, bench/serve_trace.c) on
  * 1 prefill + 1 decode and on 1 colocated node, and prints predicted
  * against measured for every percentile of TTFT, TPOT and e2e at every
@@ -22,12 +23,13 @@
 #include "sim_measure.h"
 
 #define CHECK_MAX_RATES 8
+#define CHECK_MAX_REPEATS 9
 #define CHECK_P50_TOL   0.20
 #define CHECK_P99_TOL   0.30
 
 typedef struct {
     const char *model, *rates, *prompt_len, *output_len;
-    int requests, threads;
+    int requests, threads, repeats;
     uint64_t seed;
     double slo_ttft, slo_tpot;
     double rate[CHECK_MAX_RATES];
@@ -48,6 +50,7 @@ static int parse(int argc, char **argv, check_opts_t *o)
                         .output_len = "32:128",
                         .requests = 16,
                         .threads = 1,
+                        .repeats = 3,
                         .seed = 1,
                         .slo_ttft = 2000,
                         .slo_tpot = 200};
@@ -56,6 +59,8 @@ static int parse(int argc, char **argv, check_opts_t *o)
         {"rate", KVF_FLAG_STRING, &o->rates, "R[,R...]", "Poisson rates, req/s", NULL},
         {"requests", KVF_FLAG_INT, &o->requests, "N", "requests per rate", NULL},
         {"threads", KVF_FLAG_INT, &o->threads, "N", "threads per split node (colocated: 2N)", NULL},
+        {"repeats", KVF_FLAG_INT, &o->repeats, "N",
+         "kvf bench serve runs per rate; measured = their median", NULL},
         {"prompt-len", KVF_FLAG_STRING, &o->prompt_len, "N|A:B", "prompt tokens", NULL},
         {"output-len", KVF_FLAG_STRING, &o->output_len, "N|A:B", "output tokens", NULL},
         {"seed", KVF_FLAG_UINT64, &o->seed, "S", "the trace's seed", NULL},
@@ -63,7 +68,7 @@ static int parse(int argc, char **argv, check_opts_t *o)
         {"slo-tpot", KVF_FLAG_DOUBLE, &o->slo_tpot, "MS", "goodput's TPOT bound", NULL},
     };
     kvf_flagset_t set = {.prog = argv[0],
-                         .usage = "--model DIR [--rate 1,3] [--requests 16]",
+                         .usage = "--model DIR [--rate 1,3] [--requests 16] [--repeats 3]",
                          .summary = "Predicted (kvf simulate on this machine's measured "
                                     "profile) against measured (kvf bench serve "
                                     "--compare-colocated): every percentile, every rate, the "
@@ -88,11 +93,12 @@ static int parse(int argc, char **argv, check_opts_t *o)
         p = end + 1;
     }
     if (!o->model || !o->n_rates || *end || o->requests < 1 || o->threads < 1 ||
+        o->repeats < 1 || o->repeats > CHECK_MAX_REPEATS ||
         !kvf_len_dist_parse(o->prompt_len, &o->pl) || !kvf_len_dist_parse(o->output_len, &o->ol)) {
         fprintf(stderr,
                 "%s: needs --model DIR, --rate R[,R...] (at most %d, > 0), "
-                "--requests N >= 1, lengths as N or A:B\n",
-                argv[0], CHECK_MAX_RATES);
+                "--requests N >= 1, --repeats 1..%d, lengths as N or A:B\n",
+                argv[0], CHECK_MAX_RATES, CHECK_MAX_REPEATS);
         return 2;
     }
     return -1;
@@ -195,6 +201,57 @@ static int measure_serve(const char *prog, const check_opts_t *o, double rate, c
     unlink(json);
     rmdir(dir);
     return rc;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median of v[0..n) (sorted in place; n >= 1; an even n: the mean of
+ * the middle two). */
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* rows[0..n)'s median, number by number, into out. */
+static void median_row(const check_row_t *rows, int n, check_row_t *out)
+{
+    double v[CHECK_MAX_REPEATS];
+    for (int m = 0; m < 3; m++)
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < n; i++)
+                v[i] = rows[i].v[m][k];
+            out->v[m][k] = median(v, n);
+        }
+    for (int i = 0; i < n; i++)
+        v[i] = rows[i].goodput;
+    out->goodput = median(v, n);
+}
+
+/* --repeats runs of kvf bench serve at rate: the median of each measured
+ * number (one run on a shared machine moves by as much as the check's
+ * tolerances: docs/simulator.md) and the mean other load. Returns -1 or
+ * the exit code. */
+static int measure_rate(const char *prog, const check_opts_t *o, double rate, check_row_t *split,
+                        check_row_t *colo, double *load_p)
+{
+    check_row_t s[CHECK_MAX_REPEATS], c[CHECK_MAX_REPEATS];
+    double load = 0;
+    for (int i = 0; i < o->repeats; i++) {
+        double l;
+        int rc = measure_serve(prog, o, rate, &s[i], &c[i], &l);
+        if (rc >= 0)
+            return rc;
+        load += l / o->repeats;
+    }
+    median_row(s, o->repeats, split);
+    median_row(c, o->repeats, colo);
+    *load_p = load;
+    return -1;
 }
 
 /* ---- predicted ------------------------------------------------------------------ */
@@ -369,7 +426,7 @@ int kvf_cmd_bench_sim_check(int argc, char **argv)
     check_row_t ms[CHECK_MAX_RATES], mc[CHECK_MAX_RATES];
     double load[CHECK_MAX_RATES];
     for (int i = 0; i < o.n_rates; i++)
-        if ((rc = measure_serve(argv[0], &o, o.rate[i], &ms[i], &mc[i], &load[i])) >= 0)
+        if ((rc = measure_rate(argv[0], &o, o.rate[i], &ms[i], &mc[i], &load[i])) >= 0)
             return rc;
     return check(&o, &split, &colo, ms, mc, load);
 }

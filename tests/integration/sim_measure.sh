@@ -25,8 +25,14 @@ fi
 grep -q 'one CPU node' "$dir/err.txt" || fail "$(cat "$dir/err.txt")"
 
 rc=0
+if "$bin/kvf" bench sim-check --model "$dir/model" --repeats 0 > /dev/null 2> "$dir/err.txt"; then
+    fail "sim-check --repeats 0 accepted"
+fi
+grep -q -- '--repeats 1..9' "$dir/err.txt" || fail "$(cat "$dir/err.txt")"
 "$bin/kvf" bench sim-check --model "$dir/model" --rate 4 --requests 6 --prompt-len 32:64 \
-    --output-len 8 > "$dir/check.txt" 2>&1 || rc=$?
+    --output-len 8 --repeats 2 > "$dir/check.txt" 2>&1 || rc=$?
+[[ $(grep -c '^bench serve: split, rate 4 req/s' "$dir/check.txt") == 2 ]] ||
+    fail "not 2 serving runs: $(cat "$dir/check.txt")"
 for config in split colocated; do
     for m in TTFT TPOT e2e; do
         for p in p50 p90 p99; do
