@@ -509,6 +509,7 @@ static void report_ceilings(engine_run_t *e)
     printf("sgemm %d^3: %.1f GFLOP/s (OpenBLAS, %d threads, best of the run)\n", e->sgm.n,
            sgemm / 1e9, e->o->threads);
     cJSON_AddNumberToObject(e->out, "bandwidth_gbs", bw / 1e9);
+    cJSON_AddNumberToObject(e->out, "bandwidth_large_gbs", e->bwm.best[1] / 1e9);
     cJSON_AddNumberToObject(e->out, "sgemm_gflops", sgemm / 1e9);
 }
 

@@ -112,6 +112,21 @@ static double host_share(const sim_t *s)
     return kvf_sim_host_share(hw, busy * threads);
 }
 
+/* The host's memory for a step starting now (hw: the profile, changed
+ * in place): past its last-level cache when the nodes already in a step
+ * and this one stream more weights than it holds (each node process has
+ * its own copy), else the profile's. Fixed for the step, like the share. */
+static void host_cache(const sim_t *s, kvf_sim_profile_t *hw)
+{
+    if (hw->host_cpus <= 0 || hw->llc_bytes <= 0 || hw->dram_bw <= 0)
+        return;
+    int busy = 1;
+    for (int i = 0; i < s->n_nodes; i++)
+        busy += s->nodes[i].busy;
+    if (busy > 1 && busy * s->cfg->model.weight_bytes > hw->llc_bytes)
+        hw->hbm_bw = fmin(hw->hbm_bw, hw->dram_bw);
+}
+
 /* The prompt chunks of node n's next step: from the FIFO's head, at most
  * chunk_tokens in all. */
 static void take_chunks(sim_t *s, sim_node_t *n, kvf_sim_step_t *step)
@@ -140,8 +155,9 @@ void sim_node_kick(sim_t *s, int i)
     step.decode_ctx = n->step_decode ? n->batch_ctx : 0;
     if (!n->n_pieces && !n->step_decode)
         return; /* idle until work arrives */
-    uint64_t took =
-        to_ns(kvf_sim_step_time(&s->cfg->hw, &s->cfg->model, &step) / host_share(s));
+    kvf_sim_profile_t hw = s->cfg->hw;
+    host_cache(s, &hw);
+    uint64_t took = to_ns(kvf_sim_step_time(&hw, &s->cfg->model, &step) / host_share(s));
     n->busy = true;
     n->busy_ns += took;
     s->steps++;

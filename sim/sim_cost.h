@@ -42,6 +42,11 @@ typedef struct {
     double host_load;     /* threads of other programs runnable on them, on average */
     double node_threads;  /* CPUs one node's step keeps busy */
     double msg_latency_s; /* one control message from a process to another */
+    /* The host's last-level cache and the read bandwidth past it: a step
+     * of a node streams its weights at dram_bw instead of hbm_bw while
+     * other nodes of the host step too and all their weights do not fit
+     * in llc_bytes together (0: not modelled). */
+    double llc_bytes, dram_bw;
 } kvf_sim_profile_t;
 
 /* The built-in profile named name ("h100", "h200", "a100", any case, with
@@ -53,7 +58,8 @@ const char *kvf_sim_profile_names(void);
  * "tflops": ..., "nvlink_gb_s": ..., "net_gb_s": ..., "compute_eff": ...,
  * "decode_compute_eff": ..., "mem_eff": ..., "kv_mem_fraction": ...,
  * "transfer_fixed_us": ..., "step_overhead_us": ..., "host_cpus": ...,
- * "host_load": ..., "node_threads": ..., "msg_latency_us": ...}: fields absent keep the base's (without a base:
+ * "host_load": ..., "node_threads": ..., "msg_latency_us": ..., "llc_mb": ...,
+ * "dram_gb_s": ...}: fields absent keep the base's (without a base:
  * all but the efficiencies are required). A problem is described in
  * err. */
 kvf_status_t kvf_sim_profile_load(const char *path, kvf_sim_profile_t *profile_p, char *err,

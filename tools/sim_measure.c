@@ -92,6 +92,7 @@ static double at_most_1(double v)
 static bool from_engine(const cJSON *e, const kvf_sim_model_t *m, kvf_sim_profile_t *hw)
 {
     hw->hbm_bw = number(e, "bandwidth_gbs", NULL) * 1e9;
+    hw->dram_bw = number(e, "bandwidth_large_gbs", NULL) * 1e9;
     hw->flops = number(e, "sgemm_gflops", NULL) * 1e9;
     hw->mem_eff = at_most_1(number(e, "decode_b1_roofline_ratio", NULL));
     for (const cJSON *it = e->child; it; it = it->next) { /* the longest prompt's */
@@ -174,6 +175,7 @@ static bool measure_round(const char *prog, const char *model_dir, int threads,
     /* the benchmark had this share of its CPUs: the rates of CPUs of its
      * own are higher by its inverse */
     hw->hbm_bw /= share;
+    hw->dram_bw /= share;
     hw->flops /= share;
     if (engine && xfer && !ok)
         fprintf(stderr, "%s: the benchmarks' JSON lacks a number the profile needs\n", prog);
@@ -182,47 +184,77 @@ static bool measure_round(const char *prog, const char *model_dir, int threads,
     return ok;
 }
 
-/* The best of two rounds, field by field: each is a ceiling, and one
- * round the shared machine disturbed (measured: a 2-thread batch-1 decode
- * at 32% of its roofline, 96-100% in the rounds around it) would make
- * every predicted step of that profile as slow. */
-static void keep_best(kvf_sim_profile_t *hw, const kvf_sim_profile_t *r)
+/* The median of three. */
+static double mid3(double a, double b, double c)
 {
-    hw->hbm_bw = fmax(hw->hbm_bw, r->hbm_bw);
-    hw->flops = fmax(hw->flops, r->flops);
-    hw->mem_eff = fmax(hw->mem_eff, r->mem_eff);
-    hw->compute_eff = fmax(hw->compute_eff, r->compute_eff);
-    hw->decode_compute_eff = fmax(hw->decode_compute_eff, r->decode_compute_eff);
-    hw->net_bw = hw->nvlink_bw = fmax(hw->net_bw, r->net_bw);
-    hw->transfer_fixed_s = fmin(hw->transfer_fixed_s, r->transfer_fixed_s);
+    return fmax(fmin(a, b), fmin(fmax(a, b), c));
 }
 
-#define MEASURE_ROUNDS 2
+/* The median of three rounds, field by field: one round the shared
+ * machine disturbed (measured: a 2-thread batch-1 decode at 32% of its
+ * roofline, 96-100% in the rounds around it) must not set the profile,
+ * and neither must a best round the serving runs never see (taking the
+ * best of two made every prediction 20-30% more optimistic). */
+static void take_median(kvf_sim_profile_t *hw, const kvf_sim_profile_t *r)
+{
+    hw->hbm_bw = mid3(r[0].hbm_bw, r[1].hbm_bw, r[2].hbm_bw);
+    hw->flops = mid3(r[0].flops, r[1].flops, r[2].flops);
+    hw->mem_eff = mid3(r[0].mem_eff, r[1].mem_eff, r[2].mem_eff);
+    hw->compute_eff = mid3(r[0].compute_eff, r[1].compute_eff, r[2].compute_eff);
+    hw->decode_compute_eff =
+        mid3(r[0].decode_compute_eff, r[1].decode_compute_eff, r[2].decode_compute_eff);
+    hw->net_bw = hw->nvlink_bw = mid3(r[0].net_bw, r[1].net_bw, r[2].net_bw);
+    hw->transfer_fixed_s = mid3(r[0].transfer_fixed_s, r[1].transfer_fixed_s, r[2].transfer_fixed_s);
+    hw->dram_bw = mid3(r[0].dram_bw, r[1].dram_bw, r[2].dram_bw);
+}
+
+/* The last-level cache CPU 0 sees (sysfs: the highest cache index's
+ * size), in bytes; 0 when unknown. */
+static double llc_bytes(void)
+{
+    double best = 0;
+    for (int i = 0; i < 8; i++) {
+        char path[96];
+        snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        unsigned long v = 0;
+        char unit = 0;
+        if (fscanf(f, "%lu%c", &v, &unit) >= 1) {
+            double b = (double)v * (unit == 'K' ? 1024.0 : unit == 'M' ? 1048576.0 : 1.0);
+            best = b > best ? b : best;
+        }
+        fclose(f);
+    }
+    return best;
+}
+
+#define MEASURE_ROUNDS 3
 
 int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads,
                             bool shared_host, const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p)
 {
     fprintf(stderr,
             "%s: measuring this machine (kvf bench engine --quick --threads %d, kvf bench "
-            "transfer --quick; best of %d rounds)...\n",
+            "transfer --quick; the median of %d rounds)...\n",
             prog, threads, MEASURE_ROUNDS);
     kvf_sim_profile_t hw = {.kv_mem_fraction = 0.9};
     if (!probe(prog, threads, &hw))
         return 1;
+    kvf_sim_profile_t r[MEASURE_ROUNDS];
     for (int i = 0; i < MEASURE_ROUNDS; i++) {
-        kvf_sim_profile_t r = hw;
-        if (!measure_round(prog, model_dir, threads, m, &r))
+        r[i] = hw;
+        if (!measure_round(prog, model_dir, threads, m, &r[i]))
             return 1;
-        if (i == 0)
-            hw = r;
-        else
-            keep_best(&hw, &r);
     }
+    take_median(&hw, r);
     snprintf(hw.name, sizeof(hw.name), "measured-%dt", threads);
     hw.source = "kvf bench engine and kvf bench transfer on this machine";
     hw.hbm_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    hw.llc_bytes = llc_bytes();
     if (!shared_host)
-        hw.host_cpus = hw.host_load = hw.node_threads = 0;
+        hw.host_cpus = hw.host_load = hw.node_threads = hw.llc_bytes = hw.dram_bw = 0;
     *hw_p = hw;
     return -1;
 }

@@ -13,9 +13,8 @@
  * fitted to m's FLOPs and bytes). The rates are those of CPUs the node
  * has to itself: the engine benchmark's, over the share of its CPUs it
  * got (one thread: its CPU time over its wall time, from its rusage;
- * more: taken as all); each number the best of two rounds of both
- * benchmarks (a ceiling; one round the shared machine disturbs must not
- * set it).
+ * more: taken as all); each number the median of three rounds of both
+ * benchmarks (one round the shared machine disturbs must not set it).
  * shared_host: the simulated nodes share this host (host_cpus, host_load
  * and node_threads set, as kvf bench serve runs them); else each has its
  * own. msg_latency_s is kvf_sim_probe_msg's. The benches' output goes to

@@ -429,6 +429,47 @@ static void test_host_terms(void **state)
     kvf_sim_result_fini(&b);
 }
 
+/* The host's cache: a split cluster's second prompt computed while the
+ * first decodes streams both nodes' weights; past a cache smaller than
+ * both, at a lower bandwidth, the decode is slower then; a cache that
+ * holds both, or one node alone (colocated), changes nothing. */
+static void test_host_cache(void **state)
+{
+    (void)state;
+    kvf_sim_req_t reqs[2] = {{.at_s = 0, .n_prompt = 1000, .n_output = 50, .prefix_id = -1},
+                             {.at_s = 0.05, .n_prompt = 1000, .n_output = 50, .prefix_id = -1}};
+    kvf_sim_workload_t two = {.n = 2, .reqs = reqs};
+    kvf_sim_config_t split, colo;
+    chat_config(&split, 1, 1, 0);
+    split.hw.host_cpus = 2;
+    split.hw.node_threads = 1;
+    kvf_sim_result_t a, b;
+    run(&split, &two, &a);
+    double w = split.model.weight_bytes;
+    split.hw.dram_bw = split.hw.hbm_bw / 4;
+    split.hw.llc_bytes = 2.5 * w; /* holds both copies */
+    run(&split, &two, &b);
+    assert_true(same_result(&a, &b));
+    kvf_sim_result_fini(&b);
+    split.hw.llc_bytes = 1.5 * w; /* one copy, not two */
+    run(&split, &two, &b);
+    assert_true(b.tpot[2] > a.tpot[2] * 1.05);
+    assert_true(b.ttft[0] == a.ttft[0]); /* the first prompt ran alone */
+    kvf_sim_result_fini(&a);
+    kvf_sim_result_fini(&b);
+
+    chat_config(&colo, 0, 0, 1);
+    colo.hw.host_cpus = 2;
+    colo.hw.node_threads = 2;
+    run(&colo, &two, &a);
+    colo.hw.dram_bw = colo.hw.hbm_bw / 4;
+    colo.hw.llc_bytes = 1.5 * w;
+    run(&colo, &two, &b);
+    assert_true(same_result(&a, &b));
+    kvf_sim_result_fini(&a);
+    kvf_sim_result_fini(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -436,7 +477,7 @@ int main(void)
         cmocka_unit_test(test_profiles),      cmocka_unit_test(test_traces),
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_split_and_colocated),
         cmocka_unit_test(test_plan),          cmocka_unit_test(test_local_prefill),
-        cmocka_unit_test(test_host_terms),
+        cmocka_unit_test(test_host_terms),    cmocka_unit_test(test_host_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
