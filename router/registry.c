@@ -446,14 +446,12 @@ void kvf_router__node_load(kvf_router_node_t *n, const Kvf__Load *load)
     n->load_gen++;
 }
 
-void kvf_router__node_unload(kvf_router_t *r, const kvf_router_req_t *q, bool held)
+void kvf_router__node_unload(kvf_router_t *r, const kvf_router_req_t *q)
 {
     kvf_router_node_t *d = kvf_router__node_get(r, q->place.decode);
     if (!d || !q->place.blocks)
         return;
     if (q->place.load_gen != d->load_gen) {
-        if (!held)
-            return; /* the heartbeat did not count it either */
         /* in the heartbeat's numbers, free on the node by now */
         d->finished_blocks += q->place.blocks;
         d->finished_running++;

@@ -103,7 +103,7 @@ void kvf_router__req_finish(kvf_router_t *r, kvf_router_req_t *q, Kvf__FinishRea
         .local_prefill = q->place.local,
     };
     emit(q, &chunk);
-    kvf_router__node_unload(r, q, true); /* until the node's next heartbeat */
+    kvf_router__node_unload(r, q); /* until the node's next heartbeat */
     kvf_metrics_observe_finished(r->metrics, reason, q->ask.n_prompt, q->out.n,
                                  kvf_clock_ns() - q->t.arrival_ns);
     if (reason == KVF__FINISH_REASON__FINISH_ERROR)

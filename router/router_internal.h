@@ -299,10 +299,10 @@ void kvf_router__node_take(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Reg
  * its numbers replace the last ones, and the work handed out since that
  * beat (pending_*) is counted in them from now on. */
 void kvf_router__node_load(kvf_router_node_t *n, const Kvf__Load *load);
-/* q's attempt leaves its decode node: until the node's next heartbeat its
- * load no longer counts q (held: the node had taken q's blocks, or may
- * have; false when it refused them). */
-void kvf_router__node_unload(kvf_router_t *r, const kvf_router_req_t *q, bool held);
+/* q ended on its decode node: until the node's next heartbeat its load no
+ * longer counts q (taken from what was handed out since that heartbeat
+ * when q was sent after it, else from the heartbeat's numbers). */
+void kvf_router__node_unload(kvf_router_t *r, const kvf_router_req_t *q);
 /* loop.c: takes what waits in the node inbox (a bounded burst). */
 void kvf_router__recv_nodes(kvf_router_t *r);
 void kvf_router__on_deregister(kvf_router_t *r, const Kvf__Deregister *d);

@@ -372,7 +372,6 @@ void kvf_router__redispatch(kvf_router_t *r, kvf_router_req_t *q, const char *wh
                  (unsigned long long)q->place.epoch, why);
     r->count.redispatched++;
     kvf_router__cancel_nodes(r, q, why);
-    kvf_router__node_unload(r, q, true);
     q->place.prefill = q->place.decode = KVF_NODE_NONE;
     kvf_router__schedule(r, q);
 }
@@ -425,7 +424,10 @@ void kvf_router__on_error(kvf_router_t *r, const Kvf__Error *e, const char *send
         /* The decode node refused: try another one, or wait. */
         if (q->place.n_excluded < ROUTER_MAX_EXCLUDED)
             q->place.excluded[q->place.n_excluded++] = q->place.decode;
-        kvf_router__node_unload(r, q, false); /* it took none of them */
+        /* The attempt's blocks stay charged to the node until its next
+         * heartbeat: a node refusing because an earlier attempt still
+         * holds blocks (its lease runs out) is not offered the next one
+         * at once (measured: taking them off made 30 attempts a second). */
         q->place.prefill = q->place.decode = KVF_NODE_NONE;
         q->place.attempts--; /* a refusal is not a failure */
         kvf_router__schedule(r, q);
