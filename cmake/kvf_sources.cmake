@@ -38,7 +38,7 @@ set(KVF_LAYERS BASE TEXT MODEL CUDA_HOST CUDA ENGINE MSG CLI)
 # The unit tests (tests/unit/test_<name>.c) that need the engine and
 # nothing above it: the full build links them with kvf_engine alone, and
 # they are what the compute-only build builds.
-set(KVF_COMPUTE_TESTS threadpool backend engine engine_golden detmath)
+set(KVF_COMPUTE_TESTS threadpool backend attn_decode engine engine_golden detmath)
 
 # kvf_layer_sources(<LAYER> <out var>): the layer's files (absolute paths).
 function(kvf_layer_sources layer out)

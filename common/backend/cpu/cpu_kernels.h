@@ -128,13 +128,21 @@ size_t kvf_cpu_attn_scratch_floats(int head_dim, int rows);
 typedef void (*kvf_cpu_decode_fn)(kvf_kv_dtype_t dt, const void *src, const float *scales,
                                   int n_rows, int n, float *out, int ld_out);
 
+/* Chunks one decode tile (one query token) takes each phase at a time:
+ * the scores of all of them, then their softmax steps, then their p·v. */
+#define KVF_CPU_DECODE_CHUNKS 16
+
 /* The attention scratch: per row its numerator (hdp floats), running max
  * and sum; the decoded keys and values of one chunk (16 rows of hdp); per
  * row the scores of two chunks (s: 2 x rows x 16), one chunk's
- * probabilities (p: rows x 16) and its rescale factor (alpha). */
+ * probabilities (p: rows x 16) and its rescale factor (alpha); for a
+ * decode tile, per row the scores and probabilities of
+ * KVF_CPU_DECODE_CHUNKS chunks (ds, dp: rows x 256) and per chunk each
+ * row's rescale factor (da: 16 x rows). */
 typedef struct {
     float *acc, *m, *l, *kbuf, *vbuf;
     float *s, *p, *alpha;
+    float *ds, *dp, *da;
     int hdp;
 } kvf_cpu_attn_scratch_t;
 
@@ -156,6 +164,9 @@ static inline kvf_cpu_attn_scratch_t kvf_cpu_attn_scratch(float *s, int head_dim
     sc.alpha = sc.l + rp;
     sc.s = sc.alpha + rp;
     sc.p = sc.s + (size_t)2 * rp * KVF_CPU_KEY_CHUNK;
+    sc.ds = sc.p + (size_t)rp * KVF_CPU_KEY_CHUNK;
+    sc.dp = sc.ds + (size_t)rows * KVF_CPU_DECODE_CHUNKS * KVF_CPU_KEY_CHUNK;
+    sc.da = sc.dp + (size_t)rows * KVF_CPU_DECODE_CHUNKS * KVF_CPU_KEY_CHUNK;
     return sc;
 }
 

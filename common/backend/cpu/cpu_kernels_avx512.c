@@ -71,30 +71,13 @@ static inline __attribute__((always_inline)) float hmax16(const float *s, int ja
 #define HMAX16(s, ja, nj) hmax16((s), (ja), (nj))
 #define TREE16P(p) tree16(_mm512_loadu_ps(p))
 
-/* dot16 of q with the 16 key rows base + j * ld at once, out[j] =
- * dot16(q, row j, hd): the 16 lane vectors are reduced together by
- * shuffles that pair exactly the lanes the tree pairs. The rows enter in
- * the order that leaves key j in lane j. */
-static inline __attribute__((always_inline)) void dot16x16(const float *q, const float *base,
-                                                           size_t ld, int hd, float *out)
+/* The 16 vectors v reduced together by shuffles that pair exactly the
+ * lanes cpu_canon.h's tree pairs: lane j of the result is the tree of
+ * v[k], k = red_slot[j] (red_order[k] = j). */
+static const int red_order[16] = {1, 5, 9, 13, 0, 4, 8, 12, 3, 7, 11, 15, 2, 6, 10, 14};
+static const int red_slot[16] = {4, 0, 12, 8, 5, 1, 13, 9, 6, 2, 14, 10, 7, 3, 15, 11};
+static inline __attribute__((always_inline)) __m512 reduce16x16(const __m512 *v)
 {
-    static const int order[16] = {1, 5, 9, 13, 0, 4, 8, 12, 3, 7, 11, 15, 2, 6, 10, 14};
-#define KROW(i) (base + (size_t)order[i] * ld)
-    __m512 v[16];
-    _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) v[i] = _mm512_setzero_ps();
-    int d = 0;
-    for (; d + 16 <= hd; d += 16) {
-        const __m512 qv = _mm512_loadu_ps(q + d);
-        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
-            v[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(KROW(i) + d), v[i]);
-    }
-    if (d < hd) {
-        const __mmask16 mk = (__mmask16)((1u << (hd - d)) - 1);
-        const __m512 qv = _mm512_maskz_loadu_ps(mk, q + d);
-        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
-            v[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, KROW(i) + d), v[i]);
-#undef KROW
-    }
     /* lanes l + l+8 (128-bit chunks 0+2, 1+3), two keys a vector */
     __m512 s1[8], s2[4], s3[2];
     _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
@@ -110,8 +93,34 @@ static inline __attribute__((always_inline)) void dot16x16(const float *q, const
         s3[i] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * i], s2[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                               _mm512_shuffle_ps(s2[2 * i], s2[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
     /* l + l+1: sixteen keys */
-    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(0, 2, 0, 2)),
-                                        _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(1, 3, 1, 3))));
+    return _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(0, 2, 0, 2)),
+                         _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(1, 3, 1, 3)));
+}
+
+/* dot16 of q with the 16 key rows base + j * ld at once, out[j] =
+ * dot16(q, row j, hd): the 16 lane vectors are reduced together by
+ * shuffles that pair exactly the lanes the tree pairs. The rows enter in
+ * the order that leaves key j in lane j. */
+static inline __attribute__((always_inline)) void dot16x16(const float *q, const float *base,
+                                                           size_t ld, int hd, float *out)
+{
+#define KROW(i) (base + (size_t)red_order[i] * ld)
+    __m512 v[16];
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) v[i] = _mm512_setzero_ps();
+    int d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(q + d);
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
+            v[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(KROW(i) + d), v[i]);
+    }
+    if (d < hd) {
+        const __mmask16 mk = (__mmask16)((1u << (hd - d)) - 1);
+        const __m512 qv = _mm512_maskz_loadu_ps(mk, q + d);
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
+            v[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, KROW(i) + d), v[i]);
+#undef KROW
+    }
+    _mm512_storeu_ps(out, reduce16x16(v));
 }
 #define DOT16X16S(q, base, ld, hd, out) dot16x16((q), (base), (ld), (hd), (out))
 
@@ -158,6 +167,52 @@ static inline __attribute__((always_inline)) __m512 load_kv(kvf_kv_dtype_t dt, c
 }
 #define V_LOAD_KV(dt, src, i, sv) load_kv((dt), (src), (i), (sv))
 #define KV_FUSED 1
+
+/* dot16 of q0 and of q1 with each of the 16 key rows base + j * stride
+ * bytes of format DT (row j's scale scales[j]), into out0[j] and out1[j]:
+ * each key vector is decoded once, in registers, for both queries. Eight
+ * keys at a time in 16 accumulators (virtual row i < 8: q0 with key i,
+ * i >= 8: q1 with key i - 8), reduced by reduce16x16; hd a multiple of
+ * 16. The same FMA chains and tree as dot16, so the same bits. */
+static inline __attribute__((always_inline)) void
+dot2x16_dt(const float *q0, const float *q1, const char *base, size_t stride,
+           const float *scales, int hd, float *out0, float *out1, const kvf_kv_dtype_t DT)
+{
+    _Pragma("GCC unroll 2") for (int half = 0; half < 2; half++) {
+        __m512 v[16];
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) v[i] = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d += 16) {
+            const __m512 a = _mm512_loadu_ps(q0 + d), b = _mm512_loadu_ps(q1 + d);
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+                const int j = half * 8 + i;
+                const __m512 k = load_kv(DT, base + (size_t)j * stride, d,
+                                         _mm512_set1_ps(scales[j]));
+                v[red_slot[i]] = _mm512_fmadd_ps(a, k, v[red_slot[i]]);
+                v[red_slot[i + 8]] = _mm512_fmadd_ps(b, k, v[red_slot[i + 8]]);
+            }
+        }
+        const __m512 r = reduce16x16(v);
+        _mm256_storeu_ps(out0 + half * 8, _mm512_castps512_ps256(r));
+        _mm256_storeu_ps(out1 + half * 8,
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r), 1)));
+    }
+}
+
+static inline __attribute__((always_inline)) void
+dot2x16_avx512(kvf_kv_dtype_t dt, const float *q0, const float *q1, const void *base,
+               size_t stride, const float *scales, int hd, float *out0, float *out1)
+{
+    const char *b = base;
+    switch (dt) {
+    case KVF_KV_BF16: dot2x16_dt(q0, q1, b, stride, scales, hd, out0, out1, KVF_KV_BF16); break;
+    case KVF_KV_F16: dot2x16_dt(q0, q1, b, stride, scales, hd, out0, out1, KVF_KV_F16); break;
+    case KVF_KV_FP8: dot2x16_dt(q0, q1, b, stride, scales, hd, out0, out1, KVF_KV_FP8); break;
+    case KVF_KV_INT8: dot2x16_dt(q0, q1, b, stride, scales, hd, out0, out1, KVF_KV_INT8); break;
+    default: dot2x16_dt(q0, q1, b, stride, scales, hd, out0, out1, KVF_KV_F32); break;
+    }
+}
+#define DOT2X16(dt, q0, q1, base, stride, scales, hd, out0, out1) \
+    dot2x16_avx512((dt), (q0), (q1), (base), (stride), (scales), (hd), (out0), (out1))
 
 static inline __attribute__((always_inline)) void
 decode1_avx512(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)

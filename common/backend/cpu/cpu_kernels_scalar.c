@@ -60,7 +60,8 @@ size_t kvf_cpu_attn_scratch_floats(int head_dim, int rows)
 {
     const size_t hdp = (size_t)kvf_cpu_attn_hdp(head_dim);
     const size_t rp = ((size_t)rows + 15) & ~(size_t)15;
-    return (2 * KVF_CPU_KEY_CHUNK + (size_t)rows) * hdp + 3 * rp + 3 * rp * KVF_CPU_KEY_CHUNK;
+    return (2 * KVF_CPU_KEY_CHUNK + (size_t)rows) * hdp + 3 * rp + 3 * rp * KVF_CPU_KEY_CHUNK +
+           (size_t)rows * KVF_CPU_DECODE_CHUNKS * (2 * KVF_CPU_KEY_CHUNK + 1);
 }
 
 static void decode_row_scalar(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows,

@@ -421,6 +421,140 @@ INLINE void tile_pv(const kvf_cpu_attn_tile_t *t, int j0, int last,
     }
 }
 
+/* ---- decode: one query token ------------------------------------------
+ *
+ * A tile of one token (a decode step) takes KVF_CPU_DECODE_CHUNKS chunks
+ * at a time through three phases: the scores of all of them (the keys of
+ * each read once for the whole head group: with DOT2X16, decoded in
+ * registers for two heads at once), then every row's softmax steps over
+ * them, then their p·v. Each row's arithmetic is still cpu_kernels.h's,
+ * chunk by chunk in order; only independent work is regrouped: the
+ * chunk maxima, exps and sums no longer wait on the previous chunk's
+ * step, so the one chain left per row (running max, sum) is short. */
+
+/* The scores of the token's rows over the chunk at j0 into S (row r's
+ * 16 at S + r * lds), scaled and soft-capped on keys ja .. nj-1. */
+INLINE void dec_scores(const kvf_cpu_attn_tile_t *t, int j0, int last, int ja, int nj,
+                       const kvf_cpu_attn_scratch_t *sc, float *S, int lds, const int HD)
+{
+    const int G = t->group;
+#if defined(DOT2X16)
+    if (HD % VL == 0 && HD % 16 == 0) {
+        const kv_side_t k = chunk_side(t, j0, last, 0, false, sc->kbuf, HD, sc->hdp);
+        float spare[KVF_CPU_KEY_CHUNK];
+        for (int h = 0; h < G; h += 2) {
+            const float *q0 = t->q + (size_t)h * (size_t)HD;
+            const float *q1 = h + 1 < G ? q0 + HD : q0;
+            float *o1 = h + 1 < G ? S + (size_t)(h + 1) * (size_t)lds : spare;
+            DOT2X16(k.dt, q0, q1, k.base, k.stride, k.scales, HD, S + (size_t)h * (size_t)lds, o1);
+        }
+    } else
+#endif
+    {
+        const kv_side_t k = chunk_side(t, j0, last, 0, true, sc->kbuf, HD, sc->hdp);
+        const float *kb = (const float *)(const void *)k.base;
+        for (int h = 0; h < G; h++)
+            DOT16X16S(t->q + (size_t)h * (size_t)HD, kb, k.stride / sizeof(float), HD,
+                      S + (size_t)h * (size_t)lds);
+    }
+    for (int h = 0; h < G; h++) {
+        float *sr = S + (size_t)h * (size_t)lds;
+        for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
+            V_STORE(sr + j, V_MUL(V_LOAD(sr + j), V_SET1(t->scale)));
+        if (t->softcap > 0)
+            for (int j = ja; j < nj; j++)
+                sr[j] = kvf_det_softcap(sr[j], t->softcap);
+    }
+}
+
+/* Row r's softmax steps over nc chunks (keys ja[c] .. nj[c]-1 of chunk c)
+ * of scores s: its probabilities into p, each step's factor into
+ * a[c * G], its running max and sum updated. The values of nc
+ * softmax_step calls in order. */
+INLINE void dec_softmax_row(float *s, float *p, float *a, int G, int nc, const int *ja,
+                            const int *nj, float *m_p, float *l_p)
+{
+    float cmax[KVF_CPU_DECODE_CHUNKS], mn[KVF_CPU_DECODE_CHUNKS], sum[KVF_CPU_DECODE_CHUNKS];
+    for (int c = 0; c < nc; c++)
+        cmax[c] = HMAX16(s + c * KVF_CPU_KEY_CHUNK, ja[c], nj[c]);
+    float m = *m_p;
+    for (int c = 0; c < nc; c++) {
+        const float n = cmax[c] > m ? cmax[c] : m;
+        a[c * G] = kvf_cpu_rescale(m, n);
+        mn[c] = n;
+        m = n;
+    }
+    for (int c = 0; c < nc; c++) {
+        float *sc = s + c * KVF_CPU_KEY_CHUNK, *pc = p + c * KVF_CPU_KEY_CHUNK;
+        for (int j = 0; j < ja[c]; j++)
+            sc[j] = mn[c];
+        for (int j = nj[c]; j < KVF_CPU_KEY_CHUNK; j++)
+            sc[j] = mn[c];
+        const vf vm = V_SET1(mn[c]);
+        for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
+            V_STORE(pc + j, v_exp(V_SUB(V_LOAD(sc + j), vm)));
+        for (int j = 0; j < ja[c]; j++)
+            pc[j] = 0;
+        for (int j = nj[c]; j < KVF_CPU_KEY_CHUNK; j++)
+            pc[j] = 0;
+        sum[c] = TREE16P(pc);
+    }
+    float l = *l_p;
+    for (int c = 0; c < nc; c++)
+        l = l * a[c * G] + sum[c];
+    *l_p = l;
+    *m_p = m;
+}
+
+/* p·v of the token's rows over the chunk at j0 (keys < nj), probabilities
+ * P (row r's 16 at P + r * lds) and factors a (row r's at a[r]). */
+INLINE void dec_pv(const kvf_cpu_attn_tile_t *t, int j0, int last, int nj,
+                   const kvf_cpu_attn_scratch_t *sc, const float *P, int lds, const float *a,
+                   const int HD)
+{
+    const kv_side_t v = chunk_side(t, j0, last, 1, PV_DECODE, sc->vbuf, HD, sc->hdp);
+    for (int h = 0; h < t->group; h += 2) {
+        float *acc[2] = {sc->acc + (size_t)h * sc->hdp, sc->acc + (size_t)(h + 1) * sc->hdp};
+        const float *pr[2] = {P + (size_t)h * (size_t)lds, P + (size_t)(h + 1) * (size_t)lds};
+        if (t->group - h >= 2)
+            pv_rows_dt(acc, &v, pr, nj, HD, a + h, 2, v.dt);
+        else
+            pv_rows_dt(acc, &v, pr, nj, HD, a + h, 1, v.dt);
+    }
+}
+
+/* How far ahead a decode tile requests its rows: 4 chunks measured ~10%
+ * faster than 2 for int8 at 16k context, batch 16, and the same for the
+ * other formats (bench/: kvf bench engine, AVX-512). */
+#define DEC_PREFETCH_CHUNKS 4
+
+/* The decode tile (t->n_tok == 1): phases over runs of chunks. */
+INLINE void attention_decode(const kvf_cpu_attn_tile_t *t, const kvf_cpu_attn_scratch_t *sc,
+                             int first, int last, const int HD)
+{
+    const int G = t->group, lds = KVF_CPU_DECODE_CHUNKS * KVF_CPU_KEY_CHUNK;
+    int ja[KVF_CPU_DECODE_CHUNKS], nj[KVF_CPU_DECODE_CHUNKS];
+    for (int c = 0; c < DEC_PREFETCH_CHUNKS; c++)
+        kvf_cpu_attn_prefetch(t, first + c * KVF_CPU_KEY_CHUNK, last);
+    for (int r0 = first; r0 <= last; r0 += lds) {
+        int nc = 0;
+        for (int j0 = r0; j0 <= last && nc < KVF_CPU_DECODE_CHUNKS; j0 += KVF_CPU_KEY_CHUNK, nc++) {
+            /* the rows of a chunk DEC_PREFETCH_CHUNKS on arrive meanwhile:
+             * its keys for this phase, its values for the third */
+            kvf_cpu_attn_prefetch(t, j0 + DEC_PREFETCH_CHUNKS * KVF_CPU_KEY_CHUNK, last);
+            if (!row_keys(t, 0, j0, &ja[nc], &nj[nc]))
+                ja[nc] = nj[nc] = 0; /* not reached: the span holds the row's keys */
+            dec_scores(t, j0, last, ja[nc], nj[nc], sc, sc->ds + nc * KVF_CPU_KEY_CHUNK, lds, HD);
+        }
+        for (int h = 0; h < G; h++)
+            dec_softmax_row(sc->ds + (size_t)h * lds, sc->dp + (size_t)h * lds, sc->da + h, G, nc,
+                            ja, nj, &sc->m[h], &sc->l[h]);
+        for (int c = 0; c < nc; c++)
+            dec_pv(t, r0 + c * KVF_CPU_KEY_CHUNK, last, nj[c], sc,
+                   sc->dp + c * KVF_CPU_KEY_CHUNK, lds, sc->da + (size_t)c * G, HD);
+    }
+}
+
 /* Chunk by chunk, software-pipelined: the next chunk's scores are
  * computed between this chunk's softmax (a chain of dependent scalar
  * steps) and its p·v, so independent work hides that chain's latency.
@@ -438,6 +572,10 @@ INLINE void attention_hd(const kvf_cpu_attn_tile_t *t, float *scratch, const int
     memset(sc.acc, 0, (size_t)rows * (size_t)sc.hdp * sizeof(float));
     int first, last;
     kvf_cpu_attn_span(t, &first, &last);
+    if (t->n_tok == 1) {
+        attention_decode(t, &sc, first, last, HD);
+        goto out;
+    }
     kvf_cpu_attn_prefetch(t, first, last);
     kvf_cpu_attn_prefetch(t, first + KVF_CPU_KEY_CHUNK, last);
     if (first <= last)
@@ -452,6 +590,7 @@ INLINE void attention_hd(const kvf_cpu_attn_tile_t *t, float *scratch, const int
                         HD);
         tile_pv(t, j0, last, &sc, HD);
     }
+out:
     for (int i = 0; i < t->n_tok; i++)
         for (int h = 0; h < t->group; h++) {
             const int r = i * t->group + h;
