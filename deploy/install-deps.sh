@@ -19,8 +19,9 @@ packages=(
     curl iproute2 procps python3 python3-yaml python3-numpy gnuplot-nox xz-utils
     # the AArch64 build of the numerics tests (tests/cross/aarch64.sh): the
     # cross compiler, qemu's user-mode emulator and the target's cJSON and
-    # cmocka as :arm64 multiarch packages
-    gcc-aarch64-linux-gnu qemu-user libcjson-dev:arm64 libcmocka-dev:arm64
+    # cmocka as :arm64 multiarch packages (the C library to link against,
+    # libc6-dev-arm64-cross, is only a recommendation of the compiler)
+    gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libcjson-dev:arm64 libcmocka-dev:arm64
 )
 
 # A package is present when installed for its architecture: the one it
