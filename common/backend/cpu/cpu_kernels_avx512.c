@@ -214,53 +214,6 @@ dot2x16_avx512(kvf_kv_dtype_t dt, const float *q0, const float *q1, const void *
 #define DOT2X16(dt, q0, q1, base, stride, scales, hd, out0, out1) \
     dot2x16_avx512((dt), (q0), (q1), (base), (stride), (scales), (hd), (out0), (out1))
 
-static inline __attribute__((always_inline)) void
-decode1_avx512(kvf_kv_dtype_t dt, const void *src, float scale, int n, float *out)
-{
-    if (dt == KVF_KV_F32) {
-        memcpy(out, src, (size_t)n * sizeof(float));
-        return;
-    }
-    const __m512 sv = _mm512_set1_ps(scale);
-    int i = 0;
-    _Pragma("GCC unroll 16")
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(out + i, load_kv(dt, src, i, sv));
-    for (; i < n; i++)
-        out[i] = kvf_kv_decode_one(dt, src, i, scale);
-}
-
-/* Rows of a run, each with its scale; dt a constant in each copy. */
-static inline __attribute__((always_inline)) void
-decode_rows_dt_avx512(const void *src, const float *scales, int n_rows, int n, float *out, int ld_out,
-                  const kvf_kv_dtype_t dt)
-{
-    const size_t row_bytes = (size_t)n * kvf_kv_elem_bytes(dt);
-    for (int r = 0; r < n_rows; r++)
-        decode1_avx512(dt, (const char *)src + (size_t)r * row_bytes, scales ? scales[r] : 1.0f, n,
-                   out + (size_t)r * (size_t)ld_out);
-}
-
-static inline __attribute__((always_inline)) void
-decode_rows_avx512(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows, int n,
-                float *out, int ld_out)
-{
-    switch (dt) {
-    case KVF_KV_BF16: decode_rows_dt_avx512(src, scales, n_rows, n, out, ld_out, KVF_KV_BF16); break;
-    case KVF_KV_F16: decode_rows_dt_avx512(src, scales, n_rows, n, out, ld_out, KVF_KV_F16); break;
-    case KVF_KV_FP8: decode_rows_dt_avx512(src, scales, n_rows, n, out, ld_out, KVF_KV_FP8); break;
-    case KVF_KV_INT8: decode_rows_dt_avx512(src, scales, n_rows, n, out, ld_out, KVF_KV_INT8); break;
-    default: decode_rows_dt_avx512(src, scales, n_rows, n, out, ld_out, KVF_KV_F32); break;
-    }
-}
-#define DECODE_ROWS(dt, src, scales, n_rows, n, out, ld) \
-    decode_rows_avx512((dt), (src), (scales), (n_rows), (n), (out), (ld))
-
-static void decode_row_avx512(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows,
-                           int n, float *out, int ld_out)
-{
-    decode_rows_avx512(dt, src, scales, n_rows, n, out, ld_out);
-}
 
 /* 32 zmm registers: decode rows x 4 panels (8 accumulators a row), and
  * 6 rows x 2 panels (24) for larger batches. */

@@ -19,7 +19,8 @@
  *   BIG_MR BIG_P BIG_NV  larger batches: tiles of BIG_MR rows x BIG_P
  *                        panels x BIG_NV vectors of each panel
  *   KFN(name)            the instruction set's name for a kernel
- *   KFN(decode_row)      its kvf_cpu_decode_fn (defined before this header)
+ *   DECODE_ROWS, KFN(decode_row)   without KV_FUSED: the rows decode and
+ *                        its kvf_cpu_decode_fn (with it, defined here)
  *   ISA_ID SMALL_PANELS_PER_TASK   for its kvf_cpu_kernels_t, which this
  *                        defines as KFN(kvf_cpu_kernels)
  *
@@ -38,6 +39,56 @@ _Static_assert(BIG_P * BIG_NV <= TILE_W_MAX, "big tile weight vectors");
 _Static_assert(SMALL_M * SMALL_P(SMALL_M) * PV <= TILE_ACC_MAX, "small tile accumulators");
 _Static_assert(SMALL_P(1) * PV <= TILE_W_MAX, "small tile weight vectors");
 _Static_assert(PV % BIG_NV == 0, "half panels");
+
+/* ---- KV rows decoded to f32 (with V_LOAD_KV) ------------------------- */
+
+#if defined(KV_FUSED)
+/* A row of n elements of DT with its scale: kvf/kv_format.h's values. */
+INLINE void decode1(const void *src, float scale, int n, float *out, const kvf_kv_dtype_t DT)
+{
+    if (DT == KVF_KV_F32) {
+        memcpy(out, src, (size_t)n * sizeof(float));
+        return;
+    }
+    const vf sv = V_SET1(scale);
+    int i = 0;
+    _Pragma("GCC unroll 16") for (; i + VL <= n; i += VL)
+        V_STORE(out + i, V_LOAD_KV(DT, src, i, sv));
+    for (; i < n; i++)
+        out[i] = kvf_kv_decode_one(DT, src, i, scale);
+}
+
+/* Rows of a run, each with its scale (scales NULL: 1); DT a constant in
+ * each copy. */
+INLINE void decode_rows_dt(const void *src, const float *scales, int n_rows, int n, float *out,
+                           int ld_out, const kvf_kv_dtype_t DT)
+{
+    const size_t row_bytes = (size_t)n * kvf_kv_elem_bytes(DT);
+    for (int r = 0; r < n_rows; r++)
+        decode1((const char *)src + (size_t)r * row_bytes, scales ? scales[r] : 1.0f, n,
+                out + (size_t)r * (size_t)ld_out, DT);
+}
+
+INLINE void decode_rows(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows,
+                        int n, float *out, int ld_out)
+{
+    switch (dt) {
+    case KVF_KV_BF16: decode_rows_dt(src, scales, n_rows, n, out, ld_out, KVF_KV_BF16); break;
+    case KVF_KV_F16: decode_rows_dt(src, scales, n_rows, n, out, ld_out, KVF_KV_F16); break;
+    case KVF_KV_FP8: decode_rows_dt(src, scales, n_rows, n, out, ld_out, KVF_KV_FP8); break;
+    case KVF_KV_INT8: decode_rows_dt(src, scales, n_rows, n, out, ld_out, KVF_KV_INT8); break;
+    default: decode_rows_dt(src, scales, n_rows, n, out, ld_out, KVF_KV_F32); break;
+    }
+}
+#define DECODE_ROWS(dt, src, scales, n_rows, n, out, ld) \
+    decode_rows((dt), (src), (scales), (n_rows), (n), (out), (ld))
+
+static void KFN(decode_row)(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows,
+                            int n, float *out, int ld_out)
+{
+    decode_rows(dt, src, scales, n_rows, n, out, ld_out);
+}
+#endif
 
 /* ---- exp and swiglu (cpu_canon.h, lane by lane) ---------------------- */
 
