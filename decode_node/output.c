@@ -133,15 +133,18 @@ void dec_flush_chunks(kvf_decode_t *d)
      * router hears of them before it hears the sequences end (the same
      * socket keeps the order), so a client's next turn is routed to them. */
     kvf_node_prefix_report(&d->pc, KVF_DECODE_SEND_TIMEOUT_MS);
-    size_t n = d->n_chunks;
+    size_t n = d->n_chunks, n_relayed = 0;
+    for (size_t i = 0; i < n; i++)
+        n_relayed += d->chunks[i].prefill;
     Kvf__TokenChunk *body = calloc(n, sizeof(*body));
     Kvf__TokenChunk **ptrs = calloc(n, sizeof(*ptrs));
-    Kvf__PrefillDone *relayed = calloc(n, sizeof(*relayed));
-    if (!body || !ptrs || !relayed) {
+    /* a relayed PrefillDone rides on a request's first chunk only */
+    Kvf__PrefillDone *relayed = n_relayed ? calloc(n_relayed, sizeof(*relayed)) : NULL;
+    if (!body || !ptrs || (n_relayed && !relayed)) {
         kvf_log_error("out of memory sending %zu token chunks", n);
         goto out;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0, ri = 0; i < n; i++) {
         dec_chunk_t *c = &d->chunks[i];
         kvf__token_chunk__init(&body[i]);
         body[i].req_id = c->req_id;
@@ -155,8 +158,8 @@ void dec_flush_chunks(kvf_decode_t *d)
         body[i].text.data = c->text_len ? (uint8_t *)d->chunk_text + c->text_off : NULL;
         body[i].text.len = c->text_len;
         if (c->prefill) {
-            relay_prefill(c, &relayed[i]);
-            body[i].prefill = &relayed[i];
+            relay_prefill(c, &relayed[ri]);
+            body[i].prefill = &relayed[ri++];
         }
         ptrs[i] = &body[i];
     }
