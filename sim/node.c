@@ -96,34 +96,37 @@ void sim_node_start(sim_t *s, sim_req_t *r, int p, int d)
 
 /* ---- steps --------------------------------------------------------------------------- */
 
-/* The share of its CPUs a step starting now on some node gets when the
- * nodes share one host (kvf_sim_host_share): the nodes already in a step
- * and this one keep their threads busy. Fixed for the step: a node that
- * starts or ends meanwhile does not change it. */
-static double host_share(const sim_t *s)
+/* Nodes in a step once one starting now does: those already in one, and
+ * it. */
+static int busy_nodes(const sim_t *s)
 {
-    const kvf_sim_profile_t *hw = &s->cfg->hw;
-    if (hw->host_cpus <= 0)
-        return 1;
     int busy = 1;
     for (int i = 0; i < s->n_nodes; i++)
         busy += s->nodes[i].busy;
+    return busy;
+}
+
+/* The share of its CPUs a step starting now on some node gets when the
+ * nodes share one host (kvf_sim_host_share): the busy nodes keep their
+ * threads busy. Fixed for the step: a node that starts or ends meanwhile
+ * does not change it. */
+static double host_share(const kvf_sim_profile_t *hw, int busy)
+{
+    if (hw->host_cpus <= 0)
+        return 1;
     double threads = hw->node_threads > 0 ? hw->node_threads : 1;
     return kvf_sim_host_share(hw, busy * threads);
 }
 
 /* The host's memory for a step starting now (hw: the profile, changed
- * in place): past its last-level cache when the nodes already in a step
- * and this one stream more weights than it holds (each node process has
- * its own copy), else the profile's. Fixed for the step, like the share. */
-static void host_cache(const sim_t *s, kvf_sim_profile_t *hw)
+ * in place): past its last-level cache when the busy nodes stream more
+ * weights than it holds (each node process has its own copy), else the
+ * profile's. Fixed for the step, like the share. */
+static void host_cache(kvf_sim_profile_t *hw, double weight_bytes, int busy)
 {
     if (hw->host_cpus <= 0 || hw->llc_bytes <= 0 || hw->dram_bw <= 0)
         return;
-    int busy = 1;
-    for (int i = 0; i < s->n_nodes; i++)
-        busy += s->nodes[i].busy;
-    if (busy > 1 && busy * s->cfg->model.weight_bytes > hw->llc_bytes)
+    if (busy > 1 && busy * weight_bytes > hw->llc_bytes)
         hw->hbm_bw = fmin(hw->hbm_bw, hw->dram_bw);
 }
 
@@ -156,8 +159,9 @@ void sim_node_kick(sim_t *s, int i)
     if (!n->n_pieces && !n->step_decode)
         return; /* idle until work arrives */
     kvf_sim_profile_t hw = s->cfg->hw;
-    host_cache(s, &hw);
-    uint64_t took = to_ns(kvf_sim_step_time(&hw, &s->cfg->model, &step) / host_share(s));
+    const int busy = busy_nodes(s);
+    host_cache(&hw, s->cfg->model.weight_bytes, busy);
+    uint64_t took = to_ns(kvf_sim_step_time(&hw, &s->cfg->model, &step) / host_share(&hw, busy));
     n->busy = true;
     n->busy_ns += took;
     s->steps++;
