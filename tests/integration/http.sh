@@ -17,7 +17,8 @@
 #      requests the counters and histogram counts grew by exactly N;
 #      the `openai` Node.js client (skipped with a message when npm cannot
 #      reach its registry);
-#   3. overload: a full queue answers 429 with Retry-After.
+#   3. overload: with the only slot held and no queue, a request is
+#      answered 429 with Retry-After.
 #
 # Needs KVF_BIN_DIR (ctest sets it), curl and python3.
 # Every process started here is stopped by pid on exit.
@@ -407,15 +408,29 @@ done
 start_router router-busy --model "$model" --api-key "$key" --max-queue 0
 start_node decode "decode-busy" --kv-mem 32M --max-running 1 --prefill-local
 wait_healthy
-for i in 1 2 3 4; do
+# One request holds the node's only slot: a stream of as many tokens as the
+# context takes, whose first token has arrived (so it runs, not queues) and
+# which is still going while the others are sent (they follow at once; the
+# long one is ended by its client afterwards). The others find no room.
+curl -s -N -o "$work/busy-long.sse" --max-time 120 "${auth[@]}" \
+    -d '{"prompt": "busy", "max_tokens": 4000, "ignore_eos": true, "stream": true}' \
+    "$http/v1/completions" &
+long_pid=$!
+first_token() { grep -q '"text"' "$work/busy-long.sse" 2>/dev/null; }
+poll 60 first_token || fail "overload: the long request never streamed a token"
+for i in 1 2 3; do
     curl -s -D "$work/busy-$i.hdr" -o "$work/busy-$i.json" -w '%{http_code}' --max-time 60 "${auth[@]}" \
         -d '{"prompt": "busy", "max_tokens": 48, "ignore_eos": true}' "$http/v1/completions" \
         > "$work/busy-$i.code" &
     bpids[$i]=$!
 done
-for i in 1 2 3 4; do wait "${bpids[$i]}" || true; done
-n200=0 n429=0
-for i in 1 2 3 4; do
+for i in 1 2 3; do wait "${bpids[$i]}" || true; done
+grep -q '\[DONE\]' "$work/busy-long.sse" &&
+    fail "overload: the long request ended before the others were answered (not a held slot)"
+kill "$long_pid" 2>/dev/null || true
+wait "$long_pid" 2>/dev/null || true
+n200=1 n429=0 # the long request, answered
+for i in 1 2 3; do
     case $(cat "$work/busy-$i.code") in
     200) n200=$((n200 + 1)) ;;
     429)
@@ -427,7 +442,8 @@ for i in 1 2 3 4; do
     *) fail "busy request $i: $(cat "$work/busy-$i.code") $(cat "$work/busy-$i.json")" ;;
     esac
 done
-[[ $n200 -ge 1 && $n429 -ge 1 ]] || fail "overload: $n200 answered, $n429 refused (want both)"
+# with the slot held and no queue, every one of the others is refused
+[[ $n429 == 3 ]] || fail "overload: $n429 of 3 refused while the slot was held ($n200 answered)"
 pass "overload: 429 with Retry-After while another request runs"
 stop_all || fail "a router did not stop cleanly"
 echo "all HTTP tests passed"
