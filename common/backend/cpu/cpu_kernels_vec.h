@@ -334,15 +334,11 @@ INLINE bool row_keys(const kvf_cpu_attn_tile_t *t, int i, int j0, int *ja_p, int
     return true;
 }
 
-/* The online-softmax step of a row on its chunk scores s (16, keys ja ..
- * nj-1): its running max and sum updated, p (16, zero outside ja..nj)
- * and the factor alpha its numerator must be scaled by. */
-INLINE void softmax_step(float *s, float *m_p, float *l_p, int ja, int nj, float *p,
-                         float *alpha_p)
+/* p (16) from a chunk's scores s at running max mn: exp(s - mn) on keys
+ * ja .. nj-1, zero elsewhere (s there set to mn first, so no lane sees an
+ * unused score). */
+INLINE void chunk_probs(float *s, int ja, int nj, float mn, float *p)
 {
-    const float mc = HMAX16(s, ja, nj);
-    const float mn = mc > *m_p ? mc : *m_p;
-    const float alpha = kvf_cpu_rescale(*m_p, mn);
     for (int j = 0; j < ja; j++)
         s[j] = mn;
     for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
@@ -354,6 +350,18 @@ INLINE void softmax_step(float *s, float *m_p, float *l_p, int ja, int nj, float
         p[j] = 0;
     for (int j = nj; j < KVF_CPU_KEY_CHUNK; j++)
         p[j] = 0;
+}
+
+/* The online-softmax step of a row on its chunk scores s (16, keys ja ..
+ * nj-1): its running max and sum updated, p (16, zero outside ja..nj)
+ * and the factor alpha its numerator must be scaled by. */
+INLINE void softmax_step(float *s, float *m_p, float *l_p, int ja, int nj, float *p,
+                         float *alpha_p)
+{
+    const float mc = HMAX16(s, ja, nj);
+    const float mn = mc > *m_p ? mc : *m_p;
+    const float alpha = kvf_cpu_rescale(*m_p, mn);
+    chunk_probs(s, ja, nj, mn, p);
     *l_p = *l_p * alpha + TREE16P(p);
     *m_p = mn;
     *alpha_p = alpha;
@@ -490,7 +498,7 @@ INLINE void dec_scores(const kvf_cpu_attn_tile_t *t, int j0, int last, int ja, i
 {
     const int G = t->group;
 #if defined(DOT2X16)
-    if (HD % VL == 0 && HD % 16 == 0) {
+    if (HD % 16 == 0) {
         const kv_side_t k = chunk_side(t, j0, last, 0, false, sc->kbuf, HD, sc->hdp);
         float spare[KVF_CPU_KEY_CHUNK];
         for (int h = 0; h < G; h += 2) {
@@ -536,18 +544,8 @@ INLINE void dec_softmax_row(float *s, float *p, float *a, int G, int nc, const i
         m = n;
     }
     for (int c = 0; c < nc; c++) {
-        float *sc = s + c * KVF_CPU_KEY_CHUNK, *pc = p + c * KVF_CPU_KEY_CHUNK;
-        for (int j = 0; j < ja[c]; j++)
-            sc[j] = mn[c];
-        for (int j = nj[c]; j < KVF_CPU_KEY_CHUNK; j++)
-            sc[j] = mn[c];
-        const vf vm = V_SET1(mn[c]);
-        for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
-            V_STORE(pc + j, v_exp(V_SUB(V_LOAD(sc + j), vm)));
-        for (int j = 0; j < ja[c]; j++)
-            pc[j] = 0;
-        for (int j = nj[c]; j < KVF_CPU_KEY_CHUNK; j++)
-            pc[j] = 0;
+        float *pc = p + c * KVF_CPU_KEY_CHUNK;
+        chunk_probs(s + c * KVF_CPU_KEY_CHUNK, ja[c], nj[c], mn[c], pc);
         sum[c] = TREE16P(pc);
     }
     float l = *l_p;
