@@ -374,6 +374,7 @@ const kvf_xfer_ops_t kvf_xfer_ucx_ops = {
     .peer_free = kvf_ucx__peer_free,
     .connected = kvf_ucx__connected,
     .post = kvf_ucx__post,
+    .get = kvf_ucx__get,
     .batch_free = kvf_ucx__batch_free,
     .progress = ucx_progress,
     .fd = ucx_fd,

@@ -1,9 +1,11 @@
 /* UCX backend: batches. One-sided: the puts, an endpoint flush (every put
  * is then complete in the peer's memory), then the completion message.
  * Two-sided: each slice as an eager active message, the completion after
- * the last one on the same endpoint. */
+ * the last one on the same endpoint. Reads: one get per range, the batch
+ * ending when the last completes. */
 #include "ucx_internal.h"
 
+#include "kvf/clock.h"
 #include "kvf/log.h"
 
 #include <stdlib.h>
@@ -197,5 +199,61 @@ kvf_status_t kvf_ucx__post(kvf_xfer_batch_t *b)
     } else {
         b->backend_busy++;
     }
+    return KVF_OK;
+}
+
+/* ---- reads ---- */
+
+/* Every get of b completed: OK only within its lease. */
+static void get_end(kvf_xfer_batch_t *b)
+{
+    bool late = b->not_after_ns && kvf_clock_ns() >= b->not_after_ns;
+    kvf_xfer__batch_end(b, late ? KVF_ERR_TIMEOUT : KVF_OK);
+}
+
+static void get_done_cb(void *request, ucs_status_t status, void *user_data)
+{
+    kvf_xfer_batch_t *b = user_data;
+    b->backend_busy--;
+    ucp_request_free(request);
+    if (status != UCS_OK) {
+        kvf_xfer__peer_fail(b->peer, KVF_ERR_PEER);
+        return;
+    }
+    kvf_xfer__peer_progressed(b->peer);
+    if (!b->backend_busy)
+        get_end(b);
+}
+
+kvf_status_t kvf_ucx__get(kvf_xfer_batch_t *b)
+{
+    kvf_xfer_peer_t *p = b->peer;
+    ucx_peer_t *up = p->be;
+    ucx_xfer_t *u = p->xfer->be;
+    uint8_t *pool = p->xfer->pool;
+    ucp_request_param_t get = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA,
+        .memory_type = u->mem_type,
+        .cb.send = get_done_cb,
+        .user_data = b,
+    };
+    for (size_t i = 0; i < b->n_ranges; i++) {
+        const kvf_xfer_slice_t *s = &b->ranges[i];
+        void *req = ucp_get_nbx(up->ep, pool + s->local_off, s->len, p->remote_base + s->remote_off,
+                                up->rkey, &get);
+        if (UCS_PTR_IS_ERR(req)) {
+            kvf_log_error("xfer/ucx: get of %llu bytes failed: %s", (unsigned long long)s->len,
+                          ucs_status_string(UCS_PTR_STATUS(req)));
+            kvf_xfer__peer_fail(p, KVF_ERR_PEER);
+            return p->status;
+        }
+        if (req)
+            b->backend_busy++; /* get_done_cb */
+        else
+            kvf_xfer__peer_progressed(p);
+    }
+    if (!b->backend_busy)
+        get_end(b);
     return KVF_OK;
 }

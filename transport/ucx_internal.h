@@ -79,6 +79,7 @@ void kvf_ucx__peers_abandon(kvf_xfer_t *xfer);
 
 /* ucx_batch.c: the ops of kvf_xfer_ops_t for batches (see there). */
 kvf_status_t kvf_ucx__post(kvf_xfer_batch_t *batch);
+kvf_status_t kvf_ucx__get(kvf_xfer_batch_t *batch);
 void kvf_ucx__batch_free(kvf_xfer_batch_t *batch);
 
 #endif

@@ -15,6 +15,8 @@ void kvf_xfer__batch_end(kvf_xfer_batch_t *b, kvf_status_t status)
         return;
     b->status = status;
     kvf_xfer_t *x = b->peer->xfer;
+    if (status == KVF_OK && b->is_get)
+        x->stats.bytes_read += b->bytes;
     if (status == KVF_OK)
         x->stats.batches_ok++;
     else
@@ -66,14 +68,20 @@ static kvf_status_t slices_coalesce(const kvf_xfer_peer_t *p, const kvf_xfer_sli
     return KVF_OK;
 }
 
-kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *spec,
-                           kvf_xfer_batch_t **batch_p)
+/* The checks every batch passes, then the batch (slices coalesced) linked
+ * into the peer and handed to the backend: puts with their completion
+ * message, or reads. */
+static kvf_status_t batch_start(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *spec,
+                                bool is_get, kvf_xfer_batch_t **batch_p)
 {
     kvf_xfer_t *x = peer->xfer;
     if (peer->status != KVF_OK)
         return peer->status;
-    if (spec->flags & ~(KVF_XFER_LAST | KVF_XFER_ABORT) || peer->accepted)
+    uint32_t allowed = is_get ? 0 : KVF_XFER_LAST | KVF_XFER_ABORT;
+    if (spec->flags & ~allowed || peer->accepted)
         return KVF_ERR_INVAL;
+    if (is_get && (!x->ops->get || peer->two_sided))
+        return KVF_ERR_UNSUPPORTED;
     if (x->ops->ready && !x->ops->ready(peer))
         return KVF_ERR_AGAIN;
     uint64_t now = kvf_clock_ns();
@@ -89,6 +97,7 @@ kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *s
     b->req_id = spec->req_id;
     b->epoch = spec->epoch;
     b->status = KVF_ERR_AGAIN;
+    b->is_get = is_get;
     b->timeout_ns = now + (uint64_t)x->cfg.timeout_ms * 1000000ull;
     b->not_after_ns = spec->not_after_ns;
     uint64_t bytes = 0;
@@ -96,19 +105,24 @@ kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *s
         slices_coalesce(peer, spec->slices, spec->n_slices, &b->ranges, &b->n_ranges, &bytes);
     if (st != KVF_OK)
         goto fail_slices;
-    st = kvf_xfer__fin_build(b, spec->flags, bytes);
-    if (st != KVF_OK)
-        goto fail_fin;
+    if (!is_get) {
+        st = kvf_xfer__fin_build(b, spec->flags, bytes);
+        if (st != KVF_OK)
+            goto fail_fin;
+    }
+    b->bytes = bytes;
     /* Linked before the backend starts: it may end the batch at once. */
     b->next = peer->batches;
     if (peer->batches)
         peer->batches->prev = b;
     peer->batches = b;
     x->stats.batches_posted++;
-    x->stats.bytes_posted += bytes;
-    x->stats.puts_issued += b->n_ranges;
+    if (!is_get) {
+        x->stats.bytes_posted += bytes;
+        x->stats.puts_issued += b->n_ranges;
+    }
     kvf_xfer__timer_at(x, kvf_xfer__batch_deadline(b));
-    st = x->ops->post(b);
+    st = is_get ? x->ops->get(b) : x->ops->post(b);
     if (st != KVF_OK) {
         /* The backend failed the peer or the batch; report it now. */
         kvf_xfer__batch_end(b, st);
@@ -126,8 +140,23 @@ fail_slices:
     return st;
 }
 
+kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *spec,
+                           kvf_xfer_batch_t **batch_p)
+{
+    return batch_start(peer, spec, false, batch_p);
+}
+
+kvf_status_t kvf_xfer_get(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *spec,
+                          kvf_xfer_batch_t **batch_p)
+{
+    return batch_start(peer, spec, true, batch_p);
+}
+
 kvf_status_t kvf_xfer_test(const kvf_xfer_batch_t *batch)
 {
+    /* A read that failed may still be writing the local pool. */
+    if (batch->is_get && batch->backend_busy)
+        return KVF_ERR_AGAIN;
     return batch->status;
 }
 
@@ -147,8 +176,9 @@ kvf_status_t kvf_xfer_wait(kvf_xfer_batch_t *batch, int timeout_ms)
     uint64_t active = kvf_clock_ns(); /* last time progress did something */
     for (;;) {
         unsigned n = kvf_xfer_progress(x);
-        if (batch->status != KVF_ERR_AGAIN)
-            return batch->status;
+        kvf_status_t st = kvf_xfer_test(batch);
+        if (st != KVF_ERR_AGAIN)
+            return st;
         uint64_t now = kvf_clock_ns();
         if (now >= until)
             return KVF_ERR_TIMEOUT;
@@ -211,6 +241,13 @@ uint64_t kvf_xfer__batch_deadlines(kvf_xfer_t *x, uint64_t now)
             if (b->status != KVF_ERR_AGAIN)
                 continue;
             uint64_t deadline = kvf_xfer__batch_deadline(b);
+            /* Reads past their lease write nothing remote: only they fail
+             * (what they read may be stale), the connection stays. */
+            if (b->is_get && b->not_after_ns && now >= b->not_after_ns &&
+                now < b->timeout_ns) {
+                kvf_xfer__batch_end(b, KVF_ERR_TIMEOUT);
+                continue;
+            }
             if (now >= deadline)
                 late = true;
             if (b->not_after_ns && now >= b->not_after_ns)

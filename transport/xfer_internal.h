@@ -105,11 +105,13 @@ struct kvf_xfer_batch {
     kvf_status_t status;      /* AGAIN while running */
     bool released;            /* the caller let go */
     unsigned backend_busy;    /* backend requests that still point at this batch */
-    kvf_xfer_slice_t *ranges; /* coalesced puts, owned */
+    kvf_xfer_slice_t *ranges; /* coalesced puts (or reads), owned */
     size_t n_ranges;
-    uint8_t *fin; /* the completion message, owned */
+    uint64_t bytes; /* of every range */
+    uint8_t *fin; /* the completion message, owned (puts only) */
     size_t fin_len;
-    void *be; /* backend state */
+    bool is_get; /* reads (kvf_xfer_get): ranges are remote -> local */
+    void *be;    /* backend state */
 };
 
 struct kvf_xfer_peer {
@@ -188,6 +190,10 @@ struct kvf_xfer_ops {
     /* Starts the batch (ranges and fin ready); ends it through
      * kvf_xfer__batch_end. */
     kvf_status_t (*post)(kvf_xfer_batch_t *batch);
+    /* (optional) Starts the batch's reads (one-sided gets of its ranges
+     * into the local pool); ends it through kvf_xfer__batch_end, and keeps
+     * backend_busy above 0 while any read may still write the local pool. */
+    kvf_status_t (*get)(kvf_xfer_batch_t *batch);
     void (*batch_free)(kvf_xfer_batch_t *batch); /* (optional) */
     unsigned (*progress)(kvf_xfer_t *xfer);
     int (*fd)(const kvf_xfer_t *xfer);     /* (optional): -1 */

@@ -200,6 +200,7 @@ typedef struct {
 typedef struct {
     uint64_t batches_posted, batches_ok, batches_failed;
     uint64_t bytes_posted; /* after validation, before coalescing */
+    uint64_t bytes_read;   /* kvf_xfer_get: bytes of its batches that ended OK */
     uint64_t puts_issued;  /* after coalescing */
     uint64_t completions_landed, completions_rejected, crc_failures;
     uint64_t slices_dropped;    /* two-sided: slices no live reservation owned */
@@ -292,6 +293,22 @@ bool kvf_xfer_connecting(const kvf_xfer_t *xfer);
  * with it (a batch released early is still driven to its end). */
 kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *spec,
                            kvf_xfer_batch_t **batch_p);
+
+/* Reads (one-sided RMA get) the peer's pool into the local pool: each
+ * slice's len bytes at remote_off land at local_off. Nothing runs on the
+ * peer's CPU and nothing is written there, so it needs no reservation;
+ * the caller knows from its own protocol that the remote bytes hold still
+ * until spec->not_after_ns (a decode node's cached blocks, which it keeps
+ * while the caller's lease on them lasts). The batch ends OK only when
+ * every byte is in the local pool before not_after_ns (a read that ends
+ * later may have seen blocks reused: TIMEOUT), and it ends (kvf_xfer_test
+ * stops saying AGAIN) only once no read of it can still write the local
+ * pool, a failed one too, so the local ranges are the caller's again as
+ * soon as it ended. spec->flags must be 0. Errors as kvf_xfer_post, and
+ * UNSUPPORTED where nothing can be read one-sided (a two-sided
+ * connection, NCCL). */
+kvf_status_t kvf_xfer_get(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *spec,
+                          kvf_xfer_batch_t **batch_p);
 
 /* OK when the batch completed (one-sided: puts flushed into the peer's
  * memory and completion message sent; two-sided and NCCL: every slice and
