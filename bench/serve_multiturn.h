@@ -111,7 +111,8 @@ typedef struct {
     size_t n_short;
     uint64_t prompt_tokens, cached_tokens, ideal_cached; /* sums over the requests */
     uint64_t prefill_computed, kv_bytes, local_prefills;
-    bool from_stats;   /* the three above from StatsReply deltas, else summed from chunks */
+    uint64_t kv_pulled; /* prefix blocks prefill nodes read from decode nodes (router only) */
+    bool from_stats;   /* the four above from StatsReply deltas, else summed from chunks */
     double hit_rate;   /* cached_tokens / prompt_tokens */
     double ideal_rate; /* ideal_cached / prompt_tokens */
     uint64_t digest;   /* of every prompt and answer, in trace order */

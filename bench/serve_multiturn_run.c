@@ -48,7 +48,7 @@ typedef struct {
 
 /* The router's counters, to take the run's deltas. */
 typedef struct {
-    uint64_t computed, cached, kv_bytes, local;
+    uint64_t computed, cached, kv_bytes, local, pulled;
     bool ok;
 } mt_counters_t;
 
@@ -60,7 +60,7 @@ static mt_counters_t read_counters(kvf_client_t *c)
         return k;
     const Kvf__StatsReply *s = in->stats_reply;
     k = (mt_counters_t){s->prefill_tokens_computed, s->prefill_tokens_cached, s->kv_bytes_shipped,
-                        s->local_prefills, true};
+                        s->local_prefills, s->kv_bytes_pulled, true};
     kvf_envelope_free(in);
     return k;
 }
@@ -285,6 +285,7 @@ static int summarize(mt_driver_t *d, const mt_counters_t *before, const mt_count
         res->prefill_computed = after->computed - before->computed;
         res->kv_bytes = after->kv_bytes - before->kv_bytes;
         res->local_prefills = after->local - before->local;
+        res->kv_pulled = after->pulled - before->pulled;
     }
     res->hit_rate = res->prompt_tokens ? (double)res->cached_tokens / res->prompt_tokens : 0;
     res->ideal_rate = res->prompt_tokens ? (double)res->ideal_cached / res->prompt_tokens : 0;

@@ -162,6 +162,7 @@ static kvf_status_t send_register(kvf_node_t *node)
     reg.xfer_desc.len = node->cfg.xfer_desc_len;
     reg.max_running = node->cfg.max_running;
     reg.prefill_local = node->cfg.prefill_local;
+    reg.prefix_pull = node->cfg.prefix_pull;
     reg.max_context = node->cfg.max_context;
     kvf_envelope_t env;
     kvf_envelope_init(&env, node->node_id);

@@ -83,7 +83,7 @@ bool pf_forward_possible(const kvf_prefill_t *p)
      * when a waiting prompt needs it. */
     int64_t available = -1;
     for (const pf_req_t *r = p->head; r; r = r->next) {
-        if (r->state != REQ_READY || !peer_ready(r) || r->tier_pending)
+        if (r->state != REQ_READY || !peer_ready(r) || r->tier_pending || r->pull)
             continue;
         if (r->done > 0 || r->local.n_blocks)
             return true;
@@ -127,10 +127,12 @@ static bool take_local_cached(kvf_prefill_t *p, pf_req_t *r)
         return false;
     p->count.prompt_tokens += r->n_prompt;
     r->cached_blocks = hit;
-    /* the next blocks may be in a KV tier: r waits for their copies */
+    r->hit_most = most;
+    /* the next blocks may be in a KV tier: r waits for their copies (and
+     * then perhaps for a pull of the decode node's) */
     r->tier_good = pf_tiers_promote(p, r, hit, most);
     if (!r->tier_pending)
-        pf_req_set_cached(p, r, hit);
+        pf_req_reuse(p, r, hit);
     return true;
 }
 
@@ -173,7 +175,7 @@ static size_t pick_forward(kvf_prefill_t *p)
         for (pf_req_t *r = p->head; r && wanted < budget; r = next) {
             next = r->next;
             if (r->state != REQ_READY || (pass == 0) != (r->done > 0) || !peer_ready(r) ||
-                r->tier_pending)
+                r->tier_pending || r->pull)
                 continue;
             /* A prompt short enough that one forward over it alone (the
              * colocated prefill) takes the few-row kernels shares forwards
@@ -194,8 +196,8 @@ static size_t pick_forward(kvf_prefill_t *p)
                 }
                 if (!req_take_local(p, r))
                     goto picked;
-                if (r->tier_pending)
-                    continue; /* a later forward, once its blocks are back */
+                if (r->tier_pending || r->pull)
+                    continue; /* a later forward, once its blocks are here */
             }
             if (fwd_reserve(f, n + 1) != KVF_OK)
                 goto picked;

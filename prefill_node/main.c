@@ -24,7 +24,7 @@ typedef struct {
     bool require_key;
     uint64_t kv_mem, kv_host_mem, kv_disk_size;
     const char *kv_disk;
-    bool checksum, no_prefix_cache;
+    bool checksum, no_prefix_cache, no_prefix_pull;
 } prefill_opts_t;
 
 /* Returns -1 to run, else the exit code (help printed, or a bad flag). */
@@ -56,6 +56,10 @@ static int parse_prefill_flags(int argc, char **argv, prefill_opts_t *o)
         {"no-prefix-cache", KVF_FLAG_BOOL, &o->no_prefix_cache, NULL,
          "compute every prompt from its first token (default: a prompt whose leading "
          "blocks an earlier one computed reuses their K/V)",
+         NULL},
+        {"no-prefix-pull", KVF_FLAG_BOOL, &o->no_prefix_pull, NULL,
+         "compute the prompt blocks the decode node holds already but this node does not "
+         "(default: they are read from the decode node's pool, one-sided)",
          NULL},
         KVF_NODE_TIERS_FLAG_ENTRIES(&o->kv_host_mem, &o->kv_disk, &o->kv_disk_size),
         {"alloc-timeout-ms", KVF_FLAG_INT, &o->alloc_timeout_ms, "MS",
@@ -135,6 +139,7 @@ int main(int argc, char **argv)
         .block_size = o.block_size,
         .checksum = o.checksum,
         .no_prefix_cache = o.no_prefix_cache,
+        .no_prefix_pull = o.no_prefix_pull,
         .kv_host_mem = o.kv_host_mem,
         .kv_disk_dir = o.kv_disk,
         .kv_disk_size = o.kv_disk_size,

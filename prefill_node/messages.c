@@ -240,6 +240,7 @@ static void send_prefill_done(kvf_prefill_t *p, const pf_req_t *r, uint64_t comp
     d.prefill_compute_us = compute_us;
     d.handoff_us = handoff_us;
     d.kv_bytes = r->kv_bytes;
+    d.kv_bytes_pulled = r->pulled_bytes;
     d.cached_tokens = r->cached_blocks * (uint32_t)p->geo.block_size;
     kvf_envelope_t env;
     kvf_envelope_init(&env, kvf_node_id(p->node));

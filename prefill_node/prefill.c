@@ -120,14 +120,17 @@ static void log_stats(kvf_prefill_t *p, const char *what, bool force)
         kvf_prefix_cache_stats(p->pc.cache, &pc);
     kvf_log_info("%s: %llu requests, %llu completed, %llu failed, %llu cancelled, %llu "
                  "refused; dropped %llu stale, %llu malformed, %llu unexpected | prefix cache "
-                 "%s: %llu of %llu prompt tokens hit, %u blocks cached | %s | %s",
+                 "%s: %llu of %llu prompt tokens hit, %u blocks cached | pulled %llu tokens "
+                 "(%llu bytes), %llu pulls failed | %s | %s",
                  what, (unsigned long long)c->requests, (unsigned long long)c->completed,
                  (unsigned long long)c->failed, (unsigned long long)c->cancelled,
                  (unsigned long long)c->refused, (unsigned long long)c->stale_dropped,
                  (unsigned long long)c->malformed_dropped,
                  (unsigned long long)c->unexpected_dropped, p->pc.cache ? "on" : "off",
                  (unsigned long long)c->prefix_hit_tokens, (unsigned long long)c->prompt_tokens,
-                 pc.cached, tiers, auth_text);
+                 pc.cached, (unsigned long long)c->pulled_tokens,
+                 (unsigned long long)c->pulled_bytes, (unsigned long long)c->pulls_failed, tiers,
+                 auth_text);
 }
 
 static void on_stats_timer(kvf_timer_t *timer, void *arg)
@@ -152,7 +155,7 @@ static void on_deadline_timer(kvf_timer_t *timer, void *arg)
 static bool transfers_pending(const kvf_prefill_t *p)
 {
     for (const pf_req_t *r = p->head; r; r = r->next)
-        if (r->n_batches)
+        if (r->n_batches || r->pull)
             return true;
     return kvf_xfer_connecting(p->xfer);
 }
@@ -354,6 +357,7 @@ static kvf_status_t create_node(kvf_prefill_t *p, const kvf_prefill_config_t *cf
         .geometry = kvf_node_wire_geometry(&p->geo),
         .capacity_blocks = kvf_kvpool_num_blocks(p->rt.pool),
         .max_context = (uint32_t)p->rt.model->cfg.max_pos,
+        .prefix_pull = p->pc.cache && !cfg->no_prefix_pull,
         .fill_load = fill_load,
         .fill_work = fill_work,
         .load_arg = p,

@@ -45,6 +45,7 @@ typedef struct {
     int alloc_timeout_ms;        /* how long to wait for a KvAllocReply */
     uint32_t stats_interval_ms;  /* log the counters this often when they changed; 0: 30 s */
     bool no_prefix_cache;        /* recompute every prompt from token 0 */
+    bool no_prefix_pull;         /* never read the decode node's cached prefix blocks */
     /* KV tiers (docs/kv-tiers.md): cached blocks the pool evicts go to
      * host RAM (kv_host_mem bytes), then to a file in kv_disk_dir
      * (kv_disk_size bytes); 0 / NULL: no such tier. */

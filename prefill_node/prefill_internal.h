@@ -9,6 +9,9 @@
  *               KvAllocReply, leases
  *   forward.c   the batched forward: which chunks run, each layer's slices
  *               posted from the engine's hook, the first token sampled
+ *   pull.c      prefix pulls: the decode node's cached prefix blocks read
+ *               one-sided instead of computed
+ *   tiers.c     the KV tiers
  *
  * Heartbeats and lease renewals leave from the node runtime's own thread
  * (kvf/node.h); the loop publishes what they say (fill_work).
@@ -115,12 +118,20 @@ typedef struct pf_req {
     /* KV tiers: copies into its blocks in flight, and the blocks before
      * the first copy that failed (its prefix from the cache and tiers) */
     uint32_t tier_pending, tier_good;
+    /* the most leading blocks a hit may cover (a tail is left to compute) */
+    uint32_t hit_most;
+    /* a prefix pull (pull.c): D's blocks [pull_from, pull_to) being read
+     * into r's own; what pulls brought */
+    kvf_xfer_batch_t *pull;
+    uint32_t pull_from, pull_to, pulled_tokens;
+    uint64_t pulled_bytes;
 } pf_req_t;
 
 typedef struct {
     uint64_t requests, completed, failed, cancelled, refused;
     uint64_t stale_dropped, malformed_dropped, unexpected_dropped;
     uint64_t prefix_hit_tokens, prompt_tokens;
+    uint64_t pulled_tokens, pulled_bytes, pulls_failed; /* prefix pulls (pull.c) */
 } pf_counters_t;
 
 /* Scratch of one forward, kept between forwards (forward.c). */
@@ -181,6 +192,16 @@ kvf_status_t pf_tiers_create(kvf_prefill_t *p, const kvf_prefill_config_t *cfg);
 uint32_t pf_tiers_promote(kvf_prefill_t *p, pf_req_t *r, uint32_t from, uint32_t most);
 /* forward.c: r computes from its first n blocks on (cache and tier hits). */
 void pf_req_set_cached(kvf_prefill_t *p, pf_req_t *r, uint32_t n);
+
+/* ---- pull.c: prefix pulls ---- */
+
+/* r holds its first n prompt blocks (cache and tier hits): where D holds
+ * more of them (r->ship_from, at most r->hit_most), r waits while they
+ * are read from there (r->pull); else r computes from block n on. */
+void pf_req_reuse(kvf_prefill_t *p, pf_req_t *r, uint32_t n);
+/* Moves r's pull along: once it ended r computes from the first block it
+ * lacks. Returns whether it still runs (r's blocks must stay). */
+bool pf_req_service_pull(kvf_prefill_t *p, pf_req_t *r);
 
 /* ---- requests.c ---- */
 

@@ -88,6 +88,8 @@ void pf_req_destroy(kvf_prefill_t *p, pf_req_t *r)
     else
         p->tail = r->prev;
     pf_req_release_batches(r);
+    if (r->pull)
+        kvf_xfer_batch_release(r->pull);
     free(r->batches);
     kvf_block_table_release(&r->local, p->rt.pool);
     kvf_block_table_fini(&r->local);
@@ -208,16 +210,16 @@ static kvf_status_t req_test_batches(pf_req_t *r, bool *running_p)
  * failed, or all completed after LAST. */
 static void req_service_batches(kvf_prefill_t *p, pf_req_t *r)
 {
-    bool running;
+    bool running, pulling = pf_req_service_pull(p, r);
     kvf_status_t st = req_test_batches(r, &running);
     if (r->state == REQ_ABORTING) {
-        if (!running)
+        if (!running && !pulling)
             pf_req_destroy(p, r);
         return;
     }
     /* A connection that failed before the request posted anything (its
      * set-up timed out, another request's batch failed it). */
-    if (st == KVF_OK && !running && r->peer && r->peer->xp)
+    if (st == KVF_OK && !running && !pulling && r->peer && r->peer->xp)
         st = kvf_xfer_peer_status(r->peer->xp);
     if (st != KVF_OK) {
         pf_req_fail(p, r, KVF_ERR_TRANSPORT, "kv transfer failed");

@@ -21,7 +21,7 @@ static void on_copy(void *arg, uint64_t req_id, uint64_t epoch, uint32_t index, 
     if (r && r->tier_pending && /* (else it ended meanwhile) */
         kvf_node_tiers_copied(&p->nt, req_id, index, st, tier, &r->tier_pending, &r->tier_good,
                               r->local.blocks, r->cached_blocks, (uint32_t)p->geo.block_size))
-        pf_req_set_cached(p, r, r->tier_good);
+        pf_req_reuse(p, r, r->tier_good);
 }
 
 kvf_status_t pf_tiers_create(kvf_prefill_t *p, const kvf_prefill_config_t *cfg)

@@ -287,6 +287,7 @@ void kvf_router__config_defaults(kvf_router_config_t *cfg)
     if (!cfg->prefill_weight && !cfg->decode_weight && !cfg->transfer_weight) {
         cfg->prefill_weight = cfg->decode_weight = cfg->transfer_weight = 1.0;
         cfg->tier_ram_weight = KVF_ROUTER_TIER_RAM_WEIGHT;
+        cfg->pull_weight = KVF_ROUTER_PULL_WEIGHT;
         cfg->tier_disk_weight = KVF_ROUTER_TIER_DISK_WEIGHT;
     }
 }

@@ -26,7 +26,7 @@ typedef struct {
     bool require_key;
     const char *route, *local_prefill;
     double prefill_weight, decode_weight, transfer_weight;
-    double tier_ram_weight, tier_disk_weight;
+    double tier_ram_weight, tier_disk_weight, pull_weight;
     uint64_t max_body;
     int http_max_connections, http_max_per_ip, http_header_timeout, http_idle_timeout;
     int http_threads;
@@ -59,6 +59,7 @@ static void router_opts_defaults(router_opts_t *o)
         .decode_weight = 1.0,
         .transfer_weight = 1.0,
         .tier_ram_weight = KVF_ROUTER_TIER_RAM_WEIGHT,
+        .pull_weight = KVF_ROUTER_PULL_WEIGHT,
         .tier_disk_weight = KVF_ROUTER_TIER_DISK_WEIGHT,
     };
 }
@@ -124,6 +125,10 @@ static int parse_router_flags(int argc, char **argv, router_opts_t *o)
          "kv cost: weight of a decode node's blocks in use", NULL},
         {"transfer-weight", KVF_FLAG_DOUBLE, &o->transfer_weight, "W",
          "kv cost: credit per prompt block a decode node holds already", NULL},
+        {"pull-weight", KVF_FLAG_DOUBLE, &o->pull_weight, "F",
+         "kv cost: credit of a prompt block a prefill node would read from the decode node's "
+         "cache instead of computing it, as a fraction of a pool hit's (default 0.75)",
+         NULL},
         {"tier-ram-weight", KVF_FLAG_DOUBLE, &o->tier_ram_weight, "F",
          "kv cost: credit of a prompt block in a prefill node's RAM KV tier, as a fraction of "
          "a pool hit's (default 0.9)",
@@ -200,8 +205,10 @@ static int check_router_opts(const router_opts_t *o)
         return 2;
     }
     if (!(o->tier_ram_weight >= 0 && o->tier_ram_weight <= 1) ||
-        !(o->tier_disk_weight >= 0 && o->tier_disk_weight <= 1)) {
-        kvf_log_error("--tier-ram-weight and --tier-disk-weight are fractions, 0 to 1");
+        !(o->tier_disk_weight >= 0 && o->tier_disk_weight <= 1) ||
+        !(o->pull_weight >= 0 && o->pull_weight <= 1)) {
+        kvf_log_error("--tier-ram-weight, --tier-disk-weight and --pull-weight are fractions, 0 "
+                      "to 1");
         return 2;
     }
     if (!o->model_dir) {
@@ -245,6 +252,7 @@ static kvf_router_config_t router_config(const router_opts_t *o)
         .decode_weight = o->decode_weight,
         .transfer_weight = o->transfer_weight,
         .tier_ram_weight = o->tier_ram_weight,
+        .pull_weight = o->pull_weight,
         .tier_disk_weight = o->tier_disk_weight,
         .local_prefill_max_tokens = max_local,
         .local_prefill_auto = local_auto,

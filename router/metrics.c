@@ -38,7 +38,7 @@ static const char *const finish_labels[] = {"none", "stop", "length", "cancelled
 struct kvf_metrics {
     uint64_t requests[N_FINISH]; /* finished, by finish reason */
     uint64_t prompt_tokens, generation_tokens;
-    uint64_t kv_bytes;
+    uint64_t kv_bytes, kv_pull_bytes;
     uint64_t prefix_queries, prefix_hits, prefix_query_tokens, prefix_hit_tokens;
     histogram_t ttft, itl, e2e, handoff;
 };
@@ -121,6 +121,12 @@ void kvf_metrics_observe_handoff(kvf_metrics_t *m, uint64_t handoff_us, uint64_t
         return;
     histogram_observe(&m->handoff, (double)handoff_us * 1e-6, 1);
     m->kv_bytes += kv_bytes;
+}
+
+void kvf_metrics_observe_pull(kvf_metrics_t *m, uint64_t kv_bytes)
+{
+    if (m)
+        m->kv_pull_bytes += kv_bytes;
 }
 
 void kvf_metrics_observe_prefix(kvf_metrics_t *m, uint64_t prompt_tokens, uint64_t cached_tokens)
@@ -277,6 +283,9 @@ kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapsho
                 m->generation_tokens);
     put_counter(&sb, "kvf_kv_transfer_bytes_total",
                 "KV cache bytes shipped from prefill to decode nodes.", m->kv_bytes);
+    put_counter(&sb, "kvf_kv_pull_bytes_total",
+                "KV cache bytes prefill nodes read from decode nodes' cached prefix blocks.",
+                m->kv_pull_bytes);
     put_counter(&sb, "kvf_prefix_cache_queries_total",
                 "Prefills that looked up their prompt in the prefix cache.", m->prefix_queries);
     put_counter(&sb, "kvf_prefix_cache_hits_total",

@@ -41,6 +41,9 @@ void kvf_metrics_observe_rejected(kvf_metrics_t *m);
 /* A prefill finished: the KV handoff to the decode node took handoff_us
  * and shipped kv_bytes. */
 void kvf_metrics_observe_handoff(kvf_metrics_t *m, uint64_t handoff_us, uint64_t kv_bytes);
+/* A prefill node read kv_bytes of the decode node's cached prefix blocks
+ * instead of computing them. */
+void kvf_metrics_observe_pull(kvf_metrics_t *m, uint64_t kv_bytes);
 /* A prefill of prompt_tokens of which cached_tokens came from the prefill
  * node's prefix cache. */
 void kvf_metrics_observe_prefix(kvf_metrics_t *m, uint64_t prompt_tokens, uint64_t cached_tokens);

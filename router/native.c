@@ -159,6 +159,7 @@ static void on_stats(kvf_router_t *r, const Kvf__StatsRequest *sr, const kvf_cli
     rep.prefill_tokens_cached = r->count.prefill_cached;
     rep.kv_bytes_shipped = r->count.kv_bytes;
     rep.local_prefills = r->count.local_prefills;
+    rep.kv_bytes_pulled = r->count.kv_bytes_pulled;
     kvf_envelope_t env;
     kvf_envelope_init(&env, "router");
     env.body_case = KVF__ENVELOPE__BODY_STATS_REPLY;

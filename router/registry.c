@@ -306,6 +306,7 @@ void kvf_router__node_take(kvf_router_t *r, kvf_router_node_t *n, const Kvf__Reg
     n->max_running = reg->max_running;
     n->max_context = reg->max_context;
     n->prefill_local = reg->prefill_local;
+    n->prefix_pull = reg->prefix_pull;
     n->state = NODE_LIVE;
     n->blocks_free = n->blocks_total = reg->capacity_blocks;
     n->registered_ns = kvf_clock_ns();

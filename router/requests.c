@@ -303,6 +303,7 @@ static void take_prefill_done(kvf_router_t *r, kvf_router_req_t *q, const Kvf__P
     q->t.handoff_us += pd->handoff_us;
     q->t.kv_bytes += pd->kv_bytes;
     kvf_metrics_observe_handoff(r->metrics, pd->handoff_us, pd->kv_bytes);
+    kvf_metrics_observe_pull(r->metrics, pd->kv_bytes_pulled);
     kvf_metrics_observe_prefix(r->metrics, q->place.n_tokens, pd->cached_tokens);
     q->t.cached_tokens += pd->cached_tokens;
     kvf_router__observe_prefill_done(r, q, pd);

@@ -224,15 +224,22 @@ static double decode_cost(const kvf_router_t *r, const kvf_router_req_t *q,
 }
 
 /* The cost of q on prefill node n under the kv policy: q's blocks it must
- * compute (after its cached prefix, pool and tier hits credited by tier)
- * and the blocks queued before them. */
+ * compute (after its cached prefix, pool and tier hits credited by tier,
+ * and where n pulls, the further blocks of q decode node d's pool holds,
+ * credited pull_weight each) and the blocks queued before them. */
 static double prefill_cost(const kvf_router_t *r, const kvf_router_req_t *q,
-                           const kvf_router_node_t *n)
+                           const kvf_router_node_t *n, const kvf_router_node_t *d)
 {
-    uint32_t bs = n->block_size, tokens = attempt_tokens(q);
+    uint32_t bs = n->block_size, tokens = attempt_tokens(q), cap = kvf_router__reuse_cap(tokens, bs);
     kvf_prefix_hits_t h;
-    tier_hits(n, q, kvf_router__reuse_cap(tokens, bs), &h);
-    double to_compute = (double)kvf_router__blocks_for(tokens, bs) - hit_credit(r, n, &h);
+    tier_hits(n, q, cap, &h);
+    double credit = hit_credit(r, n, &h);
+    if (n->prefix_pull && d && d != n) {
+        double held = hits(d, q, cap);
+        if (held > credit)
+            credit += r->cfg.pull_weight * (held - credit);
+    }
+    double to_compute = (double)kvf_router__blocks_for(tokens, bs) - credit;
     double queued = kvf_router__blocks_for((uint32_t)(n->queued_tokens + n->pending_tokens), bs);
     return r->cfg.prefill_weight * (to_compute + queued);
 }
@@ -268,7 +275,8 @@ static kvf_router_node_t *pick_decode(kvf_router_t *r, const kvf_router_req_t *q
 
 /* A prefill node that failed an earlier attempt of q is taken only when
  * no other can prefill (a slow node must not strand the request). */
-static kvf_router_node_t *pick_prefill(kvf_router_t *r, const kvf_router_req_t *q)
+static kvf_router_node_t *pick_prefill(kvf_router_t *r, const kvf_router_req_t *q,
+                                       const kvf_router_node_t *d)
 {
     bool others = false;
     for (int i = 0; i < ROUTER_MAX_NODES && !others; i++)
@@ -282,7 +290,7 @@ static kvf_router_node_t *pick_prefill(kvf_router_t *r, const kvf_router_req_t *
         if (!prefill_usable(n) || (others && excluded(r, q, n)))
             continue;
         usable[n_usable++] = n;
-        double score = r->cfg.route == KVF_ROUTE_KV ? prefill_cost(r, q, n)
+        double score = r->cfg.route == KVF_ROUTE_KV ? prefill_cost(r, q, n, d)
                                                     : (double)(n->queued_tokens + n->pending_tokens);
         if (!best || score < best_score) {
             best = n;
@@ -337,7 +345,7 @@ bool kvf_router__pick(kvf_router_t *r, kvf_router_req_t *q, kvf_router_node_t **
     kvf_router_node_t *p = NULL;
     q->place.local = prefill_here(r, q, d);
     if (!q->place.local)
-        p = pick_prefill(r, q);
+        p = pick_prefill(r, q, d);
     if (!p && d->prefill_local) {
         p = d; /* no prefill node: the colocated way */
         q->place.local = true;
@@ -388,6 +396,7 @@ void kvf_router__observe_prefill_done(kvf_router_t *r, kvf_router_req_t *q,
     r->count.prefill_computed += computed;
     r->count.prefill_cached += cached;
     r->count.kv_bytes += pd->kv_bytes;
+    r->count.kv_bytes_pulled += pd->kv_bytes_pulled;
     kvf_router_node_t *p = kvf_router__node_get(r, q->place.prefill);
     if (!p || !computed || !pd->prefill_compute_us)
         return;
@@ -416,10 +425,11 @@ void kvf_router__route_describe(const kvf_router_t *r)
     else if (r->cfg.local_prefill_max_tokens)
         snprintf(local, sizeof(local), "up to %u tokens", r->cfg.local_prefill_max_tokens);
     kvf_log_info("routing: %s (prefill weight %.2f, decode weight %.2f, transfer weight %.2f, "
-                 "KV tier hits: RAM %.2f, disk %.2f of a pool hit); conditional disaggregation "
-                 "(decode nodes with --prefill-local): %s",
+                 "KV tier hits: RAM %.2f, disk %.2f of a pool hit, pulls %.2f); conditional "
+                 "disaggregation (decode nodes with --prefill-local): %s",
                  kvf_route_policy_name(r->cfg.route), r->cfg.prefill_weight, r->cfg.decode_weight,
-                 r->cfg.transfer_weight, r->cfg.tier_ram_weight, r->cfg.tier_disk_weight, local);
+                 r->cfg.transfer_weight, r->cfg.tier_ram_weight, r->cfg.tier_disk_weight,
+                 r->cfg.pull_weight, local);
 }
 
 void kvf_router__observe_disk_reads(kvf_router_t *r, kvf_router_node_t *n)

@@ -61,6 +61,10 @@ typedef struct {
      * KV tier, as a fraction of a pool hit's (docs/kv-tiers.md, "Routing");
      * with all three weights above 0: 0.9 and 0.5. */
     double tier_ram_weight, tier_disk_weight;
+    /* The credit of a prompt block a prefill node would pull from the
+     * chosen decode node (docs/prefix-cache.md, "Pulls"), as a fraction of
+     * a pool hit's; with all three weights above 0: KVF_ROUTER_PULL_WEIGHT. */
+    double pull_weight;
     /* Conditional disaggregation: a decode node with --prefill-local that
      * holds a request's prefix prefills it itself when at most this many
      * tokens are left to compute (0: never), or (local_prefill_auto) when
@@ -74,6 +78,10 @@ typedef struct {
  * worth a pool hit's half once past the break-even. */
 #define KVF_ROUTER_TIER_RAM_WEIGHT  0.9
 #define KVF_ROUTER_TIER_DISK_WEIGHT 0.5
+/* A pull's default: a block read from another node's pool saves its
+ * compute but moves its bytes, so a prefill node that holds the prefix
+ * itself wins over one that would pull it. */
+#define KVF_ROUTER_PULL_WEIGHT 0.75
 
 /* Builds the router: loads tokenizer and configs, binds both sockets.
  * *router_p is owned by the caller: kvf_router_destroy(). */

@@ -103,6 +103,7 @@ typedef struct {
     uint32_t max_running;
     uint32_t max_context;
     bool prefill_local;
+    bool prefix_pull; /* a prefill node: reads D's cached prefix blocks */
     kvf_node_state_t state;
     /* From the last heartbeat. */
     uint32_t blocks_free, blocks_used, blocks_total, blocks_cached, running, queued_requests;
@@ -259,7 +260,7 @@ struct kvf_router {
         kvf_refusals_t messages_refused; /* by kvf_router_msg_refusal_t, bounded log */
         /* prefill passes: prompt tokens computed and reused; K/V bytes
          * shipped; prefills decode nodes ran themselves */
-        uint64_t prefill_computed, prefill_cached, kv_bytes, local_prefills;
+        uint64_t prefill_computed, prefill_cached, kv_bytes, local_prefills, kv_bytes_pulled;
         uint64_t prefix_updates, prefix_stale, prefix_resyncs;
     } count;
     /* Measured for conditional disaggregation (route.c): what the split

@@ -98,13 +98,15 @@ static void print_stats_json(const Kvf__StatsReply *s)
     printf("], \"requests\": {\"total\": %llu, \"running\": %llu, \"queued\": %llu, "
            "\"failed\": %llu, \"cancelled\": %llu, \"redispatched\": %llu}, "
            "\"prefill\": {\"tokens_computed\": %llu, \"tokens_cached\": %llu, "
-           "\"kv_bytes_shipped\": %llu, \"local\": %llu}, \"stale_dropped\": %llu}\n",
+           "\"kv_bytes_shipped\": %llu, \"kv_bytes_pulled\": %llu, \"local\": %llu}, "
+           "\"stale_dropped\": %llu}\n",
            (unsigned long long)s->requests_total, (unsigned long long)s->requests_running,
            (unsigned long long)s->requests_queued, (unsigned long long)s->requests_failed,
            (unsigned long long)s->requests_cancelled, (unsigned long long)s->redispatched,
            (unsigned long long)s->prefill_tokens_computed,
            (unsigned long long)s->prefill_tokens_cached, (unsigned long long)s->kv_bytes_shipped,
-           (unsigned long long)s->local_prefills, (unsigned long long)s->stale_dropped);
+           (unsigned long long)s->kv_bytes_pulled, (unsigned long long)s->local_prefills,
+           (unsigned long long)s->stale_dropped);
 }
 
 /* A table of the nodes, then the request counts. */
@@ -128,10 +130,10 @@ static void print_stats_table(const Kvf__StatsReply *s)
            (unsigned long long)s->requests_queued, (unsigned long long)s->requests_failed,
            (unsigned long long)s->requests_cancelled);
     printf("prefill: %llu prompt tokens computed, %llu reused from prefix caches, %llu KV bytes "
-           "shipped, %llu prefilled on decode nodes\n",
+           "shipped, %llu KV bytes pulled, %llu prefilled on decode nodes\n",
            (unsigned long long)s->prefill_tokens_computed,
            (unsigned long long)s->prefill_tokens_cached, (unsigned long long)s->kv_bytes_shipped,
-           (unsigned long long)s->local_prefills);
+           (unsigned long long)s->kv_bytes_pulled, (unsigned long long)s->local_prefills);
 }
 
 int kvf_cmd_stats(int argc, char **argv)

@@ -348,10 +348,18 @@ void rig_answer_alloc(rig_t *r, const Kvf__KvAlloc *a, int32_t status, uint64_t 
         uint32_t np = kvf_kv_blocks_for_tokens(&r->geo, a->n_tokens);
         uint32_t held = r->answer_cached < np ? r->answer_cached : np - 1;
         kvf_xfer_range_t *ranges = calloc(np, sizeof(*ranges));
-        for (uint32_t b = 0; b < held; b++)
-            memset((uint8_t *)kvf_kvpool_base(r->dpool) +
-                       kvf_kvpool_slice_offset(r->dpool, ids[b], 0),
-                   0x5a, kvf_kv_block_bytes(&r->geo));
+        for (uint32_t b = 0; b < held; b++) {
+            uint8_t *blk = (uint8_t *)kvf_kvpool_base(r->dpool) +
+                           kvf_kvpool_slice_offset(r->dpool, ids[b], 0);
+            const rig_ref_t *ref = r->answer_cached_ref;
+            if (ref)
+                memcpy(blk,
+                       (const uint8_t *)kvf_kvpool_base(ref->pool) +
+                           kvf_kvpool_slice_offset(ref->pool, ref->blocks[b], 0),
+                       kvf_kv_block_bytes(&r->geo));
+            else
+                memset(blk, 0x5a, kvf_kv_block_bytes(&r->geo));
+        }
         for (uint32_t b = held; b < np; b++) {
             ranges[b - held].off = kvf_kvpool_slice_offset(r->dpool, ids[b], 0);
             ranges[b - held].len = kvf_kv_block_bytes(&r->geo);

@@ -47,9 +47,12 @@ typedef struct {
     uint64_t last_disk_read_ns; /* its Load.tier_disk_read_ns */
     bool deregistered;
     /* rig_answer_alloc claims this many leading prompt blocks are held
-     * already (KvAllocReply.cached_blocks): it fills them with 0x5a and
-     * reserves only the others with the transport. */
+     * already (KvAllocReply.cached_blocks): it fills them with 0x5a, or
+     * with answer_cached_ref's K/V of those blocks (what a decode node's
+     * cache holds) when set, and reserves only the others with the
+     * transport. */
     uint32_t answer_cached;
+    const struct rig_ref *answer_cached_ref;
     /* the cache_salt rig_send_prefill_msg puts in PrefillRequests (NULL: none) */
     const char *send_salt;
     /* what the node's prefix-cache reports list (rig_next_msg applies them) */
@@ -63,7 +66,7 @@ extern const uint8_t rig_prefix_key[16];
  * scalar kernels with 3 threads (the node runs the best instruction set
  * here on its own thread count): docs/numerics.md says neither changes a
  * bit. */
-typedef struct {
+typedef struct rig_ref {
     kvf_kvpool_t *pool;
     uint32_t blocks[64];
     uint32_t first_token;

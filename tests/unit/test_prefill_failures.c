@@ -248,6 +248,57 @@ static void test_prefill_decode_dies(void **state)
     rig_remove_model(dir);
 }
 
+/* The decode node's transport goes away as the prefill node is to read
+ * the prefix blocks it said it holds (a decode node dying under a pull):
+ * whether the read fails or the handoff after it does, the router gets
+ * Error{TRANSPORT}, and no local block stays in use. */
+static void test_prefill_decode_dies_under_pull(void **state)
+{
+    (void)state;
+    rig_t r;
+    rig_start(&r, NULL, "64M", "2048");
+    static uint32_t ids[100];
+    rig_make_prompt(ids, 100, 333);
+    rig_ref_t ref;
+    rig_reference(&r, ids, 100, NULL, &ref);
+    r.answer_cached = 4;
+    r.answer_cached_ref = &ref;
+    rig_send_prefill(&r, 12, 1, ids, 100);
+    uint32_t *dblocks = NULL, dn = 0;
+    while (!dblocks) {
+        bool from_router = false;
+        kvf_envelope_t *env = rig_next_msg(&r, 20000, &from_router);
+        assert_non_null(env);
+        if (env->body_case != KVF__ENVELOPE__BODY_KV_ALLOC)
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        rig_answer_alloc(&r, env->kv_alloc, KVF_OK, 1, &dblocks, &dn);
+        kvf_envelope_free(env);
+    }
+    kvf_xfer_destroy(r.dxfer);
+    r.dxfer = NULL;
+    bool got_error = false;
+    uint64_t until = kvf_clock_ns() + 60000000000ull;
+    while (!got_error && kvf_clock_ns() < until) {
+        bool from_router = false;
+        kvf_envelope_t *env = rig_next_msg(&r, 50, &from_router);
+        if (!env)
+            continue;
+        if (env->body_case != KVF__ENVELOPE__BODY_ERROR)
+            fail_msg("unexpected %s", kvf_envelope_body_name(env));
+        assert_true(from_router);
+        assert_int_equal(env->error->req_id, 12);
+        assert_int_equal(env->error->status, KVF_ERR_TRANSPORT);
+        got_error = true;
+        kvf_envelope_free(env);
+    }
+    assert_true(got_error);
+    rig_expect_no_blocks(&r);
+    assert_int_equal(kvf_kvpool_release(r.dpool, dblocks, dn), KVF_OK);
+    free(dblocks);
+    kvf_kvpool_destroy(ref.pool);
+    rig_stop(&r);
+}
+
 int main(void)
 {
     kvf_log_init("test", NULL);
@@ -256,6 +307,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefill_refusal_and_cancel, rig_kill_child),
         cmocka_unit_test_teardown(test_prefill_cancel_in_flight, rig_kill_child),
         cmocka_unit_test_teardown(test_prefill_decode_dies, rig_kill_child),
+        cmocka_unit_test_teardown(test_prefill_decode_dies_under_pull, rig_kill_child),
         cmocka_unit_test_teardown(test_prefill_alloc_timeout, rig_kill_child),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -278,28 +278,29 @@ static void test_prefill_cache_salt(void **state)
     rig_stop(&r);
 }
 
-/* The decode node's prefix cache, from the prefill node's side: KvAlloc
- * offers the prompt's full blocks but the last (hashes and tokens); when
- * the reply says the first 3 are held, the node writes none of them (the
- * transport reserved only the others, and their 0x5a filling survives),
- * ships the other 4 blocks, and the first token is still the cold run's. */
-static void test_prefill_decode_holds_prefix(void **state)
+/* One request of a 100-token prompt (7 blocks, seed) whose KvAllocReply
+ * says the decode node holds its first `held` blocks; returns its
+ * PrefillDone's (kv_bytes, kv_bytes_pulled, cached_tokens) after checking
+ * KvAlloc's offer (the prompt's full blocks but the last), that the held
+ * blocks were not written, and that the first token and the K/V of every
+ * position in the decode pool are the cold run's (exactly, where the held
+ * blocks hold the reference's K/V). */
+static void decode_holds_round(rig_t *r, uint64_t req_id, uint32_t seed, uint32_t held, bool real,
+                               uint64_t out[3])
 {
-    (void)state;
-    rig_t r;
-    rig_start(&r, NULL, "64M", "2048");
-    r.answer_cached = 3;
     static uint32_t ids[100];
-    rig_make_prompt(ids, 100, 91);
+    rig_make_prompt(ids, 100, seed);
     rig_ref_t ref;
-    rig_reference(&r, ids, 100, NULL, &ref);
-    rig_send_prefill(&r, 600, 1, ids, 100);
+    rig_reference(r, ids, 100, NULL, &ref);
+    r->answer_cached = held;
+    r->answer_cached_ref = real ? &ref : NULL;
+    rig_send_prefill(r, req_id, 1, ids, 100);
     uint32_t *dblocks = NULL, dn = 0;
     bool ready = false, done = false;
-    const size_t block_bytes = kvf_kv_block_bytes(&r.geo);
+    const size_t block_bytes = kvf_kv_block_bytes(&r->geo);
     while (!ready || !done) {
         bool from_router = false;
-        kvf_envelope_t *env = rig_next_msg(&r, 20000, &from_router);
+        kvf_envelope_t *env = rig_next_msg(r, 20000, &from_router);
         assert_non_null(env);
         if (env->body_case == KVF__ENVELOPE__BODY_KV_ALLOC) {
             const Kvf__KvAlloc *a = env->kv_alloc;
@@ -308,28 +309,81 @@ static void test_prefill_decode_holds_prefix(void **state)
             assert_memory_equal(a->prefix_token_ids, ids, 96 * sizeof(uint32_t));
             for (size_t i = 1; i < a->n_prefix_hashes; i++)
                 assert_true(a->prefix_hashes[i] != a->prefix_hashes[i - 1]);
-            rig_answer_alloc(&r, a, KVF_OK, 1, &dblocks, &dn);
+            rig_answer_alloc(r, a, KVF_OK, 1, &dblocks, &dn);
         } else if (env->body_case == KVF__ENVELOPE__BODY_KV_READY) {
             assert_int_equal(env->kv_ready->first_token, ref.first_token);
-            for (int b = 0; b < 3; b++) {
-                const uint8_t *blk = (const uint8_t *)kvf_kvpool_base(r.dpool) +
-                                     kvf_kvpool_slice_offset(r.dpool, dblocks[b], 0);
+            for (uint32_t b = 0; b < held; b++) {
+                const uint8_t *blk = (const uint8_t *)kvf_kvpool_base(r->dpool) +
+                                     kvf_kvpool_slice_offset(r->dpool, dblocks[b], 0);
+                const uint8_t *want = (const uint8_t *)kvf_kvpool_base(ref.pool) +
+                                      kvf_kvpool_slice_offset(ref.pool, ref.blocks[b], 0);
                 for (size_t i = 0; i < block_bytes; i++)
-                    if (blk[i] != 0x5a)
-                        fail_msg("held block %d was written at byte %zu", b, i);
+                    if (blk[i] != (real ? want[i] : 0x5a))
+                        fail_msg("held block %u was written at byte %zu", b, i);
             }
+            if (real)
+                assert_true(rig_compare_kv(r, dblocks, &ref, 100) == 0.0);
             ready = true;
         } else if (env->body_case == KVF__ENVELOPE__BODY_PREFILL_DONE) {
-            assert_int_equal(env->prefill_done->kv_bytes, 4 * block_bytes);
+            out[0] = env->prefill_done->kv_bytes;
+            out[1] = env->prefill_done->kv_bytes_pulled;
+            out[2] = env->prefill_done->cached_tokens;
             done = true;
         } else {
             fail_msg("unexpected %s", kvf_envelope_body_name(env));
         }
         kvf_envelope_free(env);
     }
-    assert_int_equal(r.rejected, 0);
+    assert_int_equal(r->rejected, 0);
+    assert_int_equal(kvf_kvpool_release(r->dpool, dblocks, dn), KVF_OK);
     free(dblocks);
     kvf_kvpool_destroy(ref.pool);
+    r->answer_cached = 0;
+    r->answer_cached_ref = NULL;
+}
+
+/* The decode node's prefix cache, from the prefill node's side, without
+ * pulls: when the reply says the first 3 blocks are held, the node writes
+ * none of them (the transport reserved only the others, and their 0x5a
+ * filling survives), ships the other 4 blocks, computes all 100 tokens,
+ * and the first token is still the cold run's. */
+static void test_prefill_decode_holds_prefix(void **state)
+{
+    (void)state;
+    rig_t r;
+    const char *no_pull[] = {"--no-prefix-pull", NULL};
+    rig_start_args(&r, NULL, "64M", "2048", no_pull);
+    uint64_t got[3];
+    decode_holds_round(&r, 600, 91, 3, false, got);
+    const uint64_t block_bytes = kvf_kv_block_bytes(&r.geo);
+    assert_int_equal(got[0], 4 * block_bytes);
+    assert_int_equal(got[1], 0);
+    assert_int_equal(got[2], 0);
+    rig_expect_no_blocks(&r);
+    rig_stop(&r);
+}
+
+/* Prefix pulls: the decode node holds the first `held` blocks of a prompt
+ * the prefill node has never seen, for held 1..6 (hits at every block
+ * boundary). The node reads them from the decode pool (one-sided) instead
+ * of computing them, at most the 4 that leave a 32-token tail to compute,
+ * attends to them for the rest, and ships only the blocks the decode node
+ * lacks: the first token and every position's K/V equal the cold run's,
+ * bit for bit, and no block is left in use. */
+static void test_prefill_pulls_decode_prefix(void **state)
+{
+    (void)state;
+    rig_t r;
+    rig_start(&r, NULL, "64M", "2048");
+    const uint64_t block_bytes = kvf_kv_block_bytes(&r.geo);
+    for (uint32_t held = 1; held <= 6; held++) {
+        uint64_t got[3];
+        decode_holds_round(&r, 610 + held, 200 + held, held, true, got);
+        uint32_t pulled = held < 4 ? held : 4;
+        assert_int_equal(got[0], (7 - held) * block_bytes);
+        assert_int_equal(got[1], pulled * block_bytes);
+        assert_int_equal(got[2], pulled * 16);
+    }
     rig_expect_no_blocks(&r);
     rig_stop(&r);
 }
@@ -552,6 +606,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefill_pool_full, rig_kill_child),
         cmocka_unit_test_teardown(test_prefill_prefix_cache, rig_kill_child),
         cmocka_unit_test_teardown(test_prefill_decode_holds_prefix, rig_kill_child),
+        cmocka_unit_test_teardown(test_prefill_pulls_decode_prefix, rig_kill_child),
         cmocka_unit_test_teardown(test_prefill_cache_salt, rig_kill_child),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -56,6 +56,7 @@ typedef struct {
     uint32_t max_running;
     uint32_t max_context;
     bool prefill_local;
+    bool prefix_pull;              /* a prefill node that pulls (docs/prefix-cache.md) */
     unsigned heartbeat_ms;         /* 0: 500 */
     unsigned loop_stuck_ms;        /* 0: KVF_NODE_LOOP_STUCK_MS */
     /* Fills the load reported with each heartbeat; called from tick. */

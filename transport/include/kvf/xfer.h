@@ -306,7 +306,11 @@ kvf_status_t kvf_xfer_post(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *s
  * pool, a failed one too, so the local ranges are the caller's again as
  * soon as it ended. spec->flags must be 0. Errors as kvf_xfer_post, and
  * UNSUPPORTED where nothing can be read one-sided (a two-sided
- * connection, NCCL). */
+ * connection, NCCL). A two-sided receiver stays unreadable on purpose:
+ * UCX 1.13 serves a read over TCP with messages, and the serving process
+ * aborts (ucp_get_req_handler: "Endpoint timeout") when the reader dies
+ * mid-read, as it does under emulated puts; a one-sided receiver is one
+ * only where TCP cannot carry the data (kvf_xfer_caps). */
 kvf_status_t kvf_xfer_get(kvf_xfer_peer_t *peer, const kvf_xfer_batch_spec_t *spec,
                           kvf_xfer_batch_t **batch_p);
 
