@@ -89,8 +89,10 @@ static h_cluster_t start(const char *disk_dir, const char *host_mem)
     h_cluster_init(&c, model_dir, "sm,self");
     h_start_router(&c, NULL);
     h_start_node(&c, "decode", "decode-0", NULL);
+    /* the prefill node's tiers alone: it pulls nothing from the decode
+     * node, which holds every earlier prompt too */
     h_start_node(&c, "prefill", "prefill-0", "--kv-mem", "320K", "--kv-host-mem", host_mem,
-                 "--kv-disk", disk_dir, "--kv-disk-size", "2M", NULL);
+                 "--kv-disk", disk_dir, "--kv-disk-size", "2M", "--no-prefix-pull", NULL);
     h_wait_nodes(&c, 2, 120000);
     return c;
 }

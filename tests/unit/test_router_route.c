@@ -9,7 +9,9 @@
  *   listing with it;
  * - the policies: kv sends a request to the decode and the prefill node
  *   that hold its prefix, load ignores the prefix, random spreads; a
- *   prefill node that failed an attempt gets none of the later ones;
+ *   prefill node that failed an attempt gets none of the later ones; a
+ *   prefill node that pulls is credited the decode node's blocks at the
+ *   pull weight;
  * - conditional disaggregation: a decode node with --prefill-local that
  *   holds the prefix prefills a short suffix itself (a fixed bound, or
  *   the measured break-even), a long one goes to a prefill node;
@@ -256,6 +258,34 @@ static void test_kv_policy(void **state)
     kvf_router_node_t *p2 = rfx_node_named(fx, "p2");
     p2->queued_tokens = 10 * BS;
     assert_int_equal(route_once(fx, &d), 2);
+    p2->queued_tokens = 0;
+}
+
+/* Prefill nodes that pull (Register.prefix_pull): d2 holds all five
+ * blocks, p2 one. Its own block and the two it would pull (pull_weight
+ * 0.75 each) make p2 cheaper than p1 pulling three; a queued block on p2
+ * turns that round, but only while p1 pulls: a p1 that does not pull
+ * computes every block. */
+static void test_pull_credit(void **state)
+{
+    fixture_t *fx = *state;
+    for (int i = 0; i < 4; i++)
+        join(fx, i, false);
+    beat_all(fx);
+    uint64_t h[8];
+    prompt_hashes(fx, h);
+    report(fx, 1, 1, true, h, 5, NULL, 0);
+    report(fx, 3, 1, true, h, 1, NULL, 0);
+    kvf_router_node_t *p1 = rfx_node_named(fx, "p1"), *p2 = rfx_node_named(fx, "p2");
+    p1->prefix_pull = p2->prefix_pull = true;
+    int d = -1;
+    assert_int_equal(route_once(fx, &d), 3); /* p2: 5 - 2.5 against p1's 5 - 2.25 */
+    assert_int_equal(d, 1);
+    p2->queued_tokens = BS;
+    assert_int_equal(route_once(fx, &d), 2); /* p1: 2.75 against p2's 3.5 */
+    assert_int_equal(d, 1);
+    p1->prefix_pull = false;
+    assert_int_equal(route_once(fx, &d), 3); /* p1 computes all 5 */
     p2->queued_tokens = 0;
 }
 
@@ -691,6 +721,7 @@ int main(void)
         cmocka_unit_test(test_policy_names),
         cmocka_unit_test_setup_teardown(test_prefix_index, setup, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_kv_policy, setup_kv, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_pull_credit, setup_kv, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_failed_prefill_excluded, setup_kv, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_finished_since_heartbeat, setup_kv, rfx_teardown),
         cmocka_unit_test_setup_teardown(test_finished_before_heartbeat, setup_kv, rfx_teardown),
