@@ -238,6 +238,83 @@ static inline void kvf_cpu_prefetch(const void *p)
 #endif
 }
 
+/* A stream of prefetches over one side (kv 0: keys, 1: values) of a
+ * tile's keys j0 .. end-1: their rows' cache lines in address order,
+ * block by block, each block's scales with its first line. A decode tile
+ * takes a few lines at a time between its loads, so the misses it keeps
+ * in flight are spread over its compute instead of asked for in bursts
+ * (which stall the core once its miss buffers are full). */
+typedef struct {
+    const kvf_cpu_attn_tile_t *t;
+    int kv, b, b_last, r_last;
+    const char *p, *e; /* the current block's next line, its run's end */
+} kvf_cpu_pf_stream_t;
+
+static inline void kvf_cpu_pf_block(kvf_cpu_pf_stream_t *s, int r0)
+{
+    const kvf_cpu_attn_tile_t *t = s->t;
+    const size_t row_bytes = (size_t)t->head_dim * kvf_kv_elem_bytes(t->dtype);
+    const int r1 = s->b == s->b_last ? s->r_last : t->block_size - 1;
+    const char *d = (const char *)(s->kv ? t->values[s->b] : t->keys[s->b]);
+    s->p = (const char *)((uintptr_t)(d + (size_t)r0 * row_bytes) & ~(uintptr_t)63);
+    s->e = d + (size_t)(r1 + 1) * row_bytes;
+    if (kvf_kv_scaled(t->dtype))
+        kvf_cpu_prefetch((s->kv ? t->vscales[s->b] : t->kscales[s->b]) + r0);
+}
+
+static inline void kvf_cpu_pf_init(kvf_cpu_pf_stream_t *s, const kvf_cpu_attn_tile_t *t, int kv,
+                                   int j0, int end)
+{
+    s->t = t;
+    s->kv = kv;
+    s->p = s->e = NULL;
+    s->b = 1;
+    s->b_last = 0;
+    if (j0 >= end)
+        return;
+    s->b = j0 / t->block_size;
+    s->b_last = (end - 1) / t->block_size;
+    s->r_last = (end - 1) % t->block_size;
+    kvf_cpu_pf_block(s, j0 % t->block_size);
+}
+
+/* The stream's next n lines requested. */
+static inline void kvf_cpu_pf_take(kvf_cpu_pf_stream_t *s, int n)
+{
+    while (n > 0) {
+        if (s->p >= s->e) {
+            if (s->b >= s->b_last)
+                return;
+            s->b++;
+            kvf_cpu_pf_block(s, 0);
+            continue;
+        }
+        kvf_cpu_prefetch(s->p);
+        s->p += 64;
+        n--;
+    }
+}
+
+/* Every line of the stream before key j's row requested. */
+static inline void kvf_cpu_pf_upto(kvf_cpu_pf_stream_t *s, int j)
+{
+    const kvf_cpu_attn_tile_t *t = s->t;
+    const int bj = j / t->block_size;
+    const size_t row_bytes = (size_t)t->head_dim * kvf_kv_elem_bytes(t->dtype);
+    for (;;) {
+        if (s->b > bj || s->b > s->b_last)
+            return;
+        if (s->b == bj) {
+            const char *d = (const char *)(s->kv ? t->values[bj] : t->keys[bj]);
+            if (s->p >= d + (size_t)(j % t->block_size) * row_bytes)
+                return;
+        }
+        if (s->p >= s->e && s->b >= s->b_last)
+            return;
+        kvf_cpu_pf_take(s, 1);
+    }
+}
+
 /* Requests the key rows, then the value rows (and their scales) of the
  * chunk at key j0, keys j0 .. last. A block's rows of one head are one
  * contiguous run, but consecutive blocks sit a whole block's layers

@@ -176,12 +176,14 @@ static inline __attribute__((always_inline)) __m512 load_kv(kvf_kv_dtype_t dt, c
  * 16. The same FMA chains and tree as dot16, so the same bits. */
 static inline __attribute__((always_inline)) void
 dot2x16_dt(const float *q0, const float *q1, const char *base, size_t stride,
-           const float *scales, int hd, float *out0, float *out1, const kvf_kv_dtype_t DT)
+           const float *scales, int hd, float *out0, float *out1, kvf_cpu_pf_stream_t *pf,
+           int pf_n, const kvf_kv_dtype_t DT)
 {
     _Pragma("GCC unroll 2") for (int half = 0; half < 2; half++) {
         __m512 v[16];
         _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) v[i] = _mm512_setzero_ps();
         for (int d = 0; d < hd; d += 16) {
+            kvf_cpu_pf_take(pf, pf_n);
             const __m512 a = _mm512_loadu_ps(q0 + d), b = _mm512_loadu_ps(q1 + d);
             _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
                 const int j = half * 8 + i;
@@ -200,19 +202,22 @@ dot2x16_dt(const float *q0, const float *q1, const char *base, size_t stride,
 
 static inline __attribute__((always_inline)) void
 dot2x16_avx512(kvf_kv_dtype_t dt, const float *q0, const float *q1, const void *base,
-               size_t stride, const float *scales, int hd, float *out0, float *out1)
+               size_t stride, const float *scales, int hd, float *out0, float *out1,
+               kvf_cpu_pf_stream_t *pf, int pf_n)
 {
     const char *b = base;
+#define D2(DT) dot2x16_dt(q0, q1, b, stride, scales, hd, out0, out1, pf, pf_n, DT)
     switch (dt) {
-    case KVF_KV_BF16: dot2x16_dt(q0, q1, b, stride, scales, hd, out0, out1, KVF_KV_BF16); break;
-    case KVF_KV_F16: dot2x16_dt(q0, q1, b, stride, scales, hd, out0, out1, KVF_KV_F16); break;
-    case KVF_KV_FP8: dot2x16_dt(q0, q1, b, stride, scales, hd, out0, out1, KVF_KV_FP8); break;
-    case KVF_KV_INT8: dot2x16_dt(q0, q1, b, stride, scales, hd, out0, out1, KVF_KV_INT8); break;
-    default: dot2x16_dt(q0, q1, b, stride, scales, hd, out0, out1, KVF_KV_F32); break;
+    case KVF_KV_BF16: D2(KVF_KV_BF16); break;
+    case KVF_KV_F16: D2(KVF_KV_F16); break;
+    case KVF_KV_FP8: D2(KVF_KV_FP8); break;
+    case KVF_KV_INT8: D2(KVF_KV_INT8); break;
+    default: D2(KVF_KV_F32); break;
     }
+#undef D2
 }
-#define DOT2X16(dt, q0, q1, base, stride, scales, hd, out0, out1) \
-    dot2x16_avx512((dt), (q0), (q1), (base), (stride), (scales), (hd), (out0), (out1))
+#define DOT2X16(dt, q0, q1, base, stride, scales, hd, out0, out1, pf, pf_n) \
+    dot2x16_avx512((dt), (q0), (q1), (base), (stride), (scales), (hd), (out0), (out1), (pf), (pf_n))
 
 
 /* 32 zmm registers: decode rows x 4 panels (8 accumulators a row), and

@@ -265,7 +265,8 @@ typedef struct {
  * rows' FMA chains (each in its canonical key order) interleave, so their
  * latencies overlap. */
 INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p, int nj, int hd,
-                    const float *alpha, const int NR, const kvf_kv_dtype_t DT)
+                    const float *alpha, kvf_cpu_pf_stream_t *pf, int pf_n, const int NR,
+                    const kvf_kv_dtype_t DT)
 {
     const float *vsc = v->scales;
     int c = 0;
@@ -277,6 +278,8 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
                 a[r][u] = V_MUL(V_LOAD(acc[r] + c + u * VL), al);
         }
         _Pragma("GCC unroll 2") for (int j = 0; j < nj; j++) {
+            if (pf)
+                kvf_cpu_pf_take(pf, pf_n);
             const void *row = SIDE_ROW(v, j);
             const vf sv = V_SET1(vsc[j]);
             const vf v0 = PV_LOAD(DT, row, c, sv), v1 = PV_LOAD(DT, row, c + VL, sv),
@@ -311,15 +314,18 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
 
 /* pv_rows for the format dt of the value rows (a constant in each copy). */
 INLINE void pv_rows_dt(float *const *acc, const kv_side_t *v, const float *const *p, int nj,
-                       int hd, const float *alpha, const int NR, kvf_kv_dtype_t dt)
+                       int hd, const float *alpha, kvf_cpu_pf_stream_t *pf, int pf_n, const int NR,
+                       kvf_kv_dtype_t dt)
 {
+#define PVR(DT) pv_rows(acc, v, p, nj, hd, alpha, pf, pf_n, NR, DT)
     switch (dt) {
-    case KVF_KV_BF16: pv_rows(acc, v, p, nj, hd, alpha, NR, KVF_KV_BF16); break;
-    case KVF_KV_F16: pv_rows(acc, v, p, nj, hd, alpha, NR, KVF_KV_F16); break;
-    case KVF_KV_FP8: pv_rows(acc, v, p, nj, hd, alpha, NR, KVF_KV_FP8); break;
-    case KVF_KV_INT8: pv_rows(acc, v, p, nj, hd, alpha, NR, KVF_KV_INT8); break;
-    default: pv_rows(acc, v, p, nj, hd, alpha, NR, KVF_KV_F32); break;
+    case KVF_KV_BF16: PVR(KVF_KV_BF16); break;
+    case KVF_KV_F16: PVR(KVF_KV_F16); break;
+    case KVF_KV_FP8: PVR(KVF_KV_FP8); break;
+    case KVF_KV_INT8: PVR(KVF_KV_INT8); break;
+    default: PVR(KVF_KV_F32); break;
     }
+#undef PVR
 }
 
 /* A query row's keys in the chunk at j0: ja .. nj-1 (ja > 0: keys before
@@ -473,9 +479,9 @@ INLINE void tile_pv(const kvf_cpu_attn_tile_t *t, int j0, int last,
             const float *pr[2] = {sc->p + (size_t)r * KVF_CPU_KEY_CHUNK,
                                   sc->p + (size_t)(r + 1) * KVF_CPU_KEY_CHUNK};
             if (nr == 2)
-                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, 2, v.dt);
+                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, NULL, 0, 2, v.dt);
             else
-                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, 1, v.dt);
+                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, NULL, 0, 1, v.dt);
         }
     }
 }
@@ -494,7 +500,8 @@ INLINE void tile_pv(const kvf_cpu_attn_tile_t *t, int j0, int last,
 /* The scores of the token's rows over the chunk at j0 into S (row r's
  * 16 at S + r * lds), scaled and soft-capped on keys ja .. nj-1. */
 INLINE void dec_scores(const kvf_cpu_attn_tile_t *t, int j0, int last, int ja, int nj,
-                       const kvf_cpu_attn_scratch_t *sc, float *S, int lds, const int HD)
+                       const kvf_cpu_attn_scratch_t *sc, float *S, int lds,
+                       kvf_cpu_pf_stream_t *pf, int pf_n, const int HD)
 {
     const int G = t->group;
 #if defined(DOT2X16)
@@ -505,13 +512,16 @@ INLINE void dec_scores(const kvf_cpu_attn_tile_t *t, int j0, int last, int ja, i
             const float *q0 = t->q + (size_t)h * (size_t)HD;
             const float *q1 = h + 1 < G ? q0 + HD : q0;
             float *o1 = h + 1 < G ? S + (size_t)(h + 1) * (size_t)lds : spare;
-            DOT2X16(k.dt, q0, q1, k.base, k.stride, k.scales, HD, S + (size_t)h * (size_t)lds, o1);
+            DOT2X16(k.dt, q0, q1, k.base, k.stride, k.scales, HD, S + (size_t)h * (size_t)lds, o1,
+                    pf, h == 0 ? pf_n : 0);
         }
     } else
 #endif
     {
         const kv_side_t k = chunk_side(t, j0, last, 0, true, sc->kbuf, HD, sc->hdp);
         const float *kb = (const float *)(const void *)k.base;
+        (void)pf_n;
+        kvf_cpu_pf_take(pf, 8 * pf_n);
         for (int h = 0; h < G; h++)
             DOT16X16S(t->q + (size_t)h * (size_t)HD, kb, k.stride / sizeof(float), HD,
                       S + (size_t)h * (size_t)lds);
@@ -559,48 +569,55 @@ INLINE void dec_softmax_row(float *s, float *p, float *a, int G, int nc, const i
  * P (row r's 16 at P + r * lds) and factors a (row r's at a[r]). */
 INLINE void dec_pv(const kvf_cpu_attn_tile_t *t, int j0, int last, int nj,
                    const kvf_cpu_attn_scratch_t *sc, const float *P, int lds, const float *a,
-                   const int HD)
+                   kvf_cpu_pf_stream_t *pf, int pf_n, const int HD)
 {
     const kv_side_t v = chunk_side(t, j0, last, 1, PV_DECODE, sc->vbuf, HD, sc->hdp);
     for (int h = 0; h < t->group; h += 2) {
         float *acc[2] = {sc->acc + (size_t)h * sc->hdp, sc->acc + (size_t)(h + 1) * sc->hdp};
         const float *pr[2] = {P + (size_t)h * (size_t)lds, P + (size_t)(h + 1) * (size_t)lds};
+        kvf_cpu_pf_stream_t *f = h == 0 ? pf : NULL;
         if (t->group - h >= 2)
-            pv_rows_dt(acc, &v, pr, nj, HD, a + h, 2, v.dt);
+            pv_rows_dt(acc, &v, pr, nj, HD, a + h, f, pf_n, 2, v.dt);
         else
-            pv_rows_dt(acc, &v, pr, nj, HD, a + h, 1, v.dt);
+            pv_rows_dt(acc, &v, pr, nj, HD, a + h, f, pf_n, 1, v.dt);
     }
 }
 
-/* How far ahead a decode tile requests its rows: 4 chunks measured ~10%
- * faster than 2 for int8 at 16k context, batch 16, and the same for the
- * other formats (bench/: kvf bench engine, AVX-512). */
+/* How far ahead a decode tile requests its keys (chunks). */
 #define DEC_PREFETCH_CHUNKS 4
 
-/* The decode tile (t->n_tok == 1): phases over runs of chunks. */
+/* The decode tile (t->n_tok == 1): phases over runs of chunks. Two
+ * prefetch streams run alongside, a few lines between loads: the keys
+ * DEC_PREFETCH_CHUNKS chunks ahead of the scores, the values of the next
+ * run during this run's p·v. */
 INLINE void attention_decode(const kvf_cpu_attn_tile_t *t, const kvf_cpu_attn_scratch_t *sc,
                              int first, int last, const int HD)
 {
     const int G = t->group, lds = KVF_CPU_DECODE_CHUNKS * KVF_CPU_KEY_CHUNK;
+    const int eb = (int)kvf_kv_elem_bytes(t->dtype), ahead = DEC_PREFETCH_CHUNKS * KVF_CPU_KEY_CHUNK;
     int ja[KVF_CPU_DECODE_CHUNKS], nj[KVF_CPU_DECODE_CHUNKS];
-    for (int c = 0; c < DEC_PREFETCH_CHUNKS; c++)
-        kvf_cpu_attn_prefetch(t, first + c * KVF_CPU_KEY_CHUNK, last);
+    kvf_cpu_pf_stream_t kpf, vpf;
+    kvf_cpu_pf_init(&kpf, t, 0, first, last + 1);
+    kvf_cpu_pf_init(&vpf, t, 1, first, last + 1);
+    kvf_cpu_pf_upto(&kpf, first + ahead);
+    kvf_cpu_pf_upto(&vpf, first + lds);
     for (int r0 = first; r0 <= last; r0 += lds) {
         int nc = 0;
         for (int j0 = r0; j0 <= last && nc < KVF_CPU_DECODE_CHUNKS; j0 += KVF_CPU_KEY_CHUNK, nc++) {
-            /* the rows of a chunk DEC_PREFETCH_CHUNKS on arrive meanwhile:
-             * its keys for this phase, its values for the third */
-            kvf_cpu_attn_prefetch(t, j0 + DEC_PREFETCH_CHUNKS * KVF_CPU_KEY_CHUNK, last);
             if (!row_keys(t, 0, j0, &ja[nc], &nj[nc]))
                 ja[nc] = nj[nc] = 0; /* not reached: the span holds the row's keys */
-            dec_scores(t, j0, last, ja[nc], nj[nc], sc, sc->ds + nc * KVF_CPU_KEY_CHUNK, lds, HD);
+            dec_scores(t, j0, last, ja[nc], nj[nc], sc, sc->ds + nc * KVF_CPU_KEY_CHUNK, lds, &kpf,
+                       2 * eb, HD);
+            kvf_cpu_pf_upto(&kpf, j0 + KVF_CPU_KEY_CHUNK + ahead);
         }
         for (int h = 0; h < G; h++)
             dec_softmax_row(sc->ds + (size_t)h * lds, sc->dp + (size_t)h * lds, sc->da + h, G, nc,
                             ja, nj, &sc->m[h], &sc->l[h]);
-        for (int c = 0; c < nc; c++)
+        for (int c = 0; c < nc; c++) {
             dec_pv(t, r0 + c * KVF_CPU_KEY_CHUNK, last, nj[c], sc,
-                   sc->dp + c * KVF_CPU_KEY_CHUNK, lds, sc->da + (size_t)c * G, HD);
+                   sc->dp + c * KVF_CPU_KEY_CHUNK, lds, sc->da + (size_t)c * G, &vpf, eb, HD);
+            kvf_cpu_pf_upto(&vpf, r0 + lds + (c + 1) * KVF_CPU_KEY_CHUNK);
+        }
     }
 }
 
