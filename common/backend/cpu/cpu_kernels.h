@@ -238,6 +238,16 @@ static inline void kvf_cpu_prefetch(const void *p)
 #endif
 }
 
+/* The factor V_LOAD_KV takes for a row of dt with scale `scale`: the
+ * scale, for fp8 times 2^8. The fp8 decode makes an f16 of the value /
+ * 2^8 (cpu_kernels_avx512.c); (v x 2^8) x s and v x (2^8 x s) are the
+ * same real product, both 2^8 multiplies exact (s <= FLT_MAX / 448), so
+ * the one rounding gives the same bits and the decode saves a multiply. */
+static inline float kvf_cpu_kv_factor(kvf_kv_dtype_t dt, float scale)
+{
+    return dt == KVF_KV_FP8 ? scale * 256.0f : scale;
+}
+
 /* A stream of prefetches over one side (kv 0: keys, 1: values) of a
  * tile's keys j0 .. end-1: their rows' cache lines in address order,
  * block by block, each block's scales with its first line. A decode tile
@@ -279,8 +289,15 @@ static inline void kvf_cpu_pf_init(kvf_cpu_pf_stream_t *s, const kvf_cpu_attn_ti
 }
 
 /* The stream's next n lines requested. */
-static inline void kvf_cpu_pf_take(kvf_cpu_pf_stream_t *s, int n)
+static inline __attribute__((always_inline)) void kvf_cpu_pf_take(kvf_cpu_pf_stream_t *s, int n)
 {
+    const char *p = s->p;
+    if (s->e - p >= (ptrdiff_t)n * 64) { /* within the block's run: the usual case */
+        for (int i = 0; i < n; i++)
+            kvf_cpu_prefetch(p + (size_t)i * 64);
+        s->p = p + (size_t)n * 64;
+        return;
+    }
     while (n > 0) {
         if (s->p >= s->e) {
             if (s->b >= s->b_last)

@@ -136,7 +136,7 @@ static inline __attribute__((always_inline)) void dot16x8(const float *q, const 
     } while (0)
 
 /* The exact KV decodes of kvf/kv_format.h, 8 elements at element i of a
- * row of dt (as the AVX-512 kernels: bf16 a shift, f16 by F16C, int8 a
+ * row of dt, sv its kvf_cpu_kv_factor (as the AVX-512 kernels: bf16 a shift, f16 by F16C, int8 a
  * convert and one multiply, fp8 E4M3 as f16, explained in
  * cpu_kernels_avx512.c). */
 static inline __attribute__((always_inline)) __m256 load_kv(kvf_kv_dtype_t dt, const void *src,
@@ -159,8 +159,7 @@ static inline __attribute__((always_inline)) __m256 load_kv(kvf_kv_dtype_t dt, c
         __m128i h = _mm_add_epi16(s7, _mm_and_si128(s7, _mm_set1_epi16(0x4000)));
         __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
         h = _mm_xor_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x4180)));
-        __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-        return _mm256_mul_ps(x, sv);
+        return _mm256_mul_ps(_mm256_cvtph_ps(h), sv); /* sv: the scale x 2^8 */
     }
     default:
         return _mm256_loadu_ps((const float *)src + i);

@@ -125,15 +125,16 @@ static inline __attribute__((always_inline)) void dot16x16(const float *q, const
 #define DOT16X16S(q, base, ld, hd, out) dot16x16((q), (base), (ld), (hd), (out))
 
 /* The exact KV decodes of kvf/kv_format.h, 16 elements at element i of
- * a row of dt (not f32): bf16 a shift, f16 by F16C (exact, subnormals
- * included), int8 a convert and the scale's one multiply, fp8 E4M3 as
- * f16, then the scale.
+ * a row of dt (not f32), sv the row's kvf_cpu_kv_factor: bf16 a shift,
+ * f16 by F16C (exact, subnormals included), int8 a convert and the
+ * scale's one multiply, fp8 E4M3 as f16, then the scale x 2^8.
  *
  * E4M3 as f16: its 7 magnitude bits at f16 bits 13..7 and its sign at 15
  * make an f16 of the value / 2^8, subnormals included (f16's exponent
  * bias is 8 more, its subnormals 2^-14 x m/1024 against E4M3's 2^-6 x
- * m/8), which F16C converts exactly; x 2^8 is exact too, and the scale's
- * multiply then rounds the same real product the scalar decode's does.
+ * m/8), which F16C converts exactly; the multiply by the scale x 2^8
+ * (kvf_cpu_kv_factor) then rounds the same real product the scalar
+ * decode's does.
  * 0x7f/0xff (NaN) become the f16 NaN 0x7e00 with the sign, which converts
  * to the scalar decode's 0x7fc00000. No f32 subnormal is made on the way
  * (they are slow on some CPUs). */
@@ -158,8 +159,7 @@ static inline __attribute__((always_inline)) __m512 load_kv(kvf_kv_dtype_t dt, c
         __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)),
                                          _mm256_set1_epi16(0x7f));
         h = _mm256_xor_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x4180)));
-        __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-        return _mm512_mul_ps(x, sv);
+        return _mm512_mul_ps(_mm512_cvtph_ps(h), sv); /* sv: the scale x 2^8 */
     }
     default:
         return _mm512_loadu_ps((const float *)src + i);
@@ -188,7 +188,7 @@ dot2x16_dt(const float *q0, const float *q1, const char *base, size_t stride,
             _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
                 const int j = half * 8 + i;
                 const __m512 k = load_kv(DT, base + (size_t)j * stride, d,
-                                         _mm512_set1_ps(scales[j]));
+                                         _mm512_set1_ps(kvf_cpu_kv_factor(DT, scales[j])));
                 v[red_slot[i]] = _mm512_fmadd_ps(a, k, v[red_slot[i]]);
                 v[red_slot[i + 8]] = _mm512_fmadd_ps(b, k, v[red_slot[i + 8]]);
             }

@@ -13,7 +13,8 @@
  *   HMAX16(s, ja, nj)    the largest of s[ja..nj-1] (NaN ignored; -inf if none)
  *   TREE16P(p)           cpu_canon.h's 16-lane tree of p[0..15]
  *   V_LOAD_KV(dt, row, i, sv), KV_FUSED   where defined: VL exactly decoded
- *                        elements of a KV row (value rows then stay in the pool)
+ *                        elements of a KV row, sv its kvf_cpu_kv_factor
+ *                        (value rows then stay in the pool)
  *   SMALL_M SMALL_P(m)   batches of m <= SMALL_M rows: tiles of
  *                        SMALL_P(m) panels x all rows
  *   BIG_MR BIG_P BIG_NV  larger batches: tiles of BIG_MR rows x BIG_P
@@ -50,7 +51,7 @@ INLINE void decode1(const void *src, float scale, int n, float *out, const kvf_k
         memcpy(out, src, (size_t)n * sizeof(float));
         return;
     }
-    const vf sv = V_SET1(scale);
+    const vf sv = V_SET1(kvf_cpu_kv_factor(DT, scale));
     int i = 0;
     _Pragma("GCC unroll 16") for (; i + VL <= n; i += VL)
         V_STORE(out + i, V_LOAD_KV(DT, src, i, sv));
@@ -281,7 +282,7 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
             if (pf)
                 kvf_cpu_pf_take(pf, pf_n);
             const void *row = SIDE_ROW(v, j);
-            const vf sv = V_SET1(vsc[j]);
+            const vf sv = V_SET1(kvf_cpu_kv_factor(DT, vsc[j]));
             const vf v0 = PV_LOAD(DT, row, c, sv), v1 = PV_LOAD(DT, row, c + VL, sv),
                      v2 = PV_LOAD(DT, row, c + 2 * VL, sv), v3 = PV_LOAD(DT, row, c + 3 * VL, sv);
             _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
@@ -300,7 +301,9 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
         _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
             vf a0 = V_MUL(V_LOAD(acc[r] + c), V_SET1(alpha[r]));
             for (int j = 0; j < nj; j++)
-                a0 = V_FMA(V_SET1(p[r][j]), PV_LOAD(DT, SIDE_ROW(v, j), c, V_SET1(vsc[j])), a0);
+                a0 = V_FMA(V_SET1(p[r][j]), PV_LOAD(DT, SIDE_ROW(v, j), c,
+                                                    V_SET1(kvf_cpu_kv_factor(DT, vsc[j]))),
+                           a0);
             V_STORE(acc[r] + c, a0);
         }
     for (; c < hd; c++)
