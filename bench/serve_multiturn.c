@@ -313,6 +313,12 @@ int kvf_bench_serve_multiturn(int argc, char **argv)
         kvf_multiturn_trace_fini(&trace);
         return 1;
     }
+    /* The clusters it starts share this host: shared memory, one-sided,
+     * so prefill nodes can pull the decode nodes' cached prefix blocks
+     * (docs/prefix-cache.md; a two-sided connection refuses reads). A
+     * UCX_TLS of the caller's is kept. */
+    if (!o.router)
+        setenv("UCX_TLS", "sm,self", 0);
     volatile sig_atomic_t *stop = kvf_serve_catch_stop();
     kvf_multiturn_result_t results[MT_MAX_RUNS];
     int n_done = 0, failed = 0;

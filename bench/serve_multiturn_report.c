@@ -78,10 +78,11 @@ void kvf_multiturn_report_print(const kvf_multiturn_setup_t *s, const kvf_multit
     const kvf_multiturn_spec_t *sp = s->spec;
     printf("\nmultiturn benchmark: %u conversations x %u turns, system prompt %u, user %s, "
            "answers %s tokens, seed %llu;\n%g conversations/s, think %g ms; %d prefill + %d "
-           "decode nodes, %d thread(s) each; SLO ttft %.0f ms / tpot %.0f ms\n",
+           "decode nodes, %d thread(s) each, UCX_TLS %s; SLO ttft %.0f ms / tpot %.0f ms\n",
            sp->conversations, sp->turns, sp->system_tokens, s->user_len, s->output_len,
            (unsigned long long)sp->seed, s->run->rate, s->run->think_ms, s->prefill_nodes,
-           s->decode_nodes, s->threads, s->run->slo_ttft_ms, s->run->slo_tpot_ms);
+           s->decode_nodes, s->threads, getenv("UCX_TLS") ? getenv("UCX_TLS") : "(UCX's default)",
+           s->run->slo_ttft_ms, s->run->slo_tpot_ms);
     printf("(latencies in ms; short = follow-up turns with at most %u tokens not in an earlier "
            "prompt; hit = cached / prompt tokens;\n ideal = what an infinite cache would hit "
            "(whole 16-token blocks, leaving 32 to compute); goodput in requests/s within both "
