@@ -257,30 +257,26 @@ typedef struct {
     int ld_q;
     const kvf_kvpool_t *pool;
     int layer, n_heads, group, n_tiles;
+    bool heads; /* a task is a tile's every kv head (attention_heads) */
+    size_t kfloats; /* the kernel's scratch floats; the block pointer lists follow */
     const kvf_batch_layout_t *b;
 } attn_job_t;
 
-static void attention_task(void *arg, int task, int thread)
+/* Tile `tile`'s work item for kv head kvh into *t, its block pointer lists
+ * (4 x n_blocks) at ptrs. */
+static void make_tile(const attn_job_t *j, int tile, int kvh, const void **ptrs,
+                      kvf_cpu_attn_tile_t *t)
 {
-    attn_job_t *j = arg;
     const kvf_kv_geometry_t *g = kvf_kvpool_geometry(j->pool);
-    int tile = task % j->n_tiles, kvh = task / j->n_tiles;
     int t0 = j->cx->tiles[2 * tile], nt = j->cx->tiles[2 * tile + 1];
-    int seq = j->b->seq[t0];
     int max_pos = 0;
     for (int i = 0; i < nt; i++)
         max_pos = j->b->pos[t0 + i] > max_pos ? j->b->pos[t0 + i] : max_pos;
     int n_blocks = max_pos / g->block_size + 1;
-    /* Block pointer lists (data, then scales) live at the end of the
-     * thread's scratch. */
-    float *scratch = j->cx->scratch[thread];
-    size_t kfloats =
-        (kvf_cpu_attn_scratch_floats(g->head_dim, ATTN_TILE_TOKENS * j->group) + 15) & ~(size_t)15;
-    const void **keys = (const void **)(void *)(scratch + kfloats);
-    const void **values = keys + n_blocks;
+    const void **keys = ptrs, **values = keys + n_blocks;
     const float **kscales = (const float **)(values + n_blocks);
     const float **vscales = kscales + n_blocks;
-    const uint32_t *bt = j->b->block_tables[seq];
+    const uint32_t *bt = j->b->block_tables[j->b->seq[t0]];
     for (int b = 0; b < n_blocks; b++) {
         keys[b] = kvf_kvpool_head_data(j->pool, bt[b], j->layer, 0, kvh);
         values[b] = kvf_kvpool_head_data(j->pool, bt[b], j->layer, 1, kvh);
@@ -288,7 +284,7 @@ static void attention_task(void *arg, int task, int thread)
         vscales[b] = kvf_kvpool_head_scales(j->pool, bt[b], j->layer, 1, kvh);
     }
     int hd = g->head_dim;
-    kvf_cpu_attn_tile_t t = {
+    *t = (kvf_cpu_attn_tile_t){
         .n_tok = nt,
         .pos = j->b->pos + t0,
         .q = j->q + (size_t)t0 * (size_t)j->ld_q + (size_t)kvh * j->group * hd,
@@ -307,6 +303,25 @@ static void attention_task(void *arg, int task, int thread)
         .softcap = j->b->softcap,
         .window = j->b->window,
     };
+}
+
+static void attention_task(void *arg, int task, int thread)
+{
+    attn_job_t *j = arg;
+    const kvf_kv_geometry_t *g = kvf_kvpool_geometry(j->pool);
+    float *scratch = j->cx->scratch[thread];
+    const void **ptrs = (const void **)(void *)(scratch + j->kfloats);
+    if (j->heads) {
+        const int tile = task, t0 = j->cx->tiles[2 * tile];
+        const size_t list = 4 * ((size_t)j->b->pos[t0] / g->block_size + 1);
+        kvf_cpu_attn_tile_t t[KVF_CPU_MAX_KV_HEADS];
+        for (int h = 0; h < g->n_kv_heads; h++)
+            make_tile(j, tile, h, ptrs + (size_t)h * list, &t[h]);
+        j->cx->k->attention_heads(t, g->n_kv_heads, scratch);
+        return;
+    }
+    kvf_cpu_attn_tile_t t;
+    make_tile(j, task % j->n_tiles, task / j->n_tiles, ptrs, &t);
     j->cx->k->attention(&t, scratch);
 }
 
@@ -328,20 +343,32 @@ static kvf_status_t cpu_attention(void *ctx, float *out, const float *q, int ld_
         cx->cap_tiles = b->n_tokens;
     }
     int n_tiles = 0, max_pos = 0;
+    bool one_token = true;
     for (int t = 0; t < b->n_tokens;) {
         int e = t + 1;
         while (e < b->n_tokens && e - t < ATTN_TILE_TOKENS && b->seq[e] == b->seq[t])
             e++;
         cx->tiles[2 * n_tiles] = t;
         cx->tiles[2 * n_tiles + 1] = e - t;
+        one_token &= e - t == 1;
         n_tiles++;
         t = e;
     }
     for (int t = 0; t < b->n_tokens; t++)
         max_pos = b->pos[t] > max_pos ? b->pos[t] : max_pos;
-    /* Scratch: the tile kernel's floats plus four block pointer lists. */
-    size_t need = kvf_cpu_attn_scratch_floats(g->head_dim, ATTN_TILE_TOKENS * group) + 16 +
-                  8 * ((size_t)max_pos / g->block_size + 1); /* 4 pointers of 2 floats */
+    /* A decode step of enough sequences to keep every thread busy takes
+     * each token's kv heads together: its blocks are then read whole, in
+     * address order (attention_heads); otherwise (prefill tiles, few
+     * sequences) a task is one tile's one kv head. The same bits either
+     * way. */
+    const bool heads = one_token && g->n_kv_heads > 1 && g->n_kv_heads <= KVF_CPU_MAX_KV_HEADS &&
+                       n_tiles >= 2 * cx->n_threads;
+    const int rows = heads ? g->n_kv_heads * group : ATTN_TILE_TOKENS * group;
+    /* Scratch: the tile kernel's floats plus four block pointer lists a
+     * kv head the task takes. */
+    size_t kfloats = (kvf_cpu_attn_scratch_floats(g->head_dim, rows) + 15) & ~(size_t)15;
+    size_t need = kfloats + 8 * (size_t)(heads ? g->n_kv_heads : 1) *
+                                ((size_t)max_pos / g->block_size + 1); /* 4 pointers of 2 floats */
     if (need > cx->scratch_floats) {
         for (int i = 0; i < cx->n_threads; i++) {
             free(cx->scratch[i]);
@@ -361,8 +388,8 @@ static kvf_status_t cpu_attention(void *ctx, float *out, const float *q, int ld_
         }
         cx->scratch_floats = need;
     }
-    attn_job_t j = {cx, out, q, ld_q, pool, layer, n_heads, group, n_tiles, b};
-    kvf_threadpool_run(cx->pool, attention_task, &j, n_tiles * g->n_kv_heads);
+    attn_job_t j = {cx, out, q, ld_q, pool, layer, n_heads, group, n_tiles, heads, kfloats, b};
+    kvf_threadpool_run(cx->pool, attention_task, &j, heads ? n_tiles : n_tiles * g->n_kv_heads);
     return KVF_OK;
 }
 

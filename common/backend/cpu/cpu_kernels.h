@@ -128,6 +128,9 @@ size_t kvf_cpu_attn_scratch_floats(int head_dim, int rows);
 typedef void (*kvf_cpu_decode_fn)(kvf_kv_dtype_t dt, const void *src, const float *scales,
                                   int n_rows, int n, float *out, int ld_out);
 
+/* The most kv heads one attention_heads call takes (more: a task a head). */
+#define KVF_CPU_MAX_KV_HEADS 32
+
 /* Chunks one decode tile (one query token) takes each phase at a time:
  * the scores of all of them, then their softmax steps, then their p·v. */
 #define KVF_CPU_DECODE_CHUNKS 16
@@ -248,51 +251,76 @@ static inline float kvf_cpu_kv_factor(kvf_kv_dtype_t dt, float scale)
     return dt == KVF_KV_FP8 ? scale * 256.0f : scale;
 }
 
-/* A stream of prefetches over one side (kv 0: keys, 1: values) of a
- * tile's keys j0 .. end-1: their rows' cache lines in address order,
- * block by block, each block's scales with its first line. A decode tile
- * takes a few lines at a time between its loads, so the misses it keeps
- * in flight are spread over its compute instead of asked for in bursts
- * (which stall the core once its miss buffers are full). */
+/* A stream of prefetches over the rows of keys j0 .. end-1 of n_t tiles
+ * (the kv heads of one token, or one tile), block by block; in each block
+ * the pieces in the order sides x tiles (keys of every tile, then values
+ * of every tile, or one side alone), which is the pool's address order
+ * (a slice holds K [head][slot] then V), each piece's scales with its
+ * first line. A decode tile takes a few lines at a time between its
+ * loads, so the misses it keeps in flight are spread over its compute
+ * instead of asked for in bursts (which stall the core once its miss
+ * buffers are full). */
 typedef struct {
-    const kvf_cpu_attn_tile_t *t;
-    int kv, b, b_last, r_last;
-    const char *p, *e; /* the current block's next line, its run's end */
+    const kvf_cpu_attn_tile_t *t; /* n_t tiles: the same positions and blocks */
+    int n_t, side0, n_sides;
+    int b, b_last, r_last, r0; /* the current block, the last; the current block's first row */
+    int piece;                 /* (side0 + piece / n_t, tile piece % n_t) */
+    const char *p, *e;         /* the current piece's next line, its end */
 } kvf_cpu_pf_stream_t;
 
-static inline void kvf_cpu_pf_block(kvf_cpu_pf_stream_t *s, int r0)
+static inline void kvf_cpu_pf_piece(kvf_cpu_pf_stream_t *s)
 {
-    const kvf_cpu_attn_tile_t *t = s->t;
+    const kvf_cpu_attn_tile_t *t = s->t + s->piece % s->n_t;
+    const int side = s->side0 + s->piece / s->n_t;
     const size_t row_bytes = (size_t)t->head_dim * kvf_kv_elem_bytes(t->dtype);
     const int r1 = s->b == s->b_last ? s->r_last : t->block_size - 1;
-    const char *d = (const char *)(s->kv ? t->values[s->b] : t->keys[s->b]);
-    s->p = (const char *)((uintptr_t)(d + (size_t)r0 * row_bytes) & ~(uintptr_t)63);
+    const char *d = (const char *)(side ? t->values[s->b] : t->keys[s->b]);
+    s->p = (const char *)((uintptr_t)(d + (size_t)s->r0 * row_bytes) & ~(uintptr_t)63);
     s->e = d + (size_t)(r1 + 1) * row_bytes;
     if (kvf_kv_scaled(t->dtype))
-        kvf_cpu_prefetch((s->kv ? t->vscales[s->b] : t->kscales[s->b]) + r0);
+        kvf_cpu_prefetch((side ? t->vscales[s->b] : t->kscales[s->b]) + s->r0);
 }
 
-static inline void kvf_cpu_pf_init(kvf_cpu_pf_stream_t *s, const kvf_cpu_attn_tile_t *t, int kv,
-                                   int j0, int end)
+/* A stream over sides side0 .. side0 + n_sides - 1 (0: keys, 1: values)
+ * of tiles t[0 .. n_t-1], keys j0 .. end-1. */
+static inline void kvf_cpu_pf_init(kvf_cpu_pf_stream_t *s, const kvf_cpu_attn_tile_t *t, int n_t,
+                                   int side0, int n_sides, int j0, int end)
 {
-    s->t = t;
-    s->kv = kv;
-    s->p = s->e = NULL;
-    s->b = 1;
-    s->b_last = 0;
+    *s = (kvf_cpu_pf_stream_t){.t = t, .n_t = n_t, .side0 = side0, .n_sides = n_sides, .b = 1};
     if (j0 >= end)
         return;
-    s->b = j0 / t->block_size;
-    s->b_last = (end - 1) / t->block_size;
-    s->r_last = (end - 1) % t->block_size;
-    kvf_cpu_pf_block(s, j0 % t->block_size);
+    const int bs = t->block_size;
+    s->b = j0 / bs;
+    s->b_last = (end - 1) / bs;
+    s->r_last = (end - 1) % bs;
+    s->r0 = j0 % bs;
+    kvf_cpu_pf_piece(s);
+}
+
+/* Past the current piece: the next one, or the next block's first; false
+ * once the stream has ended. */
+static inline bool kvf_cpu_pf_next(kvf_cpu_pf_stream_t *s)
+{
+    if (s->b > s->b_last)
+        return false;
+    if (++s->piece == s->n_t * s->n_sides) {
+        if (s->b == s->b_last) {
+            s->b++;
+            return false;
+        }
+        s->b++;
+        s->piece = 0;
+        s->r0 = 0;
+    }
+    kvf_cpu_pf_piece(s);
+    return true;
 }
 
 /* The stream's next n lines requested. */
 static inline __attribute__((always_inline)) void kvf_cpu_pf_take(kvf_cpu_pf_stream_t *s, int n)
 {
     const char *p = s->p;
-    if (s->e - p >= (ptrdiff_t)n * 64) { /* within the block's run: the usual case */
+    if (s->e - p >= (ptrdiff_t)n * 64) { /* within the piece: the usual case */
         for (int i = 0; i < n; i++)
             kvf_cpu_prefetch(p + (size_t)i * 64);
         s->p = p + (size_t)n * 64;
@@ -300,10 +328,8 @@ static inline __attribute__((always_inline)) void kvf_cpu_pf_take(kvf_cpu_pf_str
     }
     while (n > 0) {
         if (s->p >= s->e) {
-            if (s->b >= s->b_last)
+            if (!kvf_cpu_pf_next(s))
                 return;
-            s->b++;
-            kvf_cpu_pf_block(s, 0);
             continue;
         }
         kvf_cpu_prefetch(s->p);
@@ -312,23 +338,29 @@ static inline __attribute__((always_inline)) void kvf_cpu_pf_take(kvf_cpu_pf_str
     }
 }
 
-/* Every line of the stream before key j's row requested. */
+/* Every line of the stream before key j's rows requested (in a block the
+ * stream walks several pieces of: its pieces up to the last one's row j). */
 static inline void kvf_cpu_pf_upto(kvf_cpu_pf_stream_t *s, int j)
 {
-    const kvf_cpu_attn_tile_t *t = s->t;
-    const int bj = j / t->block_size;
+    const kvf_cpu_attn_tile_t *t = s->t + s->n_t - 1; /* the last piece's tile */
+    const int bj = j / t->block_size, last = s->n_t * s->n_sides - 1;
     const size_t row_bytes = (size_t)t->head_dim * kvf_kv_elem_bytes(t->dtype);
     for (;;) {
         if (s->b > bj || s->b > s->b_last)
             return;
-        if (s->b == bj) {
-            const char *d = (const char *)(s->kv ? t->values[bj] : t->keys[bj]);
+        if (s->b == bj && s->piece == last) {
+            const int side = s->side0 + s->n_sides - 1;
+            const char *d = (const char *)(side ? t->values[bj] : t->keys[bj]);
             if (s->p >= d + (size_t)(j % t->block_size) * row_bytes)
                 return;
         }
-        if (s->p >= s->e && s->b >= s->b_last)
-            return;
-        kvf_cpu_pf_take(s, 1);
+        if (s->p >= s->e) {
+            if (!kvf_cpu_pf_next(s))
+                return;
+            continue;
+        }
+        kvf_cpu_prefetch(s->p);
+        s->p += 64;
     }
 }
 
@@ -383,6 +415,10 @@ typedef struct {
     void (*swiglu_row)(float *out, const float *gate, const float *up, int n);
     /* scratch: kvf_cpu_attn_scratch_floats(head_dim, n_tok * group). */
     void (*attention)(const kvf_cpu_attn_tile_t *t, float *scratch);
+    /* The decode tiles (n_tok 1) of one token's n kv heads, t[0..n-1]:
+     * the same positions and blocks, outputs those of n attention calls.
+     * scratch: kvf_cpu_attn_scratch_floats(head_dim, n * group). */
+    void (*attention_heads)(const kvf_cpu_attn_tile_t *t, int n, float *scratch);
     /* The exact decode of a row of KV elements (kvf/kv_format.h). */
     kvf_cpu_decode_fn decode_row;
 } kvf_cpu_kernels_t;

@@ -140,6 +140,14 @@ static void attention_scalar(const kvf_cpu_attn_tile_t *t, float *scratch)
         }
 }
 
+/* The heads one after the other: the reference the vector kernels'
+ * interleaved runs must equal. */
+static void attention_heads_scalar(const kvf_cpu_attn_tile_t *t, int n, float *scratch)
+{
+    for (int h = 0; h < n; h++)
+        attention_scalar(&t[h], scratch);
+}
+
 const kvf_cpu_kernels_t kvf_cpu_kernels_scalar = {
     .isa = KVF_CPU_ISA_SCALAR,
     .small_panels_per_task = 4,
@@ -147,5 +155,6 @@ const kvf_cpu_kernels_t kvf_cpu_kernels_scalar = {
     .gemm = gemm_scalar,
     .swiglu_row = swiglu_scalar,
     .attention = attention_scalar,
+    .attention_heads = attention_heads_scalar,
     .decode_row = decode_row_scalar,
 };

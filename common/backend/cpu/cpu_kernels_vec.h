@@ -279,7 +279,7 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
                 a[r][u] = V_MUL(V_LOAD(acc[r] + c + u * VL), al);
         }
         _Pragma("GCC unroll 2") for (int j = 0; j < nj; j++) {
-            if (pf)
+            if (pf && c == 0) /* a row's lines a key: the chunk's once */
                 kvf_cpu_pf_take(pf, pf_n);
             const void *row = SIDE_ROW(v, j);
             const vf sv = V_SET1(kvf_cpu_kv_factor(DT, vsc[j]));
@@ -523,8 +523,7 @@ INLINE void dec_scores(const kvf_cpu_attn_tile_t *t, int j0, int last, int ja, i
     {
         const kv_side_t k = chunk_side(t, j0, last, 0, true, sc->kbuf, HD, sc->hdp);
         const float *kb = (const float *)(const void *)k.base;
-        (void)pf_n;
-        kvf_cpu_pf_take(pf, 8 * pf_n);
+        kvf_cpu_pf_take(pf, (HD + 7) / 8 * pf_n); /* a chunk's rows */
         for (int h = 0; h < G; h++)
             DOT16X16S(t->q + (size_t)h * (size_t)HD, kb, k.stride / sizeof(float), HD,
                       S + (size_t)h * (size_t)lds);
@@ -591,6 +590,39 @@ INLINE void dec_pv(const kvf_cpu_attn_tile_t *t, int j0, int last, int nj,
  * batch 16 (kvf bench engine, AVX-512, a busy machine). */
 #define DEC_PREFETCH_CHUNKS 8
 
+/* One run of up to nc_max chunks from key r0 of the decode tile t: the
+ * scores of each, every row's softmax steps, then each chunk's p·v.
+ * Prefetch streams are taken alongside: ks during the scores (ks_n lines
+ * a load step of DOT2X16), vs during p·v (vs_n lines a key). With sync
+ * (the single-tile streams), ks is kept DEC_PREFETCH_CHUNKS chunks ahead
+ * of the scores and vs a run ahead of p·v. */
+INLINE void decode_run(const kvf_cpu_attn_tile_t *t, const kvf_cpu_attn_scratch_t *sc, int r0,
+                       int nc_max, int last, kvf_cpu_pf_stream_t *ks, int ks_n,
+                       kvf_cpu_pf_stream_t *vs, int vs_n, bool sync, const int HD)
+{
+    const int G = t->group, lds = KVF_CPU_DECODE_CHUNKS * KVF_CPU_KEY_CHUNK;
+    const int ahead = DEC_PREFETCH_CHUNKS * KVF_CPU_KEY_CHUNK;
+    int ja[KVF_CPU_DECODE_CHUNKS], nj[KVF_CPU_DECODE_CHUNKS];
+    int nc = 0;
+    for (int j0 = r0; j0 <= last && nc < nc_max; j0 += KVF_CPU_KEY_CHUNK, nc++) {
+        if (!row_keys(t, 0, j0, &ja[nc], &nj[nc]))
+            ja[nc] = nj[nc] = 0; /* not reached: the span holds the row's keys */
+        dec_scores(t, j0, last, ja[nc], nj[nc], sc, sc->ds + nc * KVF_CPU_KEY_CHUNK, lds, ks, ks_n,
+                   HD);
+        if (sync)
+            kvf_cpu_pf_upto(ks, j0 + KVF_CPU_KEY_CHUNK + ahead);
+    }
+    for (int h = 0; h < G; h++)
+        dec_softmax_row(sc->ds + (size_t)h * lds, sc->dp + (size_t)h * lds, sc->da + h, G, nc, ja,
+                        nj, &sc->m[h], &sc->l[h]);
+    for (int c = 0; c < nc; c++) {
+        dec_pv(t, r0 + c * KVF_CPU_KEY_CHUNK, last, nj[c], sc, sc->dp + c * KVF_CPU_KEY_CHUNK, lds,
+               sc->da + (size_t)c * G, vs, vs_n, HD);
+        if (sync)
+            kvf_cpu_pf_upto(vs, r0 + nc_max * KVF_CPU_KEY_CHUNK + (c + 1) * KVF_CPU_KEY_CHUNK);
+    }
+}
+
 /* The decode tile (t->n_tok == 1): phases over runs of chunks. Two
  * prefetch streams run alongside, a few lines between loads: the keys
  * DEC_PREFETCH_CHUNKS chunks ahead of the scores, the values of the next
@@ -598,32 +630,70 @@ INLINE void dec_pv(const kvf_cpu_attn_tile_t *t, int j0, int last, int nj,
 INLINE void attention_decode(const kvf_cpu_attn_tile_t *t, const kvf_cpu_attn_scratch_t *sc,
                              int first, int last, const int HD)
 {
-    const int G = t->group, lds = KVF_CPU_DECODE_CHUNKS * KVF_CPU_KEY_CHUNK;
-    const int eb = (int)kvf_kv_elem_bytes(t->dtype), ahead = DEC_PREFETCH_CHUNKS * KVF_CPU_KEY_CHUNK;
-    int ja[KVF_CPU_DECODE_CHUNKS], nj[KVF_CPU_DECODE_CHUNKS];
+    const int lds = KVF_CPU_DECODE_CHUNKS * KVF_CPU_KEY_CHUNK;
+    const int eb = (int)kvf_kv_elem_bytes(t->dtype), row_lines = (HD * eb + 63) / 64;
     kvf_cpu_pf_stream_t kpf, vpf;
-    kvf_cpu_pf_init(&kpf, t, 0, first, last + 1);
-    kvf_cpu_pf_init(&vpf, t, 1, first, last + 1);
-    kvf_cpu_pf_upto(&kpf, first + ahead);
+    kvf_cpu_pf_init(&kpf, t, 1, 0, 1, first, last + 1);
+    kvf_cpu_pf_init(&vpf, t, 1, 1, 1, first, last + 1);
+    kvf_cpu_pf_upto(&kpf, first + DEC_PREFETCH_CHUNKS * KVF_CPU_KEY_CHUNK);
     kvf_cpu_pf_upto(&vpf, first + lds);
-    for (int r0 = first; r0 <= last; r0 += lds) {
-        int nc = 0;
-        for (int j0 = r0; j0 <= last && nc < KVF_CPU_DECODE_CHUNKS; j0 += KVF_CPU_KEY_CHUNK, nc++) {
-            if (!row_keys(t, 0, j0, &ja[nc], &nj[nc]))
-                ja[nc] = nj[nc] = 0; /* not reached: the span holds the row's keys */
-            dec_scores(t, j0, last, ja[nc], nj[nc], sc, sc->ds + nc * KVF_CPU_KEY_CHUNK, lds, &kpf,
-                       2 * eb, HD);
-            kvf_cpu_pf_upto(&kpf, j0 + KVF_CPU_KEY_CHUNK + ahead);
-        }
-        for (int h = 0; h < G; h++)
-            dec_softmax_row(sc->ds + (size_t)h * lds, sc->dp + (size_t)h * lds, sc->da + h, G, nc,
-                            ja, nj, &sc->m[h], &sc->l[h]);
-        for (int c = 0; c < nc; c++) {
-            dec_pv(t, r0 + c * KVF_CPU_KEY_CHUNK, last, nj[c], sc,
-                   sc->dp + c * KVF_CPU_KEY_CHUNK, lds, sc->da + (size_t)c * G, &vpf, eb, HD);
-            kvf_cpu_pf_upto(&vpf, r0 + lds + (c + 1) * KVF_CPU_KEY_CHUNK);
-        }
+    for (int r0 = first; r0 <= last; r0 += lds)
+        decode_run(t, sc, r0, KVF_CPU_DECODE_CHUNKS, last, &kpf, 2 * eb, &vpf, row_lines, true, HD);
+}
+
+/* The bytes of K/V the kv heads of a token take in one run of
+ * attention_decode_heads, at most: two runs (this one's and the next
+ * one's, requested meanwhile) stay well inside a core's L2. */
+#define DEC_HEADS_RUN_BYTES (64 * 1024)
+
+/* The decode tiles of one token's n kv heads (t[h], the same position and
+ * blocks), run by run: each run of chunks is taken head by head, and one
+ * prefetch stream requests the next run's blocks whole (every head's keys,
+ * then every head's values: the pool's slices in address order, far
+ * longer runs than one head's) a few lines between loads. Each head's
+ * rows have their own state in the scratch and the arithmetic of
+ * attention_decode, so the same bits. */
+INLINE void attention_heads_hd(const kvf_cpu_attn_tile_t *t, int n, float *scratch, const int HD)
+{
+    const int G = t->group, rows = n * G;
+    const kvf_cpu_attn_scratch_t sc = kvf_cpu_attn_scratch(scratch, HD, rows);
+    for (int r = 0; r < rows; r++) {
+        sc.m[r] = -INFINITY;
+        sc.l[r] = 0;
     }
+    memset(sc.acc, 0, (size_t)rows * (size_t)sc.hdp * sizeof(float));
+    int first, last;
+    kvf_cpu_attn_span(t, &first, &last);
+    const size_t chunk_bytes = (size_t)KVF_CPU_KEY_CHUNK * 2 * (size_t)n *
+                               ((size_t)HD * kvf_kv_elem_bytes(t->dtype) + 4);
+    int nc = (int)(DEC_HEADS_RUN_BYTES / chunk_bytes);
+    nc = nc < 1 ? 1 : nc > KVF_CPU_DECODE_CHUNKS ? KVF_CPU_DECODE_CHUNKS : nc;
+    const int run = nc * KVF_CPU_KEY_CHUNK, eb = (int)kvf_kv_elem_bytes(t->dtype);
+    const int row_lines = (HD * eb + 63) / 64;
+    kvf_cpu_pf_stream_t pf;
+    kvf_cpu_pf_init(&pf, t, n, 0, 2, first, last + 1);
+    kvf_cpu_pf_upto(&pf, first + run);
+    for (int r0 = first; r0 <= last; r0 += run) {
+        for (int h = 0; h < n; h++) {
+            kvf_cpu_attn_scratch_t hs = sc;
+            hs.m = sc.m + h * G;
+            hs.l = sc.l + h * G;
+            hs.acc = sc.acc + (size_t)h * G * sc.hdp;
+            decode_run(&t[h], &hs, r0, nc, last, &pf, 2 * eb, &pf, row_lines, false, HD);
+        }
+        kvf_cpu_pf_upto(&pf, r0 + 2 * run); /* the next run whole */
+    }
+    for (int h = 0; h < n; h++)
+        for (int g = 0; g < G; g++) {
+            const int r = h * G + g;
+            const float inv = 1.0f / sc.l[r], *acc = sc.acc + (size_t)r * sc.hdp;
+            float *o = t[h].out + (size_t)g * (size_t)HD;
+            int c = 0;
+            for (; c + VL <= HD; c += VL)
+                V_STORE(o + c, V_MUL(V_LOAD(acc + c), V_SET1(inv)));
+            for (; c < HD; c++)
+                o[c] = acc[c] * inv;
+        }
 }
 
 /* Chunk by chunk, software-pipelined: the next chunk's scores are
@@ -684,6 +754,15 @@ static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
     }
 }
 
+static void KFN(attention_heads)(const kvf_cpu_attn_tile_t *t, int n, float *scratch)
+{
+    switch (t->head_dim) {
+    case 64: attention_heads_hd(t, n, scratch, 64); break;
+    case 128: attention_heads_hd(t, n, scratch, 128); break;
+    default: attention_heads_hd(t, n, scratch, t->head_dim); break;
+    }
+}
+
 const kvf_cpu_kernels_t KFN(kvf_cpu_kernels) = {
     .isa = ISA_ID,
     .small_panels_per_task = SMALL_PANELS_PER_TASK,
@@ -691,5 +770,6 @@ const kvf_cpu_kernels_t KFN(kvf_cpu_kernels) = {
     .gemm = KFN(gemm),
     .swiglu_row = KFN(swiglu_row),
     .attention = KFN(attention),
+    .attention_heads = KFN(attention_heads),
     .decode_row = KFN(decode_row),
 };
