@@ -20,6 +20,9 @@
 #include "kvf/model.h"
 #include "kvf/status.h"
 
+/* The most prompt-efficiency points a profile holds. */
+#define KVF_SIM_PREFILL_EFF_MAX 8
+
 /* One GPU, the links of its node, and how close to the datasheet
  * software gets. */
 typedef struct {
@@ -47,7 +50,18 @@ typedef struct {
      * other nodes of the host step too and all their weights do not fit
      * in llc_bytes together (0: not modelled). */
     double llc_bytes, dram_bw;
+    /* Prompt tokens' efficiency measured at several step sizes: at
+     * prefill_eff_tokens[i] prompt tokens a step reaches prefill_eff[i]
+     * of flops (tokens increasing; kvf_sim_prefill_eff between and past
+     * them). 0 points: compute_eff at any size (the built-ins). */
+    int n_prefill_eff;
+    double prefill_eff_tokens[KVF_SIM_PREFILL_EFF_MAX], prefill_eff[KVF_SIM_PREFILL_EFF_MAX];
 } kvf_sim_profile_t;
+
+/* The efficiency of a step's prompt tokens, n of them: hw's measured
+ * points interpolated linearly in log2(n), the end points' past them;
+ * compute_eff without points. */
+double kvf_sim_prefill_eff(const kvf_sim_profile_t *hw, double n);
 
 /* The built-in profile named name ("h100", "h200", "a100", any case, with
  * or without "-sxm"); false for another name. */
@@ -59,9 +73,9 @@ const char *kvf_sim_profile_names(void);
  * "decode_compute_eff": ..., "mem_eff": ..., "kv_mem_fraction": ...,
  * "transfer_fixed_us": ..., "step_overhead_us": ..., "host_cpus": ...,
  * "host_load": ..., "node_threads": ..., "msg_latency_us": ..., "llc_mb": ...,
- * "dram_gb_s": ...}: fields absent keep the base's (without a base:
- * all but the efficiencies are required). A problem is described in
- * err. */
+ * "dram_gb_s": ..., "prefill_eff": [[tokens, eff], ...]}: fields absent
+ * keep the base's (without a base: all but the efficiencies are
+ * required). A problem is described in err. */
 kvf_status_t kvf_sim_profile_load(const char *path, kvf_sim_profile_t *profile_p, char *err,
                                   size_t err_len);
 
@@ -105,8 +119,8 @@ double kvf_sim_step_flops(const kvf_sim_model_t *m, const kvf_sim_step_t *s);
 double kvf_sim_step_bytes(const kvf_sim_model_t *m, const kvf_sim_step_t *s);
 /* The time of s: max(flops / compute, bytes / bandwidth) over the
  * instance's tp GPUs (the decode tokens' FLOPs at decode_compute_eff,
- * the prompt tokens' at compute_eff), plus the all-reduces (two per
- * layer, ring over NVLink) and the step overhead. */
+ * the prompt tokens' at kvf_sim_prefill_eff of their number), plus the
+ * all-reduces (two per layer, ring over NVLink) and the step overhead. */
 double kvf_sim_step_time(const kvf_sim_profile_t *hw, const kvf_sim_model_t *m,
                          const kvf_sim_step_t *s);
 /* The share of its CPUs a node's step gets on a shared host while

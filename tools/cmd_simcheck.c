@@ -410,6 +410,12 @@ static void describe(const char *what, const kvf_sim_profile_t *hw)
            hw->decode_compute_eff, hw->transfer_fixed_s * 1e6, hw->net_bw / 1e9, hw->host_cpus,
            hw->host_load, hw->node_threads, hw->msg_latency_s * 1e6, hw->llc_bytes / 1048576,
            hw->dram_bw / 1e9);
+    if (hw->n_prefill_eff > 0) {
+        printf("  prompt tokens' compute_eff by the tokens a step computes:");
+        for (int i = 0; i < hw->n_prefill_eff; i++)
+            printf(" %.0f: %.2f", hw->prefill_eff_tokens[i], hw->prefill_eff[i]);
+        printf("\n");
+    }
 }
 
 int kvf_cmd_bench_sim_check(int argc, char **argv)

@@ -95,13 +95,26 @@ static bool from_engine(const cJSON *e, const kvf_sim_model_t *m, kvf_sim_profil
     hw->dram_bw = number(e, "bandwidth_large_gbs", NULL) * 1e9;
     hw->flops = number(e, "sgemm_gflops", NULL) * 1e9;
     hw->mem_eff = at_most_1(number(e, "decode_b1_roofline_ratio", NULL));
-    for (const cJSON *it = e->child; it; it = it->next) { /* the longest prompt's */
+    /* each prompt length's share of sgemm, shortest first; compute_eff
+     * the longest's */
+    hw->n_prefill_eff = 0;
+    for (const cJSON *it = e->child; it; it = it->next) {
         unsigned n;
         char tail[32];
-        if (sscanf(it->string, "prefill_%u_sgemm_%31s", &n, tail) == 2 && !strcmp(tail, "ratio") &&
-            cJSON_IsNumber(it) && it->valuedouble > 0)
-            hw->compute_eff = at_most_1(it->valuedouble);
+        if (sscanf(it->string, "prefill_%u_sgemm_%31s", &n, tail) != 2 || strcmp(tail, "ratio") ||
+            !cJSON_IsNumber(it) || !(it->valuedouble > 0) ||
+            hw->n_prefill_eff == KVF_SIM_PREFILL_EFF_MAX)
+            continue;
+        int i = hw->n_prefill_eff++;
+        for (; i > 0 && hw->prefill_eff_tokens[i - 1] > n; i--) {
+            hw->prefill_eff_tokens[i] = hw->prefill_eff_tokens[i - 1];
+            hw->prefill_eff[i] = hw->prefill_eff[i - 1];
+        }
+        hw->prefill_eff_tokens[i] = n;
+        hw->prefill_eff[i] = at_most_1(it->valuedouble);
     }
+    if (hw->n_prefill_eff > 0)
+        hw->compute_eff = hw->prefill_eff[hw->n_prefill_eff - 1];
     double step_s = number(e, "decode_b32_step_ms", NULL) / 1e3;
     kvf_sim_step_t dec = {.decode_seqs = MEASURE_DECODE_BATCH,
                           .decode_ctx = (uint64_t)MEASURE_DECODE_BATCH * MEASURE_DECODE_CTX};
@@ -206,6 +219,12 @@ static void take_median(kvf_sim_profile_t *hw, const kvf_sim_profile_t *r)
     hw->net_bw = hw->nvlink_bw = mid3(r[0].net_bw, r[1].net_bw, r[2].net_bw);
     hw->transfer_fixed_s = mid3(r[0].transfer_fixed_s, r[1].transfer_fixed_s, r[2].transfer_fixed_s);
     hw->dram_bw = mid3(r[0].dram_bw, r[1].dram_bw, r[2].dram_bw);
+    /* the same prompt lengths every round (the benchmark's) */
+    hw->n_prefill_eff = r[0].n_prefill_eff;
+    for (int i = 0; i < hw->n_prefill_eff; i++) {
+        hw->prefill_eff_tokens[i] = r[0].prefill_eff_tokens[i];
+        hw->prefill_eff[i] = mid3(r[0].prefill_eff[i], r[1].prefill_eff[i], r[2].prefill_eff[i]);
+    }
 }
 
 /* The last-level cache CPU 0 sees (sysfs: the highest cache index's

@@ -118,6 +118,26 @@ static void test_step_times(void **state)
     /* step overhead adds once */
     hw.step_overhead_s = 1e-3;
     assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 3.50624e-3, 1e-12);
+    hw.step_overhead_s = 0;
+
+    /* Prompt efficiency by step size, 0.25 at 128 tokens and 0.5 at 512,
+     * interpolated in log2 (256: halfway), the ends' past them. The
+     * 100-token chunk at 0.25: 19.904 ms x 4; the colocated step's
+     * decode tokens keep decode_compute_eff (1): 634368 FLOPs + 4 x
+     * 19904000. A decode step alone has no prompt tokens: unchanged. */
+    hw.n_prefill_eff = 2;
+    hw.prefill_eff_tokens[0] = 128;
+    hw.prefill_eff[0] = 0.25;
+    hw.prefill_eff_tokens[1] = 512;
+    hw.prefill_eff[1] = 0.5;
+    assert_float_equal(kvf_sim_prefill_eff(&hw, 100), 0.25, 1e-15);
+    assert_float_equal(kvf_sim_prefill_eff(&hw, 256), 0.375, 1e-15);
+    assert_float_equal(kvf_sim_prefill_eff(&hw, 4096), 0.5, 1e-15);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &chunk), 4 * 19.904e-3, 1e-12);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &both), 0.634368e-3 + 4 * 19.904e-3, 1e-12);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 2.50624e-3, 1e-12);
+    hw.n_prefill_eff = 0;
+    assert_float_equal(kvf_sim_prefill_eff(&hw, 256), hw.compute_eff, 1e-15);
 }
 
 static void test_profiles(void **state)
@@ -139,6 +159,16 @@ static void test_profiles(void **state)
     assert_non_null(strstr(err, "compute_eff"));
     assert_int_equal(kvf_sim_profile_load(DATA "/no-such.json", &hw, err, sizeof(err)),
                      KVF_ERR_NOT_FOUND);
+    /* measured prompt efficiencies: points in order, or refused */
+    assert_int_equal(kvf_sim_profile_load(DATA "/profile-prefill-eff.json", &hw, err, sizeof(err)),
+                     KVF_OK);
+    assert_int_equal(hw.n_prefill_eff, 2);
+    assert_true(hw.prefill_eff_tokens[1] == 512 && hw.prefill_eff[1] == 0.5);
+    assert_float_equal(kvf_sim_prefill_eff(&hw, 256), 0.375, 1e-15);
+    assert_int_equal(
+        kvf_sim_profile_load(DATA "/profile-bad-prefill-eff.json", &hw, err, sizeof(err)),
+        KVF_ERR_FORMAT);
+    assert_non_null(strstr(err, "prefill_eff"));
 }
 
 static void test_traces(void **state)
