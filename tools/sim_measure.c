@@ -86,42 +86,68 @@ static double at_most_1(double v)
     return v > 1 ? 1 : v;
 }
 
-/* The engine's numbers into hw: the ceilings, and the efficiencies that
- * put m's decode step at batch 1 and 32 and its longest prefill where
- * the benchmark measured them. */
-static bool from_engine(const cJSON *e, const kvf_sim_model_t *m, kvf_sim_profile_t *hw)
+/* What one round of the benchmarks measured, as rates of CPUs of the
+ * benchmark's own: the ceilings and transfer numbers in hw, and the
+ * rates the model's steps reached, from which the efficiencies are taken
+ * once the rounds' medians are (an efficiency taken in each round
+ * against that round's own ceiling would move with the ceiling's noise:
+ * its median times the ceilings' median is no step time ever measured). */
+typedef struct {
+    kvf_sim_profile_t hw;
+    double b1_bw;      /* bytes/s the batch-1 decode step read */
+    double b32_step_s; /* the batch-32 decode step */
+    int n_pf;
+    double pf_tokens[KVF_SIM_PREFILL_EFF_MAX], pf_rate[KVF_SIM_PREFILL_EFF_MAX]; /* tokens/s */
+} round_t;
+
+/* The engine's numbers into r: the ceilings, the batch-1 and batch-32
+ * decode steps, each prompt length's rate (shortest first). */
+static bool from_engine(const cJSON *e, round_t *r)
 {
+    kvf_sim_profile_t *hw = &r->hw;
     hw->hbm_bw = number(e, "bandwidth_gbs", NULL) * 1e9;
     hw->dram_bw = number(e, "bandwidth_large_gbs", NULL) * 1e9;
     hw->flops = number(e, "sgemm_gflops", NULL) * 1e9;
-    hw->mem_eff = at_most_1(number(e, "decode_b1_roofline_ratio", NULL));
-    /* each prompt length's share of sgemm, shortest first; compute_eff
-     * the longest's */
-    hw->n_prefill_eff = 0;
+    r->b1_bw = number(e, "decode_b1_roofline_ratio", NULL) * hw->hbm_bw;
+    r->b32_step_s = number(e, "decode_b32_step_ms", NULL) / 1e3;
+    r->n_pf = 0;
     for (const cJSON *it = e->child; it; it = it->next) {
         unsigned n;
         char tail[32];
-        if (sscanf(it->string, "prefill_%u_sgemm_%31s", &n, tail) != 2 || strcmp(tail, "ratio") ||
-            !cJSON_IsNumber(it) || !(it->valuedouble > 0) ||
-            hw->n_prefill_eff == KVF_SIM_PREFILL_EFF_MAX)
+        if (sscanf(it->string, "prefill_%u_tokens_per_%31s", &n, tail) != 2 || strcmp(tail, "s") ||
+            !cJSON_IsNumber(it) || !(it->valuedouble > 0) || r->n_pf == KVF_SIM_PREFILL_EFF_MAX)
             continue;
-        int i = hw->n_prefill_eff++;
-        for (; i > 0 && hw->prefill_eff_tokens[i - 1] > n; i--) {
-            hw->prefill_eff_tokens[i] = hw->prefill_eff_tokens[i - 1];
-            hw->prefill_eff[i] = hw->prefill_eff[i - 1];
+        int i = r->n_pf++;
+        for (; i > 0 && r->pf_tokens[i - 1] > n; i--) {
+            r->pf_tokens[i] = r->pf_tokens[i - 1];
+            r->pf_rate[i] = r->pf_rate[i - 1];
         }
-        hw->prefill_eff_tokens[i] = n;
-        hw->prefill_eff[i] = at_most_1(it->valuedouble);
+        r->pf_tokens[i] = n;
+        r->pf_rate[i] = it->valuedouble;
     }
-    if (hw->n_prefill_eff > 0)
-        hw->compute_eff = hw->prefill_eff[hw->n_prefill_eff - 1];
-    double step_s = number(e, "decode_b32_step_ms", NULL) / 1e3;
+    return hw->hbm_bw > 0 && hw->flops > 0 && r->b1_bw > 0 && r->b32_step_s > 0 && r->n_pf > 0;
+}
+
+/* The efficiencies that put m's steps where the medians of the rounds
+ * measured them, against hw's (median) ceilings: mem_eff the batch-1
+ * decode step's bandwidth, decode_compute_eff the batch-32 step's FLOP
+ * rate, prefill_eff each prompt length's (compute_eff the longest's). */
+static void set_effs(kvf_sim_profile_t *hw, const kvf_sim_model_t *m, double b1_bw,
+                     double b32_step_s, int n_pf, const double *pf_tokens, const double *pf_rate)
+{
+    hw->mem_eff = at_most_1(b1_bw / hw->hbm_bw);
     kvf_sim_step_t dec = {.decode_seqs = MEASURE_DECODE_BATCH,
                           .decode_ctx = (uint64_t)MEASURE_DECODE_BATCH * MEASURE_DECODE_CTX};
-    if (step_s > 0 && hw->flops > 0)
-        hw->decode_compute_eff = at_most_1(kvf_sim_step_flops(m, &dec) / (step_s * hw->flops));
-    return hw->hbm_bw > 0 && hw->flops > 0 && hw->mem_eff > 0 && hw->compute_eff > 0 &&
-           hw->decode_compute_eff > 0;
+    hw->decode_compute_eff = at_most_1(kvf_sim_step_flops(m, &dec) / (b32_step_s * hw->flops));
+    hw->n_prefill_eff = n_pf;
+    for (int i = 0; i < n_pf; i++) {
+        kvf_sim_step_t chunk = {0};
+        kvf_sim_step_add_chunk(&chunk, 0, (uint32_t)pf_tokens[i], true);
+        double seconds = pf_tokens[i] / pf_rate[i];
+        hw->prefill_eff_tokens[i] = pf_tokens[i];
+        hw->prefill_eff[i] = at_most_1(kvf_sim_step_flops(m, &chunk) / (seconds * hw->flops));
+    }
+    hw->compute_eff = hw->prefill_eff[n_pf - 1];
 }
 
 /* Runs both benchmarks into dir; false after a message. */
@@ -168,10 +194,8 @@ static bool probe(const char *prog, int threads, kvf_sim_profile_t *hw)
     return true;
 }
 
-/* One round of both benchmarks into hw's measured fields; false after a
- * message. */
-static bool measure_round(const char *prog, const char *model_dir, int threads,
-                          const kvf_sim_model_t *m, kvf_sim_profile_t *hw)
+/* One round of both benchmarks into r; false after a message. */
+static bool measure_round(const char *prog, const char *model_dir, int threads, round_t *r)
 {
     char dir[] = "/tmp/kvf-sim-measure-XXXXXX";
     if (!mkdtemp(dir)) {
@@ -182,14 +206,19 @@ static bool measure_round(const char *prog, const char *model_dir, int threads,
     double share = 1;
     bool ok = measure(prog, dir, model_dir, threads, &engine, &xfer, &share);
     rmdir(dir);
+    kvf_sim_profile_t *hw = &r->hw;
     hw->net_bw = hw->nvlink_bw = number(xfer, "fit_gbps", "shm") * 1e9;
     hw->transfer_fixed_s = number(xfer, "fixed_cost_us", "shm") / 1e6;
-    ok = ok && from_engine(engine, m, hw) && hw->net_bw > 0;
+    ok = ok && from_engine(engine, r) && hw->net_bw > 0;
     /* the benchmark had this share of its CPUs: the rates of CPUs of its
      * own are higher by its inverse */
     hw->hbm_bw /= share;
     hw->dram_bw /= share;
     hw->flops /= share;
+    r->b1_bw /= share;
+    r->b32_step_s *= share;
+    for (int i = 0; i < r->n_pf; i++)
+        r->pf_rate[i] /= share;
     if (engine && xfer && !ok)
         fprintf(stderr, "%s: the benchmarks' JSON lacks a number the profile needs\n", prog);
     cJSON_Delete(engine);
@@ -203,28 +232,29 @@ static double mid3(double a, double b, double c)
     return fmax(fmin(a, b), fmin(fmax(a, b), c));
 }
 
-/* The median of three rounds, field by field: one round the shared
- * machine disturbed (measured: a 2-thread batch-1 decode at 32% of its
- * roofline, 96-100% in the rounds around it) must not set the profile,
- * and neither must a best round the serving runs never see (taking the
- * best of two made every prediction 20-30% more optimistic). */
-static void take_median(kvf_sim_profile_t *hw, const kvf_sim_profile_t *r)
+/* The median of three rounds, number by number, then the efficiencies
+ * from those medians: one round the shared machine disturbed (measured:
+ * a 2-thread batch-1 decode at 32% of its roofline, 96-100% in the rounds
+ * around it) must not set the profile, and neither must a best round the
+ * serving runs never see (taking the best of two made every prediction
+ * 20-30% more optimistic). */
+static void take_median(kvf_sim_profile_t *hw, const round_t *r, const kvf_sim_model_t *m)
 {
-    hw->hbm_bw = mid3(r[0].hbm_bw, r[1].hbm_bw, r[2].hbm_bw);
-    hw->flops = mid3(r[0].flops, r[1].flops, r[2].flops);
-    hw->mem_eff = mid3(r[0].mem_eff, r[1].mem_eff, r[2].mem_eff);
-    hw->compute_eff = mid3(r[0].compute_eff, r[1].compute_eff, r[2].compute_eff);
-    hw->decode_compute_eff =
-        mid3(r[0].decode_compute_eff, r[1].decode_compute_eff, r[2].decode_compute_eff);
-    hw->net_bw = hw->nvlink_bw = mid3(r[0].net_bw, r[1].net_bw, r[2].net_bw);
-    hw->transfer_fixed_s = mid3(r[0].transfer_fixed_s, r[1].transfer_fixed_s, r[2].transfer_fixed_s);
-    hw->dram_bw = mid3(r[0].dram_bw, r[1].dram_bw, r[2].dram_bw);
+#define MID(f) mid3(r[0].f, r[1].f, r[2].f)
+    hw->hbm_bw = MID(hw.hbm_bw);
+    hw->flops = MID(hw.flops);
+    hw->net_bw = hw->nvlink_bw = MID(hw.net_bw);
+    hw->transfer_fixed_s = MID(hw.transfer_fixed_s);
+    hw->dram_bw = MID(hw.dram_bw);
     /* the same prompt lengths every round (the benchmark's) */
-    hw->n_prefill_eff = r[0].n_prefill_eff;
-    for (int i = 0; i < hw->n_prefill_eff; i++) {
-        hw->prefill_eff_tokens[i] = r[0].prefill_eff_tokens[i];
-        hw->prefill_eff[i] = mid3(r[0].prefill_eff[i], r[1].prefill_eff[i], r[2].prefill_eff[i]);
+    int n_pf = r[0].n_pf;
+    double pf_tokens[KVF_SIM_PREFILL_EFF_MAX], pf_rate[KVF_SIM_PREFILL_EFF_MAX];
+    for (int i = 0; i < n_pf; i++) {
+        pf_tokens[i] = r[0].pf_tokens[i];
+        pf_rate[i] = MID(pf_rate[i]);
     }
+    set_effs(hw, m, MID(b1_bw), MID(b32_step_s), n_pf, pf_tokens, pf_rate);
+#undef MID
 }
 
 /* The last-level cache CPU 0 sees (sysfs: the highest cache index's
@@ -261,13 +291,18 @@ int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads
     kvf_sim_profile_t hw = {.kv_mem_fraction = 0.9};
     if (!probe(prog, threads, &hw))
         return 1;
-    kvf_sim_profile_t r[MEASURE_ROUNDS];
+    round_t r[MEASURE_ROUNDS];
     for (int i = 0; i < MEASURE_ROUNDS; i++) {
-        r[i] = hw;
-        if (!measure_round(prog, model_dir, threads, m, &r[i]))
+        r[i] = (round_t){.hw = hw};
+        if (!measure_round(prog, model_dir, threads, &r[i]))
             return 1;
+        if (i > 0 && r[i].n_pf != r[0].n_pf) {
+            fprintf(stderr, "%s: the engine benchmark's prompt lengths changed between rounds\n",
+                    prog);
+            return 1;
+        }
     }
-    take_median(&hw, r);
+    take_median(&hw, r, m);
     snprintf(hw.name, sizeof(hw.name), "measured-%dt", threads);
     hw.source = "kvf bench engine and kvf bench transfer on this machine";
     hw.hbm_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
