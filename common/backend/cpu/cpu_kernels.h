@@ -316,6 +316,17 @@ static inline bool kvf_cpu_pf_next(kvf_cpu_pf_stream_t *s)
     return true;
 }
 
+/* The stream's next line requested; false once it has ended. */
+static inline bool kvf_cpu_pf_one(kvf_cpu_pf_stream_t *s)
+{
+    while (s->p >= s->e)
+        if (!kvf_cpu_pf_next(s))
+            return false;
+    kvf_cpu_prefetch(s->p);
+    s->p += 64;
+    return true;
+}
+
 /* The stream's next n lines requested. */
 static inline __attribute__((always_inline)) void kvf_cpu_pf_take(kvf_cpu_pf_stream_t *s, int n)
 {
@@ -326,16 +337,8 @@ static inline __attribute__((always_inline)) void kvf_cpu_pf_take(kvf_cpu_pf_str
         s->p = p + (size_t)n * 64;
         return;
     }
-    while (n > 0) {
-        if (s->p >= s->e) {
-            if (!kvf_cpu_pf_next(s))
-                return;
-            continue;
-        }
-        kvf_cpu_prefetch(s->p);
-        s->p += 64;
-        n--;
-    }
+    while (n-- > 0 && kvf_cpu_pf_one(s))
+        ;
 }
 
 /* Every line of the stream before key j's rows requested (in a block the
@@ -354,13 +357,8 @@ static inline void kvf_cpu_pf_upto(kvf_cpu_pf_stream_t *s, int j)
             if (s->p >= d + (size_t)(j % t->block_size) * row_bytes)
                 return;
         }
-        if (s->p >= s->e) {
-            if (!kvf_cpu_pf_next(s))
-                return;
-            continue;
-        }
-        kvf_cpu_prefetch(s->p);
-        s->p += 64;
+        if (!kvf_cpu_pf_one(s))
+            return;
     }
 }
 

@@ -590,6 +590,27 @@ INLINE void dec_pv(const kvf_cpu_attn_tile_t *t, int j0, int last, int nj,
  * batch 16 (kvf bench engine, AVX-512, a busy machine). */
 #define DEC_PREFETCH_CHUNKS 8
 
+/* Rows 0 .. rows-1 of the scratch before their first chunk: no key seen. */
+INLINE void rows_start(const kvf_cpu_attn_scratch_t *sc, int rows)
+{
+    for (int r = 0; r < rows; r++) {
+        sc->m[r] = -INFINITY;
+        sc->l[r] = 0;
+    }
+    memset(sc->acc, 0, (size_t)rows * (size_t)sc->hdp * sizeof(float));
+}
+
+/* Row r of the scratch, done: its numerator over its sum into o. */
+INLINE void row_out(const kvf_cpu_attn_scratch_t *sc, int r, float *o, const int HD)
+{
+    const float inv = 1.0f / sc->l[r], *acc = sc->acc + (size_t)r * sc->hdp;
+    int c = 0;
+    for (; c + VL <= HD; c += VL)
+        V_STORE(o + c, V_MUL(V_LOAD(acc + c), V_SET1(inv)));
+    for (; c < HD; c++)
+        o[c] = acc[c] * inv;
+}
+
 /* One run of up to nc_max chunks from key r0 of the decode tile t: the
  * scores of each, every row's softmax steps, then each chunk's p·v.
  * Prefetch streams are taken alongside: ks during the scores (ks_n lines
@@ -657,11 +678,7 @@ INLINE void attention_heads_hd(const kvf_cpu_attn_tile_t *t, int n, float *scrat
 {
     const int G = t->group, rows = n * G;
     const kvf_cpu_attn_scratch_t sc = kvf_cpu_attn_scratch(scratch, HD, rows);
-    for (int r = 0; r < rows; r++) {
-        sc.m[r] = -INFINITY;
-        sc.l[r] = 0;
-    }
-    memset(sc.acc, 0, (size_t)rows * (size_t)sc.hdp * sizeof(float));
+    rows_start(&sc, rows);
     int first, last;
     kvf_cpu_attn_span(t, &first, &last);
     const size_t chunk_bytes = (size_t)KVF_CPU_KEY_CHUNK * 2 * (size_t)n *
@@ -684,16 +701,8 @@ INLINE void attention_heads_hd(const kvf_cpu_attn_tile_t *t, int n, float *scrat
         kvf_cpu_pf_upto(&pf, r0 + 2 * run); /* the next run whole */
     }
     for (int h = 0; h < n; h++)
-        for (int g = 0; g < G; g++) {
-            const int r = h * G + g;
-            const float inv = 1.0f / sc.l[r], *acc = sc.acc + (size_t)r * sc.hdp;
-            float *o = t[h].out + (size_t)g * (size_t)HD;
-            int c = 0;
-            for (; c + VL <= HD; c += VL)
-                V_STORE(o + c, V_MUL(V_LOAD(acc + c), V_SET1(inv)));
-            for (; c < HD; c++)
-                o[c] = acc[c] * inv;
-        }
+        for (int g = 0; g < G; g++)
+            row_out(&sc, h * G + g, t[h].out + (size_t)g * (size_t)HD, HD);
 }
 
 /* Chunk by chunk, software-pipelined: the next chunk's scores are
@@ -706,11 +715,7 @@ INLINE void attention_hd(const kvf_cpu_attn_tile_t *t, float *scratch, const int
     const int rows = t->n_tok * t->group;
     const kvf_cpu_attn_scratch_t sc = kvf_cpu_attn_scratch(scratch, HD, rows);
     const size_t s_stride = (size_t)((rows + 15) & ~15) * KVF_CPU_KEY_CHUNK;
-    for (int r = 0; r < rows; r++) {
-        sc.m[r] = -INFINITY;
-        sc.l[r] = 0;
-    }
-    memset(sc.acc, 0, (size_t)rows * (size_t)sc.hdp * sizeof(float));
+    rows_start(&sc, rows);
     int first, last;
     kvf_cpu_attn_span(t, &first, &last);
     if (t->n_tok == 1) {
@@ -733,16 +738,9 @@ INLINE void attention_hd(const kvf_cpu_attn_tile_t *t, float *scratch, const int
     }
 out:
     for (int i = 0; i < t->n_tok; i++)
-        for (int h = 0; h < t->group; h++) {
-            const int r = i * t->group + h;
-            const float inv = 1.0f / sc.l[r], *acc = sc.acc + (size_t)r * sc.hdp;
-            float *o = t->out + (size_t)i * (size_t)t->ld_out + (size_t)h * (size_t)HD;
-            int c = 0;
-            for (; c + VL <= HD; c += VL)
-                V_STORE(o + c, V_MUL(V_LOAD(acc + c), V_SET1(inv)));
-            for (; c < HD; c++)
-                o[c] = acc[c] * inv;
-        }
+        for (int h = 0; h < t->group; h++)
+            row_out(&sc, i * t->group + h,
+                    t->out + (size_t)i * (size_t)t->ld_out + (size_t)h * (size_t)HD, HD);
 }
 
 static void KFN(attention)(const kvf_cpu_attn_tile_t *t, float *scratch)
