@@ -1,12 +1,13 @@
-/* kvf bench sim-check: the simulator against this machine. It measures
- * the profile of a node (kvf simulate --profile measure: one node's
- * threads for the split cluster's nodes, twice that for the colocated
- * node), runs kvf bench serve --compare-colocated on the model --repeats
- * times a rate (measured: the median of each number), simulates
- * the same trace (kvf bench serve's generator, bench/serve_trace.c) on
- * 1 prefill + 1 decode and on 1 colocated node, and prints predicted
- * against measured for every percentile of TTFT, TPOT and e2e at every
- * rate, and each rate's winner by goodput (docs/simulator.md,
+/* kvf bench sim-check: the simulator against this machine. For each
+ * rate, --repeats times: it measures the profile of a node (kvf simulate
+ * --profile measure: one node's threads for the split cluster's nodes,
+ * twice that for the colocated node), runs kvf bench serve
+ * --compare-colocated on the model at that rate right after, and
+ * simulates the same trace (kvf bench serve's generator,
+ * bench/serve_trace.c) on 1 prefill + 1 decode and on 1 colocated node
+ * with those profiles. It prints predicted against measured (each the
+ * median over the repeats) for every percentile of TTFT, TPOT and e2e at
+ * every rate, and each rate's winner by goodput (docs/simulator.md,
  * "Calibration"). Exit 0 when every p50 is within 20%, every p99 within
  * 30% and the winner agrees at every rate; else 1. */
 #include <cjson/cJSON.h>
@@ -29,7 +30,7 @@
 
 typedef struct {
     const char *model, *rates, *prompt_len, *output_len;
-    int requests, threads, repeats;
+    int requests, threads, repeats, rounds;
     uint64_t seed;
     double slo_ttft, slo_tpot;
     double rate[CHECK_MAX_RATES];
@@ -51,6 +52,7 @@ static int parse(int argc, char **argv, check_opts_t *o)
                         .requests = 16,
                         .threads = 1,
                         .repeats = 3,
+                        .rounds = 1,
                         .seed = 1,
                         .slo_ttft = 2000,
                         .slo_tpot = 200};
@@ -61,6 +63,10 @@ static int parse(int argc, char **argv, check_opts_t *o)
         {"threads", KVF_FLAG_INT, &o->threads, "N", "threads per split node (colocated: 2N)", NULL},
         {"repeats", KVF_FLAG_INT, &o->repeats, "N",
          "kvf bench serve runs per rate; measured = their median", NULL},
+        {"profile-rounds", KVF_FLAG_INT, &o->rounds, "N",
+         "rounds of the engine and transfer benchmarks in each profile, measured before "
+         "each kvf bench serve run (its median)",
+         NULL},
         {"prompt-len", KVF_FLAG_STRING, &o->prompt_len, "N|A:B", "prompt tokens", NULL},
         {"output-len", KVF_FLAG_STRING, &o->output_len, "N|A:B", "output tokens", NULL},
         {"seed", KVF_FLAG_UINT64, &o->seed, "S", "the trace's seed", NULL},
@@ -68,7 +74,8 @@ static int parse(int argc, char **argv, check_opts_t *o)
         {"slo-tpot", KVF_FLAG_DOUBLE, &o->slo_tpot, "MS", "goodput's TPOT bound", NULL},
     };
     kvf_flagset_t set = {.prog = argv[0],
-                         .usage = "--model DIR [--rate 1,3] [--requests 16] [--repeats 3]",
+                         .usage = "--model DIR [--rate 1,3] [--requests 16] [--repeats 3] "
+                                  "[--profile-rounds 1]",
                          .summary = "Predicted (kvf simulate on this machine's measured "
                                     "profile) against measured (kvf bench serve "
                                     "--compare-colocated): every percentile, every rate, the "
@@ -93,12 +100,14 @@ static int parse(int argc, char **argv, check_opts_t *o)
         p = end + 1;
     }
     if (!o->model || !o->n_rates || *end || o->requests < 1 || o->threads < 1 ||
-        o->repeats < 1 || o->repeats > CHECK_MAX_REPEATS ||
+        o->repeats < 1 || o->repeats > CHECK_MAX_REPEATS || o->rounds < 1 ||
+        o->rounds > KVF_SIM_MEASURE_ROUNDS_MAX ||
         !kvf_len_dist_parse(o->prompt_len, &o->pl) || !kvf_len_dist_parse(o->output_len, &o->ol)) {
         fprintf(stderr,
                 "%s: needs --model DIR, --rate R[,R...] (at most %d, > 0), "
-                "--requests N >= 1, --repeats 1..%d, lengths as N or A:B\n",
-                argv[0], CHECK_MAX_RATES, CHECK_MAX_REPEATS);
+                "--requests N >= 1, --repeats 1..%d, --profile-rounds 1..%d, lengths as N "
+                "or A:B\n",
+                argv[0], CHECK_MAX_RATES, CHECK_MAX_REPEATS, KVF_SIM_MEASURE_ROUNDS_MAX);
         return 2;
     }
     return -1;
@@ -232,28 +241,6 @@ static void median_row(const check_row_t *rows, int n, check_row_t *out)
     out->goodput = median(v, n);
 }
 
-/* --repeats runs of kvf bench serve at rate: the median of each measured
- * number (one run on a shared machine moves by as much as the check's
- * tolerances: docs/simulator.md) and the mean other load. Returns -1 or
- * the exit code. */
-static int measure_rate(const char *prog, const check_opts_t *o, double rate, check_row_t *split,
-                        check_row_t *colo, double *load_p)
-{
-    check_row_t s[CHECK_MAX_REPEATS], c[CHECK_MAX_REPEATS];
-    double load = 0;
-    for (int i = 0; i < o->repeats; i++) {
-        double l;
-        int rc = measure_serve(prog, o, rate, &s[i], &c[i], &l);
-        if (rc >= 0)
-            return rc;
-        load += l / o->repeats;
-    }
-    median_row(s, o->repeats, split);
-    median_row(c, o->repeats, colo);
-    *load_p = load;
-    return -1;
-}
-
 /* ---- predicted ------------------------------------------------------------------ */
 
 /* The serve trace (the same requests kvf bench serve sends) as a
@@ -298,6 +285,74 @@ static kvf_status_t predict(const kvf_sim_config_t *cfg, const kvf_sim_workload_
     return KVF_OK;
 }
 
+/* The measured profile's numbers, one line. */
+static void describe(const char *what, const kvf_sim_profile_t *hw)
+{
+    printf("%s profile: %.1f GB/s x mem_eff %.2f, %.1f GFLOP/s x compute_eff %.2f (decode %.2f), "
+           "transfer %.0f us + %.2f GB/s; host %.0f CPUs, node threads %.0f; a message %.0f us; "
+           "past its %.0f MiB cache %.1f GB/s\n",
+           what, hw->hbm_bw / 1e9, hw->mem_eff, hw->flops / 1e9, hw->compute_eff,
+           hw->decode_compute_eff, hw->transfer_fixed_s * 1e6, hw->net_bw / 1e9, hw->host_cpus,
+           hw->node_threads, hw->msg_latency_s * 1e6, hw->llc_bytes / 1048576, hw->dram_bw / 1e9);
+    if (hw->n_prefill_eff > 0) {
+        printf("  prompt tokens' compute_eff by the tokens a step computes:");
+        for (int i = 0; i < hw->n_prefill_eff; i++)
+            printf(" %.0f: %.2f", hw->prefill_eff_tokens[i], hw->prefill_eff[i]);
+        printf("\n");
+    }
+}
+
+/* One rate: --repeats times, both nodes' profiles measured (kvf simulate
+ * --profile measure, --profile-rounds rounds) and kvf bench serve run
+ * right after them, the run simulated on those profiles with the run's
+ * other load. The host's speed moves for seconds at a time (measured: the
+ * same 512-token forward at 27.6 ms, then 43.9 ms minutes later), so a
+ * run is predicted from the profile measured beside it, not one measured
+ * minutes before. Predicted and measured: the medians over the repeats,
+ * number by number. Returns -1 or the exit code. */
+static int measure_rate(const char *prog, const check_opts_t *o, double rate,
+                        const kvf_sim_config_t *split_base, const kvf_sim_config_t *colo_base,
+                        check_row_t out[2][2], double *load_p)
+{
+    check_row_t rows[2][2][CHECK_MAX_REPEATS]; /* [predicted, measured][split, colocated] */
+    double load = 0;
+    kvf_sim_workload_t w = {0};
+    kvf_model_config_t mcfg = split_base->model_cfg;
+    if (trace_workload(o, &mcfg, rate, &w) != KVF_OK) {
+        fprintf(stderr, "%s: cannot build the trace\n", prog);
+        return 1;
+    }
+    int rc = -1;
+    for (int i = 0; rc < 0 && i < o->repeats; i++) {
+        kvf_sim_config_t sc = *split_base, cc = *colo_base;
+        rc = kvf_sim_measure_profile(prog, o->model, o->threads, o->rounds, true, &sc.model, &sc.hw);
+        if (rc < 0)
+            rc = kvf_sim_measure_profile(prog, o->model, 2 * o->threads, o->rounds, true,
+                                         &cc.model, &cc.hw);
+        if (rc >= 0)
+            break;
+        printf("rate %g, run %d of %d:\n", rate, i + 1, o->repeats);
+        describe("  split node", &sc.hw);
+        describe("  colocated node", &cc.hw);
+        double l;
+        rc = measure_serve(prog, o, rate, &rows[1][0][i], &rows[1][1][i], &l);
+        if (rc >= 0)
+            break;
+        load += l / o->repeats;
+        sc.hw.host_load = cc.hw.host_load = l; /* the run's */
+        if (predict(&sc, &w, &rows[0][0][i]) != KVF_OK || predict(&cc, &w, &rows[0][1][i]) != KVF_OK)
+            rc = 1;
+    }
+    kvf_sim_workload_fini(&w);
+    if (rc >= 0)
+        return rc;
+    for (int k = 0; k < 2; k++)
+        for (int c = 0; c < 2; c++)
+            median_row(rows[k][c], o->repeats, &out[k][c]);
+    *load_p = load;
+    return -1;
+}
+
 /* ---- the comparison --------------------------------------------------------------- */
 
 /* 0: split wins, 1: colocated: more goodput, among equals (within 1%)
@@ -335,34 +390,25 @@ static bool compare_rows(const char *config, double rate, const check_row_t *pre
     return ok;
 }
 
-static int check(const check_opts_t *o, const kvf_sim_config_t *split_base,
-                 const kvf_sim_config_t *colo_base, const check_row_t *ms, const check_row_t *mc,
-                 const double *load)
+/* Every rate's predicted and measured rows ([rate][predicted, measured]
+ * [split, colocated]) compared; 0 when the check passes, else 1. */
+static int check(const check_opts_t *o, check_row_t (*rows)[2][2], const double *load)
 {
     printf("\n%-10s %6s %-4s %-3s %12s %12s %10s\n", "config", "rate", "", "", "predicted",
            "measured", "error");
     bool ok = true;
     int agree = 0;
     for (int i = 0; i < o->n_rates; i++) {
-        kvf_sim_workload_t w = {0};
-        check_row_t ps, pc;
-        kvf_sim_config_t split_cfg = *split_base, colo_cfg = *colo_base;
-        split_cfg.hw.host_load = colo_cfg.hw.host_load = load[i]; /* the run's */
-        kvf_model_config_t mc_cfg = split_cfg.model_cfg;
-        if (trace_workload(o, &mc_cfg, o->rate[i], &w) != KVF_OK ||
-            predict(&split_cfg, &w, &ps) != KVF_OK || predict(&colo_cfg, &w, &pc) != KVF_OK) {
-            kvf_sim_workload_fini(&w);
-            return 1;
-        }
-        kvf_sim_workload_fini(&w);
-        ok &= compare_rows("split", o->rate[i], &ps, &ms[i]);
-        ok &= compare_rows("colocated", o->rate[i], &pc, &mc[i]);
-        int wp = winner(&ps, &pc), wm = winner(&ms[i], &mc[i]);
+        const check_row_t *ps = &rows[i][0][0], *pc = &rows[i][0][1];
+        const check_row_t *ms = &rows[i][1][0], *mc = &rows[i][1][1];
+        ok &= compare_rows("split", o->rate[i], ps, ms);
+        ok &= compare_rows("colocated", o->rate[i], pc, mc);
+        int wp = winner(ps, pc), wm = winner(ms, mc);
         agree += wp == wm;
         printf("rate %.2f: winner predicted %s, measured %s (goodput %.2f / %.2f predicted, %.2f / "
                "%.2f measured); the host's other load %.2f threads\n",
-               o->rate[i], wp ? "colocated" : "split", wm ? "colocated" : "split", ps.goodput,
-               pc.goodput, ms[i].goodput, mc[i].goodput, load[i]);
+               o->rate[i], wp ? "colocated" : "split", wm ? "colocated" : "split", ps->goodput,
+               pc->goodput, ms->goodput, mc->goodput, load[i]);
     }
     ok = ok && agree == o->n_rates;
     printf("sim-check: %s (p50 within %.0f%%, p99 within %.0f%%, the same winner at %d of %d "
@@ -371,9 +417,9 @@ static int check(const check_opts_t *o, const kvf_sim_config_t *split_base,
     return ok ? 0 : 1;
 }
 
-/* The simulated clusters: 1P+1D on the T-thread profile, one colocated
- * node on the 2T-thread one, as kvf bench serve starts them. Returns -1
- * or the exit code. */
+/* The simulated clusters, their profiles still to be measured: 1P+1D on
+ * the T-thread profile, one colocated node on the 2T-thread one, as kvf
+ * bench serve starts them. Returns -1 or the exit code. */
 static int clusters(const char *prog, const check_opts_t *o, kvf_sim_config_t *split,
                     kvf_sim_config_t *colo)
 {
@@ -393,29 +439,7 @@ static int clusters(const char *prog, const check_opts_t *o, kvf_sim_config_t *s
     *colo = *split;
     colo->n_prefill = colo->n_decode = 0;
     colo->n_colocated = 1;
-    int rc = kvf_sim_measure_profile(prog, o->model, o->threads, true, &split->model, &split->hw);
-    if (rc < 0)
-        rc = kvf_sim_measure_profile(prog, o->model, 2 * o->threads, true, &colo->model,
-                                     &colo->hw);
-    return rc;
-}
-
-/* The measured profile's numbers, one line. */
-static void describe(const char *what, const kvf_sim_profile_t *hw)
-{
-    printf("%s profile: %.1f GB/s x mem_eff %.2f, %.1f GFLOP/s x compute_eff %.2f (decode %.2f), "
-           "transfer %.0f us + %.2f GB/s; host %.0f CPUs, other load %.2f threads, node "
-           "threads %.0f; a message %.0f us; past its %.0f MiB cache %.1f GB/s\n",
-           what, hw->hbm_bw / 1e9, hw->mem_eff, hw->flops / 1e9, hw->compute_eff,
-           hw->decode_compute_eff, hw->transfer_fixed_s * 1e6, hw->net_bw / 1e9, hw->host_cpus,
-           hw->host_load, hw->node_threads, hw->msg_latency_s * 1e6, hw->llc_bytes / 1048576,
-           hw->dram_bw / 1e9);
-    if (hw->n_prefill_eff > 0) {
-        printf("  prompt tokens' compute_eff by the tokens a step computes:");
-        for (int i = 0; i < hw->n_prefill_eff; i++)
-            printf(" %.0f: %.2f", hw->prefill_eff_tokens[i], hw->prefill_eff[i]);
-        printf("\n");
-    }
+    return -1;
 }
 
 int kvf_cmd_bench_sim_check(int argc, char **argv)
@@ -428,12 +452,10 @@ int kvf_cmd_bench_sim_check(int argc, char **argv)
     rc = clusters(argv[0], &o, &split, &colo);
     if (rc >= 0)
         return rc;
-    describe("split node", &split.hw);
-    describe("colocated node", &colo.hw);
-    check_row_t ms[CHECK_MAX_RATES], mc[CHECK_MAX_RATES];
+    check_row_t rows[CHECK_MAX_RATES][2][2];
     double load[CHECK_MAX_RATES];
     for (int i = 0; i < o.n_rates; i++)
-        if ((rc = measure_rate(argv[0], &o, o.rate[i], &ms[i], &mc[i], &load[i])) >= 0)
+        if ((rc = measure_rate(argv[0], &o, o.rate[i], &split, &colo, rows[i], &load[i])) >= 0)
             return rc;
-    return check(&o, &split, &colo, ms, mc, load);
+    return check(&o, rows, load);
 }

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <spawn.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,21 +227,38 @@ static bool measure_round(const char *prog, const char *model_dir, int threads, 
     return ok;
 }
 
-/* The median of three. */
-static double mid3(double a, double b, double c)
+static int cmp_double(const void *a, const void *b)
 {
-    return fmax(fmin(a, b), fmin(fmax(a, b), c));
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
-/* The median of three rounds, number by number, then the efficiencies
- * from those medians: one round the shared machine disturbed (measured:
- * a 2-thread batch-1 decode at 32% of its roofline, 96-100% in the rounds
+/* The median of v[0..n) (1 <= n <= KVF_SIM_MEASURE_ROUNDS_MAX; sorted in place;
+ * an even n: the mean of the middle two). */
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The median over rounds r[0..n) of the double at byte offset off. */
+static double mid_at(const round_t *r, int n, size_t off)
+{
+    double v[KVF_SIM_MEASURE_ROUNDS_MAX];
+    for (int i = 0; i < n; i++)
+        memcpy(&v[i], (const char *)&r[i] + off, sizeof(double));
+    return median(v, n);
+}
+
+/* The median of n rounds, number by number, then the efficiencies from
+ * those medians: one round the shared machine disturbed (measured: a
+ * 2-thread batch-1 decode at 32% of its roofline, 96-100% in the rounds
  * around it) must not set the profile, and neither must a best round the
  * serving runs never see (taking the best of two made every prediction
  * 20-30% more optimistic). */
-static void take_median(kvf_sim_profile_t *hw, const round_t *r, const kvf_sim_model_t *m)
+static void take_median(kvf_sim_profile_t *hw, const round_t *r, int n, const kvf_sim_model_t *m)
 {
-#define MID(f) mid3(r[0].f, r[1].f, r[2].f)
+#define MID(f) mid_at(r, n, offsetof(round_t, f))
     hw->hbm_bw = MID(hw.hbm_bw);
     hw->flops = MID(hw.flops);
     hw->net_bw = hw->nvlink_bw = MID(hw.net_bw);
@@ -251,7 +269,7 @@ static void take_median(kvf_sim_profile_t *hw, const round_t *r, const kvf_sim_m
     double pf_tokens[KVF_SIM_PREFILL_EFF_MAX], pf_rate[KVF_SIM_PREFILL_EFF_MAX];
     for (int i = 0; i < n_pf; i++) {
         pf_tokens[i] = r[0].pf_tokens[i];
-        pf_rate[i] = MID(pf_rate[i]);
+        pf_rate[i] = mid_at(r, n, offsetof(round_t, pf_rate) + (size_t)i * sizeof(double));
     }
     set_effs(hw, m, MID(b1_bw), MID(b32_step_s), n_pf, pf_tokens, pf_rate);
 #undef MID
@@ -279,20 +297,22 @@ static double llc_bytes(void)
     return best;
 }
 
-#define MEASURE_ROUNDS 3
-
-int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads,
+int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads, int rounds,
                             bool shared_host, const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p)
 {
+    if (rounds < 1 || rounds > KVF_SIM_MEASURE_ROUNDS_MAX) {
+        fprintf(stderr, "%s: %d measuring rounds (1 to %d)\n", prog, rounds, KVF_SIM_MEASURE_ROUNDS_MAX);
+        return 2;
+    }
     fprintf(stderr,
             "%s: measuring this machine (kvf bench engine --quick --threads %d, kvf bench "
-            "transfer --quick; the median of %d rounds)...\n",
-            prog, threads, MEASURE_ROUNDS);
+            "transfer --quick; %s %d round%s)...\n",
+            prog, threads, rounds > 1 ? "the median of" : "", rounds, rounds > 1 ? "s" : "");
     kvf_sim_profile_t hw = {.kv_mem_fraction = 0.9};
     if (!probe(prog, threads, &hw))
         return 1;
-    round_t r[MEASURE_ROUNDS];
-    for (int i = 0; i < MEASURE_ROUNDS; i++) {
+    round_t r[KVF_SIM_MEASURE_ROUNDS_MAX];
+    for (int i = 0; i < rounds; i++) {
         r[i] = (round_t){.hw = hw};
         if (!measure_round(prog, model_dir, threads, &r[i]))
             return 1;
@@ -302,7 +322,7 @@ int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads
             return 1;
         }
     }
-    take_median(&hw, r, m);
+    take_median(&hw, r, rounds, m);
     snprintf(hw.name, sizeof(hw.name), "measured-%dt", threads);
     hw.source = "kvf bench engine and kvf bench transfer on this machine";
     hw.hbm_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);

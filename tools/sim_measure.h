@@ -13,14 +13,17 @@
  * fitted to m's FLOPs and bytes). The rates are those of CPUs the node
  * has to itself: the engine benchmark's, over the share of its CPUs it
  * got (one thread: its CPU time over its wall time, from its rusage;
- * more: taken as all); each number the median of three rounds of both
- * benchmarks (one round the shared machine disturbs must not set it).
+ * more: taken as all); each number the median of `rounds` rounds of
+ * both benchmarks (1 to KVF_SIM_MEASURE_ROUNDS_MAX; kvf simulate takes
+ * three: one round the shared machine disturbs must not set it).
  * shared_host: the simulated nodes share this host (host_cpus, host_load
  * and node_threads set, as kvf bench serve runs them); else each has its
  * own. msg_latency_s is kvf_sim_probe_msg's. The benches' output goes to
  * log files in a temporary directory, removed after. Returns -1 with
  * *hw_p set, else the exit code after a message on stderr. */
-int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads,
+#define KVF_SIM_MEASURE_ROUNDS_MAX 9
+
+int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads, int rounds,
                             bool shared_host, const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p);
 
 /* The CPU time every process of this host has used since boot, in

@@ -201,7 +201,7 @@ int kvf_sim_opts_resolve(const char *prog, const kvf_sim_opts_t *o, kvf_sim_conf
     if (rc < 0)
         rc = resolve_model(prog, o, cfg);
     if (rc < 0 && measured)
-        rc = kvf_sim_measure_profile(prog, o->model_dir, o->measure_threads, false, &cfg->model,
+        rc = kvf_sim_measure_profile(prog, o->model_dir, o->measure_threads, 3, false, &cfg->model,
                                      &cfg->hw);
     if (rc < 0)
         rc = resolve_workload(prog, o, w);
