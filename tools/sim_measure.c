@@ -306,8 +306,8 @@ int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads
     }
     fprintf(stderr,
             "%s: measuring this machine (kvf bench engine --quick --threads %d, kvf bench "
-            "transfer --quick; %s %d round%s)...\n",
-            prog, threads, rounds > 1 ? "the median of" : "", rounds, rounds > 1 ? "s" : "");
+            "transfer --quick; %s%d round%s)...\n",
+            prog, threads, rounds > 1 ? "the median of " : "", rounds, rounds > 1 ? "s" : "");
     kvf_sim_profile_t hw = {.kv_mem_fraction = 0.9};
     if (!probe(prog, threads, &hw))
         return 1;

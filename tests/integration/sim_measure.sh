@@ -29,10 +29,20 @@ if "$bin/kvf" bench sim-check --model "$dir/model" --repeats 0 > /dev/null 2> "$
     fail "sim-check --repeats 0 accepted"
 fi
 grep -q -- '--repeats 1..9' "$dir/err.txt" || fail "$(cat "$dir/err.txt")"
+if "$bin/kvf" bench sim-check --model "$dir/model" --profile-rounds 10 > /dev/null \
+    2> "$dir/err.txt"; then
+    fail "sim-check --profile-rounds 10 accepted"
+fi
+grep -q -- '--profile-rounds 1..9' "$dir/err.txt" || fail "$(cat "$dir/err.txt")"
 "$bin/kvf" bench sim-check --model "$dir/model" --rate 4 --requests 6 --prompt-len 32:64 \
     --output-len 8 --repeats 2 > "$dir/check.txt" 2>&1 || rc=$?
 [[ $(grep -c '^bench serve: split, rate 4 req/s' "$dir/check.txt") == 2 ]] ||
     fail "not 2 serving runs: $(cat "$dir/check.txt")"
+# each run predicted from the profiles measured right before it
+[[ $(grep -c '^rate 4, run [12] of 2:' "$dir/check.txt") == 2 &&
+    $(grep -c '^  split node profile: ' "$dir/check.txt") == 2 &&
+    $(grep -c '^  colocated node profile: ' "$dir/check.txt") == 2 ]] ||
+    fail "not a profile pair before each run: $(cat "$dir/check.txt")"
 for config in split colocated; do
     for m in TTFT TPOT e2e; do
         for p in p50 p90 p99; do
