@@ -45,10 +45,11 @@ typedef struct {
     double host_load;     /* threads of other programs runnable on them, on average */
     double node_threads;  /* CPUs one node's step keeps busy */
     double msg_latency_s; /* one control message from a process to another */
-    /* The host's last-level cache and the read bandwidth past it: a step
-     * of a node streams its weights at dram_bw instead of hbm_bw while
+    /* The host's last-level cache and the read bandwidth past it: while
      * other nodes of the host step too and all their weights do not fit
-     * in llc_bytes together (0: not modelled). */
+     * in llc_bytes together, each node's copy keeps an even share of it
+     * and a step streams the rest of its weights at dram_bw instead of
+     * hbm_bw (0: not modelled). */
     double llc_bytes, dram_bw;
     /* Prompt tokens' efficiency measured at several step sizes: at
      * prefill_eff_tokens[i] prompt tokens a step reaches prefill_eff[i]

@@ -461,8 +461,10 @@ static void test_host_terms(void **state)
 
 /* The host's cache: a split cluster's second prompt computed while the
  * first decodes streams both nodes' weights; past a cache smaller than
- * both, at a lower bandwidth, the decode is slower then; a cache that
- * holds both, or one node alone (colocated), changes nothing. */
+ * both, each copy keeps its share of it and reads the rest at a lower
+ * bandwidth, so the decode is slower then, the more so the smaller the
+ * cache; a cache that holds both, or one node alone (colocated), changes
+ * nothing. */
 static void test_host_cache(void **state)
 {
     (void)state;
@@ -481,12 +483,18 @@ static void test_host_cache(void **state)
     run(&split, &two, &b);
     assert_true(same_result(&a, &b));
     kvf_sim_result_fini(&b);
-    split.hw.llc_bytes = 1.5 * w; /* one copy, not two */
+    split.hw.dram_bw = split.hw.hbm_bw / 8;
+    split.hw.llc_bytes = 1.5 * w; /* one copy, not two: each keeps 3/4 of itself */
     run(&split, &two, &b);
     assert_true(b.tpot[2] > a.tpot[2] * 1.05);
     assert_true(b.ttft[0] == a.ttft[0]); /* the first prompt ran alone */
+    kvf_sim_result_t c;
+    split.hw.llc_bytes = 0.5 * w; /* each keeps 1/4: slower still */
+    run(&split, &two, &c);
+    assert_true(c.tpot[2] > b.tpot[2]); /* all or nothing: equal */
     kvf_sim_result_fini(&a);
     kvf_sim_result_fini(&b);
+    kvf_sim_result_fini(&c);
 
     chat_config(&colo, 0, 0, 1);
     colo.hw.host_cpus = 2;
