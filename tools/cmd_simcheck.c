@@ -51,7 +51,7 @@ static int parse(int argc, char **argv, check_opts_t *o)
                         .output_len = "32:128",
                         .requests = 16,
                         .threads = 1,
-                        .repeats = 3,
+                        .repeats = 5,
                         .rounds = 1,
                         .seed = 1,
                         .slo_ttft = 2000,
@@ -74,7 +74,7 @@ static int parse(int argc, char **argv, check_opts_t *o)
         {"slo-tpot", KVF_FLAG_DOUBLE, &o->slo_tpot, "MS", "goodput's TPOT bound", NULL},
     };
     kvf_flagset_t set = {.prog = argv[0],
-                         .usage = "--model DIR [--rate 1,3] [--requests 16] [--repeats 3] "
+                         .usage = "--model DIR [--rate 1,3] [--requests 16] [--repeats 5] "
                                   "[--profile-rounds 1]",
                          .summary = "Predicted (kvf simulate on this machine's measured "
                                     "profile) against measured (kvf bench serve "
