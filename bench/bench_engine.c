@@ -37,17 +37,9 @@
 #include <cblas.h>
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-extern char **environ;
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -308,8 +300,6 @@ typedef struct {
     const char *model_dir, *json;
     int threads;
     bool quick;
-    bool corun;       /* also the prefill beside a decode loop in another process */
-    bool decode_loop; /* be that decode loop */
     kvf_cpu_config_t ccfg; /* threads and weight dtype of the backend */
 } engine_opts_t;
 
@@ -344,19 +334,10 @@ static int parse_engine_opts(int argc, char **argv, engine_opts_t *o)
          NULL},
         {"cpu-dtype", KVF_FLAG_STRING, &cpu_dtype, "native|f32",
          "weights as the checkpoint stores them (default) or widened to f32", NULL},
-        {"corun", KVF_FLAG_BOOL, &o->corun, NULL,
-         "only time a 512-token prefill alone and while another process runs batch-1 decode "
-         "steps on as many threads (kvf bench sim-check's host term)",
-         NULL},
-        {"decode-loop", KVF_FLAG_BOOL, &o->decode_loop, NULL,
-         "only run batch-1 decode steps until killed, at most 120 s (the other process of "
-         "--corun)",
-         NULL},
     };
     kvf_flagset_t set = {
         .prog = argv[0],
-        .usage = "--model DIR [--threads N] [--cpu-dtype native|f32] [--json FILE] [--quick] "
-                 "[--corun]",
+        .usage = "--model DIR [--threads N] [--cpu-dtype native|f32] [--json FILE] [--quick]",
         .summary = "Measures memory read bandwidth and the OpenBLAS sgemm rate, then decode "
                    "latency (batch 1, 8, 32) against the memory roofline, prefill throughput "
                    "against the sgemm rate, generation with vs without the KV cache, and decode "
@@ -516,134 +497,6 @@ static kvf_status_t measure_prefill(engine_run_t *e)
     }
     bw_sample(&e->bwm, quick ? 2 : 4);
     sgemm_sample(&e->sgm, quick ? 1 : 2);
-    return KVF_OK;
-}
-
-/* ---- a forward beside another node ---------------------------------------------- */
-
-#define CORUN_PROMPT   512u
-#define CORUN_REPS     3
-#define CORUN_LOOP_S   120.0
-#define CORUN_READY    "decode loop running"
-
-static int cmp_seconds(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* The median of CORUN_REPS forwards of CORUN_PROMPT tokens; -1 on error. */
-static double corun_forwards(engine_run_t *e)
-{
-    double t[CORUN_REPS];
-    for (int i = 0; i < CORUN_REPS; i++)
-        if ((t[i] = run_forward(&e->r, &e->bt, 0, CORUN_PROMPT)) < 0)
-            return -1;
-    qsort(t, CORUN_REPS, sizeof(*t), cmp_seconds);
-    return t[CORUN_REPS / 2];
-}
-
-/* --decode-loop: batch-1 decode steps at context DEC_CTX until killed (or
- * its parent dies, or CORUN_LOOP_S pass); CORUN_READY on stdout once the
- * steps run. */
-static kvf_status_t decode_loop(engine_run_t *e)
-{
-    (void)prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() == 1)
-        return KVF_ERR_CLOSED;
-    if (kvf_block_table_reserve(&e->bts[0], e->r.pool, DEC_CTX + 1) != KVF_OK)
-        return KVF_ERR_NO_SPACE;
-    if (run_forward(&e->r, &e->bts[0], 0, DEC_CTX) < 0)
-        return KVF_ERR_INTERNAL;
-    printf("%s\n", CORUN_READY);
-    fflush(stdout);
-    const uint64_t end = kvf_clock_ns() + (uint64_t)(CORUN_LOOP_S * 1e9);
-    while (kvf_clock_ns() < end)
-        if (run_decode_step(&e->r, e->bts, 1, DEC_CTX) < 0)
-            return KVF_ERR_INTERNAL;
-    return KVF_OK;
-}
-
-/* Starts this kvf's --decode-loop on the same model and threads, and waits
- * (at most 120 s) until its steps run. Returns its pid, or -1 after a
- * message. */
-static pid_t corun_start(const engine_run_t *e, const char *prog)
-{
-    char th[16];
-    snprintf(th, sizeof(th), "%d", e->o->threads);
-    char *argv[] = {"kvf",     "bench", "engine", "--model", (char *)e->o->model_dir,
-                    "--threads", th,    "--decode-loop", NULL};
-    int fds[2];
-    if (pipe(fds) != 0) {
-        fprintf(stderr, "%s: pipe: %m\n", prog);
-        return -1;
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&fa, fds[0]);
-    posix_spawn_file_actions_addclose(&fa, fds[1]);
-    pid_t pid = -1;
-    int rc = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(fds[1]);
-    if (rc != 0) {
-        fprintf(stderr, "%s: cannot start the decode loop: %s\n", prog, strerror(rc));
-        close(fds[0]);
-        return -1;
-    }
-    /* its stdout until the ready line (its model line comes first) */
-    char buf[4096];
-    size_t len = 0;
-    bool ready = false;
-    const uint64_t end = kvf_clock_ns() + (uint64_t)(CORUN_LOOP_S * 1e9);
-    while (!ready && kvf_clock_ns() < end) {
-        struct pollfd p = {.fd = fds[0], .events = POLLIN};
-        if (poll(&p, 1, 1000) <= 0)
-            continue;
-        ssize_t n = read(fds[0], buf + len, sizeof(buf) - 1 - len);
-        if (n <= 0)
-            break;
-        len += (size_t)n;
-        buf[len] = 0;
-        ready = strstr(buf, CORUN_READY) != NULL;
-        if (len == sizeof(buf) - 1) /* keep the tail: the line may span the cut */
-            len = 0;
-    }
-    close(fds[0]);
-    if (!ready) {
-        fprintf(stderr, "%s: the decode loop did not start\n", prog);
-        kill(pid, SIGTERM);
-        waitpid(pid, NULL, 0);
-        return -1;
-    }
-    return pid;
-}
-
-/* --corun: the median 512-token forward alone, then beside a decode loop
- * of another process on as many threads: how much one node's compute
- * slows while another node of the host decodes (shared caches and
- * memory), which kvf bench sim-check's simulated nodes take as a host
- * term (docs/simulator.md). */
-static kvf_status_t measure_corun(engine_run_t *e, const char *prog)
-{
-    const double alone = corun_forwards(e);
-    if (alone < 0)
-        return KVF_ERR_INTERNAL;
-    pid_t pid = corun_start(e, prog);
-    if (pid < 0)
-        return KVF_ERR_INTERNAL;
-    const double beside = corun_forwards(e);
-    kill(pid, SIGTERM);
-    waitpid(pid, NULL, 0);
-    if (beside <= 0)
-        return KVF_ERR_INTERNAL;
-    printf("\nprefill %u beside a decode loop (another process, %d threads): %.1f ms, alone "
-           "%.1f ms (%.2fx)\n",
-           CORUN_PROMPT, e->o->threads, beside * 1e3, alone * 1e3, beside / alone);
-    cJSON_AddNumberToObject(e->out, "prefill_corun_ms", beside * 1e3);
-    cJSON_AddNumberToObject(e->out, "prefill_alone_ms", alone * 1e3);
-    cJSON_AddNumberToObject(e->out, "prefill_corun_slowdown", beside / alone);
     return KVF_OK;
 }
 
@@ -815,16 +668,6 @@ int kvf_bench_engine(int argc, char **argv)
     kvf_status_t st = kvf_model_load(o.model_dir, &e.r.model);
     if (st != KVF_OK) {
         fprintf(stderr, "%s: cannot load %s: %s\n", argv[0], o.model_dir, kvf_status_str(st));
-        goto done;
-    }
-    if (o.decode_loop || o.corun) {
-        if (kvf_backend_cpu_create_cfg(&o.ccfg, &e.r.be) != KVF_OK || setup_engine(&e) != KVF_OK)
-            goto fail_run;
-        if (o.decode_loop ? decode_loop(&e) != KVF_OK
-                          : kvf_block_table_reserve(&e.bt, e.r.pool, MAX_SEQ) != KVF_OK ||
-                                measure_corun(&e, argv[0]) != KVF_OK)
-            goto fail_run;
-        rc = o.json && o.corun ? kvf_bench_write_json(e.out, o.json, argv[0]) : 0;
         goto done;
     }
     if (setup_backend_and_ceilings(&e) != KVF_OK || setup_engine(&e) != KVF_OK ||

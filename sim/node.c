@@ -139,15 +139,6 @@ static void host_cache(kvf_sim_profile_t *hw, double weight_bytes, int busy)
     hw->hbm_bw = 1 / (held / hw->hbm_bw + (1 - held) / past);
 }
 
-/* The host's compute for a step starting now (hw changed in place): while
- * other nodes of the host compute too, at the rate measured beside a
- * decoding process (corun_slowdown). Fixed for the step, like the share. */
-static void host_corun(kvf_sim_profile_t *hw, int busy)
-{
-    if (hw->host_cpus > 0 && busy > 1 && hw->corun_slowdown > 1)
-        hw->flops /= hw->corun_slowdown;
-}
-
 /* The prompt chunks of node n's next step: from the FIFO's head, at most
  * chunk_tokens in all. */
 static void take_chunks(sim_t *s, sim_node_t *n, kvf_sim_step_t *step)
@@ -179,7 +170,6 @@ void sim_node_kick(sim_t *s, int i)
     kvf_sim_profile_t hw = s->cfg->hw;
     const int busy = busy_nodes(s);
     host_cache(&hw, s->cfg->model.weight_bytes, busy);
-    host_corun(&hw, busy);
     uint64_t took = to_ns(kvf_sim_step_time(&hw, &s->cfg->model, &step) / host_share(&hw, busy));
     n->busy = true;
     n->busy_ns += took;

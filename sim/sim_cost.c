@@ -34,17 +34,17 @@ static const kvf_sim_profile_t builtin[] = {
      "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): 80 GB HBM3, 3.35 TB/s, "
      "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
      80e9, 3.35e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
-     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, 0, {0}, {0}},
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}},
     {"h200-sxm",
      "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): 141 GB HBM3e, 4.8 TB/s, "
      "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
      141e9, 4.8e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
-     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, 0, {0}, {0}},
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}},
     {"a100-sxm-80gb",
      "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): 80 GB HBM2e, "
      "2,039 GB/s, BF16 624 TFLOPS with sparsity, NVLink 600 GB/s",
      80e9, 2.039e12, 312e12, 300e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
-     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, 0, {0}, {0}},
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}},
 };
 #define N_BUILTIN (sizeof(builtin) / sizeof(builtin[0]))
 
@@ -103,7 +103,6 @@ static const profile_field_t fields[] = {
     {"msg_latency_us", 1e-6, FIELD_NONNEG, false, offsetof(kvf_sim_profile_t, msg_latency_s)},
     {"llc_mb", 1 << 20, FIELD_NONNEG, false, offsetof(kvf_sim_profile_t, llc_bytes)},
     {"dram_gb_s", 1e9, FIELD_NONNEG, false, offsetof(kvf_sim_profile_t, dram_bw)},
-    {"corun_slowdown", 1, FIELD_NONNEG, false, offsetof(kvf_sim_profile_t, corun_slowdown)},
 };
 
 static const char *const kind_rule[] = {"a positive number", "a number in (0, 1]", "a number >= 0"};

@@ -51,11 +51,6 @@ typedef struct {
      * and a step streams the rest of its weights at dram_bw instead of
      * hbm_bw (0: not modelled). */
     double llc_bytes, dram_bw;
-    /* How much slower a step computes while another node of the host
-     * computes too (shared caches and memory; measured: a forward beside
-     * a decode loop in another process, kvf bench engine --corun); 0 or
-     * 1: not modelled. */
-    double corun_slowdown;
     /* Prompt tokens' efficiency measured at several step sizes: at
      * prefill_eff_tokens[i] prompt tokens a step reaches prefill_eff[i]
      * of flops (tokens increasing; kvf_sim_prefill_eff between and past
@@ -79,7 +74,7 @@ const char *kvf_sim_profile_names(void);
  * "decode_compute_eff": ..., "mem_eff": ..., "kv_mem_fraction": ...,
  * "transfer_fixed_us": ..., "step_overhead_us": ..., "host_cpus": ...,
  * "host_load": ..., "node_threads": ..., "msg_latency_us": ..., "llc_mb": ...,
- * "dram_gb_s": ..., "corun_slowdown": ..., "prefill_eff": [[tokens, eff], ...]}: fields absent
+ * "dram_gb_s": ..., "prefill_eff": [[tokens, eff], ...]}: fields absent
  * keep the base's (without a base: all but the efficiencies are
  * required). A problem is described in err. */
 kvf_status_t kvf_sim_profile_load(const char *path, kvf_sim_profile_t *profile_p, char *err,

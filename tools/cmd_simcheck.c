@@ -290,11 +290,10 @@ static void describe(const char *what, const kvf_sim_profile_t *hw)
 {
     printf("%s profile: %.1f GB/s x mem_eff %.2f, %.1f GFLOP/s x compute_eff %.2f (decode %.2f), "
            "transfer %.0f us + %.2f GB/s; host %.0f CPUs, node threads %.0f; a message %.0f us; "
-           "past its %.0f MiB cache %.1f GB/s; beside another node's compute %.2fx\n",
+           "past its %.0f MiB cache %.1f GB/s\n",
            what, hw->hbm_bw / 1e9, hw->mem_eff, hw->flops / 1e9, hw->compute_eff,
            hw->decode_compute_eff, hw->transfer_fixed_s * 1e6, hw->net_bw / 1e9, hw->host_cpus,
-           hw->node_threads, hw->msg_latency_s * 1e6, hw->llc_bytes / 1048576, hw->dram_bw / 1e9,
-           hw->corun_slowdown);
+           hw->node_threads, hw->msg_latency_s * 1e6, hw->llc_bytes / 1048576, hw->dram_bw / 1e9);
     if (hw->n_prefill_eff > 0) {
         printf("  prompt tokens' compute_eff by the tokens a step computes:");
         for (int i = 0; i < hw->n_prefill_eff; i++)

@@ -97,7 +97,6 @@ typedef struct {
     kvf_sim_profile_t hw;
     double b1_bw;      /* bytes/s the batch-1 decode step read */
     double b32_step_s; /* the batch-32 decode step */
-    double corun;      /* a forward beside a decode loop over alone (0: not measured) */
     int n_pf;
     double pf_tokens[KVF_SIM_PREFILL_EFF_MAX], pf_rate[KVF_SIM_PREFILL_EFF_MAX]; /* tokens/s */
 } round_t;
@@ -154,25 +153,20 @@ static void set_effs(kvf_sim_profile_t *hw, const kvf_sim_model_t *m, double b1_
 
 /* Runs both benchmarks into dir; false after a message. */
 static bool measure(const char *prog, const char *dir, const char *model_dir, int threads,
-                    bool corun, cJSON **engine_p, cJSON **xfer_p, cJSON **corun_p,
-                    double *share_p)
+                    cJSON **engine_p, cJSON **xfer_p, double *share_p)
 {
-    char ej[512], el[512], xj[512], xl[512], cj[512], th[16];
+    char ej[512], el[512], xj[512], xl[512], th[16];
     snprintf(ej, sizeof(ej), "%s/engine.json", dir);
-    snprintf(cj, sizeof(cj), "%s/corun.json", dir);
     snprintf(el, sizeof(el), "%s/engine.log", dir);
     snprintf(xj, sizeof(xj), "%s/transfer.json", dir);
     snprintf(xl, sizeof(xl), "%s/transfer.log", dir);
     snprintf(th, sizeof(th), "%d", threads);
     char *engine[] = {"kvf",     "bench",  "engine", "--model", (char *)model_dir, "--threads", th,
                       "--quick", "--json", ej,       NULL};
-    char *beside[] = {"kvf",     "bench",  "engine", "--model", (char *)model_dir, "--threads", th,
-                      "--corun", "--json", cj,       NULL};
     char *xfer[] = {"kvf", "bench", "transfer", "--tls", "shm", "--quick", "--json", xj, NULL};
     double cpu = 0, wall = 0;
     if (!kvf_sim_run_kvf(prog, engine, el, &cpu, &wall) ||
-        !kvf_sim_run_kvf(prog, xfer, xl, NULL, NULL) ||
-        (corun && !kvf_sim_run_kvf(prog, beside, el, NULL, NULL)))
+        !kvf_sim_run_kvf(prog, xfer, xl, NULL, NULL))
         return false;
     /* of its CPU, what a one-thread engine benchmark got; with more
      * threads its CPU time cannot tell (workers also wait for each other,
@@ -180,13 +174,11 @@ static bool measure(const char *prog, const char *dir, const char *model_dir, in
     *share_p = threads == 1 && wall > 0 && cpu > 0 ? at_most_1(cpu / wall) : 1;
     *engine_p = read_json(prog, ej);
     *xfer_p = read_json(prog, xj);
-    *corun_p = corun ? read_json(prog, cj) : NULL;
-    unlink(cj);
     unlink(ej);
     unlink(el);
     unlink(xj);
     unlink(xl);
-    return *engine_p && *xfer_p && (!corun || *corun_p);
+    return *engine_p && *xfer_p;
 }
 
 /* The host's terms of hw: its CPUs, the node's threads, a message's
@@ -203,22 +195,18 @@ static bool probe(const char *prog, int threads, kvf_sim_profile_t *hw)
     return true;
 }
 
-/* One round of both benchmarks into r (corun: and the engine's --corun);
- * false after a message. */
-static bool measure_round(const char *prog, const char *model_dir, int threads, bool corun,
-                          round_t *r)
+/* One round of both benchmarks into r; false after a message. */
+static bool measure_round(const char *prog, const char *model_dir, int threads, round_t *r)
 {
     char dir[] = "/tmp/kvf-sim-measure-XXXXXX";
     if (!mkdtemp(dir)) {
         fprintf(stderr, "%s: cannot make a temporary directory: %m\n", prog);
         return false;
     }
-    cJSON *engine = NULL, *xfer = NULL, *beside = NULL;
+    cJSON *engine = NULL, *xfer = NULL;
     double share = 1;
-    bool ok = measure(prog, dir, model_dir, threads, corun, &engine, &xfer, &beside, &share);
+    bool ok = measure(prog, dir, model_dir, threads, &engine, &xfer, &share);
     rmdir(dir);
-    r->corun = number(beside, "prefill_corun_slowdown", NULL);
-    ok = ok && (!corun || r->corun > 0);
     kvf_sim_profile_t *hw = &r->hw;
     hw->net_bw = hw->nvlink_bw = number(xfer, "fit_gbps", "shm") * 1e9;
     hw->transfer_fixed_s = number(xfer, "fixed_cost_us", "shm") / 1e6;
@@ -236,7 +224,6 @@ static bool measure_round(const char *prog, const char *model_dir, int threads, 
         fprintf(stderr, "%s: the benchmarks' JSON lacks a number the profile needs\n", prog);
     cJSON_Delete(engine);
     cJSON_Delete(xfer);
-    cJSON_Delete(beside);
     return ok;
 }
 
@@ -277,7 +264,6 @@ static void take_median(kvf_sim_profile_t *hw, const round_t *r, int n, const kv
     hw->net_bw = hw->nvlink_bw = MID(hw.net_bw);
     hw->transfer_fixed_s = MID(hw.transfer_fixed_s);
     hw->dram_bw = MID(hw.dram_bw);
-    hw->corun_slowdown = MID(corun);
     /* the same prompt lengths every round (the benchmark's) */
     int n_pf = r[0].n_pf;
     double pf_tokens[KVF_SIM_PREFILL_EFF_MAX], pf_rate[KVF_SIM_PREFILL_EFF_MAX];
@@ -328,7 +314,7 @@ int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads
     round_t r[KVF_SIM_MEASURE_ROUNDS_MAX];
     for (int i = 0; i < rounds; i++) {
         r[i] = (round_t){.hw = hw};
-        if (!measure_round(prog, model_dir, threads, shared_host, &r[i]))
+        if (!measure_round(prog, model_dir, threads, &r[i]))
             return 1;
         if (i > 0 && r[i].n_pf != r[0].n_pf) {
             fprintf(stderr, "%s: the engine benchmark's prompt lengths changed between rounds\n",

@@ -164,9 +164,7 @@ static void test_profiles(void **state)
                      KVF_OK);
     assert_int_equal(hw.n_prefill_eff, 2);
     assert_true(hw.prefill_eff_tokens[1] == 512 && hw.prefill_eff[1] == 0.5);
-    assert_true(hw.corun_slowdown == 1.25);
     assert_float_equal(kvf_sim_prefill_eff(&hw, 256), 0.375, 1e-15);
-    assert_true(hw.corun_slowdown == 1.25);
     assert_int_equal(
         kvf_sim_profile_load(DATA "/profile-bad-prefill-eff.json", &hw, err, sizeof(err)),
         KVF_ERR_FORMAT);
@@ -510,47 +508,6 @@ static void test_host_cache(void **state)
     kvf_sim_result_fini(&b);
 }
 
-/* One node slowing another's compute: the second prompt, computed while
- * the first decodes on the other node of a shared host, takes longer at
- * a corun_slowdown; the first, computed alone, does not; nor does a
- * colocated node, alone on its host. */
-static void test_host_corun(void **state)
-{
-    (void)state;
-    kvf_sim_req_t reqs[2] = {{.at_s = 0, .n_prompt = 1000, .n_output = 50, .prefix_id = -1},
-                             {.at_s = 0.05, .n_prompt = 1000, .n_output = 50, .prefix_id = -1}};
-    kvf_sim_workload_t two = {.n = 2, .reqs = reqs};
-    kvf_sim_config_t split, colo;
-    chat_config(&split, 1, 1, 0);
-    split.hw.host_cpus = 2;
-    split.hw.node_threads = 1;
-    kvf_sim_result_t a, b;
-    run(&split, &two, &a);
-    split.hw.corun_slowdown = 2;
-    run(&split, &two, &b);
-    assert_true(b.ttft[2] > a.ttft[2] * 1.05);
-    assert_true(b.ttft[0] == a.ttft[0]); /* the first prompt ran alone */
-    kvf_sim_result_fini(&a);
-    kvf_sim_result_fini(&b);
-    split.hw.host_cpus = 0; /* nodes on hardware of their own */
-    run(&split, &two, &a);
-    split.hw.corun_slowdown = 0;
-    run(&split, &two, &b);
-    assert_true(same_result(&a, &b));
-    kvf_sim_result_fini(&a);
-    kvf_sim_result_fini(&b);
-
-    chat_config(&colo, 0, 0, 1);
-    colo.hw.host_cpus = 2;
-    colo.hw.node_threads = 2;
-    run(&colo, &two, &a);
-    colo.hw.corun_slowdown = 2;
-    run(&colo, &two, &b);
-    assert_true(same_result(&a, &b));
-    kvf_sim_result_fini(&a);
-    kvf_sim_result_fini(&b);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -559,7 +516,6 @@ int main(void)
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_split_and_colocated),
         cmocka_unit_test(test_plan),          cmocka_unit_test(test_local_prefill),
         cmocka_unit_test(test_host_terms),    cmocka_unit_test(test_host_cache),
-        cmocka_unit_test(test_host_corun),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
