@@ -21,6 +21,7 @@
 #include "kvf/backend_flags.h"
 #include "kvf/file.h"
 #include "kvf/flags.h"
+#include "bench_util.h"
 #include "sim_measure.h"
 
 #define CHECK_MAX_RATES 8
@@ -212,20 +213,6 @@ static int measure_serve(const char *prog, const check_opts_t *o, double rate, c
     return rc;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* The median of v[0..n) (sorted in place; n >= 1; an even n: the mean of
- * the middle two). */
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* rows[0..n)'s median, number by number, into out. */
 static void median_row(const check_row_t *rows, int n, check_row_t *out)
 {
@@ -234,11 +221,11 @@ static void median_row(const check_row_t *rows, int n, check_row_t *out)
         for (int k = 0; k < 3; k++) {
             for (int i = 0; i < n; i++)
                 v[i] = rows[i].v[m][k];
-            out->v[m][k] = median(v, n);
+            out->v[m][k] = kvf_bench_median(v, (size_t)n);
         }
     for (int i = 0; i < n; i++)
         v[i] = rows[i].goodput;
-    out->goodput = median(v, n);
+    out->goodput = kvf_bench_median(v, (size_t)n);
 }
 
 /* ---- predicted ------------------------------------------------------------------ */

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "kvf/clock.h"
 #include "kvf/file.h"
 
@@ -227,27 +228,13 @@ static bool measure_round(const char *prog, const char *model_dir, int threads, 
     return ok;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* The median of v[0..n) (1 <= n <= KVF_SIM_MEASURE_ROUNDS_MAX; sorted in place;
- * an even n: the mean of the middle two). */
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* The median over rounds r[0..n) of the double at byte offset off. */
 static double mid_at(const round_t *r, int n, size_t off)
 {
     double v[KVF_SIM_MEASURE_ROUNDS_MAX];
     for (int i = 0; i < n; i++)
         memcpy(&v[i], (const char *)&r[i] + off, sizeof(double));
-    return median(v, n);
+    return kvf_bench_median(v, (size_t)n);
 }
 
 /* The median of n rounds, number by number, then the efficiencies from
