@@ -14,7 +14,8 @@
  *   tree ((l, l+8), then (l, l+4), (l, l+2), (l, l+1)).
  * - attention: each query row alone, keys in chunks of 16 absolute
  *   positions, one online-softmax step per chunk; p·v as one FMA chain per
- *   element over the chunk's keys in order. A sliding window starts at the
+ *   element over the chunk's keys in order. int8 pools: q·k over the
+ *   integers, exact, and the value scale on p (see "int8 pools"). A sliding window starts at the
  *   chunk holding the first key in it; keys before that key have p = 0.
  * - exp: one polynomial (kvf_cpu_exp), evaluated with the same operations
  *   in every instruction set.
@@ -29,6 +30,7 @@
 #ifndef KVF_CPU_KERNELS_H
 #define KVF_CPU_KERNELS_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -89,7 +91,8 @@ typedef struct {
  * (chunk-outer, every row of the tile inner, so a chunk is read once per
  * tile): f32 rows in place, other formats decoded exactly
  * (kvf_kv_format.h's values: keys into the scratch, values in registers
- * where the instruction set can), then the same f32 math. */
+ * where the instruction set can), then the same f32 math; int8 keys and
+ * values are used as integers instead ("int8 pools" below). */
 typedef struct {
     int n_tok;
     const int32_t *pos;          /* (n_tok) */
@@ -146,6 +149,8 @@ typedef struct {
     float *acc, *m, *l, *kbuf, *vbuf;
     float *s, *p, *alpha;
     float *ds, *dp, *da;
+    int16_t *qi; /* int8 pools: per row its query in int16 (hdp, zeros past head_dim) */
+    float *qs;   /* and that query's scale */
     int hdp;
 } kvf_cpu_attn_scratch_t;
 
@@ -170,6 +175,8 @@ static inline kvf_cpu_attn_scratch_t kvf_cpu_attn_scratch(float *s, int head_dim
     sc.ds = sc.p + (size_t)rp * KVF_CPU_KEY_CHUNK;
     sc.dp = sc.ds + (size_t)rows * KVF_CPU_DECODE_CHUNKS * KVF_CPU_KEY_CHUNK;
     sc.da = sc.dp + (size_t)rows * KVF_CPU_DECODE_CHUNKS * KVF_CPU_KEY_CHUNK;
+    sc.qs = sc.da + (size_t)rows * KVF_CPU_DECODE_CHUNKS;
+    sc.qi = (int16_t *)(void *)(sc.qs + rp);
     return sc;
 }
 
@@ -189,7 +196,7 @@ static inline void kvf_cpu_attn_span(const kvf_cpu_attn_tile_t *t, int *j_first_
 /* Rows of keys and values j0 .. j0+15 of a chunk whose first n keys exist
  * (rows past n: the chunk's first, readable, result unused). f32 rows are
  * the pool's own; other formats are decoded into sc's buffers, one call
- * per run of keys in one block. */
+ * per run of keys in one block (int8 values without their scales). */
 static inline void kvf_cpu_attn_chunk_rows(const kvf_cpu_attn_tile_t *t, int j0, int n,
                                            kvf_cpu_decode_fn dec, const kvf_cpu_attn_scratch_t *sc,
                                            const float **krows, const float **vrows)
@@ -211,7 +218,9 @@ static inline void kvf_cpu_attn_chunk_rows(const kvf_cpu_attn_tile_t *t, int j0,
         } else {
             float *kb = sc->kbuf + (size_t)j * sc->hdp, *vb = sc->vbuf + (size_t)j * sc->hdp;
             dec(dt, kd, scaled ? t->kscales[b] + r : NULL, run, hd, kb, sc->hdp);
-            dec(dt, vd, scaled ? t->vscales[b] + r : NULL, run, hd, vb, sc->hdp);
+            /* int8 values: without their scales, which go onto p */
+            dec(dt, vd, scaled && dt != KVF_KV_INT8 ? t->vscales[b] + r : NULL, run, hd, vb,
+                sc->hdp);
             for (int i = 0; i < run; i++) {
                 krows[j + i] = kb + (size_t)i * sc->hdp;
                 vrows[j + i] = vb + (size_t)i * sc->hdp;
@@ -249,6 +258,117 @@ static inline void kvf_cpu_prefetch(const void *p)
 static inline float kvf_cpu_kv_factor(kvf_kv_dtype_t dt, float scale)
 {
     return dt == KVF_KV_FP8 ? scale * 256.0f : scale;
+}
+
+/* ---- int8 pools: q·k over the integers ---------------------------------
+ *
+ * With an int8 pool a score is computed from the integers: each query row
+ * is quantized once per tile to int16 (kvf_cpu_i8_quant: a scale per row,
+ * amax / qmax), then for key j with int8 row k and scale sk
+ *
+ *   score = (float)(sum_d qi[d] * k[d]) * (sq * sk)
+ *
+ * The sum is exact in int32 (|qi| <= qmax, qmax * 127 * head_dim <
+ * 2^31), so it has one value whatever order or vector width adds it up:
+ * every instruction set gives the same bits by construction, and the
+ * float steps after it are two products. The query's rounding (1 part in
+ * 2 * qmax of its largest element, qmax = 32767 up to head_dim 516) is
+ * far below the key's (1 in 254). On the values side the row scale
+ * multiplies the probability instead of each element: acc = fma(p * sv,
+ * (float)v, acc), so a value row is a convert, no multiply. */
+
+/* The largest |qi| for rows of hd elements: the int32 sum cannot overflow. */
+static inline int kvf_cpu_i8_qmax(int hd)
+{
+    const int lim = (int)(2147483647 / (127 * (hd > 0 ? hd : 1)));
+    return lim < 32767 ? lim : 32767;
+}
+
+/* q (hd floats) as qi (hdp int16, zeros past hd) and its scale *sq: qi[d]
+ * = round(q[d] / sq) to nearest even, sq = amax / qmax (0 when q is all
+ * zeros: then every score is 0; amax not finite: NaN, as the scores a
+ * non-finite query gives). */
+static inline void kvf_cpu_i8_quant(const float *q, int hd, int hdp, int16_t *qi, float *sq)
+{
+    float amax = 0;
+    for (int d = 0; d < hd; d++) {
+        const float a = fabsf(q[d]);
+        amax = a > amax ? a : amax;
+    }
+    for (int d = hd; d < hdp; d++)
+        qi[d] = 0;
+    if (!(amax <= 3.402823466e38f) || amax != amax) {
+        *sq = NAN;
+        for (int d = 0; d < hd; d++)
+            qi[d] = 0;
+        return;
+    }
+    if (amax == 0.0f) {
+        *sq = 0.0f;
+        for (int d = 0; d < hd; d++)
+            qi[d] = 0;
+        return;
+    }
+    const float qmax = (float)kvf_cpu_i8_qmax(hd), s = amax / qmax;
+    for (int d = 0; d < hd; d++) {
+        float r = q[d] / s;
+        r = r > qmax ? qmax : r < -qmax ? -qmax : r;
+        float t = r + 12582912.0f; /* |r| <= 2^15: to an integer, nearest even */
+        t -= 12582912.0f;
+        qi[d] = (int16_t)(int)t;
+    }
+    *sq = s;
+}
+
+/* The exact integer dot product of qi and k over hd elements. */
+static inline int32_t kvf_cpu_i8_dot(const int16_t *qi, const int8_t *k, int hd)
+{
+    int32_t s = 0;
+    for (int d = 0; d < hd; d++)
+        s += (int32_t)qi[d] * (int32_t)k[d];
+    return s;
+}
+
+/* A score from its integer sum, the query's scale and the key's. */
+static inline float kvf_cpu_i8_score(int32_t isum, float sq, float sk)
+{
+    return (float)isum * (sq * sk);
+}
+
+/* The rows (and scales) of one side (0: keys, 1: values) of an int8 tile
+ * for keys j0 .. j0+n-1; entries n .. 15 repeat the first. */
+static inline void kvf_cpu_i8_rows(const kvf_cpu_attn_tile_t *t, int side, int j0, int n,
+                                   const int8_t **rows, float *scales)
+{
+    const int bs = t->block_size, hd = t->head_dim;
+    const void *const *data = side ? t->values : t->keys;
+    const float *const *sc = side ? t->vscales : t->kscales;
+    int b = j0 / bs, r = j0 % bs;
+    for (int j = 0; j < n; j++) {
+        rows[j] = (const int8_t *)data[b] + (size_t)r * (size_t)hd;
+        scales[j] = sc[b][r];
+        if (++r == bs) {
+            b++;
+            r = 0;
+        }
+    }
+    for (int j = n; j < KVF_CPU_KEY_CHUNK; j++) {
+        rows[j] = rows[0];
+        scales[j] = scales[0];
+    }
+}
+
+/* The scores (before the attention scale) of two quantized query rows
+ * against 16 int8 key rows, element by element: the reference every
+ * instruction set's version equals. */
+static inline void kvf_cpu_i8_scores2_ref(const int16_t *q0, float sq0, const int16_t *q1,
+                                          float sq1, const int8_t *const *rows, const float *ks,
+                                          int hd, float *o0, float *o1)
+{
+    for (int j = 0; j < KVF_CPU_KEY_CHUNK; j++) {
+        o0[j] = kvf_cpu_i8_score(kvf_cpu_i8_dot(q0, rows[j], hd), sq0, ks[j]);
+        o1[j] = kvf_cpu_i8_score(kvf_cpu_i8_dot(q1, rows[j], hd), sq1, ks[j]);
+    }
 }
 
 /* A stream of prefetches over the rows of keys j0 .. end-1 of n_t tiles

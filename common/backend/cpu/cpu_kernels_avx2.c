@@ -168,6 +168,11 @@ static inline __attribute__((always_inline)) __m256 load_kv(kvf_kv_dtype_t dt, c
 #define V_LOAD_KV(dt, src, i, sv) load_kv((dt), (src), (i), (sv))
 #define KV_FUSED 1
 
+/* int8 pools' scores over the integers, and value rows read as floats
+ * (cpu_i8_x86.h) */
+#define V_CVT_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p))))
+#include "cpu_i8_x86.h"
+
 
 /* 16 ymm registers: decode rows x 1-2 panels (4 accumulators a row and
  * panel), and 6 rows x half a panel (12) for larger batches. */

@@ -168,6 +168,14 @@ static inline __attribute__((always_inline)) __m512 load_kv(kvf_kv_dtype_t dt, c
 #define V_LOAD_KV(dt, src, i, sv) load_kv((dt), (src), (i), (sv))
 #define KV_FUSED 1
 
+/* int8 pools' scores over the integers, and value rows read as floats
+ * (cpu_i8_x86.h). 256-bit integer steps, so only AVX2 is needed, and 4
+ * keys a pass: VEX-encoded instructions reach 16 registers. (512-bit
+ * vpdpwssd, AVX512-VNNI, measured no faster at 16k context, batch 16:
+ * the step there waits on memory and p·v, not on these sums.) */
+#define V_CVT_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))))
+#include "cpu_i8_x86.h"
+
 /* dot16 of q0 and of q1 with each of the 16 key rows base + j * stride
  * bytes of format DT (row j's scale scales[j]), into out0[j] and out1[j]:
  * each key vector is decoded once, in registers, for both queries. Eight

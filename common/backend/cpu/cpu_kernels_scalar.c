@@ -61,7 +61,8 @@ size_t kvf_cpu_attn_scratch_floats(int head_dim, int rows)
     const size_t hdp = (size_t)kvf_cpu_attn_hdp(head_dim);
     const size_t rp = ((size_t)rows + 15) & ~(size_t)15;
     return (2 * KVF_CPU_KEY_CHUNK + (size_t)rows) * hdp + 3 * rp + 3 * rp * KVF_CPU_KEY_CHUNK +
-           (size_t)rows * KVF_CPU_DECODE_CHUNKS * (2 * KVF_CPU_KEY_CHUNK + 1);
+           (size_t)rows * KVF_CPU_DECODE_CHUNKS * (2 * KVF_CPU_KEY_CHUNK + 1) + rp +
+           ((size_t)rows * hdp + 1) / 2; /* qs, qi (int16) */
 }
 
 static void decode_row_scalar(kvf_kv_dtype_t dt, const void *src, const float *scales, int n_rows,
@@ -73,16 +74,23 @@ static void decode_row_scalar(kvf_kv_dtype_t dt, const void *src, const float *s
                           n, out + (size_t)r * (size_t)ld_out);
 }
 
-/* One online-softmax step of a query row over keys j0+ja .. j0+nj-1. */
+/* One online-softmax step of a query row over keys j0+ja .. j0+nj-1.
+ * int8 pools: the row's quantized query qi, sq and the chunk's int8 key
+ * rows k8 with scales ks; the value rows decoded without their scales
+ * vs, which multiply the probabilities (cpu_kernels.h). */
 static void chunk_step_scalar(const kvf_cpu_attn_tile_t *t, const float *q, float *acc, float *m_p,
                               float *l_p, const float *const *krows, const float *const *vrows,
-                              int ja, int nj)
+                              int ja, int nj, const int16_t *qi, float sq,
+                              const int8_t *const *k8, const float *ks, const float *vs)
 {
     const int hd = t->head_dim;
     float s[KVF_CPU_KEY_CHUNK], p[KVF_CPU_KEY_CHUNK] = {0};
     float mc = -INFINITY;
     for (int j = ja; j < nj; j++) {
-        s[j] = dot16_scalar(q, krows[j], hd) * t->scale;
+        if (qi)
+            s[j] = kvf_cpu_i8_score(kvf_cpu_i8_dot(qi, k8[j], hd), sq, ks[j]) * t->scale;
+        else
+            s[j] = dot16_scalar(q, krows[j], hd) * t->scale;
         if (t->softcap > 0)
             s[j] = kvf_det_softcap(s[j], t->softcap);
         mc = s[j] > mc ? s[j] : mc;
@@ -94,6 +102,9 @@ static void chunk_step_scalar(const kvf_cpu_attn_tile_t *t, const float *q, floa
     *l_p = *l_p * alpha + kvf_cpu_tree16(p);
     for (int c = 0; c < hd; c++)
         acc[c] = acc[c] * alpha;
+    if (vs)
+        for (int j = 0; j < nj; j++)
+            p[j] = p[j] * vs[j];
     for (int j = 0; j < nj; j++)
         for (int c = 0; c < hd; c++)
             acc[c] = fmaf(p[j], vrows[j][c], acc[c]);
@@ -110,12 +121,26 @@ static void attention_scalar(const kvf_cpu_attn_tile_t *t, float *scratch)
         for (int c = 0; c < hd; c++)
             sc.acc[(size_t)r * sc.hdp + c] = 0;
     }
+    const bool i8 = t->dtype == KVF_KV_INT8;
+    if (i8)
+        for (int i = 0; i < t->n_tok; i++)
+            for (int h = 0; h < t->group; h++) {
+                const int r = i * t->group + h;
+                kvf_cpu_i8_quant(t->q + (size_t)i * (size_t)t->ld_q + (size_t)h * (size_t)hd, hd,
+                                 sc.hdp, sc.qi + (size_t)r * sc.hdp, &sc.qs[r]);
+            }
     int first, last;
     kvf_cpu_attn_span(t, &first, &last);
     for (int j0 = first; j0 <= last; j0 += KVF_CPU_KEY_CHUNK) {
         const float *krows[KVF_CPU_KEY_CHUNK], *vrows[KVF_CPU_KEY_CHUNK];
+        const int8_t *k8[KVF_CPU_KEY_CHUNK], *v8[KVF_CPU_KEY_CHUNK];
+        float ks[KVF_CPU_KEY_CHUNK], vs[KVF_CPU_KEY_CHUNK];
         const int n = last - j0 + 1 < KVF_CPU_KEY_CHUNK ? last - j0 + 1 : KVF_CPU_KEY_CHUNK;
         kvf_cpu_attn_chunk_rows(t, j0, n, decode_row_scalar, &sc, krows, vrows);
+        if (i8) {
+            kvf_cpu_i8_rows(t, 0, j0, n, k8, ks);
+            kvf_cpu_i8_rows(t, 1, j0, n, v8, vs);
+        }
         for (int i = 0; i < t->n_tok; i++) {
             const int pos = t->pos[i], lo = kvf_cpu_attn_first_key(t->window, pos);
             if (j0 > pos || j0 + KVF_CPU_KEY_CHUNK <= lo)
@@ -126,7 +151,8 @@ static void attention_scalar(const kvf_cpu_attn_tile_t *t, float *scratch)
                 const int r = i * t->group + h;
                 const float *q = t->q + (size_t)i * (size_t)t->ld_q + (size_t)h * (size_t)hd;
                 chunk_step_scalar(t, q, sc.acc + (size_t)r * sc.hdp, &sc.m[r], &sc.l[r], krows,
-                                  vrows, ja, nj);
+                                  vrows, ja, nj, i8 ? sc.qi + (size_t)r * sc.hdp : NULL,
+                                  i8 ? sc.qs[r] : 0, k8, ks, i8 ? vs : NULL);
             }
         }
     }

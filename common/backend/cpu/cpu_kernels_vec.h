@@ -14,7 +14,11 @@
  *   TREE16P(p)           cpu_canon.h's 16-lane tree of p[0..15]
  *   V_LOAD_KV(dt, row, i, sv), KV_FUSED   where defined: VL exactly decoded
  *                        elements of a KV row, sv its kvf_cpu_kv_factor
- *                        (value rows then stay in the pool)
+ *                        (value rows then stay in the pool); with them
+ *                        V_LOAD_I8(row, i): VL int8 elements as floats
+ *   I8SCORES2(...)       where defined: kvf_cpu_i8_scores2_ref's values
+ *                        (int8 pools' scores) over the 16 rows base + j *
+ *                        head_dim, prefetching as DOT2X16
  *   SMALL_M SMALL_P(m)   batches of m <= SMALL_M rows: tiles of
  *                        SMALL_P(m) panels x all rows
  *   BIG_MR BIG_P BIG_NV  larger batches: tiles of BIG_MR rows x BIG_P
@@ -242,7 +246,8 @@ static void KFN(gemm)(const kvf_cpu_gemm_t *g, int p0, int p1, float *scratch)
  * (KV_FUSED) are the pool's; the others decode them into the scratch
  * first and read f32. */
 #if defined(KV_FUSED)
-#define PV_LOAD(DT, row, i, sv) V_LOAD_KV((DT), (row), (i), (sv))
+#define PV_LOAD(DT, row, i, sv) \
+    ((DT) == KVF_KV_INT8 ? V_LOAD_I8((row), (i)) : V_LOAD_KV((DT), (row), (i), (sv)))
 #define PV_DECODE false
 #else
 #define PV_LOAD(DT, row, i, sv) ((void)(sv), V_LOAD((const float *)(row) + (i)))
@@ -264,7 +269,8 @@ typedef struct {
  * NR (1 or 2) rows at once: each value vector is loaded (and decoded from
  * DT, exactly: kvf/kv_format.h's values) once for both rows, and the
  * rows' FMA chains (each in its canonical key order) interleave, so their
- * latencies overlap. */
+ * latencies overlap. int8 rows are read without their scales, which the
+ * caller has multiplied into p (cpu_kernels.h). */
 INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p, int nj, int hd,
                     const float *alpha, kvf_cpu_pf_stream_t *pf, int pf_n, const int NR,
                     const kvf_kv_dtype_t DT)
@@ -394,12 +400,13 @@ INLINE kv_side_t chunk_side(const kvf_cpu_attn_tile_t *t, int j0, int last, int 
     const size_t row_bytes = (size_t)hd * kvf_kv_elem_bytes(dt);
     const bool scaled = kvf_kv_scaled(dt);
     const void *const *data = kv ? t->values : t->keys;
-    const float *const *scales = kv ? t->vscales : t->kscales;
+    /* int8 values are decoded without their scales (pv_rows) */
+    const float *const *scales = kv ? (dt == KVF_KV_INT8 ? NULL : t->vscales) : t->kscales;
     const kv_side_t f32 = {(const char *)buf, (size_t)hdp * sizeof(float), kv_ones, KVF_KV_F32};
     int b = j0 / bs, r = j0 % bs;
     if (bs - r >= KVF_CPU_KEY_CHUNK) {
         const char *d = (const char *)data[b] + (size_t)r * row_bytes;
-        const float *sc = scaled ? scales[b] + r : NULL;
+        const float *sc = scaled && scales ? scales[b] + r : NULL;
         if (dt == KVF_KV_F32 || !decode)
             return (kv_side_t){d, row_bytes, sc ? sc : kv_ones, dt};
         DECODE_ROWS(dt, d, sc, KVF_CPU_KEY_CHUNK, hd, buf, hdp);
@@ -408,7 +415,7 @@ INLINE kv_side_t chunk_side(const kvf_cpu_attn_tile_t *t, int j0, int last, int 
     for (int j = 0; j < n;) {
         const int run = bs - r < n - j ? bs - r : n - j; /* keys j.. in block b */
         DECODE_ROWS(dt, (const char *)data[b] + (size_t)r * row_bytes,
-                    scaled ? scales[b] + r : NULL, run, hd, buf + (size_t)j * hdp, hdp);
+                    scaled && scales ? scales[b] + r : NULL, run, hd, buf + (size_t)j * hdp, hdp);
         j += run;
         b++;
         r = 0;
@@ -418,12 +425,127 @@ INLINE kv_side_t chunk_side(const kvf_cpu_attn_tile_t *t, int j0, int last, int 
     return f32;
 }
 
+#if !defined(I8SCORES2)
+/* kvf_cpu_i8_scores2_ref on the 16 rows base + j * hd, a chunk's rows
+ * requested as DOT16X16S's are. */
+INLINE void i8scores2_c(const int16_t *q0, float sq0, const int16_t *q1, float sq1,
+                        const int8_t *base, const float *ks, int hd, float *o0, float *o1,
+                        kvf_cpu_pf_stream_t *pf, int pf_n)
+{
+    const int8_t *rows[KVF_CPU_KEY_CHUNK];
+    for (int j = 0; j < KVF_CPU_KEY_CHUNK; j++)
+        rows[j] = base + (size_t)j * (size_t)hd;
+    if (pf_n > 0)
+        kvf_cpu_pf_take(pf, (hd + 7) / 8 * pf_n);
+    kvf_cpu_i8_scores2_ref(q0, sq0, q1, sq1, rows, ks, hd, o0, o1);
+}
+#define I8SCORES2(q0, sq0, q1, sq1, rows, ks, hd, o0, o1, pf, pf_n) \
+    i8scores2_c((q0), (sq0), (q1), (sq1), (rows), (ks), (hd), (o0), (o1), (pf), (pf_n))
+#endif
+
+/* Rows r0 .. of the scratch: tile t's query rows (token i, head h at r0 +
+ * i * group + h) quantized for an int8 pool. */
+INLINE void i8_quant_rows(const kvf_cpu_attn_tile_t *t, const kvf_cpu_attn_scratch_t *sc, int r0)
+{
+    for (int i = 0; i < t->n_tok; i++)
+        for (int h = 0; h < t->group; h++) {
+            const int r = r0 + i * t->group + h;
+            kvf_cpu_i8_quant(t->q + (size_t)i * (size_t)t->ld_q + (size_t)h * (size_t)t->head_dim,
+                             t->head_dim, sc->hdp, sc->qi + (size_t)r * sc->hdp, &sc->qs[r]);
+        }
+}
+
+/* One side (0: keys, 1: values) of the int8 chunk at j0, keys j0 ..
+ * last: key j's row at *base + j * hd, its scale (*scales)[j]. A chunk
+ * inside one block (the usual case) stays in the pool; one across blocks
+ * is copied into buf (16 rows) and sbuf, rows past last copies of the
+ * first. */
+INLINE void i8_chunk(const kvf_cpu_attn_tile_t *t, int side, int j0, int last, int8_t *buf,
+                     float *sbuf, const int8_t **base, const float **scales)
+{
+    const int bs = t->block_size, hd = t->head_dim, b = j0 / bs, r = j0 % bs;
+    const void *const *data = side ? t->values : t->keys;
+    const float *const *sc = side ? t->vscales : t->kscales;
+    if (bs - r >= KVF_CPU_KEY_CHUNK) {
+        *base = (const int8_t *)data[b] + (size_t)r * (size_t)hd;
+        *scales = sc[b] + r;
+        return;
+    }
+    const int n = last - j0 + 1 < KVF_CPU_KEY_CHUNK ? last - j0 + 1 : KVF_CPU_KEY_CHUNK;
+    const int8_t *rows[KVF_CPU_KEY_CHUNK];
+    kvf_cpu_i8_rows(t, side, j0, n, rows, sbuf);
+    for (int j = 0; j < KVF_CPU_KEY_CHUNK; j++)
+        memcpy(buf + (size_t)j * (size_t)hd, rows[j], (size_t)hd);
+    *base = buf;
+    *scales = sbuf;
+}
+
+/* The unscaled scores of the group's rows rr .. rr+G-1 of the scratch over
+ * the int8 keys of the chunk at j0 (keys to last), into S (row h's 16 at
+ * S + h * lds), two query heads a pass. */
+INLINE void i8_group_scores(const kvf_cpu_attn_tile_t *t, int j0, int last,
+                            const kvf_cpu_attn_scratch_t *sc, int rr, float *S, size_t lds,
+                            kvf_cpu_pf_stream_t *pf, int pf_n, const int HD)
+{
+    const int G = t->group;
+    const int8_t *base;
+    const float *ks;
+    float sbuf[KVF_CPU_KEY_CHUNK], spare[KVF_CPU_KEY_CHUNK];
+    i8_chunk(t, 0, j0, last, (int8_t *)(void *)sc->kbuf, sbuf, &base, &ks);
+    for (int h = 0; h < G; h += 2) {
+        const int16_t *q0 = sc->qi + (size_t)(rr + h) * sc->hdp;
+        const bool two = h + 1 < G;
+        I8SCORES2(q0, sc->qs[rr + h], two ? q0 + sc->hdp : q0, sc->qs[rr + (two ? h + 1 : h)],
+                  base, ks, HD, S + (size_t)h * lds, two ? S + (size_t)(h + 1) * lds : spare, pf,
+                  h == 0 ? pf_n : 0);
+    }
+}
+
+/* p (rows of 16 at P + h * lds, h < n_rows) times the int8 value scales
+ * of the chunk at j0 into W (the same layout): int8 values are read
+ * without their scales. */
+INLINE void i8_scale_p(const kvf_cpu_attn_tile_t *t, int j0, int last, const float *P, size_t lds,
+                       int n_rows, float *W)
+{
+    const int bs = t->block_size, b = j0 / bs, r = j0 % bs;
+    float sbuf[KVF_CPU_KEY_CHUNK];
+    const float *vs = t->vscales[b] + r;
+    if (bs - r < KVF_CPU_KEY_CHUNK) {
+        const int n = last - j0 + 1 < KVF_CPU_KEY_CHUNK ? last - j0 + 1 : KVF_CPU_KEY_CHUNK;
+        const int8_t *rows[KVF_CPU_KEY_CHUNK];
+        kvf_cpu_i8_rows(t, 1, j0, n, rows, sbuf);
+        vs = sbuf;
+    }
+    for (int h = 0; h < n_rows; h++)
+        for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
+            V_STORE(W + (size_t)h * lds + j,
+                    V_MUL(V_LOAD(P + (size_t)h * lds + j), V_LOAD(vs + j)));
+}
+
 /* The keys of the chunk at j0 (decoded into the scratch unless f32) and
  * every row's scaled (and soft-capped) scores over them, into s (rows x
  * 16, keys ja .. nj-1 of each row meaningful). */
 INLINE void tile_scores(const kvf_cpu_attn_tile_t *t, int j0, int last,
                         const kvf_cpu_attn_scratch_t *sc, float *s, const int HD)
 {
+    if (t->dtype == KVF_KV_INT8) {
+        for (int i = 0; i < t->n_tok; i++) {
+            int ja, nj;
+            if (!row_keys(t, i, j0, &ja, &nj))
+                continue;
+            float *si = s + (size_t)i * t->group * KVF_CPU_KEY_CHUNK;
+            i8_group_scores(t, j0, last, sc, i * t->group, si, KVF_CPU_KEY_CHUNK, NULL, 0, HD);
+            for (int h = 0; h < t->group; h++) {
+                float *sr = si + (size_t)h * KVF_CPU_KEY_CHUNK;
+                for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
+                    V_STORE(sr + j, V_MUL(V_LOAD(sr + j), V_SET1(t->scale)));
+                if (t->softcap > 0)
+                    for (int j = ja; j < nj; j++)
+                        sr[j] = kvf_det_softcap(sr[j], t->softcap);
+            }
+        }
+        return;
+    }
     const kv_side_t k = chunk_side(t, j0, last, 0, true, sc->kbuf, HD, sc->hdp);
     const float *kb = (const float *)(const void *)k.base;
     const size_t ld = k.stride / sizeof(float);
@@ -471,6 +593,8 @@ INLINE void tile_pv(const kvf_cpu_attn_tile_t *t, int j0, int last,
                     const kvf_cpu_attn_scratch_t *sc, const int HD)
 {
     const kv_side_t v = chunk_side(t, j0, last, 1, PV_DECODE, sc->vbuf, HD, sc->hdp);
+    if (t->dtype == KVF_KV_INT8) /* p times the value scales, in place */
+        i8_scale_p(t, j0, last, sc->p, KVF_CPU_KEY_CHUNK, t->n_tok * t->group, sc->p);
     for (int i = 0; i < t->n_tok; i++) {
         int ja, nj;
         if (!row_keys(t, i, j0, &ja, &nj))
@@ -507,6 +631,9 @@ INLINE void dec_scores(const kvf_cpu_attn_tile_t *t, int j0, int last, int ja, i
                        kvf_cpu_pf_stream_t *pf, int pf_n, const int HD)
 {
     const int G = t->group;
+    if (t->dtype == KVF_KV_INT8)
+        i8_group_scores(t, j0, last, sc, 0, S, (size_t)lds, pf, pf_n, HD);
+    else
 #if defined(DOT2X16)
     if (HD % 16 == 0) {
         const kv_side_t k = chunk_side(t, j0, last, 0, false, sc->kbuf, HD, sc->hdp);
@@ -570,10 +697,12 @@ INLINE void dec_softmax_row(float *s, float *p, float *a, int G, int nc, const i
 /* p·v of the token's rows over the chunk at j0 (keys < nj), probabilities
  * P (row r's 16 at P + r * lds) and factors a (row r's at a[r]). */
 INLINE void dec_pv(const kvf_cpu_attn_tile_t *t, int j0, int last, int nj,
-                   const kvf_cpu_attn_scratch_t *sc, const float *P, int lds, const float *a,
+                   const kvf_cpu_attn_scratch_t *sc, float *P, int lds, const float *a,
                    kvf_cpu_pf_stream_t *pf, int pf_n, const int HD)
 {
     const kv_side_t v = chunk_side(t, j0, last, 1, PV_DECODE, sc->vbuf, HD, sc->hdp);
+    if (t->dtype == KVF_KV_INT8) /* p times the value scales, in place */
+        i8_scale_p(t, j0, last, P, (size_t)lds, t->group, P);
     for (int h = 0; h < t->group; h += 2) {
         float *acc[2] = {sc->acc + (size_t)h * sc->hdp, sc->acc + (size_t)(h + 1) * sc->hdp};
         const float *pr[2] = {P + (size_t)h * (size_t)lds, P + (size_t)(h + 1) * (size_t)lds};
@@ -679,6 +808,9 @@ INLINE void attention_heads_hd(const kvf_cpu_attn_tile_t *t, int n, float *scrat
     const int G = t->group, rows = n * G;
     const kvf_cpu_attn_scratch_t sc = kvf_cpu_attn_scratch(scratch, HD, rows);
     rows_start(&sc, rows);
+    if (t->dtype == KVF_KV_INT8)
+        for (int h = 0; h < n; h++)
+            i8_quant_rows(&t[h], &sc, h * G);
     int first, last;
     kvf_cpu_attn_span(t, &first, &last);
     const size_t chunk_bytes = (size_t)KVF_CPU_KEY_CHUNK * 2 * (size_t)n *
@@ -696,6 +828,8 @@ INLINE void attention_heads_hd(const kvf_cpu_attn_tile_t *t, int n, float *scrat
             hs.m = sc.m + h * G;
             hs.l = sc.l + h * G;
             hs.acc = sc.acc + (size_t)h * G * sc.hdp;
+            hs.qi = sc.qi + (size_t)h * G * sc.hdp;
+            hs.qs = sc.qs + h * G;
             decode_run(&t[h], &hs, r0, nc, last, &pf, 2 * eb, &pf, row_lines, false, HD);
         }
         kvf_cpu_pf_upto(&pf, r0 + 2 * run); /* the next run whole */
@@ -716,6 +850,8 @@ INLINE void attention_hd(const kvf_cpu_attn_tile_t *t, float *scratch, const int
     const kvf_cpu_attn_scratch_t sc = kvf_cpu_attn_scratch(scratch, HD, rows);
     const size_t s_stride = (size_t)((rows + 15) & ~15) * KVF_CPU_KEY_CHUNK;
     rows_start(&sc, rows);
+    if (t->dtype == KVF_KV_INT8)
+        i8_quant_rows(t, &sc, 0);
     int first, last;
     kvf_cpu_attn_span(t, &first, &last);
     if (t->n_tok == 1) {
