@@ -140,8 +140,9 @@ static void check_shape(const shape_t *s)
     free(got);
 }
 
-/* Every KV format, GQA groups 2 and 3 and MHA, head dims 64 and 80 (not
- * a vector multiple on AVX-512) and 128, block sizes 16, 40 (chunks
+/* Every KV format, GQA groups 2 and 3 and MHA, head dims 64, 80 (not
+ * a vector multiple on AVX-512), 72 (not one on AVX2 either: the element
+ * tails) and 128, block sizes 16, 40 (chunks
  * split across blocks) and 1, 1 to 8 kv heads: batched, the 13 queries
  * are enough tiles for a task to take a token's kv heads together
  * (attention_heads, in runs of 1 to 16 chunks by the heads' bytes). */
@@ -151,7 +152,7 @@ static void test_long_decode(void **state)
     const shape_t shapes[] = {
         {64, 4, 2, 16, 0, KVF_KV_F32, 0},  {128, 6, 2, 16, 0, KVF_KV_F32, 0},
         {80, 2, 2, 40, 0, KVF_KV_F32, 0},  {64, 3, 1, 1, 0, KVF_KV_F32, 0},
-        {64, 16, 8, 16, 0, KVF_KV_F32, 0},
+        {64, 16, 8, 16, 0, KVF_KV_F32, 0},  {72, 4, 2, 40, 0, KVF_KV_F32, 0},
     };
     for (int dt = 0; dt < KVF_KV_N_DTYPES; dt++)
         for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {

@@ -312,6 +312,10 @@ static inline void kvf_cpu_i8_quant(const float *q, int hd, int hdp, int16_t *qi
     const float qmax = (float)kvf_cpu_i8_qmax(hd), s = amax / qmax;
     for (int d = 0; d < hd; d++) {
         float r = q[d] / s;
+        if (r != r) { /* a NaN element (amax skips it): 0 */
+            qi[d] = 0;
+            continue;
+        }
         r = r > qmax ? qmax : r < -qmax ? -qmax : r;
         float t = r + 12582912.0f; /* |r| <= 2^15: to an integer, nearest even */
         t -= 12582912.0f;

@@ -316,7 +316,9 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
         for (int r = 0; r < NR; r++) {
             float a = acc[r][c] * alpha[r];
             for (int j = 0; j < nj; j++)
-                a = fmaf(p[r][j], kvf_kv_decode_one(DT, SIDE_ROW(v, j), c, vsc[j]), a);
+                a = fmaf(p[r][j],
+                         kvf_kv_decode_one(DT, SIDE_ROW(v, j), c,
+                                           DT == KVF_KV_INT8 ? 1.0f : vsc[j]), a);
             acc[r][c] = a;
         }
 }
