@@ -195,7 +195,9 @@ void compare_with_cpu(check &c, kv_batch &b, const attention_plan &p, const atte
 // A pool of format dt (not f32) for the emulated kernels: K/V written by
 // qkv_rope_write in dt, then the attentions decoding it. The reference is
 // the CPU backend's attention over that pool decoded to f32 (exact), with
-// the kernels' tolerances.
+// the kernels' tolerances; for int8 on CUDA cores, which score from the
+// integers as the CPU backend does on an int8 pool (kvf/kv_format.h), the
+// CPU backend's attention over the int8 pool itself.
 void compare_format_with_cpu(check &c, kv_batch &b, const attention_plan &p,
                              const attention_rows &r, const std::vector<float> &qkv,
                              std::vector<unsigned char> got, kvf_dtype_t adt, bool tc)
@@ -203,12 +205,15 @@ void compare_format_with_cpu(check &c, kv_batch &b, const attention_plan &p,
     const size_t out_bytes = (size_t)b.n_tokens * r.ld_out * kvf_dtype_size(adt);
     b.reset_emu_pool(std::vector<unsigned char>(got.begin() + (long)out_bytes, got.end()));
     got.resize(out_bytes);
-    decode_pool(b.emu_pool, b.cpu_pool);
+    const bool own = b.geo.dtype == KVF_KV_INT8 && !tc;
+    if (!own)
+        decode_pool(b.emu_pool, b.cpu_pool);
     auto ptrs = b.table_ptrs();
     kvf_batch_layout_t lay = b.layout(ptrs);
     std::vector<float> want((size_t)b.n_tokens * r.q_dim);
-    kvf_status_t s = g_cpu.ops->attention(g_cpu.ctx, want.data(), qkv.data(), r.ld_qkv, b.cpu_pool,
-                                          b.layer, b.g.n_heads, &lay);
+    kvf_status_t s =
+        g_cpu.ops->attention(g_cpu.ctx, want.data(), qkv.data(), r.ld_qkv,
+                             own ? b.emu_pool : b.cpu_pool, b.layer, b.g.n_heads, &lay);
     if (s != KVF_OK)
         c.fail("the CPU backend's attention returned %s", kvf_status_str(s));
     if (!tc)

@@ -272,22 +272,14 @@ static inline float kvf_cpu_kv_factor(kvf_kv_dtype_t dt, float scale)
  * 2^31), so it has one value whatever order or vector width adds it up:
  * every instruction set gives the same bits by construction, and the
  * float steps after it are two products. The query's rounding (1 part in
- * 2 * qmax of its largest element, qmax = 32767 up to head_dim 516) is
+ * 2 * qmax of its largest element, qmax = 32767 up to head_dim 516:
+ * kvf_kv_i8_qmax) is
  * far below the key's (1 in 254). On the values side the row scale
  * multiplies the probability instead of each element: acc = fma(p * sv,
  * (float)v, acc), so a value row is a convert, no multiply. */
 
-/* The largest |qi| for rows of hd elements: the int32 sum cannot overflow. */
-static inline int kvf_cpu_i8_qmax(int hd)
-{
-    const int lim = (int)(2147483647 / (127 * (hd > 0 ? hd : 1)));
-    return lim < 32767 ? lim : 32767;
-}
-
-/* q (hd floats) as qi (hdp int16, zeros past hd) and its scale *sq: qi[d]
- * = round(q[d] / sq) to nearest even, sq = amax / qmax (0 when q is all
- * zeros: then every score is 0; amax not finite: NaN, as the scores a
- * non-finite query gives). */
+/* q (hd floats) as qi (hdp int16, zeros past hd) and its scale *sq, by
+ * kvf/kv_format.h's rules (kvf_kv_i8_qscale, kvf_kv_i8_qround). */
 static inline void kvf_cpu_i8_quant(const float *q, int hd, int hdp, int16_t *qi, float *sq)
 {
     float amax = 0;
@@ -295,32 +287,11 @@ static inline void kvf_cpu_i8_quant(const float *q, int hd, int hdp, int16_t *qi
         const float a = fabsf(q[d]);
         amax = a > amax ? a : amax;
     }
+    const float s = kvf_kv_i8_qscale(amax, hd);
+    for (int d = 0; d < hd; d++)
+        qi[d] = (int16_t)kvf_kv_i8_qround(q[d], s, hd);
     for (int d = hd; d < hdp; d++)
         qi[d] = 0;
-    if (!(amax <= 3.402823466e38f) || amax != amax) {
-        *sq = NAN;
-        for (int d = 0; d < hd; d++)
-            qi[d] = 0;
-        return;
-    }
-    if (amax == 0.0f) {
-        *sq = 0.0f;
-        for (int d = 0; d < hd; d++)
-            qi[d] = 0;
-        return;
-    }
-    const float qmax = (float)kvf_cpu_i8_qmax(hd), s = amax / qmax;
-    for (int d = 0; d < hd; d++) {
-        float r = q[d] / s;
-        if (r != r) { /* a NaN element (amax skips it): 0 */
-            qi[d] = 0;
-            continue;
-        }
-        r = r > qmax ? qmax : r < -qmax ? -qmax : r;
-        float t = r + 12582912.0f; /* |r| <= 2^15: to an integer, nearest even */
-        t -= 12582912.0f;
-        qi[d] = (int16_t)(int)t;
-    }
     *sq = s;
 }
 
@@ -336,7 +307,7 @@ static inline int32_t kvf_cpu_i8_dot(const int16_t *qi, const int8_t *k, int hd)
 /* A score from its integer sum, the query's scale and the key's. */
 static inline float kvf_cpu_i8_score(int32_t isum, float sq, float sk)
 {
-    return (float)isum * (sq * sk);
+    return kvf_kv_i8_score(isum, sq, sk);
 }
 
 /* The rows (and scales) of one side (0: keys, 1: values) of an int8 tile

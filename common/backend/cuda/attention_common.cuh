@@ -142,14 +142,18 @@ template <> __device__ __forceinline__ __half kvf_bits_as<__half>(unsigned short
 // Consecutive threads read consecutive elements of a key's row
 // (coalesced). A 16-bit pool in T's own format is copied as it is: the
 // same bits as decoding it to f32 and rounding back.
+// i8_int: an int8 pool's rows are loaded as their integers (scale 1), for
+// the kernels that score them as integers (kvf_attn_i8 below).
 template <typename T>
 __device__ __forceinline__ void kvf_attn_load_kv(const kvf_cuda_attn_t &a, const long long *key_off,
                                                  const float *k_sc, const float *v_sc, int n_keys,
-                                                 T *k_s, int ld_k, T *v_s, int ld_v, int n_threads)
+                                                 T *k_s, int ld_k, T *v_s, int ld_v, int n_threads,
+                                                 bool i8_int = false)
 {
     const int hd = a.head_dim;
     const long long v_delta = kvf_attn_v_delta(a);
     const bool raw = kvf_attn_kv_is<T>(a.kv_dtype);
+    const bool unscaled = i8_int && a.kv_dtype == KVF_KV_INT8;
     for (int idx = threadIdx.x; idx < n_keys * hd; idx += n_threads) {
         const int j = idx / hd, d = idx - j * hd;
         const long long off = key_off[j];
@@ -166,12 +170,36 @@ __device__ __forceinline__ void kvf_attn_load_kv(const kvf_cuda_attn_t &a, const
         }
         float kv = 0.0f, vv = 0.0f;
         if (off >= 0) {
-            kv = kvf_attn_elem(a, off, d, k_sc[j]);
-            vv = kvf_attn_elem(a, off + v_delta, d, v_sc[j]);
+            kv = kvf_attn_elem(a, off, d, unscaled ? 1.0f : k_sc[j]);
+            vv = kvf_attn_elem(a, off + v_delta, d, unscaled ? 1.0f : v_sc[j]);
         }
         k_s[j * ld_k + d] = kvf_from_f32<T>(kv);
         v_s[j * ld_v + d] = kvf_from_f32<T>(vv);
     }
+}
+
+// int8 pools are scored from the integers, as the CPU backend does
+// (docs/numerics.md, "KV formats"): each query row rounded once to int16
+// by kv_format.h's rules, score = (float)(sum qi * k) * (sq * sk) with the
+// sum in int32 (exact), and the value scale on p, acc += (p * sv) * v.
+__device__ __forceinline__ bool kvf_attn_i8(const kvf_cuda_attn_t &a)
+{
+    return a.kv_dtype == KVF_KV_INT8;
+}
+
+// The query row q (hd floats) rounded in place to its integers (as floats,
+// exact) by one warp; returns its scale in every lane.
+__device__ __forceinline__ float kvf_attn_i8_quant_row(float *q, int hd, int lane)
+{
+    float amax = 0.0f;
+    for (int d = lane; d < hd; d += 32)
+        amax = fmaxf(amax, fabsf(q[d])); // NaN skipped, as the CPU's max
+    amax = kvf_warp_max(amax);
+    const float s = kvf_kv_i8_qscale(amax, hd);
+    for (int d = lane; d < hd; d += 32)
+        q[d] = (float)kvf_kv_i8_qround(q[d], s, hd);
+    __syncwarp();
+    return s;
 }
 
 // Key j of a chunk starting at k0 (j < n_keys_chunk, positions below

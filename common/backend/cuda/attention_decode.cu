@@ -47,11 +47,13 @@ static_assert(DEC_THREADS % 32 == 0, "whole warps");
 //   q / red (group, max(hd, DEC_THREADS)) the group's q rows in step 2, then
 //       the column parts of step 4 (at most DEC_THREADS per head)
 //   s       (group, split_keys) scores, then probabilities
+//   sq      (group)  int8 pools: each q row's scale (kvf_attn_i8)
 // shapes.c keeps group * split_keys <= 4096, so at most 48 KiB.
 static size_t kvf_attn_decode_smem_bytes(int group, int hd, int split_keys)
 {
     int cols = hd > DEC_THREADS ? hd : DEC_THREADS;
-    return sizeof(float) * ((size_t)group * (size_t)cols + (size_t)group * (size_t)split_keys);
+    return sizeof(float) * ((size_t)group * (size_t)cols + (size_t)group * (size_t)split_keys +
+                            (size_t)group);
 }
 
 // GCAP: group rounded up to a power of two; step 4 keeps GCAP sums per
@@ -96,12 +98,23 @@ __global__ void __launch_bounds__(DEC_THREADS)
     float *q_s = kvf_decode_smem;                                        // (group, hd)
     float *red = kvf_decode_smem;                                        // step 4, after q
     float *s_s = kvf_decode_smem + (size_t)group * max(hd, DEC_THREADS); // (group, split_keys)
+    float *sq_s = s_s + (size_t)group * split_keys;                      // (group)
+    const bool i8 = kvf_attn_i8(a);
 
-    // 1. q rows of the group: adjacent in the token's row.
+    // 1. q rows of the group: adjacent in the token's row (int8 pools:
+    //    rounded to integers, warp w taking heads w, w + DEC_WARPS, ...).
     const float *qt = a.q + (size_t)t * (size_t)a.ld_q + (size_t)g * group * hd;
     for (int idx = tid; idx < group * hd; idx += DEC_THREADS)
         q_s[idx] = qt[idx];
     __syncthreads();
+    if (i8) {
+        for (int h = warp; h < group; h += DEC_WARPS) {
+            const float sq = kvf_attn_i8_quant_row(q_s + h * hd, hd, lane);
+            if (lane == 0)
+                sq_s[h] = sq;
+        }
+        __syncthreads();
+    }
 
     // 2. Scores. Warp w takes keys w, w + DEC_WARPS, ...; lane holds
     //    d = lane + 32 c of the key in registers, reused by every head.
@@ -113,18 +126,29 @@ __global__ void __launch_bounds__(DEC_THREADS)
 #pragma unroll
         for (int c = 0; c < DEC_D_PER_LANE; c++) {
             int d = lane + 32 * c;
-            kr[c] = key.k >= 0 && d < hd ? kvf_attn_elem(a, key.k, d, ksc) : 0.0f;
+            kr[c] = key.k >= 0 && d < hd ? kvf_attn_elem(a, key.k, d, i8 ? 1.0f : ksc) : 0.0f;
         }
         for (int h = 0; h < group; h++) {
             const float *qh = q_s + h * hd;
             float dot = 0.0f;
+            if (i8) {
+                int isum = 0; // integers times integers: exact
 #pragma unroll
-            for (int c = 0; c < DEC_D_PER_LANE; c++) {
-                int d = lane + 32 * c;
-                if (d < hd)
-                    dot = fmaf(qh[d], kr[c], dot);
+                for (int c = 0; c < DEC_D_PER_LANE; c++) {
+                    int d = lane + 32 * c;
+                    if (d < hd)
+                        isum += (int)qh[d] * (int)kr[c];
+                }
+                dot = kvf_kv_i8_score(kvf_warp_sum_i(isum), sq_s[h], ksc);
+            } else {
+#pragma unroll
+                for (int c = 0; c < DEC_D_PER_LANE; c++) {
+                    int d = lane + 32 * c;
+                    if (d < hd)
+                        dot = fmaf(qh[d], kr[c], dot);
+                }
+                dot = kvf_warp_sum(dot);
             }
-            dot = kvf_warp_sum(dot);
             if (lane == 0)
                 s_s[h * split_keys + j] = kvf_attn_softcap(dot * a.scale, a.softcap);
         }
@@ -175,12 +199,15 @@ __global__ void __launch_bounds__(DEC_THREADS)
                 for (int p = lo + kg; p < hi; p += n_kg) {
                     const long long slot = p - bi * bs;
                     const float vsc = kvf_attn_scale_at(a, vsb + slot * (long long)sizeof(float));
-                    const float vv = kvf_attn_elem(a, vb + slot * hd * elem, c0 + cl, vsc);
+                    // int8: the integer, and its scale on p
+                    const float vv =
+                        kvf_attn_elem(a, vb + slot * hd * elem, c0 + cl, i8 ? 1.0f : vsc);
                     const float *pr = s_s + (p - k0);
 #pragma unroll
                     for (int h = 0; h < GCAP; h++)
                         if (h < group)
-                            acc[h] = fmaf(pr[h * split_keys], vv, acc[h]);
+                            acc[h] = fmaf(i8 ? pr[h * split_keys] * vsc : pr[h * split_keys], vv,
+                                          acc[h]);
                 }
             }
         }

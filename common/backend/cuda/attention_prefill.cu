@@ -56,11 +56,12 @@ static_assert(PF_ROWS % PF_PV_RG == 0 && PF_ROWS % PF_WARPS == 0, "rows split ev
 //   v       (kc, hd)     value chunk (lanes read consecutive d: no pad needed)
 //   s       (PF_ROWS, kc + 1) scores, then probabilities (pad: a warp reads
 //                        2 rows at one key in the P V phase)
+//   sq      (PF_ROWS)    int8 pools: each q row's scale (kvf_attn_i8)
 static __host__ __device__ size_t kvf_attn_prefill_smem_bytes(int hd, int kc)
 {
     size_t floats = 2 * (size_t)kc + 2 * (size_t)PF_ROWS + (size_t)PF_ROWS * (size_t)(hd + 1) +
                     (size_t)kc * (size_t)(hd + 1) + (size_t)kc * (size_t)hd +
-                    (size_t)PF_ROWS * (size_t)(kc + 1);
+                    (size_t)PF_ROWS * (size_t)(kc + 1) + (size_t)PF_ROWS;
     return (size_t)kc * sizeof(long long) + (size_t)PF_ROWS * sizeof(int) + floats * sizeof(float);
 }
 
@@ -102,6 +103,8 @@ __global__ void __launch_bounds__(PF_THREADS)
     float *k_s = q_s + PF_ROWS * (hd + 1);              // (KC, hd + 1)
     float *v_s = k_s + KC * (hd + 1);                   // (KC, hd)
     float *s_s = v_s + KC * hd;                         // (PF_ROWS, KC + 1)
+    float *sq_s = s_s + PF_ROWS * (KC + 1);             // (PF_ROWS)
+    const bool i8 = kvf_attn_i8(a);
 
     // Q rows; inactive rows are zero so no garbage enters the dot products.
     // A token's group heads are adjacent in q, so reads are contiguous.
@@ -117,6 +120,14 @@ __global__ void __launch_bounds__(PF_THREADS)
     if (tid < PF_ROWS)
         row_pos[tid] = tid < n_rows ? a.pos[first + tid / group] : -1;
     __syncthreads();
+    if (i8) { // the rows as integers (inactive ones: all zero, scale 0)
+        for (int r = warp; r < PF_ROWS; r += PF_WARPS) {
+            const float sq = kvf_attn_i8_quant_row(q_s + r * (hd + 1), hd, lane);
+            if (lane == 0)
+                sq_s[r] = sq;
+        }
+        __syncthreads();
+    }
 
     // Keys 0 .. the tile's last position (the same value in every thread).
     int last = -1, first_pos = INT_MAX;
@@ -158,7 +169,8 @@ __global__ void __launch_bounds__(PF_THREADS)
         __syncthreads();
 
         // K, V chunk decoded to f32; missing keys are zeros, so P (0 there) times V stays 0.
-        kvf_attn_load_kv<float>(a, key_off, ksc_s, vsc_s, KC, k_s, hd + 1, v_s, hd, PF_THREADS);
+        kvf_attn_load_kv<float>(a, key_off, ksc_s, vsc_s, KC, k_s, hd + 1, v_s, hd, PF_THREADS,
+                                true);
         __syncthreads();
 
         // S (PF_ROWS, KC): thread = key j, rows srg + S_RG * i. The K read
@@ -172,12 +184,29 @@ __global__ void __launch_bounds__(PF_THREADS)
                 acc[i] = 0.0f;
             const float *kr = k_s + j * (hd + 1);
             const float *qr = q_s + srg * (hd + 1);
-#pragma unroll 4
-            for (int d = 0; d < hd; d++) {
-                float kd = kr[d];
+            if (i8) {
+                int iacc[S_ROWS]; // integers times integers: exact
 #pragma unroll
                 for (int i = 0; i < S_ROWS; i++)
-                    acc[i] = fmaf(qr[i * S_RG * (hd + 1) + d], kd, acc[i]);
+                    iacc[i] = 0;
+#pragma unroll 4
+                for (int d = 0; d < hd; d++) {
+                    int kd = (int)kr[d];
+#pragma unroll
+                    for (int i = 0; i < S_ROWS; i++)
+                        iacc[i] += (int)qr[i * S_RG * (hd + 1) + d] * kd;
+                }
+#pragma unroll
+                for (int i = 0; i < S_ROWS; i++)
+                    acc[i] = kvf_kv_i8_score(iacc[i], sq_s[srg + S_RG * i], ksc_s[j]);
+            } else {
+#pragma unroll 4
+                for (int d = 0; d < hd; d++) {
+                    float kd = kr[d];
+#pragma unroll
+                    for (int i = 0; i < S_ROWS; i++)
+                        acc[i] = fmaf(qr[i * S_RG * (hd + 1) + d], kd, acc[i]);
+                }
             }
             const int p = k0 + j;
 #pragma unroll
@@ -203,10 +232,11 @@ __global__ void __launch_bounds__(PF_THREADS)
             // No key of this row yet: exponentials against 0 give 0, not NaN.
             float m_ref = m_new == -INFINITY ? 0.0f : m_new;
             float p0 = expf(s0 - m_ref), p1 = expf(s1 - m_ref);
+            // int8: P V takes p times the value scale (l sums p itself)
             if (lane < KC)
-                sr[lane] = p0;
+                sr[lane] = i8 ? p0 * vsc_s[lane] : p0;
             if (lane + 32 < KC)
-                sr[lane + 32] = p1;
+                sr[lane + 32] = i8 ? p1 * vsc_s[lane + 32] : p1;
             float alpha = expf(m_run[i] - m_ref); // 0 while m_run is -inf
             l_run[i] = l_run[i] * alpha + kvf_warp_sum(p0 + p1);
             m_run[i] = m_new;

@@ -43,6 +43,13 @@ __device__ __forceinline__ float kvf_warp_sum(float v)
     return v;
 }
 
+__device__ __forceinline__ int kvf_warp_sum_i(int v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 __device__ __forceinline__ float kvf_warp_max(float v)
 {
     for (int o = 16; o > 0; o >>= 1)

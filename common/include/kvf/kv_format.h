@@ -218,6 +218,53 @@ static inline KVF_KV_HD int8_t kvf_kv_int8_encode(float x, float scale)
     return (int8_t)(int)t;
 }
 
+/* ---- int8 attention: the query as integers --------------------------------
+ *
+ * Attention over an int8 pool scores from the integers (docs/numerics.md,
+ * "KV formats"): a query row is rounded to int16 with a scale of its own,
+ * and score = (float)(sum qi * k) * (sq * sk), the sum exact in int32.
+ * These are the rules every backend rounds a query row by. */
+
+/* The largest |qi| for rows of hd elements: qmax * 127 * hd < 2^31. */
+static inline KVF_KV_HD int kvf_kv_i8_qmax(int hd)
+{
+    const int lim = (int)(2147483647 / (127 * (hd > 0 ? hd : 1)));
+    return lim < 32767 ? lim : 32767;
+}
+
+/* The scale of a query row whose largest |q| (NaN skipped) is amax: 0
+ * for an all-zero row (every score 0), NaN when amax is not finite. */
+static inline KVF_KV_HD float kvf_kv_i8_qscale(float amax, int hd)
+{
+    if (!(amax <= 3.402823466e38f))
+        return kvf_kv__float(0x7fc00000u);
+    return amax == 0.0f ? 0.0f : amax / (float)kvf_kv_i8_qmax(hd);
+}
+
+/* q's integer: round(q / sq) to nearest even, clamped to +-qmax; 0 for a
+ * NaN q or a scale that is 0 or NaN. */
+static inline KVF_KV_HD int kvf_kv_i8_qround(float q, float sq, int hd)
+{
+    if (!(sq > 0.0f))
+        return 0;
+    float r = q / sq;
+    if (!(r == r))
+        return 0;
+    const float qmax = (float)kvf_kv_i8_qmax(hd);
+    r = r > qmax ? qmax : r < -qmax ? -qmax : r;
+    /* |r| <= 2^15: adding and taking away 1.5 * 2^23 rounds it to an
+     * integer, to nearest even */
+    float t = r + 12582912.0f;
+    t -= 12582912.0f;
+    return (int)t;
+}
+
+/* A score from the integer sum and the two scales. */
+static inline KVF_KV_HD float kvf_kv_i8_score(int isum, float sq, float sk)
+{
+    return (float)isum * (sq * sk);
+}
+
 /* ---- rows ------------------------------------------------------------------- */
 
 /* The scale of a scaled format for a row whose largest |x| is amax (NaN
