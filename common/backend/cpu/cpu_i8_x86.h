@@ -10,7 +10,7 @@
  * query's int16 and added in pairs (vpmaddwd, exact), accumulated in
  * int32. Integer sums are exact, so the order of the reduction is free;
  * the float steps (convert, the scales' product, the product) are those
- * of kvf_cpu_i8_score. */
+ * of kvf_kv_i8_score. */
 #ifndef KVF_CPU_I8_X86_H
 #define KVF_CPU_I8_X86_H
 
@@ -43,7 +43,7 @@ static inline __attribute__((always_inline)) __m256i i8_load_tail(const int8_t *
     return i8_load16(tmp);
 }
 
-/* kvf_cpu_i8_scores2_ref's o0, o1: the query rows q0, q1 (int16, zeros
+/* kvf_kv_i8_scores2_ref's o0, o1: the query rows q0, q1 (int16, zeros
  * from hd up to a multiple of 16) against the 16 rows base + j * hd,
  * I8_KEYS keys a pass. The prefetch stream gives about pf_n lines per 16
  * elements of 8 keys, as DOT2X16 takes them (pf_n 0: none). */

@@ -304,11 +304,6 @@ static inline int32_t kvf_cpu_i8_dot(const int16_t *qi, const int8_t *k, int hd)
     return s;
 }
 
-/* A score from its integer sum, the query's scale and the key's. */
-static inline float kvf_cpu_i8_score(int32_t isum, float sq, float sk)
-{
-    return kvf_kv_i8_score(isum, sq, sk);
-}
 
 /* The rows (and scales) of one side (0: keys, 1: values) of an int8 tile
  * for keys j0 .. j0+n-1; entries n .. 15 repeat the first. */
@@ -341,8 +336,8 @@ static inline void kvf_cpu_i8_scores2_ref(const int16_t *q0, float sq0, const in
                                           int hd, float *o0, float *o1)
 {
     for (int j = 0; j < KVF_CPU_KEY_CHUNK; j++) {
-        o0[j] = kvf_cpu_i8_score(kvf_cpu_i8_dot(q0, rows[j], hd), sq0, ks[j]);
-        o1[j] = kvf_cpu_i8_score(kvf_cpu_i8_dot(q1, rows[j], hd), sq1, ks[j]);
+        o0[j] = kvf_kv_i8_score(kvf_cpu_i8_dot(q0, rows[j], hd), sq0, ks[j]);
+        o1[j] = kvf_kv_i8_score(kvf_cpu_i8_dot(q1, rows[j], hd), sq1, ks[j]);
     }
 }
 

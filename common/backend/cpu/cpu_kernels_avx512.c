@@ -219,8 +219,7 @@ dot2x16_avx512(kvf_kv_dtype_t dt, const float *q0, const float *q1, const void *
     case KVF_KV_BF16: D2(KVF_KV_BF16); break;
     case KVF_KV_F16: D2(KVF_KV_F16); break;
     case KVF_KV_FP8: D2(KVF_KV_FP8); break;
-    case KVF_KV_INT8: D2(KVF_KV_INT8); break;
-    default: D2(KVF_KV_F32); break;
+    default: D2(KVF_KV_F32); break; /* int8 never comes here: i8_group_scores */
     }
 #undef D2
 }

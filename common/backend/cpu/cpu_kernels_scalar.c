@@ -88,7 +88,7 @@ static void chunk_step_scalar(const kvf_cpu_attn_tile_t *t, const float *q, floa
     float mc = -INFINITY;
     for (int j = ja; j < nj; j++) {
         if (qi)
-            s[j] = kvf_cpu_i8_score(kvf_cpu_i8_dot(qi, k8[j], hd), sq, ks[j]) * t->scale;
+            s[j] = kvf_kv_i8_score(kvf_cpu_i8_dot(qi, k8[j], hd), sq, ks[j]) * t->scale;
         else
             s[j] = dot16_scalar(q, krows[j], hd) * t->scale;
         if (t->softcap > 0)

@@ -457,43 +457,51 @@ INLINE void i8_quant_rows(const kvf_cpu_attn_tile_t *t, const kvf_cpu_attn_scrat
         }
 }
 
-/* One side (0: keys, 1: values) of the int8 chunk at j0, keys j0 ..
- * last: key j's row at *base + j * hd, its scale (*scales)[j]. A chunk
- * inside one block (the usual case) stays in the pool; one across blocks
- * is copied into buf (16 rows) and sbuf, rows past last copies of the
- * first. */
-INLINE void i8_chunk(const kvf_cpu_attn_tile_t *t, int side, int j0, int last, int8_t *buf,
-                     float *sbuf, const int8_t **base, const float **scales)
+/* The scales of one side (0: keys, 1: values) of the int8 chunk at j0,
+ * keys j0 .. last: the pool's own for a chunk inside one block (the usual
+ * case), else gathered into sbuf (keys past last: the first's). rows, if
+ * not NULL, gets the 16 rows alike. */
+INLINE const float *i8_chunk_scales(const kvf_cpu_attn_tile_t *t, int side, int j0, int last,
+                                    float *sbuf, const int8_t **rows)
+{
+    const int bs = t->block_size, b = j0 / bs, r = j0 % bs;
+    const int8_t *rbuf[KVF_CPU_KEY_CHUNK];
+    if (bs - r >= KVF_CPU_KEY_CHUNK && !rows)
+        return (side ? t->vscales : t->kscales)[b] + r;
+    const int n = last - j0 + 1 < KVF_CPU_KEY_CHUNK ? last - j0 + 1 : KVF_CPU_KEY_CHUNK;
+    kvf_cpu_i8_rows(t, side, j0, n, rows ? rows : rbuf, sbuf);
+    return sbuf;
+}
+
+/* The int8 keys of the chunk at j0, keys j0 .. last: key j's row at *base
+ * + j * hd, its scale (*scales)[j]. A chunk inside one block (the usual
+ * case) stays in the pool; one across blocks is copied into buf (16 rows)
+ * and sbuf, rows past last copies of the first. */
+INLINE void i8_chunk(const kvf_cpu_attn_tile_t *t, int j0, int last, int8_t *buf, float *sbuf,
+                     const int8_t **base, const float **scales)
 {
     const int bs = t->block_size, hd = t->head_dim, b = j0 / bs, r = j0 % bs;
-    const void *const *data = side ? t->values : t->keys;
-    const float *const *sc = side ? t->vscales : t->kscales;
     if (bs - r >= KVF_CPU_KEY_CHUNK) {
-        *base = (const int8_t *)data[b] + (size_t)r * (size_t)hd;
-        *scales = sc[b] + r;
+        *base = (const int8_t *)t->keys[b] + (size_t)r * (size_t)hd;
+        *scales = t->kscales[b] + r;
         return;
     }
-    const int n = last - j0 + 1 < KVF_CPU_KEY_CHUNK ? last - j0 + 1 : KVF_CPU_KEY_CHUNK;
     const int8_t *rows[KVF_CPU_KEY_CHUNK];
-    kvf_cpu_i8_rows(t, side, j0, n, rows, sbuf);
+    *scales = i8_chunk_scales(t, 0, j0, last, sbuf, rows);
     for (int j = 0; j < KVF_CPU_KEY_CHUNK; j++)
         memcpy(buf + (size_t)j * (size_t)hd, rows[j], (size_t)hd);
     *base = buf;
-    *scales = sbuf;
 }
 
 /* The unscaled scores of the group's rows rr .. rr+G-1 of the scratch over
- * the int8 keys of the chunk at j0 (keys to last), into S (row h's 16 at
- * S + h * lds), two query heads a pass. */
-INLINE void i8_group_scores(const kvf_cpu_attn_tile_t *t, int j0, int last,
+ * the 16 int8 key rows base + j * head_dim (scales ks; i8_chunk), into S
+ * (row h's 16 at S + h * lds), two query heads a pass. */
+INLINE void i8_group_scores(const kvf_cpu_attn_tile_t *t, const int8_t *base, const float *ks,
                             const kvf_cpu_attn_scratch_t *sc, int rr, float *S, size_t lds,
                             kvf_cpu_pf_stream_t *pf, int pf_n, const int HD)
 {
     const int G = t->group;
-    const int8_t *base;
-    const float *ks;
-    float sbuf[KVF_CPU_KEY_CHUNK], spare[KVF_CPU_KEY_CHUNK];
-    i8_chunk(t, 0, j0, last, (int8_t *)(void *)sc->kbuf, sbuf, &base, &ks);
+    float spare[KVF_CPU_KEY_CHUNK];
     for (int h = 0; h < G; h += 2) {
         const int16_t *q0 = sc->qi + (size_t)(rr + h) * sc->hdp;
         const bool two = h + 1 < G;
@@ -509,15 +517,8 @@ INLINE void i8_group_scores(const kvf_cpu_attn_tile_t *t, int j0, int last,
 INLINE void i8_scale_p(const kvf_cpu_attn_tile_t *t, int j0, int last, const float *P, size_t lds,
                        int n_rows, float *W)
 {
-    const int bs = t->block_size, b = j0 / bs, r = j0 % bs;
     float sbuf[KVF_CPU_KEY_CHUNK];
-    const float *vs = t->vscales[b] + r;
-    if (bs - r < KVF_CPU_KEY_CHUNK) {
-        const int n = last - j0 + 1 < KVF_CPU_KEY_CHUNK ? last - j0 + 1 : KVF_CPU_KEY_CHUNK;
-        const int8_t *rows[KVF_CPU_KEY_CHUNK];
-        kvf_cpu_i8_rows(t, 1, j0, n, rows, sbuf);
-        vs = sbuf;
-    }
+    const float *vs = i8_chunk_scales(t, 1, j0, last, sbuf, NULL);
     for (int h = 0; h < n_rows; h++)
         for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
             V_STORE(W + (size_t)h * lds + j,
@@ -531,12 +532,16 @@ INLINE void tile_scores(const kvf_cpu_attn_tile_t *t, int j0, int last,
                         const kvf_cpu_attn_scratch_t *sc, float *s, const int HD)
 {
     if (t->dtype == KVF_KV_INT8) {
+        const int8_t *base;
+        const float *ks;
+        float sbuf[KVF_CPU_KEY_CHUNK];
+        i8_chunk(t, j0, last, (int8_t *)(void *)sc->kbuf, sbuf, &base, &ks);
         for (int i = 0; i < t->n_tok; i++) {
             int ja, nj;
             if (!row_keys(t, i, j0, &ja, &nj))
                 continue;
             float *si = s + (size_t)i * t->group * KVF_CPU_KEY_CHUNK;
-            i8_group_scores(t, j0, last, sc, i * t->group, si, KVF_CPU_KEY_CHUNK, NULL, 0, HD);
+            i8_group_scores(t, base, ks, sc, i * t->group, si, KVF_CPU_KEY_CHUNK, NULL, 0, HD);
             for (int h = 0; h < t->group; h++) {
                 float *sr = si + (size_t)h * KVF_CPU_KEY_CHUNK;
                 for (int j = 0; j < KVF_CPU_KEY_CHUNK; j += VL)
@@ -633,9 +638,13 @@ INLINE void dec_scores(const kvf_cpu_attn_tile_t *t, int j0, int last, int ja, i
                        kvf_cpu_pf_stream_t *pf, int pf_n, const int HD)
 {
     const int G = t->group;
-    if (t->dtype == KVF_KV_INT8)
-        i8_group_scores(t, j0, last, sc, 0, S, (size_t)lds, pf, pf_n, HD);
-    else
+    if (t->dtype == KVF_KV_INT8) {
+        const int8_t *base;
+        const float *ks;
+        float sbuf[KVF_CPU_KEY_CHUNK];
+        i8_chunk(t, j0, last, (int8_t *)(void *)sc->kbuf, sbuf, &base, &ks);
+        i8_group_scores(t, base, ks, sc, 0, S, (size_t)lds, pf, pf_n, HD);
+    } else
 #if defined(DOT2X16)
     if (HD % 16 == 0) {
         const kv_side_t k = chunk_side(t, j0, last, 0, false, sc->kbuf, HD, sc->hdp);
