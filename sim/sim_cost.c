@@ -34,17 +34,17 @@ static const kvf_sim_profile_t builtin[] = {
      "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): 80 GB HBM3, 3.35 TB/s, "
      "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
      80e9, 3.35e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
-     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}},
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, {0}, {0}},
     {"h200-sxm",
      "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): 141 GB HBM3e, 4.8 TB/s, "
      "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
      141e9, 4.8e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
-     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}},
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, {0}, {0}},
     {"a100-sxm-80gb",
      "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): 80 GB HBM2e, "
      "2,039 GB/s, BF16 624 TFLOPS with sparsity, NVLink 600 GB/s",
      80e9, 2.039e12, 312e12, 300e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
-     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}},
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, {0}, {0}},
 };
 #define N_BUILTIN (sizeof(builtin) / sizeof(builtin[0]))
 
@@ -124,13 +124,13 @@ static bool take(const cJSON *o, const profile_field_t *f, kvf_sim_profile_t *p,
     return ok;
 }
 
-/* "prefill_eff": [[tokens, eff], ...] of root, when present, into p:
- * at most KVF_SIM_PREFILL_EFF_MAX pairs of a positive token count
- * (increasing) and an efficiency in (0, 1]; false after a message. */
-static bool take_prefill_eff(const cJSON *root, kvf_sim_profile_t *p, const char *path, char *err,
-                             size_t err_len)
+/* "key": [[x, eff], ...] of root, when present: at most
+ * KVF_SIM_PREFILL_EFF_MAX pairs of x >= 1 (increasing, what) and an
+ * efficiency in (0, 1] into xs, effs and *n_p; false after a message. */
+static bool take_eff_points(const cJSON *root, const char *key, const char *what, int *n_p,
+                            double *xs, double *effs, const char *path, char *err, size_t err_len)
 {
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "prefill_eff");
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
     if (!a)
         return true;
     int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : -1;
@@ -140,20 +140,20 @@ static bool take_prefill_eff(const cJSON *root, kvf_sim_profile_t *p, const char
         const cJSON *t = cJSON_GetArrayItem(pt, 0), *e = cJSON_GetArrayItem(pt, 1);
         ok = cJSON_IsArray(pt) && cJSON_GetArraySize(pt) == 2 && cJSON_IsNumber(t) &&
              cJSON_IsNumber(e) && t->valuedouble >= 1 && e->valuedouble > 0 &&
-             e->valuedouble <= 1 && (i == 0 || t->valuedouble > p->prefill_eff_tokens[i - 1]);
+             e->valuedouble <= 1 && (i == 0 || t->valuedouble > xs[i - 1]);
         if (ok) {
-            p->prefill_eff_tokens[i] = t->valuedouble;
-            p->prefill_eff[i] = e->valuedouble;
+            xs[i] = t->valuedouble;
+            effs[i] = e->valuedouble;
         }
     }
     if (!ok) {
         snprintf(err, err_len,
-                 "%s: \"prefill_eff\" must be 1 to %d pairs [tokens >= 1, efficiency in (0, 1]], "
-                 "tokens increasing",
-                 path, KVF_SIM_PREFILL_EFF_MAX);
+                 "%s: \"%s\" must be 1 to %d pairs [%s >= 1, efficiency in (0, 1]], %s "
+                 "increasing",
+                 path, key, KVF_SIM_PREFILL_EFF_MAX, what, what);
         return false;
     }
-    p->n_prefill_eff = n;
+    *n_p = n;
     return true;
 }
 
@@ -211,7 +211,10 @@ kvf_status_t kvf_sim_profile_load(const char *path, kvf_sim_profile_t *profile_p
             goto done;
         }
     }
-    if (!take_prefill_eff(root, &p, path, err, err_len))
+    if (!take_eff_points(root, "prefill_eff", "tokens", &p.n_prefill_eff, p.prefill_eff_tokens,
+                         p.prefill_eff, path, err, err_len) ||
+        !take_eff_points(root, "decode_eff", "seqs", &p.n_decode_eff, p.decode_eff_seqs,
+                         p.decode_eff, path, err, err_len))
         goto done;
     /* without its own, decode tokens reach what prompt tokens do */
     if (!cJSON_GetObjectItemCaseSensitive(root, "decode_compute_eff") &&
@@ -305,7 +308,7 @@ double kvf_sim_step_time(const kvf_sim_profile_t *hw, const kvf_sim_model_t *m,
 {
     double d, p;
     step_flops(m, s, &d, &p);
-    double compute = (d / hw->decode_compute_eff +
+    double compute = (d / kvf_sim_decode_eff(hw, s->decode_seqs) +
                       (p > 0 ? p / kvf_sim_prefill_eff(hw, s->prefill_tokens) : 0)) /
                      (hw->flops * m->tp);
     double memory = kvf_sim_step_bytes(m, s) / (hw->hbm_bw * hw->mem_eff * m->tp);
@@ -319,20 +322,33 @@ double kvf_sim_step_time(const kvf_sim_profile_t *hw, const kvf_sim_model_t *m,
     return t + hw->step_overhead_s;
 }
 
+/* Points (xs increasing, k of them) interpolated linearly in log2(n),
+ * the end points' past them. */
+static double eff_at(int k, const double *xs, const double *effs, double n)
+{
+    if (n <= xs[0])
+        return effs[0];
+    for (int i = 1; i < k; i++)
+        if (n <= xs[i]) {
+            double x0 = log2(xs[i - 1]), x1 = log2(xs[i]);
+            double f = (log2(n) - x0) / (x1 - x0);
+            return effs[i - 1] + f * (effs[i] - effs[i - 1]);
+        }
+    return effs[k - 1];
+}
+
 double kvf_sim_prefill_eff(const kvf_sim_profile_t *hw, double n)
 {
-    const int k = hw->n_prefill_eff;
-    if (k <= 0)
+    if (hw->n_prefill_eff <= 0)
         return hw->compute_eff;
-    if (n <= hw->prefill_eff_tokens[0])
-        return hw->prefill_eff[0];
-    for (int i = 1; i < k; i++)
-        if (n <= hw->prefill_eff_tokens[i]) {
-            double x0 = log2(hw->prefill_eff_tokens[i - 1]), x1 = log2(hw->prefill_eff_tokens[i]);
-            double f = (log2(n) - x0) / (x1 - x0);
-            return hw->prefill_eff[i - 1] + f * (hw->prefill_eff[i] - hw->prefill_eff[i - 1]);
-        }
-    return hw->prefill_eff[k - 1];
+    return eff_at(hw->n_prefill_eff, hw->prefill_eff_tokens, hw->prefill_eff, n);
+}
+
+double kvf_sim_decode_eff(const kvf_sim_profile_t *hw, double n)
+{
+    if (hw->n_decode_eff <= 0)
+        return hw->decode_compute_eff;
+    return eff_at(hw->n_decode_eff, hw->decode_eff_seqs, hw->decode_eff, n);
 }
 
 double kvf_sim_host_share(const kvf_sim_profile_t *hw, double busy_threads)

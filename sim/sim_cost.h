@@ -57,12 +57,21 @@ typedef struct {
      * them). 0 points: compute_eff at any size (the built-ins). */
     int n_prefill_eff;
     double prefill_eff_tokens[KVF_SIM_PREFILL_EFF_MAX], prefill_eff[KVF_SIM_PREFILL_EFF_MAX];
+    /* Decode tokens' efficiency the same way, by the sequences a step
+     * decodes: at decode_eff_seqs[i] of them, decode_eff[i] of flops
+     * (kvf_sim_decode_eff). 0 points: decode_compute_eff at any batch. */
+    int n_decode_eff;
+    double decode_eff_seqs[KVF_SIM_PREFILL_EFF_MAX], decode_eff[KVF_SIM_PREFILL_EFF_MAX];
 } kvf_sim_profile_t;
 
 /* The efficiency of a step's prompt tokens, n of them: hw's measured
  * points interpolated linearly in log2(n), the end points' past them;
  * compute_eff without points. */
 double kvf_sim_prefill_eff(const kvf_sim_profile_t *hw, double n);
+/* The efficiency of a step's decode tokens, n sequences: as
+ * kvf_sim_prefill_eff over hw's decode points; decode_compute_eff
+ * without points. */
+double kvf_sim_decode_eff(const kvf_sim_profile_t *hw, double n);
 
 /* The built-in profile named name ("h100", "h200", "a100", any case, with
  * or without "-sxm"); false for another name. */
@@ -74,7 +83,8 @@ const char *kvf_sim_profile_names(void);
  * "decode_compute_eff": ..., "mem_eff": ..., "kv_mem_fraction": ...,
  * "transfer_fixed_us": ..., "step_overhead_us": ..., "host_cpus": ...,
  * "host_load": ..., "node_threads": ..., "msg_latency_us": ..., "llc_mb": ...,
- * "dram_gb_s": ..., "prefill_eff": [[tokens, eff], ...]}: fields absent
+ * "dram_gb_s": ..., "prefill_eff": [[tokens, eff], ...],
+ * "decode_eff": [[seqs, eff], ...]}: fields absent
  * keep the base's (without a base: all but the efficiencies are
  * required). A problem is described in err. */
 kvf_status_t kvf_sim_profile_load(const char *path, kvf_sim_profile_t *profile_p, char *err,

@@ -287,6 +287,12 @@ static void describe(const char *what, const kvf_sim_profile_t *hw)
             printf(" %.0f: %.2f", hw->prefill_eff_tokens[i], hw->prefill_eff[i]);
         printf("\n");
     }
+    if (hw->n_decode_eff > 0) {
+        printf("  decode tokens' compute_eff by the sequences a step decodes:");
+        for (int i = 0; i < hw->n_decode_eff; i++)
+            printf(" %.0f: %.2f", hw->decode_eff_seqs[i], hw->decode_eff[i]);
+        printf("\n");
+    }
 }
 
 /* One rate: --repeats times, both nodes' profiles measured (kvf simulate

@@ -138,6 +138,24 @@ static void test_step_times(void **state)
     assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 2.50624e-3, 1e-12);
     hw.n_prefill_eff = 0;
     assert_float_equal(kvf_sim_prefill_eff(&hw, 256), hw.compute_eff, 1e-15);
+
+    /* Decode efficiency by batch, 0.125 at 3 sequences and 0.25 at 12,
+     * interpolated in log2 (6: halfway), the ends' past them. The
+     * 3-sequence step at 0.125 turns compute-bound: 634368 / 0.125 =
+     * 5074944 FLOPs' time, 5.074944 ms; with the 100-token chunk (prompt
+     * tokens at compute_eff 1) 24.978944 ms. */
+    hw.n_decode_eff = 2;
+    hw.decode_eff_seqs[0] = 3;
+    hw.decode_eff[0] = 0.125;
+    hw.decode_eff_seqs[1] = 12;
+    hw.decode_eff[1] = 0.25;
+    assert_float_equal(kvf_sim_decode_eff(&hw, 1), 0.125, 1e-15);
+    assert_float_equal(kvf_sim_decode_eff(&hw, 6), 0.1875, 1e-15);
+    assert_float_equal(kvf_sim_decode_eff(&hw, 100), 0.25, 1e-15);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 5.074944e-3, 1e-12);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &both), 24.978944e-3, 1e-12);
+    hw.n_decode_eff = 0;
+    assert_float_equal(kvf_sim_decode_eff(&hw, 6), hw.decode_compute_eff, 1e-15);
 }
 
 static void test_profiles(void **state)
@@ -169,6 +187,16 @@ static void test_profiles(void **state)
         kvf_sim_profile_load(DATA "/profile-bad-prefill-eff.json", &hw, err, sizeof(err)),
         KVF_ERR_FORMAT);
     assert_non_null(strstr(err, "prefill_eff"));
+    /* and decode efficiencies by batch alike */
+    assert_int_equal(kvf_sim_profile_load(DATA "/profile-prefill-eff.json", &hw, err, sizeof(err)),
+                     KVF_OK);
+    assert_int_equal(hw.n_decode_eff, 2);
+    assert_true(hw.decode_eff_seqs[0] == 8 && hw.decode_eff[1] == 0.6);
+    assert_float_equal(kvf_sim_decode_eff(&hw, 16), 0.45, 1e-15);
+    assert_int_equal(
+        kvf_sim_profile_load(DATA "/profile-bad-decode-eff.json", &hw, err, sizeof(err)),
+        KVF_ERR_FORMAT);
+    assert_non_null(strstr(err, "decode_eff"));
 }
 
 static void test_traces(void **state)
