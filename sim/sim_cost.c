@@ -125,7 +125,7 @@ static bool take(const cJSON *o, const profile_field_t *f, kvf_sim_profile_t *p,
 }
 
 /* "key": [[x, eff], ...] of root, when present: at most
- * KVF_SIM_PREFILL_EFF_MAX pairs of x >= 1 (increasing, what) and an
+ * KVF_SIM_EFF_POINTS_MAX pairs of x >= 1 (increasing, what) and an
  * efficiency in (0, 1] into xs, effs and *n_p; false after a message. */
 static bool take_eff_points(const cJSON *root, const char *key, const char *what, int *n_p,
                             double *xs, double *effs, const char *path, char *err, size_t err_len)
@@ -134,7 +134,7 @@ static bool take_eff_points(const cJSON *root, const char *key, const char *what
     if (!a)
         return true;
     int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : -1;
-    bool ok = n >= 1 && n <= KVF_SIM_PREFILL_EFF_MAX;
+    bool ok = n >= 1 && n <= KVF_SIM_EFF_POINTS_MAX;
     for (int i = 0; ok && i < n; i++) {
         const cJSON *pt = cJSON_GetArrayItem(a, i);
         const cJSON *t = cJSON_GetArrayItem(pt, 0), *e = cJSON_GetArrayItem(pt, 1);
@@ -150,7 +150,7 @@ static bool take_eff_points(const cJSON *root, const char *key, const char *what
         snprintf(err, err_len,
                  "%s: \"%s\" must be 1 to %d pairs [%s >= 1, efficiency in (0, 1]], %s "
                  "increasing",
-                 path, key, KVF_SIM_PREFILL_EFF_MAX, what, what);
+                 path, key, KVF_SIM_EFF_POINTS_MAX, what, what);
         return false;
     }
     *n_p = n;

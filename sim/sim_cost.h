@@ -20,8 +20,8 @@
 #include "kvf/model.h"
 #include "kvf/status.h"
 
-/* The most prompt-efficiency points a profile holds. */
-#define KVF_SIM_PREFILL_EFF_MAX 8
+/* The most efficiency points (prompt or decode) a profile holds. */
+#define KVF_SIM_EFF_POINTS_MAX 8
 
 /* One GPU, the links of its node, and how close to the datasheet
  * software gets. */
@@ -56,12 +56,12 @@ typedef struct {
      * of flops (tokens increasing; kvf_sim_prefill_eff between and past
      * them). 0 points: compute_eff at any size (the built-ins). */
     int n_prefill_eff;
-    double prefill_eff_tokens[KVF_SIM_PREFILL_EFF_MAX], prefill_eff[KVF_SIM_PREFILL_EFF_MAX];
+    double prefill_eff_tokens[KVF_SIM_EFF_POINTS_MAX], prefill_eff[KVF_SIM_EFF_POINTS_MAX];
     /* Decode tokens' efficiency the same way, by the sequences a step
      * decodes: at decode_eff_seqs[i] of them, decode_eff[i] of flops
      * (kvf_sim_decode_eff). 0 points: decode_compute_eff at any batch. */
     int n_decode_eff;
-    double decode_eff_seqs[KVF_SIM_PREFILL_EFF_MAX], decode_eff[KVF_SIM_PREFILL_EFF_MAX];
+    double decode_eff_seqs[KVF_SIM_EFF_POINTS_MAX], decode_eff[KVF_SIM_EFF_POINTS_MAX];
 } kvf_sim_profile_t;
 
 /* The efficiency of a step's prompt tokens, n of them: hw's measured

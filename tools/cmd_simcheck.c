@@ -272,7 +272,18 @@ static kvf_status_t predict(const kvf_sim_config_t *cfg, const kvf_sim_workload_
     return KVF_OK;
 }
 
-/* The measured profile's numbers, one line. */
+/* A profile's efficiency points, one line (none: nothing). */
+static void describe_points(const char *label, int n, const double *xs, const double *effs)
+{
+    if (n <= 0)
+        return;
+    printf("  %s:", label);
+    for (int i = 0; i < n; i++)
+        printf(" %.0f: %.2f", xs[i], effs[i]);
+    printf("\n");
+}
+
+/* The measured profile's numbers, one line, then its efficiency points. */
 static void describe(const char *what, const kvf_sim_profile_t *hw)
 {
     printf("%s profile: %.1f GB/s x mem_eff %.2f, %.1f GFLOP/s x compute_eff %.2f (decode %.2f), "
@@ -281,18 +292,10 @@ static void describe(const char *what, const kvf_sim_profile_t *hw)
            what, hw->hbm_bw / 1e9, hw->mem_eff, hw->flops / 1e9, hw->compute_eff,
            hw->decode_compute_eff, hw->transfer_fixed_s * 1e6, hw->net_bw / 1e9, hw->host_cpus,
            hw->node_threads, hw->msg_latency_s * 1e6, hw->llc_bytes / 1048576, hw->dram_bw / 1e9);
-    if (hw->n_prefill_eff > 0) {
-        printf("  prompt tokens' compute_eff by the tokens a step computes:");
-        for (int i = 0; i < hw->n_prefill_eff; i++)
-            printf(" %.0f: %.2f", hw->prefill_eff_tokens[i], hw->prefill_eff[i]);
-        printf("\n");
-    }
-    if (hw->n_decode_eff > 0) {
-        printf("  decode tokens' compute_eff by the sequences a step decodes:");
-        for (int i = 0; i < hw->n_decode_eff; i++)
-            printf(" %.0f: %.2f", hw->decode_eff_seqs[i], hw->decode_eff[i]);
-        printf("\n");
-    }
+    describe_points("prompt tokens' compute_eff by the tokens a step computes", hw->n_prefill_eff,
+                    hw->prefill_eff_tokens, hw->prefill_eff);
+    describe_points("decode tokens' compute_eff by the sequences a step decodes",
+                    hw->n_decode_eff, hw->decode_eff_seqs, hw->decode_eff);
 }
 
 /* One rate: --repeats times, both nodes' profiles measured (kvf simulate

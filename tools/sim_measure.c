@@ -100,7 +100,7 @@ typedef struct {
     double b1_bw;      /* bytes/s the batch-1 decode step read */
     double b8_step_s, b32_step_s; /* the batch-8 and batch-32 decode steps */
     int n_pf;
-    double pf_tokens[KVF_SIM_PREFILL_EFF_MAX], pf_rate[KVF_SIM_PREFILL_EFF_MAX]; /* tokens/s */
+    double pf_tokens[KVF_SIM_EFF_POINTS_MAX], pf_rate[KVF_SIM_EFF_POINTS_MAX]; /* tokens/s */
 } round_t;
 
 /* The engine's numbers into r: the ceilings, the batch-1 and batch-32
@@ -119,7 +119,7 @@ static bool from_engine(const cJSON *e, round_t *r)
         unsigned n;
         char tail[32];
         if (sscanf(it->string, "prefill_%u_tokens_per_%31s", &n, tail) != 2 || strcmp(tail, "s") ||
-            !cJSON_IsNumber(it) || !(it->valuedouble > 0) || r->n_pf == KVF_SIM_PREFILL_EFF_MAX)
+            !cJSON_IsNumber(it) || !(it->valuedouble > 0) || r->n_pf == KVF_SIM_EFF_POINTS_MAX)
             continue;
         int i = r->n_pf++;
         for (; i > 0 && r->pf_tokens[i - 1] > n; i--) {
@@ -269,7 +269,7 @@ static void take_median(kvf_sim_profile_t *hw, const round_t *r, int n, const kv
     hw->dram_bw = MID(hw.dram_bw);
     /* the same prompt lengths every round (the benchmark's) */
     int n_pf = r[0].n_pf;
-    double pf_tokens[KVF_SIM_PREFILL_EFF_MAX], pf_rate[KVF_SIM_PREFILL_EFF_MAX];
+    double pf_tokens[KVF_SIM_EFF_POINTS_MAX], pf_rate[KVF_SIM_EFF_POINTS_MAX];
     for (int i = 0; i < n_pf; i++) {
         pf_tokens[i] = r[0].pf_tokens[i];
         pf_rate[i] = mid_at(r, n, offsetof(round_t, pf_rate) + (size_t)i * sizeof(double));
