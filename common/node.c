@@ -141,6 +141,23 @@ void kvf_node_set_draining(kvf_node_t *node, bool draining)
     kvf_node__beat_set_draining(node, draining); /* tells the router now */
 }
 
+kvf_status_t kvf_node_set_xfer_desc(kvf_node_t *node, const uint8_t *desc, size_t len)
+{
+    uint8_t *copy = malloc(len ? len : 1);
+    if (!copy)
+        return KVF_ERR_NOMEM;
+    memcpy(copy, desc, len);
+    /* the heartbeat thread reads it while it sends */
+    pthread_mutex_lock(&node->beat.send_lock);
+    free(node->xfer_desc);
+    node->xfer_desc = copy;
+    node->cfg.xfer_desc = copy;
+    node->cfg.xfer_desc_len = len;
+    node->desc_changed = true;
+    pthread_mutex_unlock(&node->beat.send_lock);
+    return KVF_OK;
+}
+
 kvf_status_t kvf_node_send_router(kvf_node_t *node, kvf_envelope_t *env, int timeout_ms)
 {
     env->sender = node->node_id;

@@ -183,6 +183,8 @@ static void send_heartbeat(kvf_node_t *node, kvf_node_snapshot_t *s, bool alive,
     hb.state = draining ? "draining" : "live";
     hb.working = alive ? b->ptrs : NULL;
     hb.n_working = alive ? s->n_work : 0;
+    if (node->desc_changed) /* (send_lock held: not replaced meanwhile) */
+        hb.xfer_desc = (ProtobufCBinaryData){node->cfg.xfer_desc_len, node->xfer_desc};
     kvf_envelope_t env;
     kvf_envelope_init(&env, node->node_id);
     env.body_case = KVF__ENVELOPE__BODY_HEARTBEAT;

@@ -61,7 +61,8 @@ struct kvf_node {
     char *router_url;
     char *listen_url;
     char *fingerprint;
-    uint8_t *xfer_desc;
+    uint8_t *xfer_desc; /* replaced under beat.send_lock (the heartbeat thread reads it) */
+    bool desc_changed;  /* since the node was created: heartbeats carry xfer_desc */
     kvf_inbox_t *inbox;
     kvf_outbox_t *router;
     kvf_outboxes_t *peers;

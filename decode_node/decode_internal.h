@@ -133,6 +133,9 @@ struct kvf_decode {
     bool draining;            /* SIGTERM: finishing what it holds, taking nothing new */
     bool drain_expired;       /* the drain took longer than drain_timeout_ms */
     kvf_status_t node_status; /* the node runtime's last tick: a refusal ends the loop */
+    /* A prefill node was lost while it held a reservation here: the
+     * transport listens anew at the end of the loop turn (loop.c). */
+    bool relisten_wanted;
     char *router_url, *listen_url, *model_dir, *node_id;
     kvf_engine_stack_t rt; /* model, backend, pool, engine */
     /* the prefix cache: prompt blocks prefill nodes shipped or this node

@@ -44,6 +44,7 @@
 #include "kvf/log.h"
 #include "kvf/signals.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* Messages taken from the inbox per loop turn, so a flood cannot starve
@@ -315,11 +316,40 @@ static void start_drain(kvf_decode_t *d)
     kvf_log_info("draining: %zu requests held; no new work", d->n_reqs);
 }
 
+/* A prefill node died holding a reservation here: over shared memory
+ * its last completion message may have been cut in half, which blocks
+ * the transport's message queue for every sender. The transport gets a
+ * new queue (the old one keeps delivering while it can) and the router
+ * the new descriptor, which prefill nodes then connect with
+ * (docs/transfer-recovery.md). Once per turn, however many requests the
+ * death cancelled. */
+static void relisten(kvf_decode_t *d)
+{
+    d->relisten_wanted = false;
+    kvf_status_t st = kvf_xfer_relisten(d->xfer);
+    if (st == KVF_ERR_UNSUPPORTED)
+        return;
+    uint8_t *desc = NULL;
+    size_t len = 0;
+    if (st == KVF_OK)
+        st = kvf_xfer_export(d->xfer, &desc, &len);
+    if (st == KVF_OK)
+        st = kvf_node_set_xfer_desc(d->node, desc, len);
+    free(desc);
+    if (st != KVF_OK) {
+        kvf_log_error("a sender was lost; listening anew failed: %s", kvf_status_str(st));
+        return;
+    }
+    kvf_log_info("a sender was lost mid-handoff: the transport listens on a new endpoint");
+}
+
 /* One turn of the loop: messages, the transport, a step, the wait (which
  * fires the due timers). */
 static kvf_status_t turn(kvf_decode_t *d)
 {
     drain_inbox(d);
+    if (d->relisten_wanted)
+        relisten(d);
     arm_node_timer(d);
     (void)kvf_xfer_progress(d->xfer);
     dec_drain_events(d);

@@ -224,6 +224,11 @@ static void on_cancel(kvf_decode_t *d, const Kvf__Cancel *m)
                  (unsigned long long)r->req_id, (unsigned long long)r->epoch,
                  kvf_handoff_state_name(r->h.state), m->reason);
     d->stats.requests_cancelled++;
+    /* Its writer died while it may have been sending here: its last
+     * message may block the transport's queue for every sender
+     * (docs/transfer-recovery.md). */
+    if (m->writer_lost && r->reserved)
+        d->relisten_wanted = true;
     dec_req_end(d, r);
 }
 

@@ -320,7 +320,7 @@ kvf_status_t kvf_metrics_render(const kvf_metrics_t *m, const kvf_router_snapsho
 
     put_header(&sb, "kvf_messages_refused_total", "counter",
                "Node messages the router dropped, by reason (token, sender, inbox, id_taken, "
-               "not_assigned).");
+               "not_assigned, descriptor).");
     for (int r = 0; r < KVF_ROUTER_N_MSG_REFUSALS; r++)
         kvf_strbuf_printf(&sb, "kvf_messages_refused_total{reason=\"%s\"} %llu\n",
                           kvf_router_msg_refusal_name((kvf_router_msg_refusal_t)r),

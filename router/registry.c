@@ -84,6 +84,7 @@ const char *kvf_router_msg_refusal_name(kvf_router_msg_refusal_t why)
         [KVF_ROUTER_MSG_INBOX] = "inbox",
         [KVF_ROUTER_MSG_ID_TAKEN] = "id_taken",
         [KVF_ROUTER_MSG_NOT_ASSIGNED] = "not_assigned",
+        [KVF_ROUTER_MSG_DESCRIPTOR] = "descriptor",
     };
     return (unsigned)why < KVF_ROUTER_N_MSG_REFUSALS ? names[why] : "?";
 }
@@ -204,13 +205,10 @@ static const char *geometry_refusal(const Kvf__KvGeometry *g, const Kvf__KvGeome
 /* Why a decode node's transfer descriptor would be refused by the prefill
  * nodes (the same checks, kvf_xfer_check_desc_for, against the geometry
  * it registers with), or NULL. */
-static const char *descriptor_refusal(const Kvf__Register *reg, char *msg, size_t msg_len,
-                                      kvf_router_refusal_t *reason_p)
+/* The transport's view of a registered KV geometry. */
+static kvf_xfer_geometry_t xfer_geometry(const Kvf__KvGeometry *g)
 {
-    if (reg->role != KVF__ROLE__ROLE_DECODE)
-        return NULL;
-    const Kvf__KvGeometry *g = reg->geometry;
-    kvf_xfer_geometry_t xg = {
+    return (kvf_xfer_geometry_t){
         .block_size = g->block_size,
         .n_layers = g->n_layers,
         .n_kv_heads = g->n_kv_heads,
@@ -218,6 +216,14 @@ static const char *descriptor_refusal(const Kvf__Register *reg, char *msg, size_
         .dtype = (uint32_t)g->dtype,
         .layout = g->layout,
     };
+}
+
+static const char *descriptor_refusal(const Kvf__Register *reg, char *msg, size_t msg_len,
+                                      kvf_router_refusal_t *reason_p)
+{
+    if (reg->role != KVF__ROLE__ROLE_DECODE)
+        return NULL;
+    kvf_xfer_geometry_t xg = xfer_geometry(reg->geometry);
     char why[200];
     if (kvf_xfer_check_desc_for(&xg, reg->xfer_desc.data, reg->xfer_desc.len, why, sizeof(why)) ==
         KVF_OK)
@@ -463,6 +469,35 @@ void kvf_router__node_unload(kvf_router_t *r, const kvf_router_req_t *q)
     d->pending_running -= d->pending_running ? 1 : 0;
 }
 
+/* A decode node's heartbeat names a transfer descriptor other than the
+ * one held (it listens anew: docs/transfer-recovery.md): checked as at
+ * Register, then handed to prefill nodes from the next dispatch on. */
+static void heartbeat_descriptor(kvf_router_t *r, kvf_router_node_t *n, ProtobufCBinaryData desc)
+{
+    if (desc.len == n->xfer_desc_len && !memcmp(desc.data, n->xfer_desc, desc.len))
+        return;
+    char why[200];
+    kvf_xfer_geometry_t xg = xfer_geometry(&r->nodes.geometry);
+    if (n->role != KVF__ROLE__ROLE_DECODE || !r->nodes.have_geometry ||
+        kvf_xfer_check_desc_for(&xg, desc.data, desc.len, why, sizeof(why)) != KVF_OK) {
+        kvf_router__refuse(r, KVF_ROUTER_MSG_DESCRIPTOR,
+                           "node %s: new transfer descriptor refused (the old one stays)", n->id);
+        return;
+    }
+    uint8_t *copy = malloc(desc.len);
+    if (!copy) {
+        kvf_log_error("node %s: out of memory taking its new transfer descriptor", n->id);
+        return;
+    }
+    memcpy(copy, desc.data, desc.len);
+    free(n->xfer_desc);
+    n->xfer_desc = copy;
+    n->xfer_desc_len = desc.len;
+    kvf_log_info("node %s listens on a new transfer endpoint: prefill nodes get its new "
+                 "descriptor",
+                 n->id);
+}
+
 void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
 {
     kvf_router_node_t *n = node_find(r, hb->node_id);
@@ -476,6 +511,8 @@ void kvf_router__on_heartbeat(kvf_router_t *r, const Kvf__Heartbeat *hb)
         return;
     }
     node_seen(r, n); /* armed while live: re-arming cannot fail */
+    if (hb->xfer_desc.len)
+        heartbeat_descriptor(r, n, hb->xfer_desc);
     kvf_router__node_load(n, hb->load);
     if (hb->load && n->disk_read_ns)
         kvf_router__observe_disk_reads(r, n);

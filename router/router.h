@@ -213,6 +213,7 @@ typedef enum {
     KVF_ROUTER_MSG_INBOX,        /* a heartbeat from another inbox than the registration's */
     KVF_ROUTER_MSG_ID_TAKEN,     /* a Register for an id live elsewhere */
     KVF_ROUTER_MSG_NOT_ASSIGNED, /* about a request the sender does not serve */
+    KVF_ROUTER_MSG_DESCRIPTOR,   /* a heartbeat's new transfer descriptor, refused */
     KVF_ROUTER_N_MSG_REFUSALS
 } kvf_router_msg_refusal_t;
 

@@ -346,12 +346,15 @@ void kvf_router__drain_queue(kvf_router_t *r)
     }
 }
 
-void kvf_router__cancel_nodes(kvf_router_t *r, kvf_router_req_t *q, const char *reason)
+/* Cancel of q's attempt to its nodes; writer_lost: its prefill node was
+ * lost, maybe mid-write to the decode node. */
+static void cancel_send(kvf_router_t *r, kvf_router_req_t *q, const char *reason, bool writer_lost)
 {
     Kvf__Cancel c = KVF__CANCEL__INIT;
     c.req_id = q->id;
     c.epoch = q->place.epoch;
     c.reason = (char *)reason;
+    c.writer_lost = writer_lost;
     kvf_envelope_t env;
     kvf_envelope_init(&env, "router");
     env.body_case = KVF__ENVELOPE__BODY_CANCEL;
@@ -364,16 +367,26 @@ void kvf_router__cancel_nodes(kvf_router_t *r, kvf_router_req_t *q, const char *
         kvf_router__send(r, d->inbox, &env);
 }
 
+void kvf_router__cancel_nodes(kvf_router_t *r, kvf_router_req_t *q, const char *reason)
+{
+    cancel_send(r, q, reason, false);
+}
+
 /* The tokens already streamed stay; the next prefill continues after
  * them. */
-void kvf_router__redispatch(kvf_router_t *r, kvf_router_req_t *q, const char *why)
+static void redispatch(kvf_router_t *r, kvf_router_req_t *q, const char *why, bool writer_lost)
 {
     kvf_log_info("request %llu epoch %llu: %s; dispatching again", (unsigned long long)q->id,
                  (unsigned long long)q->place.epoch, why);
     r->count.redispatched++;
-    kvf_router__cancel_nodes(r, q, why);
+    cancel_send(r, q, why, writer_lost);
     q->place.prefill = q->place.decode = KVF_NODE_NONE;
     kvf_router__schedule(r, q);
+}
+
+void kvf_router__redispatch(kvf_router_t *r, kvf_router_req_t *q, const char *why)
+{
+    redispatch(r, q, why, false);
 }
 
 void kvf_router__node_lost(kvf_router_t *r, kvf_router_node_t *n, const char *why)
@@ -393,7 +406,9 @@ void kvf_router__node_lost(kvf_router_t *r, kvf_router_node_t *n, const char *wh
             continue;
         if (q->place.prefill == ref && q->place.decode != ref && q->place.state == REQ_DECODE)
             continue; /* its prefill was done: the decode node carries on */
-        kvf_router__redispatch(r, q, why);
+        /* A prefill node lost while it may have been writing to the
+         * decode node: that node listens anew (docs/transfer-recovery.md). */
+        redispatch(r, q, why, q->place.prefill == ref && q->place.decode != ref);
     }
 }
 

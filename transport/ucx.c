@@ -15,7 +15,12 @@
  * loop; ucx_peer.c the endpoints, ucx_batch.c the batches. */
 #include "ucx_internal.h"
 
+#include "kvf/clock.h"
 #include "kvf/log.h"
+
+#include <errno.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,12 +272,101 @@ fail_listen:
     return kvf_ucx__status(s);
 }
 
+/* Adds (add) or removes a worker's event fd to the handle's epoll set. */
+static kvf_status_t epoll_member(ucx_xfer_t *u, int efd, bool add)
+{
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = efd};
+    if (epoll_ctl(u->epfd, add ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, efd, &ev) == 0)
+        return KVF_OK;
+    kvf_log_error("xfer/ucx: %s a worker's event fd %s the epoll set failed: %s",
+                  add ? "adding" : "removing", add ? "to" : "from", strerror(errno));
+    return KVF_ERR_IO;
+}
+
+/* Ends retired worker i (the last one takes its slot). */
+static void retired_destroy(ucx_xfer_t *u, int i)
+{
+    ucx_retired_t *w = &u->retired[i];
+    (void)epoll_member(u, w->efd, false);
+    ucp_worker_release_address(w->worker, w->address);
+    ucp_worker_destroy(w->worker);
+    u->retired[i] = u->retired[--u->n_retired];
+}
+
+/* Progresses the retired workers; one that delivered nothing for
+ * retire_ns goes (a queue a dead sender blocked never delivers again). */
+static unsigned retired_progress(ucx_xfer_t *u)
+{
+    if (!u->n_retired)
+        return 0;
+    unsigned total = 0;
+    uint64_t now = kvf_clock_ns();
+    for (int i = 0; i < u->n_retired;) {
+        unsigned n = ucp_worker_progress(u->retired[i].worker);
+        total += n;
+        if (n)
+            u->retired[i].idle_since_ns = now;
+        if (now - u->retired[i].idle_since_ns >= u->retire_ns) {
+            kvf_log_info("xfer/ucx: a retired listening worker delivered nothing for %llu ms; "
+                         "closed",
+                         (unsigned long long)(u->retire_ns / 1000000ull));
+            retired_destroy(u, i);
+            continue;
+        }
+        i++;
+    }
+    return total;
+}
+
+static kvf_status_t ucx_relisten(kvf_xfer_t *x, uint64_t retire_ns)
+{
+    ucx_xfer_t *u = x->be;
+    if (u->n_retired == UCX_RETIRED_MAX) {
+        /* room for one more: the one idle longest goes */
+        int idlest = 0;
+        for (int i = 1; i < u->n_retired; i++)
+            if (u->retired[i].idle_since_ns < u->retired[idlest].idle_since_ns)
+                idlest = i;
+        retired_destroy(u, idlest);
+    }
+    ucx_retired_t old = {
+        .worker = u->worker, .address = u->address, .efd = u->efd, .idle_since_ns = kvf_clock_ns()};
+    kvf_status_t st = worker_create(u);
+    if (st != KVF_OK) {
+        u->worker = old.worker;
+        return st;
+    }
+    st = worker_listen(x, u);
+    if (st == KVF_OK) {
+        st = epoll_member(u, u->efd, true);
+        if (st != KVF_OK)
+            ucp_worker_release_address(u->worker, u->address);
+    }
+    if (st != KVF_OK) {
+        ucp_worker_destroy(u->worker);
+        u->worker = old.worker;
+        u->address = old.address;
+        u->efd = old.efd;
+        return st;
+    }
+    u->retired[u->n_retired++] = old;
+    if (retire_ns > u->retire_ns)
+        u->retire_ns = retire_ns;
+    return KVF_OK;
+}
+
 static kvf_status_t ucx_open(kvf_xfer_t *x)
 {
     ucx_xfer_t *u = calloc(1, sizeof(*u));
     if (!u)
         return KVF_ERR_NOMEM;
     u->efd = -1;
+    u->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (u->epfd < 0) {
+        kvf_log_error("xfer/ucx: epoll_create1 failed: %s", strerror(errno));
+        free(u);
+        return KVF_ERR_IO;
+    }
     u->mem_type =
         x->cfg.mem_type == KVF_XFER_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
     kvf_status_t st = context_open(u);
@@ -287,9 +381,14 @@ static kvf_status_t ucx_open(kvf_xfer_t *x)
     st = worker_listen(x, u);
     if (st != KVF_OK)
         goto fail_listen;
+    st = epoll_member(u, u->efd, true);
+    if (st != KVF_OK)
+        goto fail_epoll;
     x->be = u;
     return KVF_OK;
 
+fail_epoll:
+    ucp_worker_release_address(u->worker, u->address);
 fail_listen:
     pool_deregister(x, u);
 fail_pool:
@@ -297,6 +396,7 @@ fail_pool:
 fail_worker:
     ucp_cleanup(u->context);
 fail_context:
+    close(u->epfd);
     free(u);
     return st;
 }
@@ -308,10 +408,13 @@ static void ucx_close(kvf_xfer_t *x)
      * now; the worker's destruction then ends their endpoints and
      * requests. */
     kvf_ucx__peers_abandon(x);
+    while (u->n_retired)
+        retired_destroy(u, u->n_retired - 1);
     ucp_worker_release_address(u->worker, u->address);
     pool_deregister(x, u);
     ucp_worker_destroy(u->worker);
     ucp_cleanup(u->context);
+    close(u->epfd);
     free(u);
     x->be = NULL;
 }
@@ -341,13 +444,14 @@ static unsigned ucx_progress(kvf_xfer_t *x)
 {
     ucx_xfer_t *u = x->be;
     unsigned n = ucp_worker_progress(u->worker);
+    n += retired_progress(u);
     return n + kvf_ucx__peers_progress(x);
 }
 
 static int ucx_fd(const kvf_xfer_t *x)
 {
     const ucx_xfer_t *u = x->be;
-    return u->efd;
+    return u->epfd;
 }
 
 static kvf_status_t ucx_arm(kvf_xfer_t *x)
@@ -357,6 +461,8 @@ static kvf_status_t ucx_arm(kvf_xfer_t *x)
     if (kvf_ucx__peers_closing(x))
         return KVF_ERR_AGAIN;
     ucs_status_t s = ucp_worker_arm(u->worker);
+    for (int i = 0; s == UCS_OK && i < u->n_retired; i++)
+        s = ucp_worker_arm(u->retired[i].worker);
     if (s == UCS_ERR_BUSY)
         return KVF_ERR_AGAIN;
     return kvf_ucx__status(s);
@@ -379,4 +485,5 @@ const kvf_xfer_ops_t kvf_xfer_ucx_ops = {
     .progress = ucx_progress,
     .fd = ucx_fd,
     .arm = ucx_arm,
+    .relisten = ucx_relisten,
 };

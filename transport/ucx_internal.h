@@ -14,6 +14,19 @@
 #define KVF_UCX_DATA_HDR 32u /* u64 req_id, epoch, remote offset, length */
 
 /* One handle's UCX state (kvf_xfer_t.be). */
+/* The most listening workers kvf_xfer_relisten keeps retired at once. */
+#define UCX_RETIRED_MAX 8
+
+/* A listening worker kvf_xfer_relisten replaced: still progressed, so
+ * completions its senders post keep arriving, until it has delivered
+ * nothing for the handle's retire_ns. */
+typedef struct {
+    ucp_worker_h worker;
+    ucp_address_t *address;
+    int efd;
+    uint64_t idle_since_ns;
+} ucx_retired_t;
+
 typedef struct {
     ucp_context_h context;
     ucp_worker_h worker;
@@ -23,6 +36,12 @@ typedef struct {
     void *rkey_buf; /* the pool's packed rkey; none in two-sided mode */
     size_t rkey_len;
     int efd;
+    /* What kvf_xfer_fd gives: an epoll set of every worker's event fd, so
+     * a relisten changes no fd the caller waits on. */
+    int epfd;
+    ucx_retired_t retired[UCX_RETIRED_MAX];
+    int n_retired;
+    uint64_t retire_ns;
     ucs_memory_type_t mem_type;
     bool warned_no_peer_mode;
 } ucx_xfer_t;

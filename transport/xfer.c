@@ -286,6 +286,27 @@ void kvf_xfer_extend(kvf_xfer_t *xfer, uint64_t req_id, uint64_t epoch, uint64_t
                 b->not_after_ns = not_after_ns;
 }
 
+kvf_status_t kvf_xfer_relisten(kvf_xfer_t *xfer)
+{
+    if (!xfer->ops->relisten)
+        return KVF_ERR_UNSUPPORTED;
+    if (xfer->peers)
+        return KVF_ERR_AGAIN;
+    /* The old endpoint may still carry the completions of every
+     * reservation made so far: it stays while it delivers, and goes after
+     * one lease (the longest held, or renewed) plus the batch timeout of
+     * silence. */
+    uint64_t lease_ns = 0;
+    for (size_t i = 0; i < xfer->n_resv; i++)
+        if (xfer->resv[i].lease_ns > lease_ns)
+            lease_ns = xfer->resv[i].lease_ns;
+    uint64_t retire_ns = lease_ns + (uint64_t)xfer->cfg.timeout_ms * 1000000ull;
+    kvf_status_t st = xfer->ops->relisten(xfer, retire_ns);
+    if (st == KVF_OK)
+        xfer->stats.relistens++;
+    return st;
+}
+
 int kvf_xfer_fd(const kvf_xfer_t *xfer)
 {
     return xfer->ops->fd ? xfer->ops->fd(xfer) : -1;

@@ -196,7 +196,11 @@ struct kvf_xfer_ops {
     kvf_status_t (*get)(kvf_xfer_batch_t *batch);
     void (*batch_free)(kvf_xfer_batch_t *batch); /* (optional) */
     unsigned (*progress)(kvf_xfer_t *xfer);
-    int (*fd)(const kvf_xfer_t *xfer);     /* (optional): -1 */
+    int (*fd)(const kvf_xfer_t *xfer); /* (optional): -1 */
+    /* (optional) A new listening endpoint (kvf_xfer_relisten): the
+     * descriptor body export_body gives changes; completions sent to the
+     * old endpoint keep arriving for retire_ns. */
+    kvf_status_t (*relisten)(kvf_xfer_t *xfer, uint64_t retire_ns);
     kvf_status_t (*arm)(kvf_xfer_t *xfer); /* (optional): OK */
 };
 

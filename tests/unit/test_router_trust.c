@@ -20,7 +20,9 @@
 
 #include <cmocka.h>
 
+#include "../../transport/xfer_internal.h"
 #include "kvf/clock.h"
+#include "kvf/crc32c.h"
 #include "router_fixture.h"
 #include "router_internal.h"
 
@@ -436,6 +438,98 @@ static void test_deregister_not_handed_back(void **state)
     assert_null(rfx_node_recv(fx, 1, KVF__ENVELOPE__BODY_CANCEL, 100));
 }
 
+/* A decode node's heartbeat carrying desc as its new transfer
+ * descriptor (kvf_xfer_relisten). */
+static void send_heartbeat_desc(fixture_t *fx, const char *id, const char *inbox,
+                                const uint8_t *token, const uint8_t *desc, size_t len)
+{
+    Kvf__Load load = KVF__LOAD__INIT;
+    load.blocks_free = load.blocks_total = 64;
+    Kvf__Heartbeat hb = KVF__HEARTBEAT__INIT;
+    hb.node_id = (char *)id;
+    hb.inbox_url = (char *)inbox;
+    hb.state = "live";
+    hb.load = &load;
+    hb.xfer_desc = (ProtobufCBinaryData){len, (uint8_t *)desc};
+    kvf_envelope_t env;
+    kvf_envelope_init(&env, id);
+    env.body_case = KVF__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    send_as(fx, &env, id, token);
+}
+
+/* A prefill node lost mid-handoff: the decode node's Cancel says its
+ * writer was lost (it listens anew: docs/transfer-recovery.md). Its
+ * heartbeat's new descriptor, checked as at Register, is what the next
+ * PrefillRequest hands out; one prefill nodes would refuse is dropped and
+ * counted, the old one staying. */
+static void test_writer_lost_and_new_descriptor(void **state)
+{
+    fixture_t *fx = *state;
+    rfx_register(fx, KVF__ROLE__ROLE_PREFILL, "p1", fx->urls[2]);
+    rfx_register_decode(fx, "d1", fx->urls[3]);
+    outcome_t o;
+    uint64_t epoch;
+    char dec[64];
+    uint64_t id = submit(fx, &o, &epoch, dec, sizeof(dec));
+    assert_string_equal(dec, "d1");
+    rfx_register(fx, KVF__ROLE__ROLE_PREFILL, "p2", fx->urls[4]);
+    kvf_router__node_lost(fx->r, rfx_node_named(fx, "p1"), "missed its heartbeats: dead");
+    kvf_envelope_t *c = rfx_node_recv(fx, 1, KVF__ENVELOPE__BODY_CANCEL, 2000);
+    assert_non_null(c);
+    assert_int_equal(c->cancel->req_id, id);
+    assert_true(c->cancel->writer_lost);
+    kvf_envelope_free(c);
+    /* a client's cancel is no writer lost */
+    kvf_envelope_t *pr = rfx_node_recv(fx, 2, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 2000);
+    assert_non_null(pr);
+    kvf_envelope_free(pr);
+    kvf_router_req_t *q = kvf_router__req_find(fx->r, id);
+    assert_non_null(q);
+    kvf_router__cancel_nodes(fx->r, q, "cancelled by the client");
+    c = rfx_node_recv(fx, 1, KVF__ENVELOPE__BODY_CANCEL, 2000);
+    assert_non_null(c);
+    assert_false(c->cancel->writer_lost);
+    kvf_envelope_free(c);
+
+    kvf_router_node_t *d1 = rfx_node_named(fx, "d1");
+    uint8_t old[128], desc[128];
+    size_t old_len = d1->xfer_desc_len, len;
+    memcpy(old, d1->xfer_desc, old_len);
+    const kvf_model_config_t *m = kvf_router_model(fx->r);
+    Kvf__KvGeometry g = KVF__KV_GEOMETRY__INIT;
+    g.block_size = 16;
+    g.layout = 1;
+    g.n_layers = (uint32_t)m->n_layers;
+    g.n_kv_heads = (uint32_t)m->n_kv_heads;
+    g.head_dim = (uint32_t)m->head_dim;
+    rfx_xfer_desc(&g, desc, &len);
+    desc[KVF_XFER_DESC_HEADER] ^= 1; /* another body (a new endpoint), checksum now wrong */
+    send_heartbeat_desc(fx, "d1", fx->urls[3], d1->token, desc, len);
+    assert_int_equal(refused(fx, "descriptor"), 1);
+    assert_int_equal(d1->xfer_desc_len, old_len);
+    assert_memory_equal(d1->xfer_desc, old, old_len);
+    uint32_t crc = kvf_crc32c(0, desc, len - 4);
+    for (int i = 0; i < 4; i++)
+        desc[len - 4 + (size_t)i] = (uint8_t)(crc >> (8 * i));
+    send_heartbeat_desc(fx, "d1", fx->urls[3], d1->token, desc, len);
+    assert_int_equal(refused(fx, "descriptor"), 1);
+    assert_int_equal(d1->xfer_desc_len, len);
+    assert_memory_equal(d1->xfer_desc, desc, len);
+    /* the next request's PrefillRequest (to p2: p1 is dead) carries it */
+    memset(&o, 0, sizeof(o));
+    kvf_router_gen_t gen = {.prompt = "hello again"};
+    kvf_router_sink_t sink = {on_chunk, &o};
+    uint64_t id2 = kvf_router_submit(fx->r, &gen, &sink);
+    assert_true(id2 != 0);
+    pr = rfx_node_recv(fx, 2, KVF__ENVELOPE__BODY_PREFILL_REQUEST, 5000);
+    assert_non_null(pr);
+    assert_int_equal(pr->prefill_request->req_id, id2);
+    assert_int_equal(pr->prefill_request->decode_xfer_desc.len, len);
+    assert_memory_equal(pr->prefill_request->decode_xfer_desc.data, desc, len);
+    kvf_envelope_free(pr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -445,6 +539,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_failing_node_excluded_then_quarantined, setup,
                                         rfx_teardown),
         cmocka_unit_test_setup_teardown(test_deregister_not_handed_back, setup, rfx_teardown),
+        cmocka_unit_test_setup_teardown(test_writer_lost_and_new_descriptor, setup, rfx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,7 +16,8 @@
  *
  * With --send HEXDESC it is a sender instead: it connects to that
  * descriptor, prints "sending" after its first batch, and posts batches of
- * request 77 epoch 1 (8 slices of 64 KiB) until it fails or is killed. */
+ * request 77 epoch 1 (8 slices of 64 KiB, or --slice-bytes N) until it
+ * fails or is killed. */
 #include "kvf/clock.h"
 #include "kvf/kv_format.h"
 #include "kvf/hex.h"
@@ -123,7 +124,7 @@ static void do_reserve(kvf_xfer_t *x, char *args)
 
 /* The sender role (--send): connects to the descriptor in hex, then posts
  * batches until one fails. Returns the exit code. */
-static int send_loop(kvf_xfer_t *x, const char *hex, uint8_t *own_pool)
+static int send_loop(kvf_xfer_t *x, const char *hex, uint64_t slice_bytes, uint8_t *own_pool)
 {
     uint8_t *desc;
     size_t len;
@@ -134,7 +135,8 @@ static int send_loop(kvf_xfer_t *x, const char *hex, uint8_t *own_pool)
     free(desc);
     kvf_xfer_slice_t s[8];
     for (int i = 0; i < 8; i++)
-        s[i] = (kvf_xfer_slice_t){(uint64_t)i * 131072, (uint64_t)i * 131072, 65536};
+        s[i] = (kvf_xfer_slice_t){(uint64_t)i * 131072, (uint64_t)i * 131072,
+                                  slice_bytes ? slice_bytes : 65536};
     kvf_xfer_batch_spec_t spec = {.req_id = 77, .epoch = 1, .slices = s, .n_slices = 8};
     for (int n = 0; st == KVF_OK; n++) {
         kvf_xfer_batch_t *b;
@@ -284,8 +286,9 @@ static void command_loop(peer_t *p)
 
 typedef struct {
     kvf_xfer_config_t cfg;
-    bool alloc;          /* the transport allocates the pool */
-    const char *send_to; /* --send: the receiver's descriptor in hex */
+    bool alloc;           /* the transport allocates the pool */
+    const char *send_to;  /* --send: the receiver's descriptor in hex */
+    uint64_t slice_bytes; /* --slice-bytes: of each of a sent batch's 8 slices */
 } peer_opts_t;
 
 /* Returns 0, or 2 after naming an unknown argument. */
@@ -313,6 +316,8 @@ static int parse_args(int argc, char **argv, peer_opts_t *o)
             o->cfg.two_sided = true;
         else if (!strcmp(argv[i], "--send") && i + 1 < argc)
             o->send_to = argv[++i];
+        else if (!strcmp(argv[i], "--slice-bytes") && i + 1 < argc)
+            o->slice_bytes = strtoull(argv[++i], NULL, 0);
         else {
             fprintf(stderr, "kvf_xfer_peer: unknown argument %s\n", argv[i]);
             return 2;
@@ -374,7 +379,7 @@ int main(int argc, char **argv)
     if (print_desc(x) != KVF_OK)
         return 1;
     if (o.send_to)
-        return send_loop(x, o.send_to, own_pool);
+        return send_loop(x, o.send_to, o.slice_bytes, own_pool);
     peer_t p = {.x = x, .pool = kvf_xfer_pool(x), .pool_bytes = o.cfg.pool_bytes};
     command_loop(&p);
     kvf_xfer_destroy(x);

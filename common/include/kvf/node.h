@@ -143,6 +143,11 @@ kvf_status_t kvf_node_send_router(kvf_node_t *node, kvf_envelope_t *env, int tim
  * new work). */
 void kvf_node_set_draining(kvf_node_t *node, bool draining);
 
+/* Replaces the transfer descriptor (copied) the node registers with; from
+ * now on every heartbeat carries it too, so the router hands the new one
+ * out (a decode node that listens anew: docs/transfer-recovery.md). */
+kvf_status_t kvf_node_set_xfer_desc(kvf_node_t *node, const uint8_t *desc, size_t len);
+
 /* Tells the router this node leaves; no heartbeat follows it. */
 kvf_status_t kvf_node_deregister(kvf_node_t *node, const char *reason);
 

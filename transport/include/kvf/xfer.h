@@ -205,6 +205,7 @@ typedef struct {
     uint64_t completions_landed, completions_rejected, crc_failures;
     uint64_t slices_dropped;    /* two-sided: slices no live reservation owned */
     uint64_t reservations_live; /* reserved, not yet released */
+    uint64_t relistens;         /* kvf_xfer_relisten calls that gave a new endpoint */
 } kvf_xfer_stats_t;
 
 /* ---- handle -------------------------------------------------------------- */
@@ -233,6 +234,18 @@ void *kvf_xfer_pool(const kvf_xfer_t *xfer);
  * caller (*desc_p, *len_p set only on success). Opaque, versioned bytes:
  * they go into the node's Register message. */
 kvf_status_t kvf_xfer_export(kvf_xfer_t *xfer, uint8_t **desc_p, size_t *len_p);
+
+/* Gives the receiving side a new listening endpoint and with it a new
+ * descriptor (kvf_xfer_export then returns it; the pool and what it
+ * holds are unchanged). The old endpoint keeps delivering completions
+ * for a lease period, then goes. For a receiver that lost a sender
+ * mid-message: over UCX's shared-memory transports every sender's
+ * messages share one queue, which a sender killed between claiming a
+ * slot and filling it blocks for all (docs/transfer-recovery.md). Peers
+ * that connect with the new descriptor get a queue of their own.
+ * UNSUPPORTED for a backend without it; AGAIN while this handle has
+ * connections of its own (a sender's). */
+kvf_status_t kvf_xfer_relisten(kvf_xfer_t *xfer);
 
 /* Checks a peer's descriptor without connecting: FORMAT (length, magic,
  * checksum, body), VERSION, MISMATCH (geometry, backend), INVAL (pool
