@@ -478,6 +478,11 @@ void h_generate_many_ex(h_cluster_t *c, h_gen_t *gens, size_t n, const int *canc
     assert_int_equal(kvf_client_create(c->client_url, &client), KVF_OK);
     uint64_t base = 1000;
     for (size_t i = 0; i < n; i++) {
+        /* Results of an earlier run are dropped: one that failed before
+         * its test freed them would otherwise run on into this one. */
+        h_gen_free(&gens[i]);
+        gens[i].status = 0;
+        gens[i].error[0] = '\0';
         gens[i].finish = -1;
         gens[i].seq_ok = true;
         gens[i].next_seq = 0;

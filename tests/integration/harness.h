@@ -120,8 +120,9 @@ typedef struct {
 } h_gen_t;
 
 /* Runs n generations concurrently over one client socket; each finishes or
- * the test fails after timeout_ms. cancel_after: if >= 0, request i is
- * cancelled once it has produced cancel_after[i] tokens (NULL: none). */
+ * the test fails after timeout_ms. Each starts with no results (an earlier
+ * run's are dropped). cancel_after: if >= 0, request i is cancelled once it
+ * has produced cancel_after[i] tokens (NULL: none). */
 void h_generate_many(h_cluster_t *c, h_gen_t *gens, size_t n, const int *cancel_after,
                      int timeout_ms);
 
