@@ -104,8 +104,28 @@ static kvf_status_t forward(kvf_decode_t *d, int n, uint64_t *step_us_p)
     *step_us_p = (kvf_clock_ns() - t0) / 1000;
     d->stats.steps++;
     /* the CPU time says how much of its cores the node got meanwhile */
-    kvf_log_debug("step: %d rows in %llu us, cpu %llu us", n, (unsigned long long)*step_us_p,
-                  (unsigned long long)((kvf_clock_cpu_ns() - cpu0) / 1000));
+    /* what the step carried, for the simulator's calibration
+     * (docs/simulator.md): decode rows and the context they read, prompt
+     * tokens and the tokens before them */
+    if (kvf_log_level <= KVF_LOG_DEBUG) {
+        int decode = 0;
+        unsigned long long ctx = 0, prompt = 0, before = 0;
+        for (int i = 0; i < n; i++) {
+            const kvf_engine_seq_t *s = &d->seqs[i];
+            if (d->step_reqs[i]->h.state == KVF_HANDOFF_PREFILLING) {
+                prompt += s->n_tokens;
+                before += s->start_pos;
+            } else {
+                decode++;
+                ctx += s->start_pos + 1;
+            }
+        }
+        kvf_log_debug("step: %d rows in %llu us, cpu %llu us: %d decoding (context %llu), %llu "
+                      "prompt tokens (after %llu)",
+                      n, (unsigned long long)*step_us_p,
+                      (unsigned long long)((kvf_clock_cpu_ns() - cpu0) / 1000), decode, ctx,
+                      prompt, before);
+    }
     if (st == KVF_OK)
         return KVF_OK;
     kvf_log_error("decode step over %d sequences failed: %s", n, kvf_status_str(st));

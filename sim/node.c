@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvf/log.h"
 #include "sim_internal.h"
 
 static uint64_t to_ns(double s)
@@ -170,7 +171,15 @@ void sim_node_kick(sim_t *s, int i)
     kvf_sim_profile_t hw = s->cfg->hw;
     const int busy = busy_nodes(s);
     host_cache(&hw, s->cfg->model.weight_bytes, busy);
-    uint64_t took = to_ns(kvf_sim_step_time(&hw, &s->cfg->model, &step) / host_share(&hw, busy));
+    const double share = host_share(&hw, busy);
+    uint64_t took = to_ns(kvf_sim_step_time(&hw, &s->cfg->model, &step) / share);
+    /* what the step carries and takes, as a node logs its steps (the
+     * calibration's step-by-step comparison, docs/simulator.md) */
+    kvf_log_debug("sim step at %.6f s on node %d: %u decoding (context %llu), %u prompt tokens "
+                  "(after %llu), %.3f ms at a CPU share of %.2f",
+                  (double)s->now / 1e9, i, step.decode_seqs, (unsigned long long)step.decode_ctx,
+                  step.prefill_tokens, (unsigned long long)step.prefill_kv_read, (double)took / 1e6,
+                  share);
     n->busy = true;
     n->busy_ns += took;
     s->steps++;

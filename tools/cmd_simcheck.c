@@ -272,40 +272,15 @@ static kvf_status_t predict(const kvf_sim_config_t *cfg, const kvf_sim_workload_
     return KVF_OK;
 }
 
-/* A profile's efficiency points, one line (none: nothing). */
-static void describe_points(const char *label, int n, const double *xs, const double *effs)
-{
-    if (n <= 0)
-        return;
-    printf("  %s:", label);
-    for (int i = 0; i < n; i++)
-        printf(" %.0f: %.2f", xs[i], effs[i]);
-    printf("\n");
-}
-
-/* The measured profile's numbers, one line, then its efficiency points. */
-static void describe(const char *what, const kvf_sim_profile_t *hw)
-{
-    printf("%s profile: %.1f GB/s x mem_eff %.2f, %.1f GFLOP/s x compute_eff %.2f (decode %.2f), "
-           "transfer %.0f us + %.2f GB/s; host %.0f CPUs, node threads %.0f; a message %.0f us; "
-           "past its %.0f MiB cache %.1f GB/s\n",
-           what, hw->hbm_bw / 1e9, hw->mem_eff, hw->flops / 1e9, hw->compute_eff,
-           hw->decode_compute_eff, hw->transfer_fixed_s * 1e6, hw->net_bw / 1e9, hw->host_cpus,
-           hw->node_threads, hw->msg_latency_s * 1e6, hw->llc_bytes / 1048576, hw->dram_bw / 1e9);
-    describe_points("prompt tokens' compute_eff by the tokens a step computes", hw->n_prefill_eff,
-                    hw->prefill_eff_tokens, hw->prefill_eff);
-    describe_points("decode tokens' compute_eff by the sequences a step decodes",
-                    hw->n_decode_eff, hw->decode_eff_seqs, hw->decode_eff);
-}
-
 /* One rate: --repeats times, both nodes' profiles measured (kvf simulate
  * --profile measure, --profile-rounds rounds) and kvf bench serve run
  * right after them, the run simulated on those profiles with the run's
  * other load. The host's speed moves for seconds at a time (measured: the
  * same 512-token forward at 27.6 ms, then 43.9 ms minutes later), so a
  * run is predicted from the profile measured beside it, not one measured
- * minutes before. Predicted and measured: the medians over the repeats,
- * number by number. Returns -1 or the exit code. */
+ * minutes before.
+ * Predicted and measured: the medians over the repeats, number by number.
+ * Returns -1 or the exit code. */
 static int measure_rate(const char *prog, const check_opts_t *o, double rate,
                         const kvf_sim_config_t *split_base, const kvf_sim_config_t *colo_base,
                         check_row_t out[2][2], double *load_p)
@@ -328,8 +303,9 @@ static int measure_rate(const char *prog, const check_opts_t *o, double rate,
         if (rc >= 0)
             break;
         printf("rate %g, run %d of %d:\n", rate, i + 1, o->repeats);
-        describe("  split node", &sc.hw);
-        describe("  colocated node", &cc.hw);
+        kvf_sim_describe_profile(stdout, "  split node", &sc.hw);
+        kvf_sim_describe_profile(stdout, "  colocated node", &cc.hw);
+        fflush(stdout); /* before the run's table, which its child writes */
         double l;
         rc = measure_serve(prog, o, rate, &rows[1][0][i], &rows[1][1][i], &l);
         if (rc >= 0)

@@ -97,7 +97,7 @@ static double at_most_1(double v)
  * its median times the ceilings' median is no step time ever measured). */
 typedef struct {
     kvf_sim_profile_t hw;
-    double b1_bw;      /* bytes/s the batch-1 decode step read */
+    double b1_bw;                 /* bytes/s the batch-1 decode step read */
     double b8_step_s, b32_step_s; /* the batch-8 and batch-32 decode steps */
     int n_pf;
     double pf_tokens[KVF_SIM_EFF_POINTS_MAX], pf_rate[KVF_SIM_EFF_POINTS_MAX]; /* tokens/s */
@@ -304,7 +304,8 @@ int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads
                             bool shared_host, const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p)
 {
     if (rounds < 1 || rounds > KVF_SIM_MEASURE_ROUNDS_MAX) {
-        fprintf(stderr, "%s: %d measuring rounds (1 to %d)\n", prog, rounds, KVF_SIM_MEASURE_ROUNDS_MAX);
+        fprintf(stderr, "%s: %d measuring rounds (1 to %d)\n", prog, rounds,
+                KVF_SIM_MEASURE_ROUNDS_MAX);
         return 2;
     }
     fprintf(stderr,
@@ -334,4 +335,30 @@ int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads
         hw.host_cpus = hw.host_load = hw.node_threads = hw.llc_bytes = hw.dram_bw = 0;
     *hw_p = hw;
     return -1;
+}
+
+/* A profile's efficiency points, one line (none: nothing). */
+static void describe_points(FILE *f, const char *label, int n, const double *xs, const double *effs)
+{
+    if (n <= 0)
+        return;
+    fprintf(f, "  %s:", label);
+    for (int i = 0; i < n; i++)
+        fprintf(f, " %.0f: %.2f", xs[i], effs[i]);
+    fprintf(f, "\n");
+}
+
+void kvf_sim_describe_profile(FILE *f, const char *what, const kvf_sim_profile_t *hw)
+{
+    fprintf(f,
+            "%s profile: %.1f GB/s x mem_eff %.2f, %.1f GFLOP/s x compute_eff %.2f (decode %.2f), "
+            "transfer %.0f us + %.2f GB/s; host %.0f CPUs, node threads %.0f; a message %.0f us; "
+            "past its %.0f MiB cache %.1f GB/s\n",
+            what, hw->hbm_bw / 1e9, hw->mem_eff, hw->flops / 1e9, hw->compute_eff,
+            hw->decode_compute_eff, hw->transfer_fixed_s * 1e6, hw->net_bw / 1e9, hw->host_cpus,
+            hw->node_threads, hw->msg_latency_s * 1e6, hw->llc_bytes / 1048576, hw->dram_bw / 1e9);
+    describe_points(f, "prompt tokens' compute_eff by the tokens a step computes",
+                    hw->n_prefill_eff, hw->prefill_eff_tokens, hw->prefill_eff);
+    describe_points(f, "decode tokens' compute_eff by the sequences a step decodes",
+                    hw->n_decode_eff, hw->decode_eff_seqs, hw->decode_eff);
 }

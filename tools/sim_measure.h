@@ -6,6 +6,8 @@
 #ifndef KVF_TOOLS_SIM_MEASURE_H
 #define KVF_TOOLS_SIM_MEASURE_H
 
+#include <stdio.h>
+
 #include "sim.h"
 
 /* Measures the profile of one node of `threads` CPU threads running the
@@ -25,6 +27,10 @@
 
 int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads, int rounds,
                             bool shared_host, const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p);
+
+/* A measured profile's numbers on one line of f, after what, then its
+ * efficiency points (kvf bench sim-check's report, kvf simulate's stderr). */
+void kvf_sim_describe_profile(FILE *f, const char *what, const kvf_sim_profile_t *hw);
 
 /* The CPU time every process of this host has used since boot, in
  * seconds (/proc/stat: all but idle and iowait), and its online CPUs.

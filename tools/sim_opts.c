@@ -200,9 +200,12 @@ int kvf_sim_opts_resolve(const char *prog, const kvf_sim_opts_t *o, kvf_sim_conf
         rc = resolve_profile(prog, o->profile, &cfg->hw);
     if (rc < 0)
         rc = resolve_model(prog, o, cfg);
-    if (rc < 0 && measured)
+    if (rc < 0 && measured) {
         rc = kvf_sim_measure_profile(prog, o->model_dir, o->measure_threads, 3, false, &cfg->model,
                                      &cfg->hw);
+        if (rc < 0)
+            kvf_sim_describe_profile(stderr, "kvf simulate: measured", &cfg->hw);
+    }
     if (rc < 0)
         rc = resolve_workload(prog, o, w);
     return rc;
