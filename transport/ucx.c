@@ -284,18 +284,19 @@ static kvf_status_t epoll_member(ucx_xfer_t *u, int efd, bool add)
 }
 
 /* Ends retired worker i (the last one takes its slot). */
-static void retired_destroy(ucx_xfer_t *u, int i)
+static void retired_destroy(kvf_xfer_t *x, ucx_xfer_t *u, int i)
 {
     ucx_retired_t *w = &u->retired[i];
     (void)epoll_member(u, w->efd, false);
     ucp_worker_release_address(w->worker, w->address);
     ucp_worker_destroy(w->worker);
     u->retired[i] = u->retired[--u->n_retired];
+    x->stats.listeners_retired = (uint64_t)u->n_retired;
 }
 
 /* Progresses the retired workers; one that delivered nothing for
  * retire_ns goes (a queue a dead sender blocked never delivers again). */
-static unsigned retired_progress(ucx_xfer_t *u)
+static unsigned retired_progress(kvf_xfer_t *x, ucx_xfer_t *u)
 {
     if (!u->n_retired)
         return 0;
@@ -310,7 +311,7 @@ static unsigned retired_progress(ucx_xfer_t *u)
             kvf_log_info("xfer/ucx: a retired listening worker delivered nothing for %llu ms; "
                          "closed",
                          (unsigned long long)(u->retire_ns / 1000000ull));
-            retired_destroy(u, i);
+            retired_destroy(x, u, i);
             continue;
         }
         i++;
@@ -327,7 +328,7 @@ static kvf_status_t ucx_relisten(kvf_xfer_t *x, uint64_t retire_ns)
         for (int i = 1; i < u->n_retired; i++)
             if (u->retired[i].idle_since_ns < u->retired[idlest].idle_since_ns)
                 idlest = i;
-        retired_destroy(u, idlest);
+        retired_destroy(x, u, idlest);
     }
     ucx_retired_t old = {
         .worker = u->worker, .address = u->address, .efd = u->efd, .idle_since_ns = kvf_clock_ns()};
@@ -350,6 +351,7 @@ static kvf_status_t ucx_relisten(kvf_xfer_t *x, uint64_t retire_ns)
         return st;
     }
     u->retired[u->n_retired++] = old;
+    x->stats.listeners_retired = (uint64_t)u->n_retired;
     if (retire_ns > u->retire_ns)
         u->retire_ns = retire_ns;
     return KVF_OK;
@@ -409,7 +411,7 @@ static void ucx_close(kvf_xfer_t *x)
      * requests. */
     kvf_ucx__peers_abandon(x);
     while (u->n_retired)
-        retired_destroy(u, u->n_retired - 1);
+        retired_destroy(x, u, u->n_retired - 1);
     ucp_worker_release_address(u->worker, u->address);
     pool_deregister(x, u);
     ucp_worker_destroy(u->worker);
@@ -444,7 +446,7 @@ static unsigned ucx_progress(kvf_xfer_t *x)
 {
     ucx_xfer_t *u = x->be;
     unsigned n = ucp_worker_progress(u->worker);
-    n += retired_progress(u);
+    n += retired_progress(x, u);
     return n + kvf_ucx__peers_progress(x);
 }
 

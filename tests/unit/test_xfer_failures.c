@@ -567,6 +567,53 @@ static void test_shm_sender_killed_relisten(void **state)
     free(spool);
 }
 
+/* The old endpoint a relisten keeps goes once it has delivered nothing
+ * for one lease (none held here) plus the batch timeout, not before;
+ * batches over the new one land before and after. */
+static void test_relisten_retires(void **state)
+{
+    (void)state;
+    xrig_use_tls("sm,self");
+    kvf_xfer_config_t cfg = {
+        .backend = KVF_XFER_UCX, .pool_bytes = XRIG_POOL, .geometry = xrig_geom, .timeout_ms = 300};
+    kvf_xfer_t *x;
+    assert_int_equal(kvf_xfer_create(&cfg, &x), KVF_OK);
+    uint64_t t0 = kvf_clock_ns();
+    assert_int_equal(kvf_xfer_relisten(x), KVF_OK);
+    kvf_xfer_stats_t st;
+    kvf_xfer_stats(x, &st);
+    assert_int_equal(st.relistens, 1);
+    assert_int_equal(st.listeners_retired, 1);
+    uint8_t *desc;
+    size_t len;
+    assert_int_equal(kvf_xfer_export(x, &desc, &len), KVF_OK);
+    uint8_t *spool = calloc(1, XRIG_POOL);
+    assert_non_null(spool);
+    kvf_xfer_range_t other = {2u << 20, 65536};
+    for (uint64_t req = 81; req <= 82; req++) {
+        /* reserved after the relisten: its lease does not keep the old
+         * endpoint */
+        assert_int_equal(kvf_xfer_reserve(x, req, 1, &other, 1, 10000), KVF_OK);
+        kvf_xfer_t *s = xrig_sender_create(spool, 2000, false);
+        post_from(s, desc, len, req);
+        assert_true(landed_within(x, req, 10000));
+        kvf_xfer_destroy(s);
+        if (req == 81) {
+            /* the old endpoint goes after 300 ms of silence */
+            uint64_t until = kvf_clock_ns() + 10000000000ull;
+            do {
+                kvf_xfer_progress(x);
+                kvf_xfer_stats(x, &st);
+            } while (st.listeners_retired && kvf_clock_ns() < until);
+            assert_int_equal(st.listeners_retired, 0);
+            assert_true(kvf_clock_ns() - t0 >= 300000000ull);
+        }
+    }
+    free(desc);
+    free(spool);
+    kvf_xfer_destroy(x);
+}
+
 int main(void)
 {
     xrig_init("test_xfer_failures");
@@ -580,6 +627,7 @@ int main(void)
         cmocka_unit_test(test_tcp_peer_killed),
         cmocka_unit_test(test_shm_sender_killed),
         cmocka_unit_test(test_shm_sender_killed_relisten),
+        cmocka_unit_test(test_relisten_retires),
         cmocka_unit_test(test_tcp_sender_killed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -206,6 +206,7 @@ typedef struct {
     uint64_t slices_dropped;    /* two-sided: slices no live reservation owned */
     uint64_t reservations_live; /* reserved, not yet released */
     uint64_t relistens;         /* kvf_xfer_relisten calls that gave a new endpoint */
+    uint64_t listeners_retired; /* old endpoints still delivering (kvf_xfer_relisten) */
 } kvf_xfer_stats_t;
 
 /* ---- handle -------------------------------------------------------------- */
