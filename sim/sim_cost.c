@@ -34,17 +34,17 @@ static const kvf_sim_profile_t builtin[] = {
      "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): 80 GB HBM3, 3.35 TB/s, "
      "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
      80e9, 3.35e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
-     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, {0}, {0}},
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, {0}, {0}, 0},
     {"h200-sxm",
      "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): 141 GB HBM3e, 4.8 TB/s, "
      "BF16 1,979 TFLOPS with sparsity, NVLink 900 GB/s",
      141e9, 4.8e12, 989.5e12, 450e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
-     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, {0}, {0}},
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, {0}, {0}, 0},
     {"a100-sxm-80gb",
      "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): 80 GB HBM2e, "
      "2,039 GB/s, BF16 624 TFLOPS with sparsity, NVLink 600 GB/s",
      80e9, 2.039e12, 312e12, 300e9, NET_NDR_BW, EFF_COMPUTE, EFF_COMPUTE, EFF_MEMORY,
-     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, {0}, {0}},
+     KV_MEM_FRACTION, TRANSFER_FIXED_S, STEP_OVERHEAD_S, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, {0}, {0}, 0},
 };
 #define N_BUILTIN (sizeof(builtin) / sizeof(builtin[0]))
 
@@ -94,6 +94,7 @@ static const profile_field_t fields[] = {
     {"decode_compute_eff", 1, FIELD_FRACTION, false,
      offsetof(kvf_sim_profile_t, decode_compute_eff)},
     {"mem_eff", 1, FIELD_FRACTION, false, offsetof(kvf_sim_profile_t, mem_eff)},
+    {"attn_eff", 1, FIELD_FRACTION, false, offsetof(kvf_sim_profile_t, attn_eff)},
     {"kv_mem_fraction", 1, FIELD_FRACTION, false, offsetof(kvf_sim_profile_t, kv_mem_fraction)},
     {"transfer_fixed_us", 1e-6, FIELD_NONNEG, false, offsetof(kvf_sim_profile_t, transfer_fixed_s)},
     {"step_overhead_us", 1e-6, FIELD_NONNEG, false, offsetof(kvf_sim_profile_t, step_overhead_s)},
@@ -254,6 +255,7 @@ void kvf_sim_model_init(const kvf_model_config_t *cfg, double weight_elem_bytes,
         .head_flops = 2 * v * h,
         .attn_flops = 4.0 * cfg->n_layers * q,
         .kv_bytes_per_token = (double)kvf_kv_bytes_per_token(&geo),
+        .kv_dtype = kv_dtype,
         .act_bytes = 2 * h,
     };
 }
@@ -278,20 +280,22 @@ void kvf_sim_step_add_chunk(kvf_sim_step_t *s, uint32_t start, uint32_t n, bool 
 }
 
 /* The FLOPs of s's decode tokens and of its prompt tokens. */
+/* The FLOPs of s's decode tokens (their matrix products), of their
+ * attention, and of its prompt tokens. */
 static void step_flops(const kvf_sim_model_t *m, const kvf_sim_step_t *s, double *decode_p,
-                       double *prefill_p)
+                       double *attn_p, double *prefill_p)
 {
-    *decode_p =
-        (m->layer_flops + m->head_flops) * s->decode_seqs + m->attn_flops * (double)s->decode_ctx;
+    *decode_p = (m->layer_flops + m->head_flops) * s->decode_seqs;
+    *attn_p = m->attn_flops * (double)s->decode_ctx;
     *prefill_p = m->layer_flops * s->prefill_tokens + m->head_flops * s->prefill_ends +
                  m->attn_flops * (double)s->prefill_pairs;
 }
 
 double kvf_sim_step_flops(const kvf_sim_model_t *m, const kvf_sim_step_t *s)
 {
-    double d, p;
-    step_flops(m, s, &d, &p);
-    return d + p;
+    double d, a, p;
+    step_flops(m, s, &d, &a, &p);
+    return d + a + p;
 }
 
 double kvf_sim_step_bytes(const kvf_sim_model_t *m, const kvf_sim_step_t *s)
@@ -306,9 +310,10 @@ double kvf_sim_step_bytes(const kvf_sim_model_t *m, const kvf_sim_step_t *s)
 double kvf_sim_step_time(const kvf_sim_profile_t *hw, const kvf_sim_model_t *m,
                          const kvf_sim_step_t *s)
 {
-    double d, p;
-    step_flops(m, s, &d, &p);
-    double compute = (d / kvf_sim_decode_eff(hw, s->decode_seqs) +
+    double d, a, p;
+    step_flops(m, s, &d, &a, &p);
+    const double de = kvf_sim_decode_eff(hw, s->decode_seqs);
+    double compute = (d / de + a / (hw->attn_eff > 0 ? hw->attn_eff : de) +
                       (p > 0 ? p / kvf_sim_prefill_eff(hw, s->prefill_tokens) : 0)) /
                      (hw->flops * m->tp);
     double memory = kvf_sim_step_bytes(m, s) / (hw->hbm_bw * hw->mem_eff * m->tp);

@@ -62,6 +62,12 @@ typedef struct {
      * (kvf_sim_decode_eff). 0 points: decode_compute_eff at any batch. */
     int n_decode_eff;
     double decode_eff_seqs[KVF_SIM_EFF_POINTS_MAX], decode_eff[KVF_SIM_EFF_POINTS_MAX];
+    /* The fraction of flops a decode token's attention reaches, over its
+     * (query, key) pairs: on a CPU each pair costs a fixed time that no
+     * matrix product hides (measured: the AVX2 host's serving contexts of
+     * 300-1000 tokens made decode steps 20-30% longer than a decode_eff
+     * fitted at 256). 0: the decode tokens' efficiency (the built-ins). */
+    double attn_eff;
 } kvf_sim_profile_t;
 
 /* The efficiency of a step's prompt tokens, n of them: hw's measured
@@ -83,7 +89,7 @@ const char *kvf_sim_profile_names(void);
  * "decode_compute_eff": ..., "mem_eff": ..., "kv_mem_fraction": ...,
  * "transfer_fixed_us": ..., "step_overhead_us": ..., "host_cpus": ...,
  * "host_load": ..., "node_threads": ..., "msg_latency_us": ..., "llc_mb": ...,
- * "dram_gb_s": ..., "prefill_eff": [[tokens, eff], ...],
+ * "dram_gb_s": ..., "attn_eff": ..., "prefill_eff": [[tokens, eff], ...],
  * "decode_eff": [[seqs, eff], ...]}: fields absent
  * keep the base's (without a base: all but the efficiencies are
  * required). A problem is described in err. */
@@ -98,6 +104,7 @@ typedef struct {
     double head_flops;         /* per token that gets logits: the lm_head */
     double attn_flops;         /* per (query, key) pair, every layer: QK^T and AV */
     double kv_bytes_per_token; /* kvf_kv_bytes_per_token at the KV format */
+    kvf_kv_dtype_t kv_dtype;   /* that format */
     double act_bytes;          /* per token and all-reduce: the hidden state (bf16) */
 } kvf_sim_model_t;
 
@@ -129,8 +136,9 @@ void kvf_sim_step_add_chunk(kvf_sim_step_t *s, uint32_t start, uint32_t n, bool 
 double kvf_sim_step_flops(const kvf_sim_model_t *m, const kvf_sim_step_t *s);
 double kvf_sim_step_bytes(const kvf_sim_model_t *m, const kvf_sim_step_t *s);
 /* The time of s: max(flops / compute, bytes / bandwidth) over the
- * instance's tp GPUs (the decode tokens' FLOPs at decode_compute_eff,
- * the prompt tokens' at kvf_sim_prefill_eff of their number), plus the
+ * instance's tp GPUs (the decode tokens' FLOPs at kvf_sim_decode_eff of
+ * their number, their attention's at attn_eff when set, the prompt
+ * tokens' at kvf_sim_prefill_eff of their number), plus the
  * all-reduces (two per layer, ring over NVLink) and the step overhead. */
 double kvf_sim_step_time(const kvf_sim_profile_t *hw, const kvf_sim_model_t *m,
                          const kvf_sim_step_t *s);

@@ -24,6 +24,9 @@ extern char **environ;
 #define MEASURE_DECODE_BATCH 32
 #define MEASURE_DECODE_SMALL 8
 #define MEASURE_DECODE_CTX   256
+/* The batch of the engine's long-context decode the attention's time per
+ * pair comes from (kv_decode). */
+#define MEASURE_ATTN_BATCH 16
 
 bool kvf_sim_run_kvf(const char *prog, char *const *argv, const char *log, double *cpu_s_p,
                      double *wall_s_p)
@@ -99,13 +102,44 @@ typedef struct {
     kvf_sim_profile_t hw;
     double b1_bw;                 /* bytes/s the batch-1 decode step read */
     double b8_step_s, b32_step_s; /* the batch-8 and batch-32 decode steps */
+    double attn_pair_s; /* a decode token's (query, key) pair, every layer (0: not measured) */
     int n_pf;
     double pf_tokens[KVF_SIM_EFF_POINTS_MAX], pf_rate[KVF_SIM_EFF_POINTS_MAX]; /* tokens/s */
 } round_t;
 
+/* The time of one decode (query, key) pair from the engine's long-context
+ * decode (kv_decode, KV format kv, batch 16): its step over the batch-16
+ * step at MEASURE_DECODE_CTX (between the batch-8 and batch-32 ones), per
+ * pair the longer context adds. 0 when not measured. */
+static double attn_pair_time(const cJSON *e, const char *kv, double b8_step_s, double b32_step_s)
+{
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(e, "kv_decode");
+    double ctx = 0, step_s = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, list)
+    {
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(it, "kv");
+        double c = number(it, "context", NULL), b = number(it, "batch", NULL);
+        double ms = number(it, "step_ms", NULL);
+        if (cJSON_IsString(k) && !strcmp(k->valuestring, kv) && b == MEASURE_ATTN_BATCH &&
+            c > ctx && ms > 0) {
+            ctx = c;
+            step_s = ms / 1e3;
+        }
+    }
+    if (ctx <= MEASURE_DECODE_CTX)
+        return 0;
+    double short_s = b8_step_s + (b32_step_s - b8_step_s) *
+                                     (MEASURE_ATTN_BATCH - MEASURE_DECODE_SMALL) /
+                                     (MEASURE_DECODE_BATCH - MEASURE_DECODE_SMALL);
+    double t = (step_s - short_s) / (MEASURE_ATTN_BATCH * (ctx - MEASURE_DECODE_CTX));
+    return t > 0 ? t : 0;
+}
+
 /* The engine's numbers into r: the ceilings, the batch-1 and batch-32
- * decode steps, each prompt length's rate (shortest first). */
-static bool from_engine(const cJSON *e, round_t *r)
+ * decode steps, each prompt length's rate (shortest first), the decode
+ * attention's time per pair over KV format kv. */
+static bool from_engine(const cJSON *e, const char *kv, round_t *r)
 {
     kvf_sim_profile_t *hw = &r->hw;
     hw->hbm_bw = number(e, "bandwidth_gbs", NULL) * 1e9;
@@ -114,6 +148,7 @@ static bool from_engine(const cJSON *e, round_t *r)
     r->b1_bw = number(e, "decode_b1_roofline_ratio", NULL) * hw->hbm_bw;
     r->b8_step_s = number(e, "decode_b8_step_ms", NULL) / 1e3;
     r->b32_step_s = number(e, "decode_b32_step_ms", NULL) / 1e3;
+    r->attn_pair_s = attn_pair_time(e, kv, r->b8_step_s, r->b32_step_s);
     r->n_pf = 0;
     for (const cJSON *it = e->child; it; it = it->next) {
         unsigned n;
@@ -142,18 +177,30 @@ static bool from_engine(const cJSON *e, round_t *r)
  * 4-9, measured 1.7-3.0x the predicted TPOT: its 8-row steps reach
  * 0.28-0.32 of sgemm where 32-row steps reach 0.47-0.52.) */
 static void set_effs(kvf_sim_profile_t *hw, const kvf_sim_model_t *m, double b1_bw,
-                     double b8_step_s, double b32_step_s, int n_pf, const double *pf_tokens,
-                     const double *pf_rate)
+                     double b8_step_s, double b32_step_s, double attn_pair_s, int n_pf,
+                     const double *pf_tokens, const double *pf_rate)
 {
     hw->mem_eff = at_most_1(b1_bw / hw->hbm_bw);
+    /* the attention's pairs at their own rate, when measured */
+    hw->attn_eff = attn_pair_s > 0 ? at_most_1(m->attn_flops / (attn_pair_s * hw->flops)) : 0;
     const int batch[2] = {MEASURE_DECODE_SMALL, MEASURE_DECODE_BATCH};
     const double step_s[2] = {b8_step_s, b32_step_s};
     hw->n_decode_eff = 2;
     for (int i = 0; i < 2; i++) {
         kvf_sim_step_t dec = {.decode_seqs = (uint32_t)batch[i],
                               .decode_ctx = (uint64_t)batch[i] * MEASURE_DECODE_CTX};
+        double flops = kvf_sim_step_flops(m, &dec), s = step_s[i];
+        if (hw->attn_eff > 0) {
+            /* the matrix products' share: the step less its attention
+             * (kept whole when the attention would take most of it) */
+            double attn_s = m->attn_flops * (double)dec.decode_ctx / (hw->attn_eff * hw->flops);
+            if (attn_s < 0.5 * s) {
+                flops -= m->attn_flops * (double)dec.decode_ctx;
+                s -= attn_s;
+            }
+        }
         hw->decode_eff_seqs[i] = batch[i];
-        hw->decode_eff[i] = at_most_1(kvf_sim_step_flops(m, &dec) / (step_s[i] * hw->flops));
+        hw->decode_eff[i] = at_most_1(flops / (s * hw->flops));
     }
     hw->decode_compute_eff = hw->decode_eff[1];
     hw->n_prefill_eff = n_pf;
@@ -212,7 +259,8 @@ static bool probe(const char *prog, int threads, kvf_sim_profile_t *hw)
 }
 
 /* One round of both benchmarks into r; false after a message. */
-static bool measure_round(const char *prog, const char *model_dir, int threads, round_t *r)
+static bool measure_round(const char *prog, const char *model_dir, int threads, const char *kv,
+                          round_t *r)
 {
     char dir[] = "/tmp/kvf-sim-measure-XXXXXX";
     if (!mkdtemp(dir)) {
@@ -226,7 +274,7 @@ static bool measure_round(const char *prog, const char *model_dir, int threads, 
     kvf_sim_profile_t *hw = &r->hw;
     hw->net_bw = hw->nvlink_bw = number(xfer, "fit_gbps", "shm") * 1e9;
     hw->transfer_fixed_s = number(xfer, "fixed_cost_us", "shm") / 1e6;
-    ok = ok && from_engine(engine, r) && hw->net_bw > 0;
+    ok = ok && from_engine(engine, kv, r) && hw->net_bw > 0;
     /* the benchmark had this share of its CPUs: the rates of CPUs of its
      * own are higher by its inverse */
     hw->hbm_bw /= share;
@@ -235,6 +283,7 @@ static bool measure_round(const char *prog, const char *model_dir, int threads, 
     r->b1_bw /= share;
     r->b8_step_s *= share;
     r->b32_step_s *= share;
+    r->attn_pair_s *= share;
     for (int i = 0; i < r->n_pf; i++)
         r->pf_rate[i] /= share;
     if (engine && xfer && !ok)
@@ -274,7 +323,8 @@ static void take_median(kvf_sim_profile_t *hw, const round_t *r, int n, const kv
         pf_tokens[i] = r[0].pf_tokens[i];
         pf_rate[i] = mid_at(r, n, offsetof(round_t, pf_rate) + (size_t)i * sizeof(double));
     }
-    set_effs(hw, m, MID(b1_bw), MID(b8_step_s), MID(b32_step_s), n_pf, pf_tokens, pf_rate);
+    set_effs(hw, m, MID(b1_bw), MID(b8_step_s), MID(b32_step_s), MID(attn_pair_s), n_pf, pf_tokens,
+             pf_rate);
 #undef MID
 }
 
@@ -318,7 +368,7 @@ int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads
     round_t r[KVF_SIM_MEASURE_ROUNDS_MAX];
     for (int i = 0; i < rounds; i++) {
         r[i] = (round_t){.hw = hw};
-        if (!measure_round(prog, model_dir, threads, &r[i]))
+        if (!measure_round(prog, model_dir, threads, kvf_kv_dtype_name(m->kv_dtype), &r[i]))
             return 1;
         if (i > 0 && r[i].n_pf != r[0].n_pf) {
             fprintf(stderr, "%s: the engine benchmark's prompt lengths changed between rounds\n",
@@ -351,12 +401,14 @@ static void describe_points(FILE *f, const char *label, int n, const double *xs,
 void kvf_sim_describe_profile(FILE *f, const char *what, const kvf_sim_profile_t *hw)
 {
     fprintf(f,
-            "%s profile: %.1f GB/s x mem_eff %.2f, %.1f GFLOP/s x compute_eff %.2f (decode %.2f), "
+            "%s profile: %.1f GB/s x mem_eff %.2f, %.1f GFLOP/s x compute_eff %.2f (decode %.2f, "
+            "its attention %.2f), "
             "transfer %.0f us + %.2f GB/s; host %.0f CPUs, node threads %.0f; a message %.0f us; "
             "past its %.0f MiB cache %.1f GB/s\n",
             what, hw->hbm_bw / 1e9, hw->mem_eff, hw->flops / 1e9, hw->compute_eff,
-            hw->decode_compute_eff, hw->transfer_fixed_s * 1e6, hw->net_bw / 1e9, hw->host_cpus,
-            hw->node_threads, hw->msg_latency_s * 1e6, hw->llc_bytes / 1048576, hw->dram_bw / 1e9);
+            hw->decode_compute_eff, hw->attn_eff, hw->transfer_fixed_s * 1e6, hw->net_bw / 1e9,
+            hw->host_cpus, hw->node_threads, hw->msg_latency_s * 1e6, hw->llc_bytes / 1048576,
+            hw->dram_bw / 1e9);
     describe_points(f, "prompt tokens' compute_eff by the tokens a step computes",
                     hw->n_prefill_eff, hw->prefill_eff_tokens, hw->prefill_eff);
     describe_points(f, "decode tokens' compute_eff by the sequences a step decodes",

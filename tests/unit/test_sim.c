@@ -105,6 +105,13 @@ static void test_step_times(void **state)
     assert_float_equal(kvf_sim_step_time(&hw, &m, &both), 21.172736e-3, 1e-12);
     hw.decode_compute_eff = 1;
 
+    /* The decode tokens' attention at an efficiency of its own: their
+     * 300 pairs x 512 FLOPs = 153600 at 0.1 (1.536 ms), their matrix
+     * products (634368 - 153600 = 480768) and the chunk's 19904000 at 1. */
+    hw.attn_eff = 0.1;
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &both), 21.920768e-3, 1e-12);
+    hw.attn_eff = 0;
+
     /* Tensor parallel 2: half the time, plus 2 all-reduces a layer of
      * 3 x 128 bytes, ring factor 1, over 0.1 GB/s: 15.36 us. */
     kvf_sim_model_init(&c, 2, KVF_KV_BF16, 2, &m);
@@ -193,6 +200,7 @@ static void test_profiles(void **state)
     assert_int_equal(hw.n_decode_eff, 2);
     assert_true(hw.decode_eff_seqs[0] == 8 && hw.decode_eff[1] == 0.6);
     assert_float_equal(kvf_sim_decode_eff(&hw, 16), 0.45, 1e-15);
+    assert_true(hw.attn_eff == 0.2); /* and the decode attention's */
     assert_int_equal(
         kvf_sim_profile_load(DATA "/profile-bad-decode-eff.json", &hw, err, sizeof(err)),
         KVF_ERR_FORMAT);
