@@ -56,7 +56,11 @@ static unsigned long long refused(fixture_t *fx, const char *reason)
     return rfx_metric(fx, line);
 }
 
-static void send_heartbeat(fixture_t *fx, const char *id, const char *inbox, const uint8_t *token)
+/* A heartbeat of node id from inbox, with token (NULL: none); desc
+ * (len bytes; NULL: none) as its new transfer descriptor
+ * (kvf_xfer_relisten). */
+static void send_heartbeat_desc(fixture_t *fx, const char *id, const char *inbox,
+                                const uint8_t *token, const uint8_t *desc, size_t len)
 {
     Kvf__Load load = KVF__LOAD__INIT;
     load.blocks_free = load.blocks_total = 64;
@@ -65,6 +69,7 @@ static void send_heartbeat(fixture_t *fx, const char *id, const char *inbox, con
     hb.inbox_url = (char *)inbox;
     hb.state = "live";
     hb.load = &load;
+    hb.xfer_desc = (ProtobufCBinaryData){desc ? len : 0, (uint8_t *)desc};
     kvf_envelope_t env;
     kvf_envelope_init(&env, id);
     env.body_case = KVF__ENVELOPE__BODY_HEARTBEAT;
@@ -72,7 +77,13 @@ static void send_heartbeat(fixture_t *fx, const char *id, const char *inbox, con
     send_as(fx, &env, id, token);
 }
 
-static void send_register(fixture_t *fx, const char *id, const char *inbox, const uint8_t *token)
+static void send_heartbeat(fixture_t *fx, const char *id, const char *inbox, const uint8_t *token)
+{
+    send_heartbeat_desc(fx, id, inbox, token, NULL, 0);
+}
+
+/* The cluster's KV geometry (the router's model, 16-token blocks). */
+static Kvf__KvGeometry cluster_geometry(fixture_t *fx)
 {
     const kvf_model_config_t *m = kvf_router_model(fx->r);
     Kvf__KvGeometry g = KVF__KV_GEOMETRY__INIT;
@@ -81,6 +92,12 @@ static void send_register(fixture_t *fx, const char *id, const char *inbox, cons
     g.n_layers = (uint32_t)m->n_layers;
     g.n_kv_heads = (uint32_t)m->n_kv_heads;
     g.head_dim = (uint32_t)m->head_dim;
+    return g;
+}
+
+static void send_register(fixture_t *fx, const char *id, const char *inbox, const uint8_t *token)
+{
+    Kvf__KvGeometry g = cluster_geometry(fx);
     uint8_t desc[128];
     size_t desc_len;
     rfx_xfer_desc(&g, desc, &desc_len);
@@ -438,26 +455,6 @@ static void test_deregister_not_handed_back(void **state)
     assert_null(rfx_node_recv(fx, 1, KVF__ENVELOPE__BODY_CANCEL, 100));
 }
 
-/* A decode node's heartbeat carrying desc as its new transfer
- * descriptor (kvf_xfer_relisten). */
-static void send_heartbeat_desc(fixture_t *fx, const char *id, const char *inbox,
-                                const uint8_t *token, const uint8_t *desc, size_t len)
-{
-    Kvf__Load load = KVF__LOAD__INIT;
-    load.blocks_free = load.blocks_total = 64;
-    Kvf__Heartbeat hb = KVF__HEARTBEAT__INIT;
-    hb.node_id = (char *)id;
-    hb.inbox_url = (char *)inbox;
-    hb.state = "live";
-    hb.load = &load;
-    hb.xfer_desc = (ProtobufCBinaryData){len, (uint8_t *)desc};
-    kvf_envelope_t env;
-    kvf_envelope_init(&env, id);
-    env.body_case = KVF__ENVELOPE__BODY_HEARTBEAT;
-    env.heartbeat = &hb;
-    send_as(fx, &env, id, token);
-}
-
 /* A prefill node lost mid-handoff: the decode node's Cancel says its
  * writer was lost (it listens anew: docs/transfer-recovery.md). Its
  * heartbeat's new descriptor, checked as at Register, is what the next
@@ -496,13 +493,7 @@ static void test_writer_lost_and_new_descriptor(void **state)
     uint8_t old[128], desc[128];
     size_t old_len = d1->xfer_desc_len, len;
     memcpy(old, d1->xfer_desc, old_len);
-    const kvf_model_config_t *m = kvf_router_model(fx->r);
-    Kvf__KvGeometry g = KVF__KV_GEOMETRY__INIT;
-    g.block_size = 16;
-    g.layout = 1;
-    g.n_layers = (uint32_t)m->n_layers;
-    g.n_kv_heads = (uint32_t)m->n_kv_heads;
-    g.head_dim = (uint32_t)m->head_dim;
+    Kvf__KvGeometry g = cluster_geometry(fx);
     rfx_xfer_desc(&g, desc, &len);
     desc[KVF_XFER_DESC_HEADER] ^= 1; /* another body (a new endpoint), checksum now wrong */
     send_heartbeat_desc(fx, "d1", fx->urls[3], d1->token, desc, len);

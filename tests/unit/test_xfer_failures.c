@@ -360,6 +360,15 @@ static void test_tcp_peer_killed(void **state)
     peer_killed("tcp,self");
 }
 
+/* desc in hex (malloc'd, the caller's): how a peer process takes it. */
+static char *hex_of(const uint8_t *desc, size_t len)
+{
+    char *hex = malloc(2 * len + 1);
+    assert_non_null(hex);
+    kvf_hex_encode(desc, len, hex);
+    return hex;
+}
+
 /* The sender is SIGKILLed mid-transfer (a prefill node dying): the receiver
  * (this process) must keep running and get its blocks back. One-sided (RMA)
  * receiver: the lease expires and, once cancelled, the blocks come back
@@ -383,9 +392,7 @@ static void sender_killed(const char *tls, bool two_sided)
     uint8_t *desc;
     size_t len;
     assert_int_equal(kvf_xfer_export(x, &desc, &len), KVF_OK);
-    char *hex = malloc(2 * len + 1);
-    assert_non_null(hex);
-    kvf_hex_encode(desc, len, hex);
+    char *hex = hex_of(desc, len);
     free(desc);
 
     /* The sending peer prints its own descriptor first, as xrig_spawn wants. */
@@ -514,9 +521,7 @@ static void test_shm_sender_killed_relisten(void **state)
         uint8_t *desc;
         size_t len;
         assert_int_equal(kvf_xfer_export(x, &desc, &len), KVF_OK);
-        char *hex = malloc(2 * len + 1);
-        assert_non_null(hex);
-        kvf_hex_encode(desc, len, hex);
+        char *hex = hex_of(desc, len);
         /* small batches: most of its time goes to completion messages */
         const char *args[] = {"--send", hex, "--slice-bytes", "64", NULL};
         xrig_peer_t *p = malloc(sizeof(*p));
