@@ -28,6 +28,16 @@
 int kvf_sim_measure_profile(const char *prog, const char *model_dir, int threads, int rounds,
                             bool shared_host, const kvf_sim_model_t *m, kvf_sim_profile_t *hw_p);
 
+/* The profile one round of the benchmarks gives: engine is kvf bench
+ * engine --json's object (its ceilings, and each step's typical, median
+ * repetition where it reports one, else its best), xfer kvf bench
+ * transfer --json's; kv the KV format whose long-context decode sets the
+ * attention's efficiency. The host terms (kvf_sim_measure_profile's
+ * probe) are left 0. False when a number the profile needs is missing. */
+struct cJSON;
+bool kvf_sim_profile_from_bench(const struct cJSON *engine, const struct cJSON *xfer,
+                                const char *kv, const kvf_sim_model_t *m, kvf_sim_profile_t *hw);
+
 /* A measured profile's numbers on one line of f, after what, then its
  * efficiency points (kvf bench sim-check's report, kvf simulate's stderr). */
 void kvf_sim_describe_profile(FILE *f, const char *what, const kvf_sim_profile_t *hw);

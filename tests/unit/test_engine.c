@@ -502,7 +502,7 @@ static void test_bench_smoke(void **state)
     assert_int_equal(system(cmd), 0);
     FILE *fp = fopen(json, "rb");
     assert_non_null(fp);
-    char text[8192];
+    static char text[1 << 16];
     size_t n = fread(text, 1, sizeof(text) - 1, fp);
     text[n] = 0;
     fclose(fp);
@@ -518,6 +518,29 @@ static void test_bench_smoke(void **state)
     }
     const cJSON *cache = cJSON_GetObjectItem(root, "cache_speedup");
     assert_true(cJSON_IsNumber(cJSON_GetObjectItem(cache, "128")));
+    /* each decode step and prompt with its typical (median) repetition
+     * beside its best, never better than the best */
+    const char *pairs[][2] = {{"decode_b1_step_ms", "decode_b1_step_ms_median"},
+                              {"decode_b8_step_ms", "decode_b8_step_ms_median"},
+                              {"decode_b32_step_ms", "decode_b32_step_ms_median"},
+                              {"prefill_512_tokens_per_s_median", "prefill_512_tokens_per_s"}};
+    for (int i = 0; i < 4; i++) {
+        const cJSON *lo = cJSON_GetObjectItem(root, pairs[i][0]);
+        const cJSON *hi = cJSON_GetObjectItem(root, pairs[i][1]);
+        assert_true(cJSON_IsNumber(lo) && cJSON_IsNumber(hi));
+        assert_true(lo->valuedouble > 0 && lo->valuedouble <= hi->valuedouble);
+    }
+    const cJSON *row;
+    int rows = 0;
+    cJSON_ArrayForEach(row, cJSON_GetObjectItem(root, "kv_decode"))
+    {
+        const cJSON *b = cJSON_GetObjectItem(row, "step_ms");
+        const cJSON *m = cJSON_GetObjectItem(row, "step_ms_median");
+        assert_true(cJSON_IsNumber(b) && cJSON_IsNumber(m));
+        assert_true(b->valuedouble > 0 && b->valuedouble <= m->valuedouble);
+        rows++;
+    }
+    assert_true(rows > 0);
     cJSON_Delete(root);
 }
 

@@ -21,6 +21,9 @@
 #include <cmocka.h>
 
 #include "sim.h"
+#include "sim_measure.h"
+
+#include <cjson/cJSON.h>
 
 #define DATA KVF_TEST_DATA "/sim"
 
@@ -544,6 +547,100 @@ static void test_host_cache(void **state)
     kvf_sim_result_fini(&b);
 }
 
+/* kvf bench engine's JSON for the hand model: best step times, and
+ * (median > 0) each typical repetition at median x the best's time. */
+static cJSON *engine_json(double median)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "bandwidth_gbs", 20);
+    cJSON_AddNumberToObject(e, "bandwidth_large_gbs", 15);
+    cJSON_AddNumberToObject(e, "sgemm_gflops", 100);
+    cJSON_AddNumberToObject(e, "decode_b1_roofline_ratio", 0.5);
+    const char *steps[5] = {"decode_b1_step_ms", "decode_b2_step_ms", "decode_b4_step_ms",
+                            "decode_b8_step_ms", "decode_b32_step_ms"};
+    const double ms[5] = {1, 1.5, 1.8, 2, 6};
+    char key[64];
+    for (int i = 0; i < 5; i++) {
+        cJSON_AddNumberToObject(e, steps[i], ms[i]);
+        snprintf(key, sizeof(key), "%s_median", steps[i]);
+        if (median > 0)
+            cJSON_AddNumberToObject(e, key, ms[i] * median);
+    }
+    const unsigned tokens[2] = {128, 512};
+    const double rate[2] = {10000, 8000};
+    for (int i = 0; i < 2; i++) {
+        snprintf(key, sizeof(key), "prefill_%u_tokens_per_s", tokens[i]);
+        cJSON_AddNumberToObject(e, key, rate[i]);
+        snprintf(key, sizeof(key), "prefill_%u_tokens_per_s_median", tokens[i]);
+        if (median > 0)
+            cJSON_AddNumberToObject(e, key, rate[i] / median);
+    }
+    cJSON *kv = cJSON_AddArrayToObject(e, "kv_decode");
+    cJSON *row = cJSON_CreateObject();
+    cJSON_AddStringToObject(row, "kv", "f32");
+    cJSON_AddNumberToObject(row, "context", 4096);
+    cJSON_AddNumberToObject(row, "batch", 16);
+    cJSON_AddNumberToObject(row, "step_ms", 40);
+    if (median > 0)
+        cJSON_AddNumberToObject(row, "step_ms_median", 40 * median);
+    cJSON_AddItemToArray(kv, row);
+    return e;
+}
+
+static bool near_half(double half, double whole)
+{
+    return whole > 0 && fabs(half - whole / 2) <= 1e-12 * whole;
+}
+
+/* A measured profile takes each step's typical (median) repetition, which
+ * the serving runs see, where kvf bench engine reports one, and its best
+ * where not: with every median twice its best, every efficiency halves.
+ * The decode tokens' efficiency has a point at each batch measured: 2, 4,
+ * 8 and 32 (8 and 32 alone from an older benchmark's JSON). */
+static void test_profile_from_bench(void **state)
+{
+    (void)state;
+    kvf_model_config_t c = hand_config();
+    kvf_sim_model_t m;
+    kvf_sim_model_init(&c, 4, KVF_KV_F32, 1, &m);
+    cJSON *xfer = cJSON_Parse("{\"fit_gbps\": {\"shm\": 10}, \"fixed_cost_us\": {\"shm\": 2}}");
+    cJSON *best = engine_json(0), *typ = engine_json(2);
+    kvf_sim_profile_t b, t;
+    assert_true(kvf_sim_profile_from_bench(best, xfer, "f32", &m, &b));
+    assert_true(kvf_sim_profile_from_bench(typ, xfer, "f32", &m, &t));
+    assert_true(b.hbm_bw == 20e9 && t.hbm_bw == 20e9 && t.flops == 100e9);
+    assert_true(t.net_bw == 10e9 && t.transfer_fixed_s == 2e-6);
+    assert_true(b.mem_eff == 0.5 && t.mem_eff == 0.25);
+    assert_true(b.attn_eff > 0 && near_half(t.attn_eff, b.attn_eff));
+    assert_int_equal(t.n_decode_eff, 4);
+    const double seqs[4] = {2, 4, 8, 32};
+    for (int i = 0; i < 4; i++) {
+        assert_true(t.decode_eff_seqs[i] == seqs[i]);
+        assert_true(b.decode_eff[i] > 0 && near_half(t.decode_eff[i], b.decode_eff[i]));
+    }
+    /* fewer rows, less work a step: each point below the next */
+    for (int i = 0; i < 3; i++)
+        assert_true(b.decode_eff[i] < b.decode_eff[i + 1]);
+    assert_true(b.decode_compute_eff == b.decode_eff[3]);
+    cJSON_DeleteItemFromObject(best, "decode_b2_step_ms");
+    cJSON_DeleteItemFromObject(best, "decode_b4_step_ms");
+    kvf_sim_profile_t old;
+    assert_true(kvf_sim_profile_from_bench(best, xfer, "f32", &m, &old));
+    assert_int_equal(old.n_decode_eff, 2);
+    assert_true(old.decode_eff_seqs[0] == 8 && old.decode_eff_seqs[1] == 32);
+    assert_true(old.decode_eff[0] == b.decode_eff[2] && old.decode_eff[1] == b.decode_eff[3]);
+    assert_int_equal(t.n_prefill_eff, 2);
+    assert_true(t.prefill_eff_tokens[0] == 128 && t.prefill_eff_tokens[1] == 512);
+    for (int i = 0; i < 2; i++)
+        assert_true(b.prefill_eff[i] > 0 && near_half(t.prefill_eff[i], b.prefill_eff[i]));
+    /* a number the profile needs missing: refused */
+    cJSON_DeleteItemFromObject(typ, "sgemm_gflops");
+    assert_false(kvf_sim_profile_from_bench(typ, xfer, "f32", &m, &t));
+    cJSON_Delete(best);
+    cJSON_Delete(typ);
+    cJSON_Delete(xfer);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -552,6 +649,7 @@ int main(void)
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_split_and_colocated),
         cmocka_unit_test(test_plan),          cmocka_unit_test(test_local_prefill),
         cmocka_unit_test(test_host_terms),    cmocka_unit_test(test_host_cache),
+        cmocka_unit_test(test_profile_from_bench),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
