@@ -440,8 +440,9 @@ static kvf_status_t setup_engine(engine_run_t *e)
 /* The most repetitions one measurement times. */
 #define MAX_REPS 32
 
-/* Best decode step of batch b on r over steps (at most MAX_REPS) timed
- * after one warm-up; their median into *med_p when not NULL. */
+/* Best decode step of batch b on r over steps timed after one warm-up;
+ * the median of those that ran (at most MAX_REPS) into *med_p when not
+ * NULL (-1 when none did, as the best). */
 static double best_decode_step(engine_run_t *e, bench_rig_t *r, int b, int steps, double *med_p)
 {
     double best = -1, all[MAX_REPS];
@@ -450,7 +451,7 @@ static double best_decode_step(engine_run_t *e, bench_rig_t *r, int b, int steps
         double t = run_decode_step(r, e->bts, b, DEC_CTX);
         if (s > 0) {
             best = best_of(best, t);
-            if (n < MAX_REPS)
+            if (t >= 0 && n < MAX_REPS)
                 all[n++] = t;
         }
     }
@@ -510,12 +511,15 @@ static kvf_status_t measure_prefill(engine_run_t *e)
         int reps = quick ? 2 : (n <= 512 ? 4 : 2);
         sgemm_sample(&e->sgm, 1);
         double best = -1, all[MAX_REPS];
+        int ran = 0;
         for (int i = 0; i < reps; i++) {
-            all[i] = run_forward(&e->r, &e->bt, 0, n);
-            best = best_of(best, all[i]);
+            const double t = run_forward(&e->r, &e->bt, 0, n);
+            best = best_of(best, t);
+            if (t >= 0)
+                all[ran++] = t;
         }
         e->prefill_s[pi] = best;
-        e->prefill_med_s[pi] = best < 0 ? best : kvf_bench_median(all, (size_t)reps);
+        e->prefill_med_s[pi] = ran > 0 ? kvf_bench_median(all, (size_t)ran) : -1;
     }
     bw_sample(&e->bwm, quick ? 2 : 4);
     sgemm_sample(&e->sgm, quick ? 1 : 2);
