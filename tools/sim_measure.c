@@ -189,6 +189,15 @@ static bool from_engine(const cJSON *e, const char *kv, round_t *r)
            r->b32_step_s > 0 && r->n_pf > 0;
 }
 
+/* One round of both benchmarks' JSON into r: the transfer's fitted rate
+ * and fixed cost, then from_engine's numbers. */
+static bool from_bench(const cJSON *engine, const cJSON *xfer, const char *kv, round_t *r)
+{
+    r->hw.net_bw = r->hw.nvlink_bw = number(xfer, "fit_gbps", "shm") * 1e9;
+    r->hw.transfer_fixed_s = number(xfer, "fixed_cost_us", "shm") / 1e6;
+    return from_engine(engine, kv, r) && r->hw.net_bw > 0;
+}
+
 /* The efficiencies that put m's steps where the medians of the rounds
  * measured them, against hw's (median) ceilings: mem_eff the batch-1
  * decode step's bandwidth, decode_eff the batch-2, 4, 8 and 32 steps'
@@ -304,9 +313,7 @@ static bool measure_round(const char *prog, const char *model_dir, int threads, 
     bool ok = measure(prog, dir, model_dir, threads, &engine, &xfer, &share);
     rmdir(dir);
     kvf_sim_profile_t *hw = &r->hw;
-    hw->net_bw = hw->nvlink_bw = number(xfer, "fit_gbps", "shm") * 1e9;
-    hw->transfer_fixed_s = number(xfer, "fixed_cost_us", "shm") / 1e6;
-    ok = ok && from_engine(engine, kv, r) && hw->net_bw > 0;
+    ok = ok && from_bench(engine, xfer, kv, r);
     /* the benchmark had this share of its CPUs: the rates of CPUs of its
      * own are higher by its inverse */
     hw->hbm_bw /= share;
@@ -366,9 +373,7 @@ bool kvf_sim_profile_from_bench(const cJSON *engine, const cJSON *xfer, const ch
                                 const kvf_sim_model_t *m, kvf_sim_profile_t *hw)
 {
     round_t r = {.hw = {.kv_mem_fraction = 0.9}};
-    r.hw.net_bw = r.hw.nvlink_bw = number(xfer, "fit_gbps", "shm") * 1e9;
-    r.hw.transfer_fixed_s = number(xfer, "fixed_cost_us", "shm") / 1e6;
-    if (!from_engine(engine, kv, &r) || !(r.hw.net_bw > 0))
+    if (!from_bench(engine, xfer, kv, &r))
         return false;
     *hw = r.hw;
     take_median(hw, &r, 1, m);
