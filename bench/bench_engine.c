@@ -499,7 +499,10 @@ static kvf_status_t measure_decode_f32(engine_run_t *e)
     return KVF_OK;
 }
 
-/* Best forward of each prompt length; then the ceilings' last samples. */
+/* Best and median forward of each prompt length, each timed after one
+ * untimed forward of that length (its first touch of larger activations,
+ * a serving node's steady state), an odd number of times so the median is
+ * one forward's; then the ceilings' last samples. */
 static kvf_status_t measure_prefill(engine_run_t *e)
 {
     const bool quick = e->o->quick;
@@ -508,10 +511,11 @@ static kvf_status_t measure_prefill(engine_run_t *e)
     e->n_prompts = quick ? 2 : 3;
     for (int pi = 0; pi < e->n_prompts; pi++) {
         uint32_t n = prefill_prompts[pi];
-        int reps = quick ? 2 : (n <= 512 ? 4 : 2);
+        int reps = quick ? 3 : (n <= 512 ? 5 : 3);
         sgemm_sample(&e->sgm, 1);
         double best = -1, all[MAX_REPS];
         int ran = 0;
+        (void)run_forward(&e->r, &e->bt, 0, n); /* a failure shows in the timed ones */
         for (int i = 0; i < reps; i++) {
             const double t = run_forward(&e->r, &e->bt, 0, n);
             best = best_of(best, t);
