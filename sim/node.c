@@ -241,10 +241,22 @@ static void prompt_done(sim_t *s, sim_req_t *r)
         s->failed = true;
 }
 
+/* r's KV is on its decode node. A node takes the KvReady between steps
+ * (decode_node/loop.c: the inbox, then the joins and their first tokens,
+ * then a step), so during a step r waits for its end. */
 void sim_node_shipped(sim_t *s, sim_req_t *r)
 {
     sim_node_t *dn = &s->nodes[r->d];
     cache_prefix(s, r->d, r);
+    if (dn->busy) {
+        r->next = NULL;
+        if (dn->landed_tail)
+            dn->landed_tail->next = r;
+        else
+            dn->landed = r;
+        dn->landed_tail = r;
+        return;
+    }
     join_batch(s, dn, r);
     sim_node_kick(s, r->d);
 }
@@ -296,6 +308,13 @@ void sim_node_step_done(sim_t *s, int i)
     n->busy = false;
     tokens_done(s, n);
     chunks_done(s, n);
+    while (n->landed) { /* in arrival order, as the node's inbox */
+        sim_req_t *r = n->landed;
+        n->landed = r->next;
+        r->next = NULL;
+        join_batch(s, n, r);
+    }
+    n->landed_tail = NULL;
     sim_node_kick(s, i);
 }
 

@@ -76,6 +76,7 @@ typedef struct {
     sim_req_t *fifo, *fifo_tail; /* prompts to compute, oldest first */
     uint32_t fifo_n;
     uint64_t fifo_tokens; /* their tokens left to compute */
+    sim_req_t *landed, *landed_tail; /* KV arrived during a step: they join after it */
     sim_req_t **batch;    /* (n_batch) decoding, in joining order */
     uint32_t n_batch, cap_batch;
     uint64_t batch_ctx; /* tokens they attend to, summed */

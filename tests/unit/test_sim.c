@@ -498,6 +498,36 @@ static void test_host_terms(void **state)
     kvf_sim_result_fini(&b);
 }
 
+/* A decode node takes a landed KV between its steps: a request whose KV
+ * lands while another request decodes gets its first token when that
+ * step ends, later than the same request alone (whose decode node is
+ * idle), by at most one step; the one that landed on an idle node is not
+ * delayed. */
+static void test_join_between_steps(void **state)
+{
+    (void)state;
+    kvf_sim_config_t cfg;
+    chat_config(&cfg, 1, 1, 0);
+    /* A decodes from about 0.1 s to well past B's landing (1 s + its prompt) */
+    kvf_sim_req_t both[2] = {{.at_s = 0, .n_prompt = 1000, .n_output = 4000, .prefix_id = -1},
+                             {.at_s = 1, .n_prompt = 1000, .n_output = 10, .prefix_id = -1}};
+    kvf_sim_req_t alone[1] = {both[1]};
+    kvf_sim_workload_t w2 = {.n = 2, .reqs = both}, w1 = {.n = 1, .reqs = alone};
+    kvf_sim_result_t a, b;
+    run(&cfg, &w1, &a);
+    run(&cfg, &w2, &b);
+    assert_int_equal(a.n_done, 1);
+    assert_int_equal(b.n_done, 2);
+    /* sorted: A's (landed on an idle node, as B alone), then B's */
+    assert_true(b.ttft_ms[0] == a.ttft_ms[0]);
+    assert_true(b.ttft_ms[1] > a.ttft_ms[0]);
+    kvf_sim_step_t step = {.decode_seqs = 1, .decode_ctx = 1000 + 4000};
+    const double step_ms = kvf_sim_step_time(&cfg.hw, &cfg.model, &step) * 1e3;
+    assert_true(b.ttft_ms[1] - a.ttft_ms[0] <= step_ms);
+    kvf_sim_result_fini(&a);
+    kvf_sim_result_fini(&b);
+}
+
 /* The host's cache: a split cluster's second prompt computed while the
  * first decodes streams both nodes' weights; past a cache smaller than
  * both, each copy keeps its share of it and reads the rest at a lower
@@ -649,6 +679,7 @@ int main(void)
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_split_and_colocated),
         cmocka_unit_test(test_plan),          cmocka_unit_test(test_local_prefill),
         cmocka_unit_test(test_host_terms),    cmocka_unit_test(test_host_cache),
+        cmocka_unit_test(test_join_between_steps),
         cmocka_unit_test(test_profile_from_bench),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
