@@ -108,12 +108,7 @@ void sim_end(sim_t *s, sim_req_t *r, bool refused)
 static void queue_push(sim_t *s, sim_req_t *r)
 {
     r->state = REQ_IN_QUEUE;
-    r->next = NULL;
-    if (s->queue_tail)
-        s->queue_tail->next = r;
-    else
-        s->queue = r;
-    s->queue_tail = r;
+    sim_req_append(&s->queue, &s->queue_tail, r);
     s->queue_len++;
 }
 

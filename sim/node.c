@@ -84,12 +84,7 @@ void sim_node_start(sim_t *s, sim_req_t *r, int p, int d)
     uint32_t cap = kvf_router__reuse_cap(r->w->n_prompt, s->cfg->block_size);
     r->known = kvf_sim__hits(s->sr, p, &r->q, cap) * s->cfg->block_size;
     s->cached_tokens += r->known;
-    r->next = NULL;
-    if (pn->fifo_tail)
-        pn->fifo_tail->next = r;
-    else
-        pn->fifo = r;
-    pn->fifo_tail = r;
+    sim_req_append(&pn->fifo, &pn->fifo_tail, r);
     pn->fifo_n++;
     pn->fifo_tokens += r->w->n_prompt - r->known;
     sim_node_kick(s, p);
@@ -249,12 +244,7 @@ void sim_node_shipped(sim_t *s, sim_req_t *r)
     sim_node_t *dn = &s->nodes[r->d];
     cache_prefix(s, r->d, r);
     if (dn->busy) {
-        r->next = NULL;
-        if (dn->landed_tail)
-            dn->landed_tail->next = r;
-        else
-            dn->landed = r;
-        dn->landed_tail = r;
+        sim_req_append(&dn->landed, &dn->landed_tail, r);
         return;
     }
     join_batch(s, dn, r);

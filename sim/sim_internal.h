@@ -61,8 +61,19 @@ struct sim_req {
     uint32_t out;                       /* tokens produced */
     uint32_t blocks;                    /* reserved on d */
     uint64_t t_arrive, t_first, t_done; /* ns */
-    sim_req_t *next;                    /* in the wait queue or a node's prefill FIFO */
+    sim_req_t *next; /* in the wait queue, a node's prefill FIFO or its landed list */
 };
+
+/* r appended to the list *head .. *tail (oldest first). */
+static inline void sim_req_append(sim_req_t **head, sim_req_t **tail, sim_req_t *r)
+{
+    r->next = NULL;
+    if (*tail)
+        (*tail)->next = r;
+    else
+        *head = r;
+    *tail = r;
+}
 
 /* A part of a step: n tokens of r's prompt. */
 typedef struct {
