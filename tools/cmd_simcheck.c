@@ -1,5 +1,8 @@
-/* kvf bench sim-check: the simulator against this machine. For each
- * rate, --repeats times: it measures the profile of a node (kvf simulate
+/* kvf bench sim-check: the simulator against this machine. The rates
+ * are fractions (--load) of the split cluster's capacity, measured first
+ * (kvf bench serve with every request of the trace in flight at once),
+ * so that they load a fast CPU and a slow one alike (or --rate, in
+ * requests/s). For each rate, --repeats times: it measures the profile of a node (kvf simulate
  * --profile measure: one node's threads for the split cluster's nodes,
  * twice that for the colocated node), runs kvf bench serve
  * --compare-colocated on the model at that rate right after, and
@@ -30,11 +33,11 @@
 #define CHECK_P99_TOL   0.30
 
 typedef struct {
-    const char *model, *rates, *prompt_len, *output_len;
+    const char *model, *rates, *loads, *prompt_len, *output_len;
     int requests, threads, repeats, rounds;
     uint64_t seed;
     double slo_ttft, slo_tpot;
-    double rate[CHECK_MAX_RATES];
+    double rate[CHECK_MAX_RATES], load[CHECK_MAX_RATES]; /* req/s; --load's fractions */
     int n_rates;
     kvf_len_dist_t pl, ol;
 } check_opts_t;
@@ -45,9 +48,27 @@ typedef struct {
     double goodput;
 } check_row_t;
 
+/* "A,B,...": numbers > 0, at most CHECK_MAX_RATES, into v[0..*n). */
+static bool parse_list(const char *text, double *v, int *n)
+{
+    char *end = NULL;
+    const char *p = text;
+    *n = 0;
+    while (*n < CHECK_MAX_RATES) {
+        double x = strtod(p, &end);
+        if (end == p || !(x > 0) || !isfinite(x))
+            return false;
+        v[(*n)++] = x;
+        if (*end != ',')
+            break;
+        p = end + 1;
+    }
+    return *n > 0 && end && !*end;
+}
+
 static int parse(int argc, char **argv, check_opts_t *o)
 {
-    *o = (check_opts_t){.rates = "1,3",
+    *o = (check_opts_t){.loads = NULL,
                         .prompt_len = "128:512",
                         .output_len = "32:128",
                         .requests = 16,
@@ -59,7 +80,11 @@ static int parse(int argc, char **argv, check_opts_t *o)
                         .slo_tpot = 200};
     const kvf_flag_t flags[] = {
         {"model", KVF_FLAG_STRING, &o->model, "DIR", "the model both run (kvf mkmodel's)", NULL},
-        {"rate", KVF_FLAG_STRING, &o->rates, "R[,R...]", "Poisson rates, req/s", NULL},
+        {"load", KVF_FLAG_STRING, &o->loads, "F[,F...]",
+         "Poisson rates as fractions of the split cluster's capacity (measured first: "
+         "every request in flight at once; default 0.3,0.6)",
+         NULL},
+        {"rate", KVF_FLAG_STRING, &o->rates, "R[,R...]", "or Poisson rates in req/s", NULL},
         {"requests", KVF_FLAG_INT, &o->requests, "N", "requests per rate", NULL},
         {"threads", KVF_FLAG_INT, &o->threads, "N", "threads per split node (colocated: 2N)", NULL},
         {"repeats", KVF_FLAG_INT, &o->repeats, "N",
@@ -75,8 +100,8 @@ static int parse(int argc, char **argv, check_opts_t *o)
         {"slo-tpot", KVF_FLAG_DOUBLE, &o->slo_tpot, "MS", "goodput's TPOT bound", NULL},
     };
     kvf_flagset_t set = {.prog = argv[0],
-                         .usage = "--model DIR [--rate 1,3] [--requests 16] [--repeats 5] "
-                                  "[--profile-rounds 1]",
+                         .usage = "--model DIR [--load 0.3,0.6 | --rate R[,R...]] "
+                                  "[--requests 16] [--repeats 5] [--profile-rounds 1]",
                          .summary = "Predicted (kvf simulate on this machine's measured "
                                     "profile) against measured (kvf bench serve "
                                     "--compare-colocated): every percentile, every rate, the "
@@ -89,23 +114,18 @@ static int parse(int argc, char **argv, check_opts_t *o)
         return 0;
     if (rc < 0)
         return 2;
-    char *end;
-    const char *p = o->rates;
-    while (o->n_rates < CHECK_MAX_RATES) {
-        double r = strtod(p, &end);
-        if (end == p || r <= 0)
-            break;
-        o->rate[o->n_rates++] = r;
-        if (*end != ',')
-            break;
-        p = end + 1;
+    if (o->rates && o->loads) {
+        fprintf(stderr, "%s: --load and --rate are two ways to set the rates: give one\n", argv[0]);
+        return 2;
     }
-    if (!o->model || !o->n_rates || *end || o->requests < 1 || o->threads < 1 ||
-        o->repeats < 1 || o->repeats > CHECK_MAX_REPEATS || o->rounds < 1 ||
-        o->rounds > KVF_SIM_MEASURE_ROUNDS_MAX ||
+    bool by_load = !o->rates;
+    bool list_ok = parse_list(by_load ? (o->loads ? o->loads : "0.3,0.6") : o->rates,
+                              by_load ? o->load : o->rate, &o->n_rates);
+    if (!o->model || !list_ok || o->requests < 1 || o->threads < 1 || o->repeats < 1 ||
+        o->repeats > CHECK_MAX_REPEATS || o->rounds < 1 || o->rounds > KVF_SIM_MEASURE_ROUNDS_MAX ||
         !kvf_len_dist_parse(o->prompt_len, &o->pl) || !kvf_len_dist_parse(o->output_len, &o->ol)) {
         fprintf(stderr,
-                "%s: needs --model DIR, --rate R[,R...] (at most %d, > 0), "
+                "%s: needs --model DIR, --load F[,F...] or --rate R[,R...] (at most %d, > 0), "
                 "--requests N >= 1, --repeats 1..%d, --profile-rounds 1..%d, lengths as N "
                 "or A:B\n",
                 argv[0], CHECK_MAX_RATES, CHECK_MAX_REPEATS, KVF_SIM_MEASURE_ROUNDS_MAX);
@@ -138,21 +158,20 @@ static bool serve_row(const cJSON *root, const char *config, check_row_t *row)
     return true;
 }
 
-/* Runs kvf bench serve --compare-colocated at one rate (its table on our
- * stdout) and reads both configurations' rows. One run a rate: within a
- * run the rates share a cluster, and the later ones find the same
- * prompts in its prefix caches, which a fresh simulation does not.
- * Returns -1 or the exit code. */
-static int measure_serve(const char *prog, const check_opts_t *o, double rate, check_row_t *split,
-                         check_row_t *colo, double *load_p)
+/* Runs kvf bench serve on the trace (its table on our stdout): level_flag
+ * "--rate" or "--concurrency" at level, --compare-colocated when both.
+ * *root_p: its JSON result (cJSON_Delete it); *load_p (may be NULL): the
+ * host's other load during the run. Returns -1 or the exit code. */
+static int run_serve(const char *prog, const check_opts_t *o, const char *level_flag,
+                     const char *level, bool both, cJSON **root_p, double *load_p)
 {
+    *root_p = NULL;
     char dir[] = "/tmp/kvf-sim-check-XXXXXX";
     if (!mkdtemp(dir)) {
         fprintf(stderr, "%s: cannot make a temporary directory: %m\n", prog);
         return 1;
     }
-    char json[512], n[16], th[16], seed[32], st[32], sp[32], r[32];
-    snprintf(r, sizeof(r), "%g", rate);
+    char json[512], n[16], th[16], seed[32], st[32], sp[32];
     snprintf(json, sizeof(json), "%s/serve.json", dir);
     snprintf(n, sizeof(n), "%d", o->requests);
     snprintf(th, sizeof(th), "%d", o->threads);
@@ -164,8 +183,8 @@ static int measure_serve(const char *prog, const check_opts_t *o, double rate, c
                     "serve",
                     "--model",
                     (char *)o->model,
-                    "--rate",
-                    r,
+                    (char *)level_flag,
+                    (char *)level,
                     "--requests",
                     n,
                     "--threads",
@@ -180,9 +199,9 @@ static int measure_serve(const char *prog, const check_opts_t *o, double rate, c
                     st,
                     "--slo-tpot",
                     sp,
-                    "--compare-colocated",
                     "--json",
                     json,
+                    both ? "--compare-colocated" : NULL,
                     NULL};
     /* the host's other load during the run: the CPU time its processes
      * used less the run's own (kvf bench serve and the clusters it
@@ -192,24 +211,65 @@ static int measure_serve(const char *prog, const check_opts_t *o, double rate, c
     int rc = kvf_sim_run_kvf(prog, argv, NULL, &own, &wall) ? -1 : 1;
     probed = probed && kvf_sim_host_cpu(&after, &cpus) && wall > 0;
     double others = probed ? (after - before - own) / wall : 0;
-    *load_p = others > 0 ? others : 0;
-    if (!probed)
+    if (load_p)
+        *load_p = others > 0 ? others : 0;
+    if (!probed && load_p)
         fprintf(stderr, "%s: cannot read this host's CPU time: its other load taken as none\n",
                 prog);
     char *text = NULL;
     size_t len;
     if (rc < 0 && kvf_file_read(json, 1u << 20, &text, &len) != KVF_OK)
         rc = 1;
-    cJSON *root = text ? cJSON_ParseWithLength(text, len) : NULL;
-    if (rc < 0 && (!serve_row(root, "split", split) || !serve_row(root, "colocated", colo))) {
-        fprintf(stderr, "%s: kvf bench serve's JSON (%s) lacks a configuration's row\n", prog,
-                json);
+    *root_p = text ? cJSON_ParseWithLength(text, len) : NULL;
+    if (rc < 0 && !*root_p) {
+        fprintf(stderr, "%s: kvf bench serve's JSON (%s) cannot be read\n", prog, json);
         rc = 1;
     }
-    cJSON_Delete(root);
     free(text);
     unlink(json);
     rmdir(dir);
+    return rc;
+}
+
+/* Runs kvf bench serve --compare-colocated at one rate and reads both
+ * configurations' rows. One run a rate: within a run the rates share a
+ * cluster, and the later ones find the same prompts in its prefix
+ * caches, which a fresh simulation does not. Returns -1 or the exit
+ * code. */
+static int measure_serve(const char *prog, const check_opts_t *o, double rate, check_row_t *split,
+                         check_row_t *colo, double *load_p)
+{
+    char r[32];
+    snprintf(r, sizeof(r), "%g", rate);
+    cJSON *root;
+    int rc = run_serve(prog, o, "--rate", r, true, &root, load_p);
+    if (rc < 0 && (!serve_row(root, "split", split) || !serve_row(root, "colocated", colo))) {
+        fprintf(stderr, "%s: kvf bench serve's JSON lacks a configuration's row\n", prog);
+        rc = 1;
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* The split cluster's capacity on the trace, measured: kvf bench serve
+ * with every request in flight at once (--concurrency = --requests), the
+ * requests it completed over its wall time, in req/s. Returns -1 or the
+ * exit code. */
+static int measure_capacity(const char *prog, const check_opts_t *o, double *cap_p)
+{
+    char c[16];
+    snprintf(c, sizeof(c), "%d", o->requests);
+    cJSON *root;
+    int rc = run_serve(prog, o, "--concurrency", c, false, &root, NULL);
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "split");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(arr, 0), "req_per_s");
+    if (rc < 0 && (cJSON_GetArraySize(arr) != 1 || !cJSON_IsNumber(v) || !(v->valuedouble > 0))) {
+        fprintf(stderr, "%s: kvf bench serve's JSON lacks the split cluster's req/s\n", prog);
+        rc = 1;
+    }
+    if (rc < 0)
+        *cap_p = v->valuedouble;
+    cJSON_Delete(root);
     return rc;
 }
 
@@ -226,6 +286,21 @@ static void median_row(const check_row_t *rows, int n, check_row_t *out)
     for (int i = 0; i < n; i++)
         v[i] = rows[i].goodput;
     out->goodput = kvf_bench_median(v, (size_t)n);
+}
+
+/* rows[0..n)'s least and greatest, number by number. */
+static void range_rows(const check_row_t *rows, int n, check_row_t *lo, check_row_t *hi)
+{
+    *lo = *hi = rows[0];
+    for (int i = 1; i < n; i++) {
+        for (int m = 0; m < 3; m++)
+            for (int k = 0; k < 3; k++) {
+                lo->v[m][k] = fmin(lo->v[m][k], rows[i].v[m][k]);
+                hi->v[m][k] = fmax(hi->v[m][k], rows[i].v[m][k]);
+            }
+        lo->goodput = fmin(lo->goodput, rows[i].goodput);
+        hi->goodput = fmax(hi->goodput, rows[i].goodput);
+    }
 }
 
 /* ---- predicted ------------------------------------------------------------------ */
@@ -279,11 +354,13 @@ static kvf_status_t predict(const kvf_sim_config_t *cfg, const kvf_sim_workload_
  * same 512-token forward at 27.6 ms, then 43.9 ms minutes later), so a
  * run is predicted from the profile measured beside it, not one measured
  * minutes before.
- * Predicted and measured: the medians over the repeats, number by number.
- * Returns -1 or the exit code. */
+ * Predicted and measured: the medians over the repeats, number by number;
+ * range: the measured runs' least and greatest ([split, colocated][min,
+ * max]), how far the runs themselves spread. Returns -1 or the exit
+ * code. */
 static int measure_rate(const char *prog, const check_opts_t *o, double rate,
                         const kvf_sim_config_t *split_base, const kvf_sim_config_t *colo_base,
-                        check_row_t out[2][2], double *load_p)
+                        check_row_t out[2][2], check_row_t range[2][2], double *load_p)
 {
     check_row_t rows[2][2][CHECK_MAX_REPEATS]; /* [predicted, measured][split, colocated] */
     double load = 0;
@@ -296,10 +373,11 @@ static int measure_rate(const char *prog, const check_opts_t *o, double rate,
     int rc = -1;
     for (int i = 0; rc < 0 && i < o->repeats; i++) {
         kvf_sim_config_t sc = *split_base, cc = *colo_base;
-        rc = kvf_sim_measure_profile(prog, o->model, o->threads, o->rounds, true, &sc.model, &sc.hw);
+        rc =
+            kvf_sim_measure_profile(prog, o->model, o->threads, o->rounds, true, &sc.model, &sc.hw);
         if (rc < 0)
-            rc = kvf_sim_measure_profile(prog, o->model, 2 * o->threads, o->rounds, true,
-                                         &cc.model, &cc.hw);
+            rc = kvf_sim_measure_profile(prog, o->model, 2 * o->threads, o->rounds, true, &cc.model,
+                                         &cc.hw);
         if (rc >= 0)
             break;
         printf("rate %g, run %d of %d:\n", rate, i + 1, o->repeats);
@@ -312,7 +390,8 @@ static int measure_rate(const char *prog, const check_opts_t *o, double rate,
             break;
         load += l / o->repeats;
         sc.hw.host_load = cc.hw.host_load = l; /* the run's */
-        if (predict(&sc, &w, &rows[0][0][i]) != KVF_OK || predict(&cc, &w, &rows[0][1][i]) != KVF_OK)
+        if (predict(&sc, &w, &rows[0][0][i]) != KVF_OK ||
+            predict(&cc, &w, &rows[0][1][i]) != KVF_OK)
             rc = 1;
     }
     kvf_sim_workload_fini(&w);
@@ -321,7 +400,31 @@ static int measure_rate(const char *prog, const check_opts_t *o, double rate,
     for (int k = 0; k < 2; k++)
         for (int c = 0; c < 2; c++)
             median_row(rows[k][c], o->repeats, &out[k][c]);
+    for (int c = 0; c < 2; c++)
+        range_rows(rows[1][c], o->repeats, &range[c][0], &range[c][1]);
     *load_p = load;
+    return -1;
+}
+
+/* Sets every rate from its load (--load) or the load from the rate
+ * (--rate), against the split cluster's capacity measured now. Returns
+ * -1 or the exit code. */
+static int set_rates(const char *prog, check_opts_t *o)
+{
+    double cap = 0;
+    int rc = measure_capacity(prog, o, &cap);
+    if (rc >= 0)
+        return rc;
+    printf("split capacity %.2f req/s (every request in flight at once); rates:", cap);
+    for (int i = 0; i < o->n_rates; i++) {
+        if (o->rates)
+            o->load[i] = o->rate[i] / cap;
+        else /* to the hundredth, which kvf bench serve's --rate then gets exactly */
+            o->rate[i] = fmax(0.01, round(o->load[i] * cap * 100) / 100);
+        printf(" %g req/s (load %.2f)", o->rate[i], o->load[i]);
+    }
+    printf("\n");
+    fflush(stdout);
     return -1;
 }
 
@@ -340,7 +443,7 @@ static int winner(const check_row_t *split, const check_row_t *colo)
 /* Prints one configuration's rows at one rate; false when an error is
  * out of its bound. */
 static bool compare_rows(const char *config, double rate, const check_row_t *pred,
-                         const check_row_t *meas)
+                         const check_row_t *meas, const check_row_t *lo, const check_row_t *hi)
 {
     static const char *const metric[3] = {"TTFT", "TPOT", "e2e"};
     static const char *const pct[3] = {"p50", "p90", "p99"};
@@ -353,34 +456,39 @@ static bool compare_rows(const char *config, double rate, const check_row_t *pre
             bool in = isfinite(err) ? fabs(err) <= tol : false;
             if (k != 1)
                 ok = ok && in;
-            printf("%-10s %6.2f %-4s %-3s %12.2f %12.2f %+9.1f%% %s\n", config, rate, metric[m],
-                   pct[k], p, x, 100 * err,
+            double dlo = x > 0 ? lo->v[m][k] / x - 1 : NAN;
+            double dhi = x > 0 ? hi->v[m][k] / x - 1 : NAN;
+            printf("%-10s %6.2f %-4s %-3s %12.2f %12.2f %+9.1f%% %-3s %+6.0f%%..%+.0f%%\n", config,
+                   rate, metric[m], pct[k], p, x, 100 * err,
                    k == 1 ? ""
                    : in   ? "ok"
-                          : "OUT");
+                          : "OUT",
+                   100 * dlo, 100 * dhi);
         }
     return ok;
 }
 
 /* Every rate's predicted and measured rows ([rate][predicted, measured]
  * [split, colocated]) compared; 0 when the check passes, else 1. */
-static int check(const check_opts_t *o, check_row_t (*rows)[2][2], const double *load)
+static int check(const check_opts_t *o, check_row_t (*rows)[2][2], check_row_t (*range)[2][2],
+                 const double *load)
 {
-    printf("\n%-10s %6s %-4s %-3s %12s %12s %10s\n", "config", "rate", "", "", "predicted",
-           "measured", "error");
+    printf("\n%-10s %6s %-4s %-3s %12s %12s %10s %-3s %s\n", "config", "rate", "", "", "predicted",
+           "measured", "error", "", "runs' spread");
     bool ok = true;
     int agree = 0;
     for (int i = 0; i < o->n_rates; i++) {
         const check_row_t *ps = &rows[i][0][0], *pc = &rows[i][0][1];
         const check_row_t *ms = &rows[i][1][0], *mc = &rows[i][1][1];
-        ok &= compare_rows("split", o->rate[i], ps, ms);
-        ok &= compare_rows("colocated", o->rate[i], pc, mc);
+        ok &= compare_rows("split", o->rate[i], ps, ms, &range[i][0][0], &range[i][0][1]);
+        ok &= compare_rows("colocated", o->rate[i], pc, mc, &range[i][1][0], &range[i][1][1]);
         int wp = winner(ps, pc), wm = winner(ms, mc);
         agree += wp == wm;
-        printf("rate %.2f: winner predicted %s, measured %s (goodput %.2f / %.2f predicted, %.2f / "
-               "%.2f measured); the host's other load %.2f threads\n",
-               o->rate[i], wp ? "colocated" : "split", wm ? "colocated" : "split", ps->goodput,
-               pc->goodput, ms->goodput, mc->goodput, load[i]);
+        printf("rate %.2f (load %.2f of the split capacity): winner predicted %s, measured %s "
+               "(goodput %.2f / %.2f predicted, %.2f / %.2f measured); the host's other load "
+               "%.2f threads\n",
+               o->rate[i], o->load[i], wp ? "colocated" : "split", wm ? "colocated" : "split",
+               ps->goodput, pc->goodput, ms->goodput, mc->goodput, load[i]);
     }
     ok = ok && agree == o->n_rates;
     printf("sim-check: %s (p50 within %.0f%%, p99 within %.0f%%, the same winner at %d of %d "
@@ -424,10 +532,13 @@ int kvf_cmd_bench_sim_check(int argc, char **argv)
     rc = clusters(argv[0], &o, &split, &colo);
     if (rc >= 0)
         return rc;
-    check_row_t rows[CHECK_MAX_RATES][2][2];
+    if ((rc = set_rates(argv[0], &o)) >= 0)
+        return rc;
+    check_row_t rows[CHECK_MAX_RATES][2][2], range[CHECK_MAX_RATES][2][2];
     double load[CHECK_MAX_RATES];
     for (int i = 0; i < o.n_rates; i++)
-        if ((rc = measure_rate(argv[0], &o, o.rate[i], &split, &colo, rows[i], &load[i])) >= 0)
+        if ((rc = measure_rate(argv[0], &o, o.rate[i], &split, &colo, rows[i], range[i],
+                               &load[i])) >= 0)
             return rc;
-    return check(&o, rows, load);
+    return check(&o, rows, range, load);
 }
