@@ -345,6 +345,12 @@ static void loop(sim_t *s)
             sim_node_step_done(s, (int)ev.index);
         else if (ev.kind == EV_SHIPPED)
             sim_node_shipped(s, &s->reqs[ev.index]);
+        else if (ev.kind == EV_ALLOC)
+            sim_node_alloc(s, &s->reqs[ev.index]);
+        else if (ev.kind == EV_GRANT)
+            sim_node_grant(s, &s->reqs[ev.index]);
+        else if (ev.kind == EV_KICK)
+            sim_node_kick(s, (int)ev.index);
         else
             beat(s, (int)ev.index);
     }

@@ -69,6 +69,85 @@ static void cache_prefix(sim_t *s, int i, sim_req_t *r)
     kvf_sim__report(s->sr, i, px->hashes, px->n, NULL, 0);
 }
 
+/* ---- a split request's KV allocation ------------------------------------------- */
+
+static uint64_t msg_ns(const sim_t *s)
+{
+    return (uint64_t)llround(s->cfg->hw.msg_latency_s * 1e9);
+}
+
+/* The prefill node sends r's KvAlloc to its decode node. */
+static void send_alloc(sim_t *s, sim_req_t *r)
+{
+    r->alloc = ALLOC_SENT;
+    if (sim_push(s, s->now + msg_ns(s), EV_ALLOC, (uint32_t)(r - s->reqs)) != KVF_OK)
+        s->failed = true;
+}
+
+/* The KvAllocs of the prompts that reached prefill node n during its step,
+ * sent once it ends (its loop takes its inbox between forwards), in
+ * arrival order. */
+static void send_allocs(sim_t *s, sim_node_t *n)
+{
+    for (sim_req_t *r = n->fifo; r; r = r->next)
+        if (r->alloc == ALLOC_UNSENT)
+            send_alloc(s, r);
+}
+
+/* Decode node d answers r's KvAlloc at `at`: the reply reaches the prefill
+ * node a message later. */
+static void answer_alloc(sim_t *s, sim_req_t *r, uint64_t at)
+{
+    if (sim_push(s, at + msg_ns(s), EV_GRANT, (uint32_t)(r - s->reqs)) != KVF_OK)
+        s->failed = true;
+}
+
+/* A decode node takes its inbox between steps (decode_node/loop.c): a
+ * KvAlloc that comes during a step is answered at its end, with the
+ * others that came meanwhile, so their replies arrive together. An idle
+ * node answers each as it comes, one message's time after the one
+ * before, so a prefill node that starts on the first reply has the
+ * others only after. */
+void sim_node_alloc(sim_t *s, sim_req_t *r)
+{
+    sim_node_t *dn = &s->nodes[r->d];
+    if (dn->busy) {
+        r->alloc_next = NULL;
+        if (dn->allocs_tail)
+            dn->allocs_tail->alloc_next = r;
+        else
+            dn->allocs = r;
+        dn->allocs_tail = r;
+        return;
+    }
+    uint64_t at = dn->alloc_free_ns > s->now ? dn->alloc_free_ns : s->now;
+    dn->alloc_free_ns = at + msg_ns(s);
+    answer_alloc(s, r, dn->alloc_free_ns);
+}
+
+/* The KvAllocs decode node n kept during its step, answered at its end. */
+static void answer_allocs(sim_t *s, sim_node_t *n)
+{
+    while (n->allocs) {
+        sim_req_t *r = n->allocs;
+        n->allocs = r->alloc_next;
+        r->alloc_next = NULL;
+        answer_alloc(s, r, s->now);
+    }
+    n->allocs_tail = NULL;
+    n->alloc_free_ns = s->now;
+}
+
+/* r's blocks are granted: its prompt may join its prefill node's next
+ * forward. The node looks for work once every reply of this instant is
+ * in (the replies of one decode step come together). */
+void sim_node_grant(sim_t *s, sim_req_t *r)
+{
+    r->alloc = ALLOC_GRANTED;
+    if (sim_push(s, s->now, EV_KICK, (uint32_t)r->p) != KVF_OK)
+        s->failed = true;
+}
+
 /* ---- placing a request ------------------------------------------------------------ */
 
 void sim_node_start(sim_t *s, sim_req_t *r, int p, int d)
@@ -87,6 +166,9 @@ void sim_node_start(sim_t *s, sim_req_t *r, int p, int d)
     sim_req_append(&pn->fifo, &pn->fifo_tail, r);
     pn->fifo_n++;
     pn->fifo_tokens += r->w->n_prompt - r->known;
+    r->alloc = p == d ? ALLOC_GRANTED : ALLOC_UNSENT;
+    if (r->alloc == ALLOC_UNSENT && !pn->busy) /* else after its step (send_allocs) */
+        send_alloc(s, r);
     sim_node_kick(s, p);
 }
 
@@ -135,13 +217,16 @@ static void host_cache(kvf_sim_profile_t *hw, double weight_bytes, int busy)
     hw->hbm_bw = 1 / (held / hw->hbm_bw + (1 - held) / past);
 }
 
-/* The prompt chunks of node n's next step: from the FIFO's head, at most
- * chunk_tokens in all. */
+/* The prompt chunks of node n's next step: the FIFO's prompts whose KV
+ * blocks are granted, oldest first (prefill_node/forward.c, pick_forward,
+ * takes the ready ones in arrival order), at most chunk_tokens in all. */
 static void take_chunks(sim_t *s, sim_node_t *n, kvf_sim_step_t *step)
 {
     uint32_t budget = s->cfg->chunk_tokens;
     n->n_pieces = 0;
     for (sim_req_t *r = n->fifo; r && budget; r = r->next) {
+        if (r->alloc != ALLOC_GRANTED)
+            continue;
         uint32_t left = r->w->n_prompt - r->known;
         uint32_t take = left < budget ? left : budget;
         n->pieces[n->n_pieces++] = (sim_piece_t){r, take};
@@ -260,9 +345,16 @@ static void chunks_done(sim_t *s, sim_node_t *n)
         n->fifo_tokens -= n->pieces[k].n;
         if (r->known < r->w->n_prompt)
             continue;
-        n->fifo = r->next; /* chunks come from the head, in order */
-        if (!n->fifo)
-            n->fifo_tail = NULL;
+        /* out of the FIFO: near its head (the granted come first but for
+         * prompts still waiting for their blocks) */
+        sim_req_t **at = &n->fifo, *prev = NULL;
+        while (*at != r) {
+            prev = *at;
+            at = &(*at)->next;
+        }
+        *at = r->next;
+        if (n->fifo_tail == r)
+            n->fifo_tail = prev;
         n->fifo_n--;
         r->next = NULL;
         prompt_done(s, r);
@@ -305,6 +397,8 @@ void sim_node_step_done(sim_t *s, int i)
         join_batch(s, n, r);
     }
     n->landed_tail = NULL;
+    answer_allocs(s, n);
+    send_allocs(s, n);
     sim_node_kick(s, i);
 }
 

@@ -49,6 +49,11 @@ typedef enum {
     REQ_REFUSED
 } sim_req_state_t;
 
+/* Where a split request's KV allocation is (docs/PROTOCOL.md: P sends
+ * KvAlloc to D as it queues the request, and computes the prompt only
+ * once KvAllocReply is in). A local prefill needs none: granted. */
+typedef enum { ALLOC_UNSENT, ALLOC_SENT, ALLOC_GRANTED } sim_alloc_t;
+
 typedef struct sim_req sim_req_t;
 struct sim_req {
     kvf_router_req_t q;     /* the router's view of it */
@@ -61,7 +66,9 @@ struct sim_req {
     uint32_t out;                       /* tokens produced */
     uint32_t blocks;                    /* reserved on d */
     uint64_t t_arrive, t_first, t_done; /* ns */
-    sim_req_t *next; /* in the wait queue, a node's prefill FIFO or its landed list */
+    sim_alloc_t alloc;
+    sim_req_t *next;       /* in the wait queue, a node's prefill FIFO or its landed list */
+    sim_req_t *alloc_next; /* in its decode node's allocations to answer */
 };
 
 /* r appended to the list *head .. *tail (oldest first). */
@@ -88,6 +95,8 @@ typedef struct {
     uint32_t fifo_n;
     uint64_t fifo_tokens; /* their tokens left to compute */
     sim_req_t *landed, *landed_tail; /* KV arrived during a step: they join after it */
+    sim_req_t *allocs, *allocs_tail; /* KvAllocs arrived during a step (alloc_next) */
+    uint64_t alloc_free_ns;          /* idle, it answers one KvAlloc after another */
     sim_req_t **batch;    /* (n_batch) decoding, in joining order */
     uint32_t n_batch, cap_batch;
     uint64_t batch_ctx; /* tokens they attend to, summed */
@@ -129,7 +138,15 @@ typedef struct {
     bool failed; /* out of memory: the run is void */
 } sim_t;
 
-typedef enum { EV_ARRIVE, EV_STEP, EV_SHIPPED, EV_BEAT } sim_event_kind_t;
+typedef enum {
+    EV_ARRIVE,
+    EV_STEP,
+    EV_SHIPPED,
+    EV_BEAT,
+    EV_ALLOC, /* a KvAlloc reaches its decode node */
+    EV_GRANT, /* its KvAllocReply reaches the prefill node */
+    EV_KICK   /* a node looks for work (after the same instant's grants) */
+} sim_event_kind_t;
 
 /* cluster.c */
 kvf_status_t sim_push(sim_t *s, uint64_t at_ns, sim_event_kind_t kind, uint32_t index);
@@ -149,6 +166,10 @@ void sim_node_kick(sim_t *s, int i);
 void sim_node_step_done(sim_t *s, int i);
 /* r's KV reached its decode node (EV_SHIPPED). */
 void sim_node_shipped(sim_t *s, sim_req_t *r);
+/* r's KvAlloc reached its decode node (EV_ALLOC). */
+void sim_node_alloc(sim_t *s, sim_req_t *r);
+/* r's KvAllocReply reached its prefill node (EV_GRANT). */
+void sim_node_grant(sim_t *s, sim_req_t *r);
 /* r was placed on p and d: its blocks on d, its prompt in p's FIFO. */
 void sim_node_start(sim_t *s, sim_req_t *r, int p, int d);
 void sim_node_fini(sim_node_t *n);

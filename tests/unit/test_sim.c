@@ -442,7 +442,8 @@ static void test_local_prefill(void **state)
  * of a shared host's CPUs, hand-computed; steps stretched by it (half a
  * CPU: twice as long); nodes that never outnumber the CPUs unaffected,
  * and slowed when they do; each message's latency added to TTFT and e2e
- * (3 messages, the split path's KvReady a fourth), TPOT unchanged. */
+ * (3 messages; the split path's KvAlloc, its answer, KvAllocReply and
+ * KvReady four more), TPOT unchanged. */
 static void test_host_terms(void **state)
 {
     (void)state;
@@ -479,8 +480,10 @@ static void test_host_terms(void **state)
     run(&split, &one, &a);
     split.hw.msg_latency_s = 1e-3;
     run(&split, &one, &b);
-    assert_true(fabs(b.ttft[0] - (a.ttft[0] + 4)) < 1e-6);
-    assert_true(fabs(b.e2e[0] - (a.e2e[0] + 4)) < 1e-6);
+    /* and the KV allocation before the prompt: KvAlloc, its answer (a
+     * message's time on the idle decode node), KvAllocReply */
+    assert_true(fabs(b.ttft[0] - (a.ttft[0] + 7)) < 1e-6);
+    assert_true(fabs(b.e2e[0] - (a.e2e[0] + 7)) < 1e-6);
     kvf_sim_result_fini(&a);
     kvf_sim_result_fini(&b);
     split.hw.msg_latency_s = 0;
@@ -501,8 +504,8 @@ static void test_host_terms(void **state)
 /* A decode node takes a landed KV between its steps: a request whose KV
  * lands while another request decodes gets its first token when that
  * step ends, later than the same request alone (whose decode node is
- * idle), by at most one step; the one that landed on an idle node is not
- * delayed. */
+ * idle), by at most two steps (its KvAlloc waits for a step's end too);
+ * the one that landed on an idle node is not delayed. */
 static void test_join_between_steps(void **state)
 {
     (void)state;
@@ -523,9 +526,60 @@ static void test_join_between_steps(void **state)
     assert_true(b.ttft_ms[1] > a.ttft_ms[0]);
     kvf_sim_step_t step = {.decode_seqs = 1, .decode_ctx = 1000 + 4000};
     const double step_ms = kvf_sim_step_time(&cfg.hw, &cfg.model, &step) * 1e3;
-    assert_true(b.ttft_ms[1] - a.ttft_ms[0] <= step_ms);
+    assert_true(b.ttft_ms[1] - a.ttft_ms[0] <= 2 * step_ms);
     kvf_sim_result_fini(&a);
     kvf_sim_result_fini(&b);
+}
+
+/* A prefill node computes a prompt once its KV blocks are granted
+ * (KvAllocReply), taking the granted prompts of its FIFO. Two prompts
+ * that queue during another's forward send their KvAllocs when it ends:
+ * an idle decode node answers one, then the other a message later, so
+ * the node starts on the first alone and the second waits for the next
+ * forward; a decode node mid-step answers both at the step's end, and
+ * they share one forward. */
+static void test_alloc_before_prompt(void **state)
+{
+    (void)state;
+    kvf_sim_config_t cfg;
+    chat_config(&cfg, 1, 1, 0);
+    cfg.hw.msg_latency_s = 1e-4;
+    kvf_sim_step_t one = {0};
+    kvf_sim_step_add_chunk(&one, 0, 1000, true);
+    const double fwd_ms = kvf_sim_step_time(&cfg.hw, &cfg.model, &one) * 1e3;
+    /* idle decode node: every request has one token, which ends it at
+     * its join */
+    kvf_sim_req_t idle[3] = {{.at_s = 0, .n_prompt = 2000, .n_output = 1, .prefix_id = -1},
+                             {.at_s = 0.001, .n_prompt = 1000, .n_output = 1, .prefix_id = -1},
+                             {.at_s = 0.001, .n_prompt = 1000, .n_output = 1, .prefix_id = -1}};
+    kvf_sim_workload_t w = {.n = 3, .reqs = idle};
+    kvf_sim_result_t r;
+    run(&cfg, &w, &r);
+    assert_int_equal(r.n_done, 3);
+    assert_int_equal(r.steps, 3); /* three forwards, no decode step */
+    /* sorted TTFTs: B, then C a forward of its own later */
+    double gap = r.ttft_ms[2] - r.ttft_ms[1];
+    assert_true(gap >= 0.99 * fwd_ms && gap <= fwd_ms + 1);
+    kvf_sim_result_fini(&r);
+    /* busy decode node: Z decodes from early on, throughout; A's
+     * KvAlloc waits for a decode step's end (at most dec), then A
+     * computes (fwd_a), and B and C come in the middle of that */
+    kvf_sim_step_t two = {0}, dec = {.decode_seqs = 1, .decode_ctx = 4100};
+    kvf_sim_step_add_chunk(&two, 0, 2000, true);
+    const double fwd_a = kvf_sim_step_time(&cfg.hw, &cfg.model, &two);
+    const double mid = 0.05 + kvf_sim_step_time(&cfg.hw, &cfg.model, &dec) + fwd_a / 2;
+    kvf_sim_req_t busy[4] = {{.at_s = 0, .n_prompt = 100, .n_output = 4000, .prefix_id = -1},
+                             {.at_s = 0.05, .n_prompt = 2000, .n_output = 1, .prefix_id = -1},
+                             {.at_s = mid, .n_prompt = 1000, .n_output = 1, .prefix_id = -1},
+                             {.at_s = mid, .n_prompt = 1000, .n_output = 1, .prefix_id = -1}};
+    w = (kvf_sim_workload_t){.n = 4, .reqs = busy};
+    run(&cfg, &w, &r);
+    assert_int_equal(r.n_done, 4);
+    /* sorted TTFTs: Z, A, then B and C, one forward and their transfers
+     * one after the other apart */
+    gap = r.ttft_ms[3] - r.ttft_ms[2];
+    assert_true(gap < 0.5 * fwd_ms);
+    kvf_sim_result_fini(&r);
 }
 
 /* The host's cache: a split cluster's second prompt computed while the
@@ -680,6 +734,7 @@ int main(void)
         cmocka_unit_test(test_plan),          cmocka_unit_test(test_local_prefill),
         cmocka_unit_test(test_host_terms),    cmocka_unit_test(test_host_cache),
         cmocka_unit_test(test_join_between_steps),
+        cmocka_unit_test(test_alloc_before_prompt),
         cmocka_unit_test(test_profile_from_bench),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
