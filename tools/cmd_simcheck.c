@@ -2,17 +2,18 @@
  * are fractions (--load) of the split cluster's capacity, measured first
  * (kvf bench serve with every request of the trace in flight at once),
  * so that they load a fast CPU and a slow one alike (or --rate, in
- * requests/s). For each rate, --repeats times: it measures the profile of a node (kvf simulate
- * --profile measure: one node's threads for the split cluster's nodes,
- * twice that for the colocated node), runs kvf bench serve
- * --compare-colocated on the model at that rate right after, and
- * simulates the same trace (kvf bench serve's generator,
+ * requests/s). For each rate, --repeats times: it measures the profile
+ * of a node (kvf simulate --profile measure: one node's threads for the
+ * split cluster's nodes, twice that for the colocated node), runs kvf
+ * bench serve --compare-colocated on the model at that rate right after,
+ * and simulates the same trace (kvf bench serve's generator,
  * bench/serve_trace.c) on 1 prefill + 1 decode and on 1 colocated node
  * with those profiles. It prints predicted against measured (each the
- * median over the repeats) for every percentile of TTFT, TPOT and e2e at
- * every rate, and each rate's winner by goodput (docs/simulator.md,
- * "Calibration"). Exit 0 when every p50 is within 20%, every p99 within
- * 30% and the winner agrees at every rate; else 1. */
+ * median over the repeats, beside the measured runs' spread) for every
+ * percentile of TTFT, TPOT and e2e at every rate, and each rate's winner
+ * by goodput (docs/simulator.md, "Calibration"). Exit 0 when every p50 is
+ * within 20%, every p99 within 30% and the winner agrees at every rate;
+ * else 1. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
