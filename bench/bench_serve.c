@@ -2,11 +2,11 @@
  * and its client driver are serve_trace.c; the configurations it starts,
  * serve_launch.c. */
 #include "bench_serve.h"
+#include "bench_util.h"
 #include "serve_launch.h"
 #include "serve_multiturn.h"
 #include "serve_trace.h"
 
-#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -40,28 +40,6 @@ static void print_row(const char *config, const kvf_serve_result_t *r)
            config, level, r->req_per_s, r->tok_per_s, r->goodput, r->ttft[0], r->ttft[1],
            r->ttft[2], r->tpot[0], r->tpot[1], r->tpot[2], r->e2e[0], r->e2e[1], r->e2e[2],
            r->n_failed);
-}
-
-/* A comma-separated list of at most max levels: positive rates, or with
- * integers, whole numbers >= 1 (concurrencies). Returns their number, or
- * -1 on a malformed list. */
-static int parse_levels(const char *text, bool integers, double *out, int max)
-{
-    int n = 0;
-    const char *p = text;
-    for (;;) {
-        char *end;
-        errno = 0;
-        double v = strtod(p, &end);
-        if (end == p || errno || !(v > 0) || n == max || (integers && (v != floor(v) || v > 1e6)))
-            return -1;
-        out[n++] = v;
-        if (*end == '\0')
-            return n;
-        if (*end != ',')
-            return -1;
-        p = end + 1;
-    }
 }
 
 static void print_header(bool closed)
@@ -232,7 +210,7 @@ static int check_serve_opts(const char *prog, serve_opts_t *o)
     /* The load levels: Poisson rates, or closed-loop concurrencies. */
     o->closed = o->conc_text != NULL;
     const char *levels_text = o->closed ? o->conc_text : o->rates_text ? o->rates_text : "1";
-    o->n_levels = parse_levels(levels_text, o->closed, o->levels, SERVE_MAX_RATES);
+    o->n_levels = kvf_bench_parse_levels(levels_text, o->closed, o->levels, SERVE_MAX_RATES);
     if (o->n_levels < 1) {
         fprintf(stderr, "%s: bad --%s '%s' (at most %d values)\n", prog,
                 o->closed ? "concurrency" : "rate", levels_text, SERVE_MAX_RATES);

@@ -3,6 +3,7 @@
 
 #include "kvf/clock.h"
 
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -80,4 +81,24 @@ int kvf_bench_reap(pid_t pid, uint64_t deadline_ns, unsigned poll_ms)
         kvf_clock_sleep_ms(poll_ms);
     }
     return status;
+}
+
+int kvf_bench_parse_levels(const char *text, bool integers, double *out, int max)
+{
+    int n = 0;
+    const char *p = text;
+    for (;;) {
+        char *end;
+        errno = 0;
+        double v = strtod(p, &end);
+        if (end == p || errno || !(v > 0) || !isfinite(v) || n == max ||
+            (integers && (v != floor(v) || v > 1e6)))
+            return -1;
+        out[n++] = v;
+        if (*end == '\0')
+            return n;
+        if (*end != ',')
+            return -1;
+        p = end + 1;
+    }
 }

@@ -1,10 +1,11 @@
-/* What the benchmarks of kvf bench share: order statistics of timings, the
- * --json file, the random prompt tokens, the bytes a decode step streams,
+/* What the benchmarks of kvf bench share: order statistics of timings,
+ * lists of rates, the --json file, the random prompt tokens, the bytes a decode step streams,
  * and waiting for a child process. */
 #ifndef KVF_BENCH_UTIL_H
 #define KVF_BENCH_UTIL_H
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -18,6 +19,11 @@ double kvf_bench_median(double *v, size_t n);
 /* p50, p90 and p99 of v[0..n) by nearest rank into out; NAN each when n is
  * 0. Sorts v in place. */
 void kvf_bench_percentiles(double *v, size_t n, double out[3]);
+
+/* A comma-separated list of at most max levels into out: positive finite
+ * numbers (rates, loads), or with integers whole numbers >= 1
+ * (concurrencies). Returns their number, or -1 on a malformed list. */
+int kvf_bench_parse_levels(const char *text, bool integers, double *out, int max);
 
 /* Writes root, printed, and a newline to path. Returns 0, or 1 after
  * "<prog>: cannot write <path>" on stderr. */

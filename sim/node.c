@@ -86,12 +86,13 @@ static void send_alloc(sim_t *s, sim_req_t *r)
 
 /* The KvAllocs of the prompts that reached prefill node n during its step,
  * sent once it ends (its loop takes its inbox between forwards), in
- * arrival order. */
+ * arrival order: the FIFO from the first of them on. */
 static void send_allocs(sim_t *s, sim_node_t *n)
 {
-    for (sim_req_t *r = n->fifo; r; r = r->next)
+    for (sim_req_t *r = n->unsent; r; r = r->next)
         if (r->alloc == ALLOC_UNSENT)
             send_alloc(s, r);
+    n->unsent = NULL;
 }
 
 /* Decode node d answers r's KvAlloc at `at`: the reply reaches the prefill
@@ -104,38 +105,21 @@ static void answer_alloc(sim_t *s, sim_req_t *r, uint64_t at)
 
 /* A decode node takes its inbox between steps (decode_node/loop.c): a
  * KvAlloc that comes during a step is answered at its end, with the
- * others that came meanwhile, so their replies arrive together. An idle
- * node answers each as it comes, one message's time after the one
- * before, so a prefill node that starts on the first reply has the
- * others only after. */
+ * others that came meanwhile, so their replies arrive together (one
+ * instant: every grant of it is in before the prefill node looks for
+ * work, sim_node_grant). An idle node answers each as it comes, one
+ * message's time after the one before, so a prefill node that starts on
+ * the first reply has the others only after. */
 void sim_node_alloc(sim_t *s, sim_req_t *r)
 {
     sim_node_t *dn = &s->nodes[r->d];
     if (dn->busy) {
-        r->alloc_next = NULL;
-        if (dn->allocs_tail)
-            dn->allocs_tail->alloc_next = r;
-        else
-            dn->allocs = r;
-        dn->allocs_tail = r;
+        answer_alloc(s, r, dn->step_end_ns);
         return;
     }
     uint64_t at = dn->alloc_free_ns > s->now ? dn->alloc_free_ns : s->now;
     dn->alloc_free_ns = at + msg_ns(s);
     answer_alloc(s, r, dn->alloc_free_ns);
-}
-
-/* The KvAllocs decode node n kept during its step, answered at its end. */
-static void answer_allocs(sim_t *s, sim_node_t *n)
-{
-    while (n->allocs) {
-        sim_req_t *r = n->allocs;
-        n->allocs = r->alloc_next;
-        r->alloc_next = NULL;
-        answer_alloc(s, r, s->now);
-    }
-    n->allocs_tail = NULL;
-    n->alloc_free_ns = s->now;
 }
 
 /* r's blocks are granted: its prompt may join its prefill node's next
@@ -167,8 +151,10 @@ void sim_node_start(sim_t *s, sim_req_t *r, int p, int d)
     pn->fifo_n++;
     pn->fifo_tokens += r->w->n_prompt - r->known;
     r->alloc = p == d ? ALLOC_GRANTED : ALLOC_UNSENT;
-    if (r->alloc == ALLOC_UNSENT && !pn->busy) /* else after its step (send_allocs) */
+    if (r->alloc == ALLOC_UNSENT && !pn->busy)
         send_alloc(s, r);
+    else if (r->alloc == ALLOC_UNSENT && !pn->unsent)
+        pn->unsent = r; /* sent after the step (send_allocs) */
     sim_node_kick(s, p);
 }
 
@@ -262,6 +248,7 @@ void sim_node_kick(sim_t *s, int i)
                   share);
     n->busy = true;
     n->busy_ns += took;
+    n->step_end_ns = s->now + took;
     s->steps++;
     if (sim_push(s, s->now + took, EV_STEP, (uint32_t)i) != KVF_OK)
         s->failed = true;
@@ -397,7 +384,7 @@ void sim_node_step_done(sim_t *s, int i)
         join_batch(s, n, r);
     }
     n->landed_tail = NULL;
-    answer_allocs(s, n);
+    n->alloc_free_ns = s->now;
     send_allocs(s, n);
     sim_node_kick(s, i);
 }

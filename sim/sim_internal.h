@@ -67,8 +67,7 @@ struct sim_req {
     uint32_t blocks;                    /* reserved on d */
     uint64_t t_arrive, t_first, t_done; /* ns */
     sim_alloc_t alloc;
-    sim_req_t *next;       /* in the wait queue, a node's prefill FIFO or its landed list */
-    sim_req_t *alloc_next; /* in its decode node's allocations to answer */
+    sim_req_t *next; /* in the wait queue, a node's prefill FIFO or its landed list */
 };
 
 /* r appended to the list *head .. *tail (oldest first). */
@@ -95,7 +94,8 @@ typedef struct {
     uint32_t fifo_n;
     uint64_t fifo_tokens; /* their tokens left to compute */
     sim_req_t *landed, *landed_tail; /* KV arrived during a step: they join after it */
-    sim_req_t *allocs, *allocs_tail; /* KvAllocs arrived during a step (alloc_next) */
+    sim_req_t *unsent;               /* the first prompt that came during the step */
+    uint64_t step_end_ns;            /* when the step in flight ends */
     uint64_t alloc_free_ns;          /* idle, it answers one KvAlloc after another */
     sim_req_t **batch;    /* (n_batch) decoding, in joining order */
     uint32_t n_batch, cap_batch;

@@ -49,24 +49,6 @@ typedef struct {
     double goodput;
 } check_row_t;
 
-/* "A,B,...": numbers > 0, at most CHECK_MAX_RATES, into v[0..*n). */
-static bool parse_list(const char *text, double *v, int *n)
-{
-    char *end = NULL;
-    const char *p = text;
-    *n = 0;
-    while (*n < CHECK_MAX_RATES) {
-        double x = strtod(p, &end);
-        if (end == p || !(x > 0) || !isfinite(x))
-            return false;
-        v[(*n)++] = x;
-        if (*end != ',')
-            break;
-        p = end + 1;
-    }
-    return *n > 0 && end && !*end;
-}
-
 static int parse(int argc, char **argv, check_opts_t *o)
 {
     *o = (check_opts_t){.loads = NULL,
@@ -120,8 +102,9 @@ static int parse(int argc, char **argv, check_opts_t *o)
         return 2;
     }
     bool by_load = !o->rates;
-    bool list_ok = parse_list(by_load ? (o->loads ? o->loads : "0.3,0.6") : o->rates,
-                              by_load ? o->load : o->rate, &o->n_rates);
+    o->n_rates = kvf_bench_parse_levels(by_load ? (o->loads ? o->loads : "0.3,0.6") : o->rates,
+                                        false, by_load ? o->load : o->rate, CHECK_MAX_RATES);
+    bool list_ok = o->n_rates > 0;
     if (!o->model || !list_ok || o->requests < 1 || o->threads < 1 || o->repeats < 1 ||
         o->repeats > CHECK_MAX_REPEATS || o->rounds < 1 || o->rounds > KVF_SIM_MEASURE_ROUNDS_MAX ||
         !kvf_len_dist_parse(o->prompt_len, &o->pl) || !kvf_len_dist_parse(o->output_len, &o->ol)) {
