@@ -45,14 +45,14 @@ static inline __attribute__((always_inline)) __m256i i8_load_tail(const int8_t *
 
 /* kvf_kv_i8_scores2_ref's o0, o1: the query rows q0, q1 (int16, zeros
  * from hd up to a multiple of 16) against the 16 rows base + j * hd,
- * I8_KEYS keys a pass. The prefetch stream gives about pf_n lines per 16
- * elements of 8 keys, as DOT2X16 takes them (pf_n 0: none). */
+ * I8_KEYS keys a pass. The prefetch stream gives a line per 16 elements
+ * of a pass (pf_n 0: none): a chunk's 16 key rows of 64 bytes over its
+ * scores, as many as its values take over their p·v. */
 static inline __attribute__((always_inline)) void
 i8scores2_x86(const int16_t *q0, float sq0, const int16_t *q1, float sq1,
               const int8_t *base, const float *ks, int hd, float *o0, float *o1,
               kvf_cpu_pf_stream_t *pf, int pf_n)
 {
-    const int take = pf_n / 2 > 0 ? pf_n / 2 : pf_n > 0; /* half DOT2X16's: 4 keys a pass */
     for (int j0 = 0; j0 < KVF_CPU_KEY_CHUNK; j0 += I8_KEYS) {
         __m256i a[2 * I8_KEYS];
         _Pragma("GCC unroll 16") for (int i = 0; i < 2 * I8_KEYS; i++) a[i] =
@@ -60,10 +60,10 @@ i8scores2_x86(const int16_t *q0, float sq0, const int16_t *q1, float sq1,
         const int8_t *r[I8_KEYS];
         _Pragma("GCC unroll 8") for (int i = 0; i < I8_KEYS; i++) r[i] =
             base + (size_t)(j0 + i) * (size_t)hd;
+        if (pf_n > 0)
+            kvf_cpu_pf_take(pf, (hd + 15) / 16); /* a line per 16 elements of the pass */
         int d = 0;
         _Pragma("GCC unroll 8") for (; d + 16 <= hd; d += 16) {
-            if (pf_n > 0)
-                kvf_cpu_pf_take(pf, take);
             const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(q0 + d));
             const __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(q1 + d));
             _Pragma("GCC unroll 8") for (int i = 0; i < I8_KEYS; i++) {
@@ -73,8 +73,6 @@ i8scores2_x86(const int16_t *q0, float sq0, const int16_t *q1, float sq1,
             }
         }
         if (d < hd) {
-            if (pf_n > 0)
-                kvf_cpu_pf_take(pf, take);
             const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(q0 + d));
             const __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(q1 + d));
             _Pragma("GCC unroll 8") for (int i = 0; i < I8_KEYS; i++) {

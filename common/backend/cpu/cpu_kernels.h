@@ -346,7 +346,10 @@ static inline void kvf_cpu_i8_scores2_ref(const int16_t *q0, float sq0, const in
  * the pieces in the order sides x tiles (keys of every tile, then values
  * of every tile, or one side alone), which is the pool's address order
  * (a slice holds K [head][slot] then V), each piece's scales with its
- * first line. A decode tile takes a few lines at a time between its
+ * first line; where a block's pieces and scales lie end to end, as in a
+ * pool slice, as one run (kvf_cpu_pf_whole), so the step from piece to
+ * piece (out of line) is rare and a kernel's take in its loops is a
+ * compare. A decode tile takes a few lines at a time between its
  * loads, so the misses it keeps in flight are spread over its compute
  * instead of asked for in bursts (which stall the core once its miss
  * buffers are full). */
@@ -358,12 +361,42 @@ typedef struct {
     const char *p, *e;         /* the current piece's next line, its end */
 } kvf_cpu_pf_stream_t;
 
+/* The bytes [lo, hi) of block b's pieces (sides x tiles, whole blocks of
+ * rows, then a scaled format's scales) when they tile that span without a
+ * gap, as the pieces of a pool slice do; false otherwise. */
+static inline bool kvf_cpu_pf_whole(const kvf_cpu_pf_stream_t *s, int b, const char **lo,
+                                    const char **hi)
+{
+    const kvf_cpu_attn_tile_t *t0 = s->t, *tl = s->t + s->n_t - 1;
+    const int np = s->n_t * s->n_sides, last_side = s->side0 + s->n_sides - 1;
+    const bool scaled = kvf_kv_scaled(t0->dtype);
+    const size_t blk = (size_t)t0->block_size * (size_t)t0->head_dim * kvf_kv_elem_bytes(t0->dtype);
+    const size_t sb = scaled ? (size_t)t0->block_size * sizeof(float) : 0;
+    const char *l = (const char *)(s->side0 ? t0->values[b] : t0->keys[b]);
+    const char *h = scaled ? (const char *)(last_side ? tl->vscales[b] : tl->kscales[b]) + sb
+                           : (const char *)(last_side ? tl->values[b] : tl->keys[b]) + blk;
+    if ((uintptr_t)h < (uintptr_t)l || (uintptr_t)h - (uintptr_t)l != (size_t)np * (blk + sb))
+        return false;
+    *lo = l;
+    *hi = h;
+    return true;
+}
+
 static inline void kvf_cpu_pf_piece(kvf_cpu_pf_stream_t *s)
 {
     const kvf_cpu_attn_tile_t *t = s->t + s->piece % s->n_t;
     const int side = s->side0 + s->piece / s->n_t;
     const size_t row_bytes = (size_t)t->head_dim * kvf_kv_elem_bytes(t->dtype);
     const int r1 = s->b == s->b_last ? s->r_last : t->block_size - 1;
+    const char *lo, *hi;
+    if (s->piece == 0 && s->n_t * s->n_sides > 1 && kvf_cpu_pf_whole(s, s->b, &lo, &hi)) {
+        /* the block's pieces as one run: its rows before r0 (first block)
+         * and past r1 (last) in the middle pieces are requested too */
+        s->p = (const char *)((uintptr_t)(lo + (size_t)s->r0 * row_bytes) & ~(uintptr_t)63);
+        s->e = hi;
+        s->piece = s->n_t * s->n_sides - 1;
+        return;
+    }
     const char *d = (const char *)(side ? t->values[s->b] : t->keys[s->b]);
     s->p = (const char *)((uintptr_t)(d + (size_t)s->r0 * row_bytes) & ~(uintptr_t)63);
     s->e = d + (size_t)(r1 + 1) * row_bytes;
@@ -406,34 +439,37 @@ static inline bool kvf_cpu_pf_next(kvf_cpu_pf_stream_t *s)
     return true;
 }
 
-/* The stream's next line requested; false once it has ended. */
-static inline bool kvf_cpu_pf_one(kvf_cpu_pf_stream_t *s)
+/* kvf_cpu_pf_take across the end of a piece: out of line, so the usual
+ * case stays a compare and the prefetches in the kernels' loops. */
+static __attribute__((noinline, unused)) void kvf_cpu_pf_more(kvf_cpu_pf_stream_t *s, int n)
 {
-    while (s->p >= s->e)
-        if (!kvf_cpu_pf_next(s))
-            return false;
-    kvf_cpu_prefetch(s->p);
-    s->p += 64;
-    return true;
+    while (n > 0) {
+        while (s->p >= s->e)
+            if (!kvf_cpu_pf_next(s))
+                return;
+        const char *p = s->p;
+        for (; n > 0 && p < s->e; n--, p += 64)
+            kvf_cpu_prefetch(p);
+        s->p = p;
+    }
 }
 
 /* The stream's next n lines requested. */
 static inline __attribute__((always_inline)) void kvf_cpu_pf_take(kvf_cpu_pf_stream_t *s, int n)
 {
     const char *p = s->p;
-    if (s->e - p >= (ptrdiff_t)n * 64) { /* within the piece: the usual case */
+    if (__builtin_expect(s->e - p >= (ptrdiff_t)n * 64, 1)) { /* within the piece */
         for (int i = 0; i < n; i++)
             kvf_cpu_prefetch(p + (size_t)i * 64);
         s->p = p + (size_t)n * 64;
         return;
     }
-    while (n-- > 0 && kvf_cpu_pf_one(s))
-        ;
+    kvf_cpu_pf_more(s, n);
 }
 
 /* Every line of the stream before key j's rows requested (in a block the
  * stream walks several pieces of: its pieces up to the last one's row j). */
-static inline void kvf_cpu_pf_upto(kvf_cpu_pf_stream_t *s, int j)
+static __attribute__((noinline, unused)) void kvf_cpu_pf_upto(kvf_cpu_pf_stream_t *s, int j)
 {
     const kvf_cpu_attn_tile_t *t = s->t + s->n_t - 1; /* the last piece's tile */
     const int bj = j / t->block_size, last = s->n_t * s->n_sides - 1;
@@ -441,13 +477,22 @@ static inline void kvf_cpu_pf_upto(kvf_cpu_pf_stream_t *s, int j)
     for (;;) {
         if (s->b > bj || s->b > s->b_last)
             return;
+        const char *stop = s->e;
         if (s->b == bj && s->piece == last) {
             const int side = s->side0 + s->n_sides - 1;
             const char *d = (const char *)(side ? t->values[bj] : t->keys[bj]);
-            if (s->p >= d + (size_t)(j % t->block_size) * row_bytes)
+            const char *to = d + (size_t)(j % t->block_size) * row_bytes;
+            if (s->p >= to)
                 return;
+            stop = to < stop ? to : stop;
         }
-        if (!kvf_cpu_pf_one(s))
+        const char *p = s->p;
+        for (; p < stop; p += 64)
+            kvf_cpu_prefetch(p);
+        s->p = p;
+        if (p < s->e)
+            return;
+        if (!kvf_cpu_pf_next(s))
             return;
     }
 }

@@ -272,7 +272,7 @@ typedef struct {
  * latencies overlap. int8 rows are read without their scales, which the
  * caller has multiplied into p (cpu_kernels.h). */
 INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p, int nj, int hd,
-                    const float *alpha, kvf_cpu_pf_stream_t *pf, int pf_n, const int NR,
+                    const float *alpha, kvf_cpu_pf_stream_t *pf, const int NR,
                     const kvf_kv_dtype_t DT)
 {
     const float *vsc = v->scales;
@@ -284,21 +284,36 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
             _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
                 a[r][u] = V_MUL(V_LOAD(acc[r] + c + u * VL), al);
         }
-        _Pragma("GCC unroll 2") for (int j = 0; j < nj; j++) {
-            if (pf && c == 0) /* a row's lines a key: the chunk's once */
-                kvf_cpu_pf_take(pf, pf_n);
-            const void *row = SIDE_ROW(v, j);
-            const vf sv = V_SET1(kvf_cpu_kv_factor(DT, vsc[j]));
-            const vf v0 = PV_LOAD(DT, row, c, sv), v1 = PV_LOAD(DT, row, c + VL, sv),
-                     v2 = PV_LOAD(DT, row, c + 2 * VL, sv), v3 = PV_LOAD(DT, row, c + 3 * VL, sv);
-            _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {
-                const vf pj = V_SET1(p[r][j]);
-                a[r][0] = V_FMA(pj, v0, a[r][0]);
-                a[r][1] = V_FMA(pj, v1, a[r][1]);
-                a[r][2] = V_FMA(pj, v2, a[r][2]);
-                a[r][3] = V_FMA(pj, v3, a[r][3]);
-            }
+        /* a value row's lines a key, two keys' at a time: the chunk's once */
+        const bool take = pf && c == 0;
+        const int lines = (hd * (int)kvf_kv_elem_bytes(DT) + 63) / 64;
+#define PV_KEY(j)                                                                                  \
+    do {                                                                                           \
+        const void *row = SIDE_ROW(v, (j));                                                        \
+        const vf sv = V_SET1(kvf_cpu_kv_factor(DT, vsc[(j)]));                                     \
+        const vf v0 = PV_LOAD(DT, row, c, sv), v1 = PV_LOAD(DT, row, c + VL, sv),                  \
+                 v2 = PV_LOAD(DT, row, c + 2 * VL, sv), v3 = PV_LOAD(DT, row, c + 3 * VL, sv);     \
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {                                     \
+            const vf pj = V_SET1(p[r][(j)]);                                                       \
+            a[r][0] = V_FMA(pj, v0, a[r][0]);                                                      \
+            a[r][1] = V_FMA(pj, v1, a[r][1]);                                                      \
+            a[r][2] = V_FMA(pj, v2, a[r][2]);                                                      \
+            a[r][3] = V_FMA(pj, v3, a[r][3]);                                                      \
+        }                                                                                          \
+    } while (0)
+        int j = 0;
+        for (; j + 2 <= nj; j += 2) {
+            if (take)
+                kvf_cpu_pf_take(pf, 2 * lines);
+            PV_KEY(j);
+            PV_KEY(j + 1);
         }
+        if (j < nj) {
+            if (take)
+                kvf_cpu_pf_take(pf, lines);
+            PV_KEY(j);
+        }
+#undef PV_KEY
         _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)
             _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
                 V_STORE(acc[r] + c + u * VL, a[r][u]);
@@ -325,10 +340,10 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
 
 /* pv_rows for the format dt of the value rows (a constant in each copy). */
 INLINE void pv_rows_dt(float *const *acc, const kv_side_t *v, const float *const *p, int nj,
-                       int hd, const float *alpha, kvf_cpu_pf_stream_t *pf, int pf_n, const int NR,
+                       int hd, const float *alpha, kvf_cpu_pf_stream_t *pf, const int NR,
                        kvf_kv_dtype_t dt)
 {
-#define PVR(DT) pv_rows(acc, v, p, nj, hd, alpha, pf, pf_n, NR, DT)
+#define PVR(DT) pv_rows(acc, v, p, nj, hd, alpha, pf, NR, DT)
     switch (dt) {
     case KVF_KV_BF16: PVR(KVF_KV_BF16); break;
     case KVF_KV_F16: PVR(KVF_KV_F16); break;
@@ -613,9 +628,9 @@ INLINE void tile_pv(const kvf_cpu_attn_tile_t *t, int j0, int last,
             const float *pr[2] = {sc->p + (size_t)r * KVF_CPU_KEY_CHUNK,
                                   sc->p + (size_t)(r + 1) * KVF_CPU_KEY_CHUNK};
             if (nr == 2)
-                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, NULL, 0, 2, v.dt);
+                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, NULL, 2, v.dt);
             else
-                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, NULL, 0, 1, v.dt);
+                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, NULL, 1, v.dt);
         }
     }
 }
@@ -661,10 +676,13 @@ INLINE void dec_scores(const kvf_cpu_attn_tile_t *t, int j0, int last, int ja, i
     {
         const kv_side_t k = chunk_side(t, j0, last, 0, true, sc->kbuf, HD, sc->hdp);
         const float *kb = (const float *)(const void *)k.base;
-        kvf_cpu_pf_take(pf, (HD + 7) / 8 * pf_n); /* a chunk's rows */
-        for (int h = 0; h < G; h++)
+        const int lines = (HD + 7) / 8 * pf_n; /* a chunk's rows, spread over the heads */
+        for (int h = 0; h < G; h++) {
+            if (pf_n > 0)
+                kvf_cpu_pf_take(pf, lines * (h + 1) / G - lines * h / G);
             DOT16X16S(t->q + (size_t)h * (size_t)HD, kb, k.stride / sizeof(float), HD,
                       S + (size_t)h * (size_t)lds);
+        }
     }
     for (int h = 0; h < G; h++) {
         float *sr = S + (size_t)h * (size_t)lds;
@@ -709,7 +727,7 @@ INLINE void dec_softmax_row(float *s, float *p, float *a, int G, int nc, const i
  * P (row r's 16 at P + r * lds) and factors a (row r's at a[r]). */
 INLINE void dec_pv(const kvf_cpu_attn_tile_t *t, int j0, int last, int nj,
                    const kvf_cpu_attn_scratch_t *sc, float *P, int lds, const float *a,
-                   kvf_cpu_pf_stream_t *pf, int pf_n, const int HD)
+                   kvf_cpu_pf_stream_t *pf, const int HD)
 {
     const kv_side_t v = chunk_side(t, j0, last, 1, PV_DECODE, sc->vbuf, HD, sc->hdp);
     if (t->dtype == KVF_KV_INT8) /* p times the value scales, in place */
@@ -719,9 +737,9 @@ INLINE void dec_pv(const kvf_cpu_attn_tile_t *t, int j0, int last, int nj,
         const float *pr[2] = {P + (size_t)h * (size_t)lds, P + (size_t)(h + 1) * (size_t)lds};
         kvf_cpu_pf_stream_t *f = h == 0 ? pf : NULL;
         if (t->group - h >= 2)
-            pv_rows_dt(acc, &v, pr, nj, HD, a + h, f, pf_n, 2, v.dt);
+            pv_rows_dt(acc, &v, pr, nj, HD, a + h, f, 2, v.dt);
         else
-            pv_rows_dt(acc, &v, pr, nj, HD, a + h, f, pf_n, 1, v.dt);
+            pv_rows_dt(acc, &v, pr, nj, HD, a + h, f, 1, v.dt);
     }
 }
 
@@ -754,12 +772,12 @@ INLINE void row_out(const kvf_cpu_attn_scratch_t *sc, int r, float *o, const int
 /* One run of up to nc_max chunks from key r0 of the decode tile t: the
  * scores of each, every row's softmax steps, then each chunk's p·v.
  * Prefetch streams are taken alongside: ks during the scores (ks_n lines
- * a load step of DOT2X16), vs during p·v (vs_n lines a key). With sync
+ * a load step of DOT2X16), vs during p·v (a value row's lines a key). With sync
  * (the single-tile streams), ks is kept DEC_PREFETCH_CHUNKS chunks ahead
  * of the scores and vs a run ahead of p·v. */
 INLINE void decode_run(const kvf_cpu_attn_tile_t *t, const kvf_cpu_attn_scratch_t *sc, int r0,
                        int nc_max, int last, kvf_cpu_pf_stream_t *ks, int ks_n,
-                       kvf_cpu_pf_stream_t *vs, int vs_n, bool sync, const int HD)
+                       kvf_cpu_pf_stream_t *vs, bool sync, const int HD)
 {
     const int G = t->group, lds = KVF_CPU_DECODE_CHUNKS * KVF_CPU_KEY_CHUNK;
     const int ahead = DEC_PREFETCH_CHUNKS * KVF_CPU_KEY_CHUNK;
@@ -778,7 +796,7 @@ INLINE void decode_run(const kvf_cpu_attn_tile_t *t, const kvf_cpu_attn_scratch_
                         nj, &sc->m[h], &sc->l[h]);
     for (int c = 0; c < nc; c++) {
         dec_pv(t, r0 + c * KVF_CPU_KEY_CHUNK, last, nj[c], sc, sc->dp + c * KVF_CPU_KEY_CHUNK, lds,
-               sc->da + (size_t)c * G, vs, vs_n, HD);
+               sc->da + (size_t)c * G, vs, HD);
         if (sync)
             kvf_cpu_pf_upto(vs, r0 + nc_max * KVF_CPU_KEY_CHUNK + (c + 1) * KVF_CPU_KEY_CHUNK);
     }
@@ -792,14 +810,14 @@ INLINE void attention_decode(const kvf_cpu_attn_tile_t *t, const kvf_cpu_attn_sc
                              int first, int last, const int HD)
 {
     const int lds = KVF_CPU_DECODE_CHUNKS * KVF_CPU_KEY_CHUNK;
-    const int eb = (int)kvf_kv_elem_bytes(t->dtype), row_lines = (HD * eb + 63) / 64;
+    const int eb = (int)kvf_kv_elem_bytes(t->dtype);
     kvf_cpu_pf_stream_t kpf, vpf;
     kvf_cpu_pf_init(&kpf, t, 1, 0, 1, first, last + 1);
     kvf_cpu_pf_init(&vpf, t, 1, 1, 1, first, last + 1);
     kvf_cpu_pf_upto(&kpf, first + DEC_PREFETCH_CHUNKS * KVF_CPU_KEY_CHUNK);
     kvf_cpu_pf_upto(&vpf, first + lds);
     for (int r0 = first; r0 <= last; r0 += lds)
-        decode_run(t, sc, r0, KVF_CPU_DECODE_CHUNKS, last, &kpf, 2 * eb, &vpf, row_lines, true, HD);
+        decode_run(t, sc, r0, KVF_CPU_DECODE_CHUNKS, last, &kpf, 2 * eb, &vpf, true, HD);
 }
 
 /* The bytes of K/V the kv heads of a token take in one run of
@@ -829,7 +847,6 @@ INLINE void attention_heads_hd(const kvf_cpu_attn_tile_t *t, int n, float *scrat
     int nc = (int)(DEC_HEADS_RUN_BYTES / chunk_bytes);
     nc = nc < 1 ? 1 : nc > KVF_CPU_DECODE_CHUNKS ? KVF_CPU_DECODE_CHUNKS : nc;
     const int run = nc * KVF_CPU_KEY_CHUNK, eb = (int)kvf_kv_elem_bytes(t->dtype);
-    const int row_lines = (HD * eb + 63) / 64;
     kvf_cpu_pf_stream_t pf;
     kvf_cpu_pf_init(&pf, t, n, 0, 2, first, last + 1);
     kvf_cpu_pf_upto(&pf, first + run);
@@ -841,7 +858,7 @@ INLINE void attention_heads_hd(const kvf_cpu_attn_tile_t *t, int n, float *scrat
             hs.acc = sc.acc + (size_t)h * G * sc.hdp;
             hs.qi = sc.qi + (size_t)h * G * sc.hdp;
             hs.qs = sc.qs + h * G;
-            decode_run(&t[h], &hs, r0, nc, last, &pf, 2 * eb, &pf, row_lines, false, HD);
+            decode_run(&t[h], &hs, r0, nc, last, &pf, 2 * eb, &pf, false, HD);
         }
         kvf_cpu_pf_upto(&pf, r0 + 2 * run); /* the next run whole */
     }
