@@ -272,7 +272,7 @@ typedef struct {
  * latencies overlap. int8 rows are read without their scales, which the
  * caller has multiplied into p (cpu_kernels.h). */
 INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p, int nj, int hd,
-                    const float *alpha, kvf_cpu_pf_stream_t *pf, const int NR,
+                    const float *alpha, kvf_cpu_pf_stream_t *pf, int pf_lines, const int NR,
                     const kvf_kv_dtype_t DT)
 {
     const float *vsc = v->scales;
@@ -284,9 +284,10 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
             _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
                 a[r][u] = V_MUL(V_LOAD(acc[r] + c + u * VL), al);
         }
-        /* a value row's lines a key, two keys' at a time: the chunk's once */
+        /* a value row's lines a key, two keys' at a time: the chunk's once
+         * (rows read from the pool: their lines a constant of DT) */
         const bool take = pf && c == 0;
-        const int lines = (hd * (int)kvf_kv_elem_bytes(DT) + 63) / 64;
+        const int lines = PV_DECODE ? pf_lines : (hd * (int)kvf_kv_elem_bytes(DT) + 63) / 64;
 #define PV_KEY(j)                                                                                  \
     do {                                                                                           \
         const void *row = SIDE_ROW(v, (j));                                                        \
@@ -340,10 +341,10 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
 
 /* pv_rows for the format dt of the value rows (a constant in each copy). */
 INLINE void pv_rows_dt(float *const *acc, const kv_side_t *v, const float *const *p, int nj,
-                       int hd, const float *alpha, kvf_cpu_pf_stream_t *pf, const int NR,
+                       int hd, const float *alpha, kvf_cpu_pf_stream_t *pf, int pf_lines, const int NR,
                        kvf_kv_dtype_t dt)
 {
-#define PVR(DT) pv_rows(acc, v, p, nj, hd, alpha, pf, NR, DT)
+#define PVR(DT) pv_rows(acc, v, p, nj, hd, alpha, pf, pf_lines, NR, DT)
     switch (dt) {
     case KVF_KV_BF16: PVR(KVF_KV_BF16); break;
     case KVF_KV_F16: PVR(KVF_KV_F16); break;
@@ -628,9 +629,9 @@ INLINE void tile_pv(const kvf_cpu_attn_tile_t *t, int j0, int last,
             const float *pr[2] = {sc->p + (size_t)r * KVF_CPU_KEY_CHUNK,
                                   sc->p + (size_t)(r + 1) * KVF_CPU_KEY_CHUNK};
             if (nr == 2)
-                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, NULL, 2, v.dt);
+                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, NULL, 0, 2, v.dt);
             else
-                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, NULL, 1, v.dt);
+                pv_rows_dt(acc, &v, pr, nj, HD, sc->alpha + r, NULL, 0, 1, v.dt);
         }
     }
 }
@@ -730,6 +731,7 @@ INLINE void dec_pv(const kvf_cpu_attn_tile_t *t, int j0, int last, int nj,
                    kvf_cpu_pf_stream_t *pf, const int HD)
 {
     const kv_side_t v = chunk_side(t, j0, last, 1, PV_DECODE, sc->vbuf, HD, sc->hdp);
+    const int lines = (HD * (int)kvf_kv_elem_bytes(t->dtype) + 63) / 64; /* a pool row's */
     if (t->dtype == KVF_KV_INT8) /* p times the value scales, in place */
         i8_scale_p(t, j0, last, P, (size_t)lds, t->group, P);
     for (int h = 0; h < t->group; h += 2) {
@@ -737,9 +739,9 @@ INLINE void dec_pv(const kvf_cpu_attn_tile_t *t, int j0, int last, int nj,
         const float *pr[2] = {P + (size_t)h * (size_t)lds, P + (size_t)(h + 1) * (size_t)lds};
         kvf_cpu_pf_stream_t *f = h == 0 ? pf : NULL;
         if (t->group - h >= 2)
-            pv_rows_dt(acc, &v, pr, nj, HD, a + h, f, 2, v.dt);
+            pv_rows_dt(acc, &v, pr, nj, HD, a + h, f, lines, 2, v.dt);
         else
-            pv_rows_dt(acc, &v, pr, nj, HD, a + h, f, 1, v.dt);
+            pv_rows_dt(acc, &v, pr, nj, HD, a + h, f, lines, 1, v.dt);
     }
 }
 
