@@ -717,6 +717,12 @@ static void test_profile_from_bench(void **state)
     assert_true(t.prefill_eff_tokens[0] == 128 && t.prefill_eff_tokens[1] == 512);
     for (int i = 0; i < 2; i++)
         assert_true(b.prefill_eff[i] > 0 && near_half(t.prefill_eff[i], b.prefill_eff[i]));
+    /* a batch-1 step above the bandwidth benchmark's roofline (a cache
+     * that holds the weights) raises the bandwidth to its own rate */
+    cJSON_ReplaceItemInObject(best, "decode_b1_roofline_ratio", cJSON_CreateNumber(1.25));
+    kvf_sim_profile_t fast;
+    assert_true(kvf_sim_profile_from_bench(best, xfer, "f32", &m, &fast));
+    assert_true(fabs(fast.hbm_bw - 25e9) <= 1e-3 && fast.mem_eff == 1);
     /* a number the profile needs missing: refused */
     cJSON_DeleteItemFromObject(typ, "sgemm_gflops");
     assert_false(kvf_sim_profile_from_bench(typ, xfer, "f32", &m, &t));
