@@ -236,7 +236,7 @@ void sim_node_kick(sim_t *s, int i)
         return; /* idle until work arrives */
     kvf_sim_profile_t hw = s->cfg->hw;
     const int busy = busy_nodes(s);
-    host_cache(&hw, s->cfg->model.weight_bytes, busy);
+    host_cache(&hw, s->cfg->model.step_weight_bytes, busy);
     const double share = host_share(&hw, busy);
     uint64_t took = to_ns(kvf_sim_step_time(&hw, &s->cfg->model, &step) / share);
     /* what the step carries and takes, as a node logs its steps (the

@@ -251,6 +251,7 @@ void kvf_sim_model_init(const kvf_model_config_t *cfg, double weight_elem_bytes,
         .vocab = cfg->vocab,
         .tp = tp,
         .weight_bytes = params * weight_elem_bytes,
+        .step_weight_bytes = (params - (cfg->tie_embeddings ? 0 : v * h)) * weight_elem_bytes,
         .layer_flops = 2 * cfg->n_layers * layer_params,
         .head_flops = 2 * v * h,
         .attn_flops = 4.0 * cfg->n_layers * q,
@@ -304,7 +305,7 @@ double kvf_sim_step_bytes(const kvf_sim_model_t *m, const kvf_sim_step_t *s)
      * token computed) */
     double kv_tokens =
         (double)s->decode_ctx + (double)s->prefill_kv_read + s->decode_seqs + s->prefill_tokens;
-    return m->weight_bytes + m->kv_bytes_per_token * kv_tokens;
+    return m->step_weight_bytes + m->kv_bytes_per_token * kv_tokens;
 }
 
 double kvf_sim_step_time(const kvf_sim_profile_t *hw, const kvf_sim_model_t *m,

@@ -100,6 +100,9 @@ kvf_status_t kvf_sim_profile_load(const char *path, kvf_sim_profile_t *profile_p
 typedef struct {
     int n_layers, hidden, q_dim, vocab, tp;
     double weight_bytes;       /* every weight, at weight_elem_bytes each */
+    double step_weight_bytes;  /* those a step streams: all but an untied input
+                                * embedding table, of which it reads only its
+                                * tokens' rows (kvf bench engine's roofline) */
     double layer_flops;        /* per token, the decoder layers' matrix products */
     double head_flops;         /* per token that gets logits: the lm_head */
     double attn_flops;         /* per (query, key) pair, every layer: QK^T and AV */

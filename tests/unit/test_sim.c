@@ -61,6 +61,13 @@ static void test_model_shape(void **state)
     assert_true(m.attn_flops == 4.0 * 2 * 64);
     /* 2 layers + embedding and lm_head (100 x 64 each), 2 bytes */
     assert_true(m.weight_bytes == 2.0 * (2 * 36864 + 2 * 6400));
+    /* a step streams all but the (untied) input embedding table */
+    assert_true(m.step_weight_bytes == 2.0 * (2 * 36864 + 6400));
+    kvf_model_config_t tied = c;
+    tied.tie_embeddings = true;
+    kvf_sim_model_t mt;
+    kvf_sim_model_init(&tied, 2, KVF_KV_BF16, 1, &mt);
+    assert_true(mt.weight_bytes == mt.step_weight_bytes && mt.weight_bytes == 2.0 * (2 * 36864 + 6400));
     /* K and V, 2 layers, 2 heads, 16 x 2 bytes */
     assert_true(m.kv_bytes_per_token == 256);
 
@@ -82,18 +89,19 @@ static void test_step_times(void **state)
 
     /* 100 prompt tokens after 50 cached: 100 x 50 + 5050 pairs, one logit.
      * FLOPs 147456 x 100 + 12800 + 512 x 10050 = 19904000: 19.904 ms;
-     * bytes 173056 + 256 x 150 = 211456: 2.11 ms. Compute-bound. */
+     * bytes 160256 (the weights but the input embedding) + 256 x 150 =
+     * 198656: 1.99 ms. Compute-bound. */
     kvf_sim_step_t chunk = {0};
     kvf_sim_step_add_chunk(&chunk, 50, 100, true);
     assert_true(kvf_sim_step_flops(&m, &chunk) == 19904000.0);
-    assert_true(kvf_sim_step_bytes(&m, &chunk) == 211456.0);
+    assert_true(kvf_sim_step_bytes(&m, &chunk) == 198656.0);
     assert_float_equal(kvf_sim_step_time(&hw, &m, &chunk), 19.904e-3, 1e-12);
 
     /* 3 sequences attending to 300 tokens: FLOPs 634368 (0.63 ms), bytes
-     * 173056 + 256 x 303 = 250624: 2.50624 ms. Memory-bound. */
+     * 160256 + 256 x 303 = 237824: 2.37824 ms. Memory-bound. */
     kvf_sim_step_t dec = {.decode_seqs = 3, .decode_ctx = 300};
     assert_true(kvf_sim_step_flops(&m, &dec) == 634368.0);
-    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 2.50624e-3, 1e-12);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 2.37824e-3, 1e-12);
 
     /* A colocated step carries both: FLOPs 147456 x 103 + 12800 x 4 +
      * 512 x 10350 = 20538368; the decode sequences wait for the chunk. */
@@ -118,7 +126,7 @@ static void test_step_times(void **state)
     /* Tensor parallel 2: half the time, plus 2 all-reduces a layer of
      * 3 x 128 bytes, ring factor 1, over 0.1 GB/s: 15.36 us. */
     kvf_sim_model_init(&c, 2, KVF_KV_BF16, 2, &m);
-    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 2.50624e-3 / 2 + 15.36e-6, 1e-12);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 2.37824e-3 / 2 + 15.36e-6, 1e-12);
 
     /* a transfer: 1 ms + 1 MB over 2 NICs of 0.1 GB/s */
     assert_float_equal(kvf_sim_transfer_time(&hw, 2, 1e6), 6e-3, 1e-12);
@@ -127,7 +135,7 @@ static void test_step_times(void **state)
     assert_int_equal(kvf_sim_capacity_blocks(&hw, &m, 16), 79);
     /* step overhead adds once */
     hw.step_overhead_s = 1e-3;
-    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 3.50624e-3, 1e-12);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 3.37824e-3, 1e-12);
     hw.step_overhead_s = 0;
 
     /* Prompt efficiency by step size, 0.25 at 128 tokens and 0.5 at 512,
@@ -145,7 +153,7 @@ static void test_step_times(void **state)
     assert_float_equal(kvf_sim_prefill_eff(&hw, 4096), 0.5, 1e-15);
     assert_float_equal(kvf_sim_step_time(&hw, &m, &chunk), 4 * 19.904e-3, 1e-12);
     assert_float_equal(kvf_sim_step_time(&hw, &m, &both), 0.634368e-3 + 4 * 19.904e-3, 1e-12);
-    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 2.50624e-3, 1e-12);
+    assert_float_equal(kvf_sim_step_time(&hw, &m, &dec), 2.37824e-3, 1e-12);
     hw.n_prefill_eff = 0;
     assert_float_equal(kvf_sim_prefill_eff(&hw, 256), hw.compute_eff, 1e-15);
 
@@ -600,7 +608,7 @@ static void test_host_cache(void **state)
     split.hw.node_threads = 1;
     kvf_sim_result_t a, b;
     run(&split, &two, &a);
-    double w = split.model.weight_bytes;
+    double w = split.model.step_weight_bytes; /* what a step streams */
     split.hw.dram_bw = split.hw.hbm_bw / 4;
     split.hw.llc_bytes = 2.5 * w; /* holds both copies */
     run(&split, &two, &b);
