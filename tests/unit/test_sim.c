@@ -67,7 +67,8 @@ static void test_model_shape(void **state)
     tied.tie_embeddings = true;
     kvf_sim_model_t mt;
     kvf_sim_model_init(&tied, 2, KVF_KV_BF16, 1, &mt);
-    assert_true(mt.weight_bytes == mt.step_weight_bytes && mt.weight_bytes == 2.0 * (2 * 36864 + 6400));
+    assert_true(mt.step_weight_bytes == mt.weight_bytes);
+    assert_true(mt.weight_bytes == 2.0 * (2 * 36864 + 6400));
     /* K and V, 2 layers, 2 heads, 16 x 2 bytes */
     assert_true(m.kv_bytes_per_token == 256);
 
