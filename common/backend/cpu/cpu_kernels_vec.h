@@ -270,7 +270,8 @@ typedef struct {
  * DT, exactly: kvf/kv_format.h's values) once for both rows, and the
  * rows' FMA chains (each in its canonical key order) interleave, so their
  * latencies overlap. int8 rows are read without their scales, which the
- * caller has multiplied into p (cpu_kernels.h). */
+ * caller has multiplied into p (cpu_kernels.h). pf (NULL: none) gets pf_lines
+ * lines a key: a value row's in the pool. */
 INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p, int nj, int hd,
                     const float *alpha, kvf_cpu_pf_stream_t *pf, int pf_lines, const int NR,
                     const kvf_kv_dtype_t DT)
@@ -284,10 +285,9 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
             _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
                 a[r][u] = V_MUL(V_LOAD(acc[r] + c + u * VL), al);
         }
-        /* a value row's lines a key, two keys' at a time: the chunk's once
-         * (rows read from the pool: their lines a constant of DT) */
+        /* a pool value row's lines (pf_lines) a key, two keys' at a
+         * time: the chunk's once */
         const bool take = pf && c == 0;
-        const int lines = PV_DECODE ? pf_lines : (hd * (int)kvf_kv_elem_bytes(DT) + 63) / 64;
 #define PV_KEY(j)                                                                                  \
     do {                                                                                           \
         const void *row = SIDE_ROW(v, (j));                                                        \
@@ -305,13 +305,13 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
         int j = 0;
         for (; j + 2 <= nj; j += 2) {
             if (take)
-                kvf_cpu_pf_take(pf, 2 * lines);
+                kvf_cpu_pf_take(pf, 2 * pf_lines);
             PV_KEY(j);
             PV_KEY(j + 1);
         }
         if (j < nj) {
             if (take)
-                kvf_cpu_pf_take(pf, lines);
+                kvf_cpu_pf_take(pf, pf_lines);
             PV_KEY(j);
         }
 #undef PV_KEY
@@ -341,8 +341,8 @@ INLINE void pv_rows(float *const *acc, const kv_side_t *v, const float *const *p
 
 /* pv_rows for the format dt of the value rows (a constant in each copy). */
 INLINE void pv_rows_dt(float *const *acc, const kv_side_t *v, const float *const *p, int nj,
-                       int hd, const float *alpha, kvf_cpu_pf_stream_t *pf, int pf_lines, const int NR,
-                       kvf_kv_dtype_t dt)
+                       int hd, const float *alpha, kvf_cpu_pf_stream_t *pf, int pf_lines,
+                       const int NR, kvf_kv_dtype_t dt)
 {
 #define PVR(DT) pv_rows(acc, v, p, nj, hd, alpha, pf, pf_lines, NR, DT)
     switch (dt) {
